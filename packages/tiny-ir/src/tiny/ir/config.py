@@ -1,0 +1,92 @@
+"""Every environment flag tiny reads, declared once: name, type, default and what it does.
+
+Read a flag with `DEBUG.value`; override it for a block of code with `with Context(DEBUG=2): ...`.
+The README's table of flags is this table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Generic, Iterator, TypeVar
+
+T = TypeVar("T", int, str)
+
+
+@dataclass
+class Flag(Generic[T]):
+    name: str
+    type: type[T]
+    default: T
+    doc: str
+    _override: list[T] = field(default_factory=list, repr=False)
+
+    @property
+    def value(self) -> T:
+        if self._override:
+            return self._override[-1]
+        raw = os.environ.get(self.name)
+        if raw is None or raw == "":
+            return self.default
+        try:
+            return self.type(raw)
+        except ValueError:
+            raise ValueError(f"environment flag {self.name}={raw!r}: expected {self.type.__name__}") from None
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+    def __ge__(self, other: int) -> bool:
+        return int(self.value) >= other
+
+    def __gt__(self, other: int) -> bool:
+        return int(self.value) > other
+
+
+FLAGS: dict[str, Flag] = {}
+
+
+def _flag(name: str, type_: type[T], default: T, doc: str) -> Flag[T]:
+    flag = Flag(name, type_, default, doc)
+    FLAGS[name] = flag
+    return flag
+
+
+DEBUG = _flag(
+    "DEBUG",
+    int,
+    0,
+    "1: devices and schedule sizes; 2: one line per kernel (name, sizes, time, GFLOPS, GB/s); "
+    "3: applied optimizations; 4: generated source; 5: the kernel's UOps",
+)
+DEVICE = _flag("DEVICE", str, "", "default device, e.g. CPU, PYTHON, CUDA:1, CPU:LLVM; empty picks the fastest present")
+CACHELEVEL = _flag("CACHELEVEL", int, 2, "0: no disk cache of compiled programs; 2: use it")
+CACHEDB = _flag("CACHEDB", str, "", "path of the disk cache database; empty means <user cache dir>/tiny/cache.db")
+NOOPT = _flag("NOOPT", int, 0, "1: no kernel optimizations")
+BEAM = _flag("BEAM", int, 0, "n > 0: BEAM search kernel optimizations with width n")
+CC = _flag("CC", str, "", "the C compiler the CPU device uses; empty finds clang, then gcc, on PATH")
+
+
+@contextlib.contextmanager
+def Context(**values: int | str) -> Iterator[None]:  # noqa: N802  (used like a class)
+    """Override flags inside a with-block: `with Context(DEBUG=2, NOOPT=1): ...`."""
+    flags = []
+    for name, v in values.items():
+        if name not in FLAGS:
+            raise KeyError(f"unknown flag {name!r}; known flags: {sorted(FLAGS)}")
+        FLAGS[name]._override.append(v)
+        flags.append(FLAGS[name])
+    try:
+        yield
+    finally:
+        for f in flags:
+            f._override.pop()
+
+
+def cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tiny")

@@ -1,0 +1,444 @@
+"""The UOp graph: one immutable, hash-consed node type from the tensor level down to the kernel."""
+
+from __future__ import annotations
+
+import enum
+import math
+import weakref
+from functools import cached_property
+from typing import Any
+
+from tiny.ir.dtypes import DType, dtypes, truncate
+
+
+class Ops(enum.Enum):
+    # graph roots and devices
+    SINK = enum.auto()  # groups several outputs; src = the outputs
+    DEVICE = enum.auto()  # arg = canonical device name
+    # tensor level
+    BUFFER = enum.auto()  # a flat device buffer; arg = BufferRef
+    CONTIGUOUS = enum.auto()  # realize the source into a buffer of its own
+    COPY = enum.auto()  # src = (value, DEVICE): the value on another device
+    REDUCE_AXIS = enum.auto()  # arg = (alu op, axes); keeps reduced axes as size 1
+    RESHAPE = enum.auto()  # movement ops: arg is the new shape / order / padding ...
+    PERMUTE = enum.auto()
+    EXPAND = enum.auto()
+    PAD = enum.auto()
+    SHRINK = enum.auto()
+    FLIP = enum.auto()
+    # kernel level
+    VIEW = enum.auto()  # arg = View; how a kernel indexes a buffer or a constant
+    DEFINE_GLOBAL = enum.auto()  # arg = argument index; dtype is a pointer
+    DEFINE_VAR = enum.auto()  # an integer kernel argument; arg = (name, min, max)
+    DEFINE_LOCAL = enum.auto()  # workgroup memory; arg = name; dtype is a local pointer
+    DEFINE_ACC = enum.auto()  # a register accumulator; src = (initial value,), arg = id
+    CONST = enum.auto()  # arg = the value
+    INDEX = enum.auto()  # src = (pointer, index[, gate]): an address
+    LOAD = enum.auto()  # src = (INDEX[, alternative when the gate is false])
+    STORE = enum.auto()  # src = (INDEX, value)
+    ASSIGN = enum.auto()  # src = (DEFINE_ACC, value): update the accumulator
+    REDUCE = enum.auto()  # src = (value, *ranges), arg = alu op; lowered into DEFINE_ACC/ASSIGN
+    RANGE = enum.auto()  # a loop counter from 0 to src[0]; arg = loop id
+    ENDRANGE = enum.auto()  # src = (RANGE,)
+    SPECIAL = enum.auto()  # a hardware index; arg = (name, size) e.g. ("gidx0", 64)
+    BARRIER = enum.auto()  # workgroup barrier; src = the stores it orders
+    IF = enum.auto()  # src = (condition,)
+    ENDIF = enum.auto()  # src = (IF,)
+    VECTORIZE = enum.auto()  # build a vector from scalars
+    GEP = enum.auto()  # arg = lane: one lane of a vector
+    WMMA = enum.auto()  # a matrix-multiply-accumulate; arg describes the shape
+    CAST = enum.auto()
+    BITCAST = enum.auto()
+    # ALU
+    NEG = enum.auto()
+    RECIP = enum.auto()
+    SQRT = enum.auto()
+    EXP2 = enum.auto()
+    LOG2 = enum.auto()
+    SIN = enum.auto()
+    TRUNC = enum.auto()  # float toward zero
+    ADD = enum.auto()
+    MUL = enum.auto()
+    FDIV = enum.auto()  # float division, correctly rounded
+    IDIV = enum.auto()  # integer division, toward zero as in C
+    MOD = enum.auto()  # integer remainder, sign of the dividend as in C
+    MAX = enum.auto()
+    CMPLT = enum.auto()
+    CMPNE = enum.auto()
+    AND = enum.auto()
+    OR = enum.auto()
+    XOR = enum.auto()
+    SHL = enum.auto()
+    SHR = enum.auto()
+    WHERE = enum.auto()
+
+    def __repr__(self) -> str:
+        return f"Ops.{self.name}"
+
+
+class GroupOp:
+    Unary = frozenset({Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC})
+    Binary = frozenset(
+        {
+            Ops.ADD,
+            Ops.MUL,
+            Ops.FDIV,
+            Ops.IDIV,
+            Ops.MOD,
+            Ops.MAX,
+            Ops.CMPLT,
+            Ops.CMPNE,
+            Ops.AND,
+            Ops.OR,
+            Ops.XOR,
+            Ops.SHL,
+            Ops.SHR,
+        }
+    )
+    Ternary = frozenset({Ops.WHERE})
+    ALU = Unary | Binary | Ternary
+    Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
+    Movement = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP})
+    Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
+    Comparison = frozenset({Ops.CMPLT, Ops.CMPNE})
+    # ops that keep 0 at 0: padding can be pushed through them without a mask
+    ZeroPreserving = frozenset({Ops.ADD, Ops.MUL, Ops.NEG, Ops.AND, Ops.OR, Ops.XOR, Ops.CAST, Ops.BITCAST})
+    Reduce = frozenset({Ops.ADD, Ops.MUL, Ops.MAX})
+
+
+def _argkey(arg: Any) -> Any:
+    """A hashing key that tells apart what == confuses: -0.0 and 0.0, NaNs, 1 and True and 1.0."""
+    if isinstance(arg, float):
+        return ("f", arg.hex())
+    if isinstance(arg, (bool, int)):
+        return (type(arg), arg)
+    if isinstance(arg, tuple):
+        return tuple(_argkey(a) for a in arg)
+    return arg
+
+
+class UOp:
+    """A node of the graph. Structurally equal UOps are the same object, so `is` and `==` agree."""
+
+    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+    op: Ops
+    dtype: DType
+    src: tuple[UOp, ...]
+    arg: Any
+    _cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+
+    def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
+        key = (op, dtype, src, _argkey(arg))
+        if (hit := UOp._cache.get(key)) is not None:
+            return hit
+        self = super().__new__(cls)
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "src", src)
+        object.__setattr__(self, "arg", arg)
+        UOp._cache[key] = self
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("UOp is immutable")
+
+    def __reduce__(self) -> tuple:
+        return UOp, (self.op, self.dtype, self.src, self.arg)
+
+    def replace(self, **kwargs: Any) -> UOp:
+        fields = {"op": self.op, "dtype": self.dtype, "src": self.src, "arg": self.arg} | kwargs
+        return UOp(fields["op"], fields["dtype"], fields["src"], fields["arg"])
+
+    # ---- printing
+
+    def __repr__(self) -> str:
+        return pretty(self)
+
+    # ---- graph walks
+
+    @cached_property
+    def toposort(self) -> tuple[UOp, ...]:
+        """Every node reachable from this one, each after its sources."""
+        out: list[UOp] = []
+        seen: set[UOp] = set()
+        stack: list[tuple[UOp, bool]] = [(self, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if node in seen:
+                continue
+            if expanded:
+                seen.add(node)
+                out.append(node)
+                continue
+            stack.append((node, True))
+            stack.extend((s, False) for s in reversed(node.src) if s not in seen)
+        return tuple(out)
+
+    # ---- constructors
+
+    @staticmethod
+    def const(dtype: DType, value: Any) -> UOp:
+        return UOp(Ops.CONST, dtype, (), truncate(dtype.scalar, value) if dtype.count == 1 else value)
+
+    @staticmethod
+    def range(end: int | UOp, loop_id: int, dtype: DType = dtypes.int32) -> UOp:
+        end_uop = end if isinstance(end, UOp) else UOp.const(dtype, end)
+        return UOp(Ops.RANGE, dtype, (end_uop,), loop_id)
+
+    def const_like(self, value: Any) -> UOp:
+        return UOp.const(self.dtype, value)
+
+    def alu(self, op: Ops, *others: UOp) -> UOp:
+        srcs = (self, *others)
+        if op in GroupOp.Comparison:
+            dtype = dtypes.bool.vec(self.dtype.count)
+        elif op is Ops.WHERE:
+            dtype = others[0].dtype
+        else:
+            dtype = self.dtype
+        return UOp(op, dtype, srcs)
+
+    def _other(self, x: UOp | int | float | bool) -> UOp:
+        return x if isinstance(x, UOp) else self.const_like(x)
+
+    def __add__(self, x: UOp | int | float) -> UOp:
+        return self.alu(Ops.ADD, self._other(x))
+
+    def __radd__(self, x: UOp | int | float) -> UOp:
+        return self._other(x).alu(Ops.ADD, self)
+
+    def __mul__(self, x: UOp | int | float) -> UOp:
+        return self.alu(Ops.MUL, self._other(x))
+
+    def __rmul__(self, x: UOp | int | float) -> UOp:
+        return self._other(x).alu(Ops.MUL, self)
+
+    def __neg__(self) -> UOp:
+        return self.alu(Ops.NEG)
+
+    def __sub__(self, x: UOp | int | float) -> UOp:
+        return self + (-self._other(x))
+
+    def __rsub__(self, x: UOp | int | float) -> UOp:
+        return self._other(x) + (-self)
+
+    def __floordiv__(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.IDIV, self._other(x))
+
+    def __mod__(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.MOD, self._other(x))
+
+    def __truediv__(self, x: UOp | float) -> UOp:
+        return self.alu(Ops.FDIV, self._other(x))
+
+    def __and__(self, x: UOp | int | bool) -> UOp:
+        return self.alu(Ops.AND, self._other(x))
+
+    def __or__(self, x: UOp | int | bool) -> UOp:
+        return self.alu(Ops.OR, self._other(x))
+
+    def __xor__(self, x: UOp | int | bool) -> UOp:
+        return self.alu(Ops.XOR, self._other(x))
+
+    def __lshift__(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.SHL, self._other(x))
+
+    def __rshift__(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.SHR, self._other(x))
+
+    def lt(self, x: UOp | int | float) -> UOp:
+        return self.alu(Ops.CMPLT, self._other(x))
+
+    def ne(self, x: UOp | int | float) -> UOp:
+        return self.alu(Ops.CMPNE, self._other(x))
+
+    def maximum(self, x: UOp | int | float) -> UOp:
+        return self.alu(Ops.MAX, self._other(x))
+
+    def where(self, a: UOp | int | float, b: UOp | int | float) -> UOp:
+        a_uop = a if isinstance(a, UOp) else (b.const_like(a) if isinstance(b, UOp) else None)
+        if a_uop is None:
+            raise TypeError("where() needs at least one UOp branch to take its dtype from")
+        b_uop = b if isinstance(b, UOp) else a_uop.const_like(b)
+        return self.alu(Ops.WHERE, a_uop, b_uop)
+
+    def cast(self, dtype: DType) -> UOp:
+        return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+
+    def bitcast(self, dtype: DType) -> UOp:
+        return UOp(Ops.BITCAST, dtype, (self,))
+
+    # ---- named slots
+
+    @property
+    def is_const(self) -> bool:
+        return self.op is Ops.CONST
+
+    @property
+    def pointer(self) -> UOp:
+        """INDEX: the buffer or local memory it addresses."""
+        assert self.op is Ops.INDEX, self.op
+        return self.src[0]
+
+    @property
+    def offset(self) -> UOp:
+        """INDEX: the element offset."""
+        assert self.op is Ops.INDEX, self.op
+        return self.src[1]
+
+    @property
+    def gate(self) -> UOp | None:
+        """INDEX: the condition under which the address is valid, if any."""
+        assert self.op is Ops.INDEX, self.op
+        return self.src[2] if len(self.src) > 2 else None
+
+    @property
+    def address(self) -> UOp:
+        """LOAD/STORE: the INDEX it reads or writes."""
+        assert self.op in (Ops.LOAD, Ops.STORE), self.op
+        return self.src[0]
+
+    @property
+    def alternative(self) -> UOp | None:
+        """LOAD: the value taken where the INDEX's gate is false."""
+        assert self.op is Ops.LOAD, self.op
+        return self.src[1] if len(self.src) > 1 else None
+
+    @property
+    def value(self) -> UOp:
+        """STORE/ASSIGN: the value written; REDUCE: the value reduced."""
+        if self.op in (Ops.STORE, Ops.ASSIGN):
+            return self.src[1]
+        assert self.op is Ops.REDUCE, self.op
+        return self.src[0]
+
+    @property
+    def ranges(self) -> tuple[UOp, ...]:
+        """REDUCE: the loops it reduces over."""
+        assert self.op is Ops.REDUCE, self.op
+        return self.src[1:]
+
+    @property
+    def end(self) -> UOp:
+        """RANGE: the loop's bound."""
+        assert self.op is Ops.RANGE, self.op
+        return self.src[0]
+
+    # ---- value bounds, for symbolic simplification
+
+    @cached_property
+    def vmin_vmax(self) -> tuple[int | float, int | float]:
+        return _bounds(self)
+
+    @property
+    def vmin(self) -> int | float:
+        return self.vmin_vmax[0]
+
+    @property
+    def vmax(self) -> int | float:
+        return self.vmin_vmax[1]
+
+
+def _dtype_bounds(dtype: DType) -> tuple[int | float, int | float]:
+    return (dtype.min, dtype.max) if dtype.count == 1 else (-math.inf, math.inf)
+
+
+def _bounds(u: UOp) -> tuple[int | float, int | float]:
+    """Conservative [min, max] of an integer or bool UOp's value; the dtype's range when unknown."""
+    if u.dtype.is_float or u.dtype.count != 1 or u.dtype.kind == "v":
+        return _dtype_bounds(u.dtype)
+    if u.op is Ops.CONST:
+        return (u.arg, u.arg)
+    if u.op is Ops.RANGE:
+        return (0, u.end.vmax - 1)
+    if u.op is Ops.SPECIAL:
+        return (0, u.arg[1] - 1)
+    if u.op is Ops.DEFINE_VAR:
+        return (u.arg[1], u.arg[2])
+    lo, hi = _dtype_bounds(u.dtype)
+    if u.op in GroupOp.ALU and u.op is not Ops.WHERE:
+        vs = [s.vmin_vmax for s in u.src]
+        r = _alu_bounds(u.op, vs)
+        if r is not None and lo <= r[0] and r[1] <= hi:
+            return r
+    if u.op is Ops.WHERE:
+        (a0, a1), (b0, b1) = u.src[1].vmin_vmax, u.src[2].vmin_vmax
+        return (min(a0, b0), max(a1, b1))
+    if u.op is Ops.CAST and not u.src[0].dtype.is_float:
+        s0, s1 = u.src[0].vmin_vmax
+        if lo <= s0 and s1 <= hi:
+            return (s0, s1)
+    return (lo, hi)
+
+
+def _alu_bounds(op: Ops, vs: list[tuple[Any, Any]]) -> tuple[Any, Any] | None:
+    if op is Ops.NEG:
+        return (-vs[0][1], -vs[0][0])
+    (a0, a1), (b0, b1) = vs[0], vs[1] if len(vs) > 1 else (0, 0)
+    if op is Ops.ADD:
+        return (a0 + b0, a1 + b1)
+    if op is Ops.MUL:
+        c = (a0 * b0, a0 * b1, a1 * b0, a1 * b1)
+        return (min(c), max(c))
+    if op is Ops.MAX:
+        return (max(a0, b0), max(a1, b1))
+    if op is Ops.IDIV and b0 == b1 and b0 > 0 and a0 >= 0:
+        return (a0 // b0, a1 // b0)
+    if op is Ops.IDIV and b0 > 0 and a0 >= 0:
+        return (a0 // b1, a1 // b0)
+    if op is Ops.MOD and b0 > 0 and a0 >= 0:
+        return (0, min(a1, b1 - 1))
+    if op is Ops.MOD and b0 > 0:
+        return (-(b1 - 1), b1 - 1) if a1 > 0 else (-(b1 - 1), 0)
+    if op is Ops.CMPLT:
+        return (a1 < b0, a0 < b1)
+    if op is Ops.CMPNE:
+        if a1 < b0 or b1 < a0:
+            return (True, True)
+        return (False, False) if a0 == a1 == b0 == b1 else (False, True)
+    if op is Ops.AND and a0 >= 0 and b0 >= 0:
+        return (0, min(a1, b1)) if not isinstance(a1, bool) else (a0 and b0, a1 and b1)
+    if op is Ops.OR and isinstance(a1, bool):
+        return (a0 or b0, a1 or b1)
+    return None
+
+
+def pretty(root: UOp, max_nodes: int = 400) -> str:
+    """A readable, indented printout; a node seen before prints as its number."""
+    names: dict[UOp, int] = {}
+    lines: list[str] = []
+
+    def walk(u: UOp, depth: int) -> None:
+        pad = "  " * depth
+        if u in names:
+            lines.append(f"{pad}%{names[u]}")
+            return
+        if len(names) >= max_nodes:
+            lines.append(f"{pad}...")
+            return
+        names[u] = len(names)
+        arg = "" if u.arg is None else f", arg={u.arg!r}"
+        dtype = "" if u.dtype is dtypes.void else f", {u.dtype!r}"
+        head = f"{pad}%{names[u]} = {u.op!r}{dtype}{arg}"
+        lines.append(head + (")" if not u.src else ", src=("))
+        for s in u.src:
+            walk(s, depth + 1)
+        if u.src:
+            lines.append(f"{pad})")
+
+    walk(root, 0)
+    return "\n".join(lines)
+
+
+def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """Replace nodes by the mapping, rebuilding everything above them."""
+    if not mapping:
+        return root
+    done: dict[UOp, UOp] = {}
+    for u in root.toposort:
+        if u in mapping:
+            done[u] = mapping[u]
+            continue
+        src = tuple(done[s] for s in u.src)
+        done[u] = u if src == u.src else u.replace(src=src)
+    return done[root]

@@ -1,0 +1,183 @@
+"""Views: how a shape indexes flat memory (strides, offset, a validity mask). Movement ops are View -> View."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from tiny.ir.dtypes import dtypes
+from tiny.ir.uop import UOp
+
+Mask = tuple[tuple[int, int], ...]
+
+
+def strides_for_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides; size-1 dims get stride 0 so that views compare equal however they were made."""
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(0 if s == 1 else acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
+def prod(xs: Sequence[int]) -> int:
+    return math.prod(xs)
+
+
+@dataclass(frozen=True)
+class View:
+    """Element (i0, i1, ...) of `shape` lives at offset + sum(i_k * strides_k) of the buffer, and is
+    valid (not padding) where mask_lo_k <= i_k < mask_hi_k for every k. Padding reads as 0."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+    mask: Mask | None = None
+
+    @staticmethod
+    def create(
+        shape: Sequence[int], strides: Sequence[int] | None = None, offset: int = 0, mask: Mask | None = None
+    ) -> View:
+        shape = tuple(int(s) for s in shape)
+        strides = strides_for_shape(shape) if strides is None else tuple(0 if s == 1 else st for s, st in zip(shape, strides))
+        if mask is not None:
+            if any(lo >= hi for lo, hi in mask):  # nothing is valid: one canonical empty view
+                return View(shape, (0,) * len(shape), 0, tuple((0, 0) for _ in shape))
+            if all(lo == 0 and hi == s for (lo, hi), s in zip(mask, shape)):
+                mask = None
+        return View(shape, strides, offset, mask)
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def contiguous(self) -> bool:
+        return self.offset == 0 and self.mask is None and self.strides == strides_for_shape(self.shape)
+
+    @property
+    def empty_mask(self) -> bool:
+        """True when no element is valid (all padding)."""
+        return self.mask is not None and any(lo >= hi for lo, hi in self.mask)
+
+    def span(self) -> tuple[int, int]:
+        """The lowest and highest buffer offset a valid element reads."""
+        if self.size == 0 or self.empty_mask:
+            return (0, -1)
+        lo = hi = self.offset
+        ranges = self.mask or tuple((0, s) for s in self.shape)
+        for (a, b), st in zip(ranges, self.strides):
+            ends = (a * st, (b - 1) * st)
+            lo, hi = lo + min(ends), hi + max(ends)
+        return (lo, hi)
+
+    # ---- the six movement ops
+
+    def reshape(self, new_shape: Sequence[int]) -> View | None:
+        """The same elements in a new shape, or None when one View cannot say it (the caller realizes)."""
+        new_shape = tuple(new_shape)
+        if new_shape == self.shape:
+            return self
+        if prod(new_shape) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} ({self.size} elements) to {new_shape}")
+        if self.size == 0 or self.contiguous:
+            return View.create(new_shape, offset=self.offset if self.size else 0)
+        if self.empty_mask:
+            return View.create(new_shape, mask=tuple((0, 0) for _ in new_shape))
+        old = [(s, st, m) for s, st, m in zip(self.shape, self.strides, self.mask or [None] * len(self.shape)) if s != 1]
+        new = [(i, s) for i, s in enumerate(new_shape) if s != 1]
+        strides = [0] * len(new_shape)
+        mask = [(0, s) for s in new_shape]
+        oi = ni = 0
+        while oi < len(old):
+            # the smallest run of old dims and of new dims holding the same number of elements
+            og, ng = [old[oi]], [new[ni]]
+            oi, ni = oi + 1, ni + 1
+            while prod([g[0] for g in og]) != prod([g[1] for g in ng]):
+                if prod([g[0] for g in og]) < prod([g[1] for g in ng]):
+                    og.append(old[oi])
+                    oi += 1
+                else:
+                    ng.append(new[ni])
+                    ni += 1
+            if len(og) == 1 and len(ng) == 1:
+                strides[ng[0][0]] = og[0][1]
+                if og[0][2] is not None:
+                    mask[ng[0][0]] = og[0][2]
+                continue
+            if any(m is not None and m != (0, s) for s, _, m in og):
+                return None  # splitting or merging a padded dim is not a single view
+            if any(og[k][1] != og[k + 1][1] * og[k + 1][0] for k in range(len(og) - 1)):
+                return None  # these dims are not laid out one after the other
+            acc = og[-1][1]
+            for idx, s in reversed(ng):
+                strides[idx] = acc
+                acc *= s
+        return View.create(new_shape, strides, self.offset, tuple(mask) if self.mask is not None else None)
+
+    def permute(self, order: Sequence[int]) -> View:
+        mask = tuple(self.mask[i] for i in order) if self.mask is not None else None
+        return View.create([self.shape[i] for i in order], [self.strides[i] for i in order], self.offset, mask)
+
+    def expand(self, new_shape: Sequence[int]) -> View:
+        mask = list(self.mask) if self.mask is not None else None
+        strides = list(self.strides)
+        for i, (s, n) in enumerate(zip(self.shape, new_shape)):
+            if s == n:
+                continue
+            if s != 1:
+                raise ValueError(f"cannot expand {self.shape} to {tuple(new_shape)}")
+            strides[i] = 0
+            if mask is not None:
+                mask[i] = (0, n) if mask[i] == (0, 1) else (0, 0)
+        return View.create(new_shape, strides, self.offset, tuple(mask) if mask is not None else None)
+
+    def pad(self, padding: Sequence[tuple[int, int]]) -> View:
+        if all(b == 0 and a == 0 for b, a in padding):
+            return self
+        ranges = self.mask or tuple((0, s) for s in self.shape)
+        shape = [s + b + a for s, (b, a) in zip(self.shape, padding)]
+        offset = self.offset - sum(b * st for (b, _), st in zip(padding, self.strides))
+        mask = tuple((lo + b, hi + b) for (lo, hi), (b, _) in zip(ranges, padding))
+        return View.create(shape, self.strides, offset, mask)
+
+    def shrink(self, bounds: Sequence[tuple[int, int]]) -> View:
+        offset = self.offset + sum(lo * st for (lo, _), st in zip(bounds, self.strides))
+        shape = [hi - lo for lo, hi in bounds]
+        mask = None
+        if self.mask is not None:
+            mask = tuple(
+                (min(max(0, mlo - lo), hi - lo), max(min(hi - lo, mhi - lo), 0))
+                for (mlo, mhi), (lo, hi) in zip(self.mask, bounds)
+            )
+        return View.create(shape, self.strides, offset, mask)
+
+    def flip(self, axes: Sequence[int]) -> View:
+        strides, mask = list(self.strides), list(self.mask) if self.mask is not None else None
+        offset = self.offset
+        for i in axes:
+            s = self.shape[i]
+            offset += (s - 1) * strides[i]
+            strides[i] = -strides[i]
+            if mask is not None:
+                mask[i] = (s - mask[i][1], s - mask[i][0])
+        return View.create(self.shape, strides, offset, tuple(mask) if mask is not None else None)
+
+    # ---- index math
+
+    def to_index(self, idxs: Sequence[UOp]) -> tuple[UOp, UOp | None]:
+        """The buffer offset of element idxs, and the condition under which it is valid (None: always)."""
+        dtype = idxs[0].dtype if idxs else dtypes.int32
+        if self.empty_mask:
+            return UOp.const(dtype, 0), UOp.const(dtypes.bool, False)
+        idx = UOp.const(dtype, self.offset)
+        for i, s, st in zip(idxs, self.shape, self.strides):
+            if s != 1 and st != 0:
+                idx = idx + i * st
+        valid: UOp | None = None
+        for i, s, (lo, hi) in zip(idxs, self.shape, self.mask or ()):
+            conds = ([UOp.const(dtype, lo - 1).lt(i)] if lo > 0 else []) + ([i.lt(hi)] if hi < s else [])
+            for c in conds:
+                valid = c if valid is None else valid & c
+        return idx, valid
