@@ -324,6 +324,46 @@ class UOp:
         assert self.op is Ops.RANGE, self.op
         return self.src[0]
 
+    # ---- tensor-level graph: shape and device
+
+    @cached_property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of a tensor-level node (or of a kernel-level VIEW, LOAD, STORE or CONST with a view)."""
+        op = self.op
+        if op is Ops.BUFFER:
+            return (self.arg[1],)
+        if op is Ops.CONST:
+            return self.src[0].shape if self.src and self.src[0].op is Ops.VIEW else ()
+        if op is Ops.VIEW:
+            return self.arg.shape
+        if op in (Ops.LOAD, Ops.STORE):
+            return self.src[1].shape
+        if op in (Ops.RESHAPE, Ops.EXPAND):
+            return self.arg
+        src = self.src[0].shape
+        if op is Ops.PERMUTE:
+            return tuple(src[i] for i in self.arg)
+        if op is Ops.PAD:
+            return tuple(s + b + a for s, (b, a) in zip(src, self.arg))
+        if op is Ops.SHRINK:
+            return tuple(hi - lo for lo, hi in self.arg)
+        if op is Ops.REDUCE_AXIS:
+            return tuple(1 if i in self.arg[1] else s for i, s in enumerate(src))
+        if op is Ops.SINK or op is Ops.DEVICE:
+            return ()
+        return src
+
+    @cached_property
+    def device(self) -> str:
+        """The device a tensor-level node lives on."""
+        if self.op is Ops.DEVICE:
+            return self.arg
+        if self.op is Ops.COPY:
+            return self.src[1].arg
+        if self.op in (Ops.BUFFER, Ops.CONST):
+            return self.src[0].arg
+        return self.src[0].device
+
     # ---- value bounds, for symbolic simplification
 
     @cached_property

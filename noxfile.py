@@ -1,0 +1,136 @@
+"""One nox session per package, plus lint.
+
+`nox` runs every session; `nox -s tensor` runs one; `nox -s ir -- -k flags -x` passes the words after `--` to pytest;
+`nox -R` reuses the virtual environments and skips the installs (the tiny packages are installed editable, so edits
+under packages/*/src are seen without reinstalling).
+
+The tiny-* packages are always installed from this checkout, all in one pip command with no index at all, after
+everything from an index (test tools, third-party dependencies, hatchling) is in place. A tiny-* name missing from
+that command fails the install instead of being fetched from PyPI, where those names are not ours.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+import nox
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parent
+PACKAGES = ROOT / "packages"
+
+nox.options.default_venv_backend = "virtualenv"
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["ir", "codegen", "runtime_misc", "nv", "amd", "tensor", "lint"]
+
+
+def _project(pyproject: Path) -> dict:
+    return tomllib.loads(pyproject.read_text())["project"]
+
+
+# distribution name -> its [project] table, for every package under packages/
+LOCAL = {canonicalize_name(p["name"]): p for p in (_project(f) for f in sorted(PACKAGES.glob("*/pyproject.toml")))}
+# tool name -> the requirement string of the umbrella's `dev` extra (the one place the tools are pinned)
+DEV = {canonicalize_name(Requirement(r).name): r for r in _project(ROOT / "pyproject.toml")["optional-dependencies"]["dev"]}
+TEST_TOOLS = [DEV["pytest"], DEV["hypothesis"], DEV["numpy"]]
+
+
+def _requirements(dist: str, extras: tuple[str, ...] = ()) -> list[Requirement]:
+    project = LOCAL[dist]
+    reqs = list(project.get("dependencies", []))
+    for extra in extras:
+        reqs += project.get("optional-dependencies", {})[extra]
+    return [Requirement(r) for r in reqs]
+
+
+def _local_closure(dist: str, extras: tuple[str, ...] = ()) -> list[str]:
+    """`dist` and every tiny package it needs (with `extras`), dependencies first."""
+    order: list[str] = []
+
+    def visit(name: str, extras: tuple[str, ...]) -> None:
+        for req in _requirements(name, extras):
+            dep = canonicalize_name(req.name)
+            if dep in LOCAL and dep not in order:
+                visit(dep, tuple(req.extras))
+        if name not in order:
+            order.append(name)
+
+    visit(dist, extras)
+    return order
+
+
+def _third_party(dists: list[str], extras: tuple[str, ...]) -> list[str]:
+    """The requirements of `dists` that come from an index (everything that is not a tiny package)."""
+    top = dists[-1]
+    reqs = [r for d in dists for r in _requirements(d, extras if d == top else ())]
+    return sorted({str(r) for r in reqs if canonicalize_name(r.name) not in LOCAL})
+
+
+def _install_local(session: nox.Session, dist: str, extras: tuple[str, ...] = (), tools: tuple[str, ...] = ()) -> None:
+    dists = _local_closure(dist, extras)
+    # 1. from the index: test tools, the packages' third-party dependencies, and the build backend
+    session.install(*TEST_TOOLS, *tools, *_third_party(dists, extras), DEV["hatchling"])
+    # 2. from this checkout, with no index, no find-links and no pip config: nothing can be fetched here
+    offline = {name: None for name in os.environ if name.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
+    editables = [arg for d in dists for arg in ("-e", str(PACKAGES / d))]
+    session.install("--no-index", "--no-build-isolation", *editables, env=offline)
+
+
+def _pytest(session: nox.Session, dist: str) -> None:
+    # pytest exits 5 when it collects no test; that fails the session like any other non-zero exit
+    session.run("pytest", str(PACKAGES / dist / "tests"), *session.posargs)
+
+
+@nox.session
+def ir(session: nox.Session) -> None:
+    """tiny-ir: the IR, scheduler and device interface, and the repository's packaging tests."""
+    _install_local(session, "tiny-ir")
+    _pytest(session, "tiny-ir")
+
+
+@nox.session
+def codegen(session: nox.Session) -> None:
+    """tiny-codegen: lowering, optimizer and renderers."""
+    _install_local(session, "tiny-codegen")
+    _pytest(session, "tiny-codegen")
+
+
+@nox.session
+def runtime_misc(session: nox.Session) -> None:
+    """tiny-runtime-misc: CPU, PYTHON, NULL and the smaller runtimes."""
+    _install_local(session, "tiny-runtime-misc")
+    _pytest(session, "tiny-runtime-misc")
+
+
+@nox.session
+def nv(session: nox.Session) -> None:
+    """tiny-runtime-nv: hardware tests skip without an NVIDIA GPU; compile-only and metadata tests run everywhere."""
+    _install_local(session, "tiny-runtime-nv")
+    _pytest(session, "tiny-runtime-nv")
+
+
+@nox.session
+def amd(session: nox.Session) -> None:
+    """tiny-runtime-amd: hardware tests skip without an AMD GPU; compile-only and metadata tests run everywhere."""
+    _install_local(session, "tiny-runtime-amd")
+    _pytest(session, "tiny-runtime-amd")
+
+
+@nox.session
+def tensor(session: nox.Session) -> None:
+    """tiny-tensor: Tensor, autograd, nn; numerics checked against NumPy and PyTorch (CPU build, pinned)."""
+    _install_local(session, "tiny-tensor", tools=(DEV["torch"],))
+    _pytest(session, "tiny-tensor")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the Python in this repository."""
+    session.install(DEV["ruff"])
+    targets = [str(p.relative_to(ROOT)) for p in (PACKAGES, ROOT / "noxfile.py", ROOT / "bench") if p.exists()]
+    session.run("ruff", "check", *targets, *session.posargs)
+    session.run("ruff", "format", "--check", *targets)

@@ -1,0 +1,478 @@
+"""The device interface: the contract between tiny and a piece of hardware.
+
+A runtime package implements `Compiled` (with an `Allocator`, a `Compiler` per language it takes and a
+`Program` class) and registers it under the `tiny.devices` entry-point group. A renderer (kernel ->
+source) implements `Renderer` and registers under `tiny.renderers`. Kernels reach a device only as
+lists of UOps from the device op set (tiny.ir.spec).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import re
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, Sequence
+
+from tiny.ir.config import DEBUG, DEVICE
+from tiny.ir.diskcache import cache_get, cache_put
+from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.uop import Ops, UOp
+
+INTERFACE_VERSION = (1, 0)  # (major, minor): runtimes pin a compatible major
+
+
+class DeviceUnavailable(RuntimeError):
+    """A device that cannot start; the message says why (no driver, no compiler ...)."""
+
+
+class UnknownDevice(ValueError):
+    """A device name no installed runtime provides."""
+
+
+# ---------------------------------------------------------------- renderers
+
+
+@dataclass(frozen=True)
+class TensorCore:
+    """A matrix-multiply-accumulate the hardware offers: (M, N, K) tile of dtype_in -> dtype_out."""
+
+    dims: tuple[int, int, int]
+    dtype_in: DType
+    dtype_out: DType
+    threads: int
+
+
+@dataclass(frozen=True)
+class RendererCaps:
+    """What a renderer's language and target can do; the code generator reads this, never probes."""
+
+    language: str  # "C", "CUDA", "PTX", "OpenCL", "PYTHON" ...
+    has_local: bool = False  # kernels index with hardware global/local ids instead of loops
+    has_shared: bool = False  # local (workgroup) memory and barriers
+    global_max: tuple[int, ...] | None = None  # per-dimension limit of the global size
+    local_max: tuple[int, ...] | None = None  # per-dimension limit of the local size
+    local_total_max: int = 0  # product limit of the local size
+    shared_max: int = 0  # bytes of local memory a kernel may use
+    vector_width: int = 1  # floats per hardware vector, for upcasting loads, stores and math
+    dtypes: frozenset[DType] = frozenset(dtypes.all())  # dtypes it computes on
+    tensor_cores: tuple[TensorCore, ...] = ()
+    supports_float_div: bool = True
+
+
+class Renderer:
+    """Turns a linearized kernel (UOps of the device op set) into source or binary for one language."""
+
+    caps: RendererCaps
+
+    def __init__(self, target: str = "") -> None:
+        self.target = target
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- compilers and programs
+
+
+@dataclass(frozen=True)
+class CompiledProgram:
+    """A kernel ready to launch: what it is, how to call it, and its binary."""
+
+    name: str
+    device: str
+    language: str
+    src: str
+    binary: bytes
+    n_buffers: int  # buffer arguments, output(s) first
+    outs: tuple[int, ...]  # which buffer arguments are written
+    var_names: tuple[str, ...]  # integer arguments after the buffers, in order
+    global_size: tuple[int, int, int] = (1, 1, 1)
+    local_size: tuple[int, int, int] = (1, 1, 1)
+    flops: int = 0  # estimated operations per launch
+    mem_bytes: int = 0  # estimated bytes moved per launch
+
+
+class CompileError(RuntimeError):
+    """The compiler refused generated code: a bug in tiny, reported with the source."""
+
+
+class Compiler:
+    """Source -> binary, cached on disk by (cachekey, source) unless cachekey is None."""
+
+    def __init__(self, cachekey: str | None = None) -> None:
+        self.cachekey = cachekey
+
+    def compile(self, src: str) -> bytes:
+        raise NotImplementedError
+
+    def compile_cached(self, src: str) -> bytes:
+        if self.cachekey is None:
+            return self.compile(src)
+        key = hashlib.sha256(f"{self.cachekey}\0{src}".encode()).hexdigest()
+        if (hit := cache_get("compile", key)) is not None:
+            return hit
+        binary = self.compile(src)
+        cache_put("compile", key, binary)
+        return binary
+
+
+class Program:
+    """A loaded kernel. Calling it launches it; with wait=True it returns the seconds it took."""
+
+    def __init__(self, device: Compiled, name: str, binary: bytes) -> None:
+        self.device, self.name, self.binary = device, name, binary
+
+    def __call__(
+        self,
+        *bufs: Any,
+        global_size: tuple[int, int, int] = (1, 1, 1),
+        local_size: tuple[int, int, int] = (1, 1, 1),
+        vals: tuple[int, ...] = (),
+        wait: bool = False,
+    ) -> float | None:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True)
+class AllocatorCaps:
+    host_visible: bool = False  # as_memoryview gives the device memory itself (no copy)
+    transfer: bool = False  # transfer() copies between two devices of this kind without the host
+    aligned: int = 16  # alignment of every allocation, bytes
+
+
+class Allocator:
+    """alloc/free/copyin/copyout of device memory; optional zero-copy views and device-to-device copies."""
+
+    caps: AllocatorCaps = AllocatorCaps()
+
+    def alloc(self, size: int) -> Any:
+        raise NotImplementedError
+
+    def free(self, opaque: Any, size: int) -> None:
+        pass
+
+    def copyin(self, dest: Any, src: memoryview) -> None:
+        raise NotImplementedError
+
+    def copyout(self, dest: memoryview, src: Any) -> None:
+        raise NotImplementedError
+
+    def as_memoryview(self, opaque: Any, size: int) -> memoryview:
+        raise NotImplementedError(f"{type(self).__name__} memory is not host visible")
+
+    def transfer(self, dest: Any, src: Any, size: int, src_device: Compiled, dest_device: Compiled) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no device-to-device transfer")
+
+
+class LRUAllocator(Allocator):
+    """Keeps freed allocations by size and hands them out again; frees them for real when alloc fails."""
+
+    def __init__(self) -> None:
+        self.cache: dict[int, list[Any]] = defaultdict(list)
+
+    def alloc(self, size: int) -> Any:
+        if self.cache[size]:
+            return self.cache[size].pop()
+        try:
+            return self._alloc(size)
+        except MemoryError:
+            self.free_cache()
+            return self._alloc(size)
+
+    def free(self, opaque: Any, size: int) -> None:
+        self.cache[size].append(opaque)
+
+    def free_cache(self) -> None:
+        for size, opaques in self.cache.items():
+            for o in opaques:
+                self._free(o, size)
+        self.cache.clear()
+
+    def _alloc(self, size: int) -> Any:
+        raise NotImplementedError
+
+    def _free(self, opaque: Any, size: int) -> None:
+        pass
+
+
+# ---------------------------------------------------------------- devices
+
+
+class Compiled:
+    """One device: its allocator, the renderers it takes (the first is the default), a compiler for each
+    renderer's language, and the Program class that launches binaries."""
+
+    priority: ClassVar[int] = 0  # higher is tried first when DEVICE is unset
+    renderers: ClassVar[tuple[str, ...]] = ()  # names in the tiny.renderers group, default first
+
+    def __init__(self, name: str, allocator: Allocator, program: type[Program], renderer: str) -> None:
+        self.name = name
+        self.allocator = allocator
+        self.program = program
+        self.renderer_name = renderer
+
+    def compiler(self) -> Compiler:
+        """The compiler for this device's chosen renderer."""
+        raise NotImplementedError
+
+    def renderer_target(self) -> str:
+        """The target the renderer generates for (an ISA, a GPU architecture ...)."""
+        return ""
+
+    @functools.cached_property
+    def renderer(self) -> Renderer:
+        return load_renderer(self.renderer_name)(self.renderer_target())
+
+    @functools.cached_property
+    def _compiler(self) -> Compiler:
+        return self.compiler()
+
+    def synchronize(self) -> None:
+        pass
+
+    def load(self, program: CompiledProgram) -> Program:
+        return _load_program(self, program.name, program.binary)
+
+    def compile(self, src: str) -> bytes:
+        return self._compiler.compile_cached(src)
+
+
+@functools.lru_cache(maxsize=4096)
+def _load_program(device: Compiled, name: str, binary: bytes) -> Program:
+    return device.program(device, name, binary)
+
+
+@dataclass(frozen=True)
+class DeviceName:
+    """A parsed device string: 'cuda:1' -> CUDA index 1; 'CPU:LLVM' -> CPU with the LLVM renderer."""
+
+    base: str
+    index: int = 0
+    renderer: str | None = None
+
+    def __str__(self) -> str:
+        return self.base + (f":{self.index}" if self.index else "") + (f":{self.renderer}" if self.renderer else "")
+
+    @staticmethod
+    def parse(name: str) -> DeviceName:
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(:[A-Za-z0-9_]+){0,2}", name):
+            raise UnknownDevice(f"device must be a string like 'CPU', 'cuda:1' or 'CPU:LLVM', got {name!r}")
+        base, *rest = name.split(":")
+        index, renderer = 0, None
+        for part in rest:
+            if part.isdigit():
+                index = int(part)
+            else:
+                renderer = part.upper()
+        return DeviceName(base.upper(), index, renderer)
+
+
+def _group(group: str) -> dict[str, Any]:
+    return {ep.name.upper(): ep for ep in entry_points(group=group)}
+
+
+@functools.cache
+def device_entry_points() -> dict[str, Any]:
+    return _group("tiny.devices")
+
+
+@functools.cache
+def renderer_entry_points() -> dict[str, Any]:
+    return _group("tiny.renderers")
+
+
+def load_renderer(name: str) -> type[Renderer]:
+    eps = renderer_entry_points()
+    if name not in eps:
+        raise UnknownDevice(f"no renderer named {name!r} is installed; installed renderers: {sorted(eps)}")
+    return eps[name].load()
+
+
+class _Registry:
+    """`Device["CPU"]` opens (once) and returns a device; `Device.DEFAULT` is the default device's name."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, Compiled] = {}
+        self._default: str | None = None
+
+    def canonicalize(self, name: str) -> str:
+        parsed = DeviceName.parse(name)
+        if parsed.base not in device_entry_points():
+            known = ", ".join(sorted(device_entry_points())) or "none (is a tiny runtime package installed?)"
+            raise UnknownDevice(f"unknown device {name!r}; known devices: {known}")
+        return str(parsed)
+
+    def __getitem__(self, name: str) -> Compiled:
+        canon = self.canonicalize(name)
+        if canon not in self._open:
+            parsed = DeviceName.parse(canon)
+            cls = device_entry_points()[parsed.base].load()
+            renderer = parsed.renderer or (cls.renderers[0] if cls.renderers else "")
+            if cls.renderers and renderer not in cls.renderers:
+                raise UnknownDevice(f"device {parsed.base} takes the renderers {list(cls.renderers)}, not {renderer!r}")
+            dev = cls(canon, renderer)
+            if DEBUG >= 1:
+                print(f"opened device {canon} with renderer {renderer}")
+            self._open[canon] = dev
+        return self._open[canon]
+
+    @property
+    def DEFAULT(self) -> str:  # noqa: N802
+        if DEVICE.value:
+            return self.canonicalize(DEVICE.value)
+        if self._default is None:
+            self._default = _fastest_present()
+        return self._default
+
+    def set_default(self, name: str | None) -> None:
+        self._default = None if name is None else self.canonicalize(name)
+
+
+Device = _Registry()
+
+
+def _fastest_present() -> str:
+    order = sorted(device_entry_points(), key=lambda n: -_priority(n))
+    for name in order:
+        try:
+            Device[name]
+            return name
+        except Exception:  # noqa: BLE001  (any failure to start means "not this one")
+            continue
+    raise DeviceUnavailable(f"no device could start; tried {order}. See `python -m tiny.ir.device`")
+
+
+def _priority(name: str) -> int:
+    try:
+        return int(device_entry_points()[name].load().priority)
+    except Exception:  # noqa: BLE001
+        return -1
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    name: str
+    ok: bool
+    reason: str  # why it is absent, or what it is when present
+    renderers: tuple[str, ...] = field(default=())
+
+
+def available() -> list[DeviceStatus]:
+    """Every known device (installed runtime), whether it starts here, and why not when it does not."""
+    out = []
+    for name, ep in sorted(device_entry_points().items()):
+        try:
+            cls = ep.load()
+            dev = Device[name]
+            out.append(DeviceStatus(name, True, f"{type(dev).__name__}, renderer {dev.renderer_name}", cls.renderers))
+        except Exception as e:  # noqa: BLE001
+            out.append(DeviceStatus(name, False, f"{type(e).__name__}: {e}"))
+    return out
+
+
+# ---------------------------------------------------------------- buffers
+
+
+class Buffer:
+    """Memory on a device for `size` elements of `dtype`, allocated when first needed."""
+
+    def __init__(self, device: str, size: int, dtype: DType) -> None:
+        self.device, self.size, self.dtype = device, size, dtype
+        self._opaque: Any = None
+
+    def __repr__(self) -> str:
+        state = "allocated" if self._opaque is not None else "lazy"
+        return f"<Buffer {self.device} {self.size} x {self.dtype.name} {state}>"
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_allocated(self) -> bool:
+        return self._opaque is not None
+
+    @property
+    def allocator(self) -> Allocator:
+        return Device[self.device].allocator
+
+    def ensure_allocated(self) -> Buffer:
+        if self._opaque is None:
+            self._opaque = self.allocator.alloc(max(self.nbytes, 1))
+        return self
+
+    @property
+    def opaque(self) -> Any:
+        return self.ensure_allocated()._opaque
+
+    def copyin(self, src: memoryview) -> Buffer:
+        src = src.cast("B") if src.format != "B" or src.ndim != 1 else src
+        if src.nbytes != self.nbytes:
+            raise ValueError(f"copyin of {src.nbytes} bytes into a buffer of {self.nbytes} bytes")
+        if self.nbytes:
+            self.allocator.copyin(self.opaque, src)
+        return self
+
+    def copyout(self, dest: memoryview) -> memoryview:
+        dest = dest.cast("B") if dest.format != "B" or dest.ndim != 1 else dest
+        if dest.nbytes != self.nbytes:
+            raise ValueError(f"copyout of a buffer of {self.nbytes} bytes into {dest.nbytes} bytes")
+        if self.nbytes:
+            Device[self.device].synchronize()
+            self.allocator.copyout(dest, self.opaque)
+        return dest
+
+    def as_bytes(self) -> bytes:
+        return bytes(self.copyout(memoryview(bytearray(self.nbytes))))
+
+    def copy_from(self, src: Buffer) -> None:
+        """Copy another buffer's contents here, through the host unless both allocators can transfer."""
+        if src.nbytes != self.nbytes:
+            raise ValueError(f"copy of {src.nbytes} bytes into a buffer of {self.nbytes} bytes")
+        same_kind = type(Device[src.device]) is type(Device[self.device])
+        if same_kind and self.allocator.caps.transfer:
+            self.allocator.transfer(self.opaque, src.opaque, self.nbytes, Device[src.device], Device[self.device])
+        else:
+            self.copyin(memoryview(bytearray(src.as_bytes())))
+
+    def __del__(self) -> None:
+        if self._opaque is not None:
+            try:
+                self.allocator.free(self._opaque, max(self.nbytes, 1))
+            except Exception:  # noqa: BLE001  (interpreter shutdown)
+                pass
+
+
+_BUFFERS: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
+_buffer_ids = itertools.count()
+
+
+def new_buffer(device: str, size: int, dtype: DType) -> UOp:
+    """A BUFFER node for fresh (lazily allocated) memory; the Buffer lives as long as the node."""
+    node = UOp(Ops.BUFFER, dtype, (UOp(Ops.DEVICE, arg=device),), (next(_buffer_ids), size))
+    _BUFFERS[node] = Buffer(device, size, dtype)
+    return node
+
+
+def buffer_of(node: UOp) -> Buffer:
+    """The Buffer behind a BUFFER node."""
+    return _BUFFERS[node]
+
+
+def launch_dims(sizes: Sequence[int]) -> tuple[int, int, int]:
+    """Pad a list of at most 3 sizes to (x, y, z)."""
+    if len(sizes) > 3:
+        raise ValueError(f"at most 3 launch dimensions, got {len(sizes)}")
+    return tuple(list(sizes) + [1] * (3 - len(sizes)))  # type: ignore[return-value]
+
+
+def device_supports(device: str, dtype: DType) -> bool:
+    return dtype.scalar in Device[device].renderer.caps.dtypes

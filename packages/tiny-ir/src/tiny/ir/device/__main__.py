@@ -1,0 +1,21 @@
+"""`python -m tiny.ir.device`: every known device, whether it starts here, and why not."""
+
+from tiny.ir.device import INTERFACE_VERSION, Device, available
+
+
+def main() -> None:
+    print(f"tiny device interface {INTERFACE_VERSION[0]}.{INTERFACE_VERSION[1]}")
+    statuses = available()
+    if not statuses:
+        print("no runtime package is installed (pip install tiny-runtime-misc)")
+    width = max((len(s.name) for s in statuses), default=4)
+    for s in statuses:
+        print(f"  {s.name:<{width}}  {'yes' if s.ok else 'no '}  {s.reason}")
+    try:
+        print(f"default device: {Device.DEFAULT}")
+    except Exception as e:  # noqa: BLE001
+        print(f"default device: none ({e})")
+
+
+if __name__ == "__main__":
+    main()

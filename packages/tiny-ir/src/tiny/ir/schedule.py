@@ -1,0 +1,206 @@
+"""The scheduler: cut a tensor-level graph into kernels.
+
+Elementwise ops fuse into their consumers and into reductions; a reduction, its elementwise inputs and
+its elementwise epilogue are one kernel. A node becomes a buffer (a kernel output) only where it must:
+it was asked for, it is CONTIGUOUS or crosses devices, it is a reduction seen through a movement op or
+inside another reduction, or a chain of movement ops over it is not one View.
+
+Each kernel is a small AST: SINK(STORE(DEFINE_GLOBAL, VIEW, value)) where value is built from
+LOAD(DEFINE_GLOBAL, VIEW), CONST(VIEW), ALU ops and REDUCE_AXIS. Movement ops are gone: they are the
+VIEWs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tiny.ir.device import Buffer, buffer_of, new_buffer
+from tiny.ir.dtypes import dtypes, truncate
+from tiny.ir.uop import GroupOp, Ops, UOp
+from tiny.ir.views import View
+
+
+@dataclass(frozen=True)
+class ScheduleItem:
+    """One step of a schedule: a kernel (ast is a SINK) or a copy between devices (ast is a COPY)."""
+
+    ast: UOp
+    buffers: tuple[Buffer, ...]  # the output first, then the inputs in the order the AST numbers them
+
+
+@dataclass(frozen=True)
+class Schedule:
+    items: list[ScheduleItem]
+    becomes: dict[UOp, UOp]  # each realized tensor-level node -> the view of its new buffer
+
+
+def is_realized(u: UOp) -> bool:
+    """A node that already is memory: a BUFFER, or a reshape of a whole BUFFER."""
+    return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+
+
+# ---------------------------------------------------------------- which nodes become buffers
+
+
+@dataclass(frozen=True)
+class _Path:
+    """How a node is reached from the root of its kernel."""
+
+    under_reduce: bool = False  # through a reduction that is fused into this kernel
+    moved: bool = False  # through a movement op
+    at_root: bool = True  # only through reshapes of the root (which the output's view absorbs)
+
+
+def _child_path(parent: UOp, path: _Path) -> _Path:
+    if path.at_root and parent.op is Ops.RESHAPE:
+        return path
+    return _Path(
+        path.under_reduce or parent.op is Ops.REDUCE_AXIS,
+        path.moved or parent.op in GroupOp.Movement,
+        False,
+    )
+
+
+def _realize_set(sink: UOp, forced: set[UOp]) -> set[UOp]:
+    """The nodes that must become buffers."""
+    realize = {t for t in sink.src if not is_realized(t)} | forced
+    for u in sink.toposort:
+        if u.op in (Ops.CONTIGUOUS, Ops.COPY):
+            realize.add(u)
+        if u.op is Ops.COPY and not is_realized(u.src[0]):
+            realize.add(u.src[0])
+    paths: dict[UOp, set[_Path]] = {}
+    for u in reversed(sink.toposort):
+        if u.op is Ops.SINK or is_realized(u) or u.op is Ops.DEVICE:
+            continue
+        if u.op is Ops.REDUCE_AXIS and any(p.under_reduce or p.moved for p in paths.get(u, ())):
+            realize.add(u)
+        mine = {_Path()} if u in realize else paths.get(u, set())
+        if u.op is Ops.COPY:
+            continue  # a copy's source is its own kernel's root
+        for s in u.src:
+            paths.setdefault(s, set()).update(_child_path(u, p) for p in mine)
+    return realize
+
+
+# ---------------------------------------------------------------- kernel ASTs
+
+
+class _Unexpressible(Exception):
+    """A chain of movement ops over `node` is not one View: realize `node` and schedule again."""
+
+    def __init__(self, node: UOp) -> None:
+        self.node = node
+
+
+def _apply(view: View, m: UOp) -> View:
+    if m.op is Ops.RESHAPE:
+        if (out := view.reshape(m.arg)) is None:
+            raise _Unexpressible(m.src[0])
+        return out
+    if m.op is Ops.PERMUTE:
+        return view.permute(m.arg)
+    if m.op is Ops.EXPAND:
+        return view.expand(m.arg)
+    if m.op is Ops.PAD:
+        return view.pad(m.arg)
+    if m.op is Ops.SHRINK:
+        return view.shrink(m.arg)
+    assert m.op is Ops.FLIP, m.op
+    return view.flip(m.arg)
+
+
+def _view_through(start: View, path: tuple[UOp, ...]) -> View:
+    """`start` seen through the movement ops on the path (listed from the kernel root down)."""
+    for m in reversed(path):
+        start = _apply(start, m)
+    return start
+
+
+class _KernelBuilder:
+    def __init__(self, root: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> None:
+        self.root, self.realize, self.buffers = root, realize, buffers
+        self.args: list[UOp] = []  # tensor-level buffer nodes, in argument order
+        self.memo: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
+
+    def global_arg(self, buf: UOp) -> UOp:
+        if buf not in self.args:
+            self.args.append(buf)
+        return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(buf.arg[1]), (), self.args.index(buf))
+
+    def build(self) -> UOp:
+        value, store_view = self.root, View.create(self.root.shape)
+        while value.op is Ops.RESHAPE and value.src[0] not in self.realize and not is_realized(value.src[0]):
+            value = value.src[0]
+            store_view = store_view.reshape(value.shape)
+            assert store_view is not None
+        out = self.global_arg(self.buffers[self.root])
+        ast = self.node(value, ())
+        return UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, UOp(Ops.VIEW, arg=store_view), ast)),))
+
+    def node(self, u: UOp, path: tuple[UOp, ...]) -> UOp:
+        key = (u, path)
+        if key not in self.memo:
+            self.memo[key] = self._node(u, path)
+        return self.memo[key]
+
+    def _node(self, u: UOp, path: tuple[UOp, ...]) -> UOp:
+        if u is not self.root and (u in self.realize or is_realized(u)):
+            buf = self.buffers[u] if u in self.realize else (u if u.op is Ops.BUFFER else u.src[0])
+            view = _view_through(View.create(u.shape), path)  # the buffer holds u contiguously
+            return UOp(Ops.LOAD, u.dtype, (self.global_arg(buf), UOp(Ops.VIEW, arg=view)))
+        if u.op is Ops.CONST:
+            return UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=_view_through(View.create(()), path)),), u.arg)
+        if u.op in GroupOp.Movement:
+            inner = self.node(u.src[0], path + (u,))
+            if u.op is not Ops.PAD or inner.op in (Ops.LOAD, Ops.CONST):
+                return inner  # loads and constants read padding as 0 by their view's mask
+            valid = _view_through(View.create(u.src[0].shape), path + (u,))
+            zero = View.create(valid.shape, (0,) * len(valid.shape))
+            cond = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, arg=valid),), True)
+            return cond.where(inner, UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=zero),), truncate(u.dtype, 0)))
+        if u.op is Ops.REDUCE_AXIS:
+            assert not path, "a reduction seen through a movement op is realized by _realize_set"
+            return UOp(Ops.REDUCE_AXIS, u.dtype, (self.node(u.src[0], ()),), u.arg)
+        if u.op in GroupOp.Elementwise:
+            return UOp(u.op, u.dtype, tuple(self.node(s, path) for s in u.src), u.arg)
+        if u.op is Ops.CONTIGUOUS:
+            return self.node(u.src[0], path)
+        raise NotImplementedError(f"the scheduler cannot put {u.op} in a kernel")
+
+
+def create_schedule(targets: list[UOp]) -> Schedule:
+    """Schedule the kernels and copies that realize `targets` (tensor-level nodes), in execution order."""
+    sink = UOp(Ops.SINK, src=tuple(targets))
+    forced: set[UOp] = set()
+    while True:
+        realize = _realize_set(sink, forced)
+        buffers = {u: new_buffer(u.device, _prod(u.shape), u.dtype) for u in realize}
+        try:
+            items = [_item(u, realize, buffers) for u in sink.toposort if u in realize]
+            break
+        except _Unexpressible as e:
+            forced.add(e.node)
+    becomes = {u: _buffer_view(buffers[u], u.shape) for u in realize}
+    return Schedule(items, becomes)
+
+
+def _item(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> ScheduleItem:
+    if u.op is Ops.COPY:
+        src = u.src[0]
+        src_buf = buffers[src] if src in realize else (src if src.op is Ops.BUFFER else src.src[0])
+        return ScheduleItem(u, (buffer_of(buffers[u]), buffer_of(src_buf)))
+    builder = _KernelBuilder(u, realize, buffers)
+    ast = builder.build()
+    return ScheduleItem(ast, tuple(buffer_of(b) for b in builder.args))
+
+
+def _buffer_view(buf: UOp, shape: tuple[int, ...]) -> UOp:
+    return UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out

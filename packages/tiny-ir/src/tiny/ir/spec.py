@@ -1,0 +1,121 @@
+"""The device op set: the low-level operations every backend must execute, written down as data.
+
+A linearized kernel is a list of UOps using only DEVICE_OPS, in execution order; `validate` checks one.
+The PYTHON runtime (tiny.runtime.python) executes exactly these semantics and is their reference:
+
+  DEFINE_GLOBAL  arg=i          the i-th buffer argument (dtype: pointer to the element type)
+  DEFINE_VAR     arg=(name, lo, hi)  an integer argument, passed after the buffers in order of appearance
+  DEFINE_LOCAL   arg=(name, n)  workgroup memory of n elements (dtype: local pointer)
+  SPECIAL        arg=(name, n)  a hardware index: gidx<d> is the workgroup index in dim d, lidx<d> the
+                                index inside the workgroup; n is the size of that dimension
+  CONST          arg=value
+  INDEX          (pointer, offset[, gate])   an address; a false gate makes loads and stores not happen
+  LOAD           (INDEX[, alt])  the value at the address, or alt where the gate is false
+  STORE          (INDEX, value)
+  DEFINE_ACC     (init,) arg=id  a register, set to init where it stands
+  ASSIGN         (DEFINE_ACC, value)  set the register; the ASSIGN's own value is the register's value
+  RANGE          (end,)          loop: run what follows, up to its ENDRANGE, for counter = 0 .. end-1
+  ENDRANGE       (RANGE,)
+  IF / ENDIF     (cond,) / (IF,) run what is between only where cond is true
+  BARRIER        wait until every thread of the workgroup has reached it
+  VECTORIZE / GEP  build a vector from scalars / take lane arg of a vector
+  WMMA           a tensor-core multiply-accumulate (optional)
+  CAST, BITCAST and the ALU ops, computing as tiny.ir.alu.exec_alu does.
+"""
+
+from __future__ import annotations
+
+from tiny.ir.dtypes import PtrDType, dtypes
+from tiny.ir.uop import GroupOp, Ops, UOp
+
+DEVICE_OPS: frozenset[Ops] = frozenset(
+    {
+        Ops.DEFINE_GLOBAL,
+        Ops.DEFINE_VAR,
+        Ops.DEFINE_LOCAL,
+        Ops.DEFINE_ACC,
+        Ops.SPECIAL,
+        Ops.CONST,
+        Ops.INDEX,
+        Ops.LOAD,
+        Ops.STORE,
+        Ops.ASSIGN,
+        Ops.RANGE,
+        Ops.ENDRANGE,
+        Ops.IF,
+        Ops.ENDIF,
+        Ops.BARRIER,
+        Ops.VECTORIZE,
+        Ops.GEP,
+        Ops.WMMA,
+        Ops.CAST,
+        Ops.BITCAST,
+    }
+    | GroupOp.ALU
+)
+
+
+class SpecError(ValueError):
+    """A linearized kernel that breaks the device op set's rules: a bug in the code generator."""
+
+
+def _check(cond: bool, u: UOp, what: str) -> None:
+    if not cond:
+        raise SpecError(f"{u.op.name}: {what} (dtype {u.dtype!r}, arg {u.arg!r}, sources {[s.op.name for s in u.src]})")
+
+
+def _check_alu(u: UOp) -> None:
+    if u.op is Ops.WHERE:
+        cond, a, b = u.src
+        _check(cond.dtype.scalar == dtypes.bool, u, "condition must be bool")
+        _check(a.dtype == b.dtype == u.dtype, u, "both branches must have the result's dtype")
+        return
+    if u.op in GroupOp.Comparison:
+        _check(u.dtype.scalar == dtypes.bool, u, "a comparison gives bool")
+        _check(u.src[0].dtype == u.src[1].dtype, u, "compared values must share a dtype")
+        return
+    _check(all(s.dtype == u.dtype for s in u.src), u, "operands must have the result's dtype")
+    if u.op in (Ops.IDIV, Ops.MOD, Ops.SHL, Ops.SHR):
+        _check(u.dtype.scalar.is_int, u, "integer op on a non-integer dtype")
+    if u.op in (Ops.FDIV, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC):
+        _check(u.dtype.scalar.is_float, u, "float op on a non-float dtype")
+
+
+def validate(uops: list[UOp]) -> None:
+    """Raise SpecError unless `uops` is a well-formed linearized kernel of the device op set."""
+    seen: set[UOp] = set()
+    open_blocks: list[UOp] = []
+    for u in uops:
+        _check(u.op in DEVICE_OPS, u, "not in the device op set")
+        for s in u.src:
+            _check(s in seen, u, f"uses a {s.op.name} that comes later or not at all")
+        if u.op in GroupOp.ALU:
+            _check_alu(u)
+        elif u.op is Ops.DEFINE_GLOBAL:
+            _check(isinstance(u.dtype, PtrDType) and not u.dtype.local and isinstance(u.arg, int), u, "bad global")
+        elif u.op is Ops.DEFINE_LOCAL:
+            _check(isinstance(u.dtype, PtrDType) and u.dtype.local, u, "a local buffer has a local pointer dtype")
+        elif u.op is Ops.SPECIAL:
+            _check(isinstance(u.arg, tuple) and u.arg[0][:4] in ("gidx", "lidx") and u.arg[1] > 0, u, "bad index")
+        elif u.op is Ops.INDEX:
+            _check(isinstance(u.pointer.dtype, PtrDType), u, "indexes a non-pointer")
+            _check(u.offset.dtype.is_int, u, "offset must be an integer")
+            _check(u.gate is None or u.gate.dtype == dtypes.bool, u, "gate must be bool")
+        elif u.op is Ops.LOAD:
+            _check(u.address.op is Ops.INDEX, u, "loads from an INDEX")
+            _check((u.address.gate is None) == (u.alternative is None), u, "a gated load needs an alternative")
+        elif u.op is Ops.STORE:
+            _check(u.address.op is Ops.INDEX, u, "stores to an INDEX")
+        elif u.op is Ops.ASSIGN:
+            _check(u.src[0].op is Ops.DEFINE_ACC and u.src[0].dtype == u.value.dtype, u, "assigns an accumulator")
+        elif u.op is Ops.RANGE:
+            _check(u.end.dtype.is_int and u.dtype == u.end.dtype, u, "a loop counts with an integer")
+            open_blocks.append(u)
+        elif u.op is Ops.IF:
+            open_blocks.append(u)
+        elif u.op in (Ops.ENDRANGE, Ops.ENDIF):
+            _check(bool(open_blocks) and open_blocks[-1] is u.src[0], u, "closes a block that is not innermost")
+            open_blocks.pop()
+        seen.add(u)
+    if open_blocks:
+        raise SpecError(f"{len(open_blocks)} loop(s) or if(s) never closed")
