@@ -35,8 +35,11 @@ def _project(pyproject: Path) -> dict:
 # distribution name -> its [project] table, for every package under packages/
 LOCAL = {canonicalize_name(p["name"]): p for p in (_project(f) for f in sorted(PACKAGES.glob("*/pyproject.toml")))}
 # tool name -> the requirement string of the umbrella's `dev` extra (the one place the tools are pinned)
-DEV = {canonicalize_name(Requirement(r).name): r for r in _project(ROOT / "pyproject.toml")["optional-dependencies"]["dev"]}
+DEV_TOOLS = _project(ROOT / "pyproject.toml")["optional-dependencies"]["dev"]
+DEV = {canonicalize_name(Requirement(r).name): r for r in DEV_TOOLS}
 TEST_TOOLS = [DEV["pytest"], DEV["hypothesis"], DEV["numpy"]]
+# what pip needs to build editable installs without build isolation (hatchling asks for editables~=0.3)
+EDITABLE_BACKEND = [DEV["hatchling"], "editables~=0.3"]
 
 
 def _requirements(dist: str, extras: tuple[str, ...] = ()) -> list[Requirement]:
@@ -73,7 +76,8 @@ def _third_party(dists: list[str], extras: tuple[str, ...]) -> list[str]:
 def _install_local(session: nox.Session, dist: str, extras: tuple[str, ...] = (), tools: tuple[str, ...] = ()) -> None:
     dists = _local_closure(dist, extras)
     # 1. from the index: test tools, the packages' third-party dependencies, and the build backend
-    session.install(*TEST_TOOLS, *tools, *_third_party(dists, extras), DEV["hatchling"])
+    from_index = [*TEST_TOOLS, *tools, *_third_party(dists, extras), *EDITABLE_BACKEND]
+    session.install(*dict.fromkeys(from_index))
     # 2. from this checkout, with no index, no find-links and no pip config: nothing can be fetched here
     offline = {name: None for name in os.environ if name.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
     editables = [arg for d in dists for arg in ("-e", str(PACKAGES / d))]

@@ -385,8 +385,10 @@ def _dtype_bounds(dtype: DType) -> tuple[int | float, int | float]:
 
 def _bounds(u: UOp) -> tuple[int | float, int | float]:
     """Conservative [min, max] of an integer or bool UOp's value; the dtype's range when unknown."""
-    if u.dtype.is_float or u.dtype.count != 1 or u.dtype.kind == "v":
+    if _bounds_are_dtype_range(u):
         return _dtype_bounds(u.dtype)
+    if any("vmin_vmax" not in s.__dict__ for s in u.src):
+        _fill_bounds_below(u)
     if u.op is Ops.CONST:
         return (u.arg, u.arg)
     if u.op is Ops.RANGE:
@@ -409,6 +411,25 @@ def _bounds(u: UOp) -> tuple[int | float, int | float]:
         if lo <= s0 and s1 <= hi:
             return (s0, s1)
     return (lo, hi)
+
+
+def _bounds_are_dtype_range(u: UOp) -> bool:
+    """Floats, vectors and void get the whole range of their dtype, without looking at their sources."""
+    return u.dtype.is_float or u.dtype.count != 1 or u.dtype.kind == "v"
+
+
+def _fill_bounds_below(u: UOp) -> None:
+    """Compute (and cache) the bounds of u's sources deepest first, so that a deep graph never recurses."""
+    stack: list[tuple[UOp, bool]] = [(s, False) for s in u.src]
+    while stack:
+        node, ready = stack.pop()
+        if "vmin_vmax" in node.__dict__:
+            continue
+        if ready or _bounds_are_dtype_range(node):
+            node.vmin_vmax  # noqa: B018  (its sources are known now: this does not recurse)
+            continue
+        stack.append((node, True))
+        stack.extend((s, False) for s in node.src if "vmin_vmax" not in s.__dict__)
 
 
 def _alu_bounds(op: Ops, vs: list[tuple[Any, Any]]) -> tuple[Any, Any] | None:

@@ -1,0 +1,216 @@
+"""Renderers for C-like languages. `CStyleRenderer` holds what C, OpenCL C, CUDA C and HIP share;
+`CRenderer` is plain C for the CPU device (loops, no hardware indices)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from tiny.ir.device import Renderer, RendererCaps
+from tiny.ir.dtypes import DType, PtrDType, dtypes
+from tiny.ir.uop import GroupOp, Ops, UOp
+
+_CODE: dict[Ops, Callable[..., str]] = {
+    Ops.ADD: lambda a, b: f"({a}+{b})",
+    Ops.MUL: lambda a, b: f"({a}*{b})",
+    Ops.FDIV: lambda a, b: f"({a}/{b})",
+    Ops.CMPLT: lambda a, b: f"({a}<{b})",
+    Ops.CMPNE: lambda a, b: f"({a}!={b})",
+    Ops.AND: lambda a, b: f"({a}&{b})",
+    Ops.OR: lambda a, b: f"({a}|{b})",
+    Ops.XOR: lambda a, b: f"({a}^{b})",
+    Ops.SHL: lambda a, b: f"({a}<<{b})",
+    Ops.SHR: lambda a, b: f"({a}>>{b})",
+    Ops.WHERE: lambda c, a, b: f"({c}?{a}:{b})",
+}
+
+
+class CStyleRenderer(Renderer):
+    """The parts of C that every C-like language shares; subclasses name their types and intrinsics."""
+
+    caps = RendererCaps(language="C")
+    kernel_prefix = "void"
+    buffer_prefix = ""
+    arg_int = "int"
+    type_names: dict[str, str] = {
+        "bool": "_Bool",
+        "int8": "signed char",
+        "int16": "short",
+        "int32": "int",
+        "int64": "long long",
+        "uint8": "unsigned char",
+        "uint16": "unsigned short",
+        "uint32": "unsigned int",
+        "uint64": "unsigned long long",
+        "float16": "_Float16",
+        "bfloat16": "__bf16",
+        "float32": "float",
+        "float64": "double",
+    }
+    # float math that the language has for these dtypes; others compute in float32
+    math_fns: dict[Ops, str] = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}
+
+    repeats_operands = frozenset({Ops.MAX, Ops.IDIV, Ops.MOD})  # their C text names an operand twice
+
+    def type_name(self, dt: DType) -> str:
+        if isinstance(dt, PtrDType):
+            assert dt.base is not None
+            return self.type_name(dt.base) + "*"
+        return self.type_names[dt.scalar.name]
+
+    def const(self, value: int | float | bool, dt: DType) -> str:
+        if dt.is_bool:
+            return "1" if value else "0"
+        if dt.is_float:
+            assert isinstance(value, (int, float))
+            if math.isnan(value):
+                text = "__builtin_nanf(\"\")"
+            elif math.isinf(value):
+                text = ("-" if value < 0 else "") + "__builtin_inff()"
+            else:
+                text = repr(float(value)) + ("" if dt.scalar == dtypes.float64 else "f")
+            return text if dt.scalar in (dtypes.float32, dtypes.float64) else f"(({self.type_name(dt)}){text})"
+        suffix = {"int64": "ll", "uint64": "ull", "uint32": "u"}.get(dt.scalar.name, "")
+        if dt.scalar.name == "int64" and value == dt.min:
+            return f"({value + 1}ll-1)"  # the literal itself would overflow
+        if dt.scalar.name == "int32" and value == dt.min:
+            return f"({value + 1}-1)"
+        text = f"{value}{suffix}"
+        return text if dt.scalar.itemsize >= 4 else f"(({self.type_name(dt)}){text})"
+
+    def float_math(self, op: Ops, x: str, dt: DType) -> str:
+        if dt.scalar == dtypes.float64:
+            return f"__builtin_{self.math_fns[op]}({x})"
+        if dt.scalar == dtypes.float32:
+            return f"__builtin_{self.math_fns[op]}f({x})"
+        return f"(({self.type_name(dt)})__builtin_{self.math_fns[op]}f((float){x}))"
+
+    def alu(self, u: UOp, args: list[str]) -> str:
+        op, dt = u.op, u.dtype
+        if op in self.math_fns:
+            return self.float_math(op, args[0], dt)
+        if op is Ops.NEG:
+            return f"(!{args[0]})" if dt.is_bool else f"(-{args[0]})"
+        if op is Ops.RECIP:
+            return f"({self.const(1, dt)}/{args[0]})"
+        if op is Ops.MAX:
+            a, b = args
+            if dt.is_float:  # NaN wins, as torch.maximum
+                return f"((({a}!={a})|({a}>={b}))?{a}:{b})"
+            return f"(({a}>={b})?{a}:{b})"
+        if op in (Ops.IDIV, Ops.MOD):
+            sym = "/" if op is Ops.IDIV else "%"
+            b_const = u.src[1].op is Ops.CONST and u.src[1].arg != 0
+            return f"({args[0]}{sym}{args[1]})" if b_const else f"(({args[1]})==0?0:({args[0]}{sym}{args[1]}))"
+        if op in (Ops.ADD, Ops.MUL) and dt.is_bool:
+            return f"({args[0]}{'|' if op is Ops.ADD else '&'}{args[1]})"
+        return _CODE[op](*args)
+
+    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+        return f"{self.kernel_prefix} {name}({', '.join(params)}) {{\n" + "\n".join(body) + "\n}\n"
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        names: dict[UOp, str] = {}
+        params: list[tuple[int, str]] = []
+        var_params: list[str] = []
+        body: list[str] = []
+        depth = 1
+        uses: dict[UOp, int] = {}
+        for u in uops:
+            for s in u.src:  # an operand that the rendered expression repeats counts as used twice
+                uses[s] = uses.get(s, 0) + (2 if u.op in self.repeats_operands else 1)
+        counters: dict[str, int] = {}
+
+        def fresh(prefix: str) -> str:
+            counters[prefix] = counters.get(prefix, -1) + 1
+            return f"{prefix}{counters[prefix]}"
+
+        def line(text: str) -> None:
+            body.append("  " * depth + text)
+
+        for u in uops:
+            src = [names.get(s, "") for s in u.src]
+            op = u.op
+            if op is Ops.DEFINE_GLOBAL:
+                names[u] = f"data{u.arg}"
+                qual = "" if u.arg == 0 else "const "
+                params.append((u.arg, f"{self.buffer_prefix}{qual}{self.type_name(u.dtype)} restrict {names[u]}"))
+            elif op is Ops.DEFINE_VAR:
+                names[u] = u.arg[0]
+                var_params.append(f"{self.arg_int} {u.arg[0]}")
+            elif op is Ops.CONST:
+                names[u] = self.const(u.arg, u.dtype)
+            elif op is Ops.SPECIAL:
+                names[u] = u.arg[0]
+                line(f"int {u.arg[0]} = {self.special(u.arg[0])}; /* {u.arg[1]} */")
+            elif op is Ops.RANGE:
+                names[u] = fresh("ridx")
+                t = self.type_name(u.dtype)
+                line(f"for ({t} {names[u]} = 0; {names[u]} < {src[0]}; {names[u]}++) {{")
+                depth += 1
+            elif op in (Ops.ENDRANGE, Ops.ENDIF):
+                depth -= 1
+                line("}")
+            elif op is Ops.IF:
+                line(f"if ({src[0]}) {{")
+                depth += 1
+            elif op is Ops.INDEX:
+                names[u] = f"({src[0]}+{src[1]})"
+            elif op is Ops.LOAD:
+                addr = u.address
+                val = f"*{names[addr]}" if addr.gate is None else f"({names[addr.gate]}?*{names[addr]}:{src[1]})"
+                names[u] = fresh("val")
+                line(f"{self.type_name(u.dtype)} {names[u]} = {val};")
+            elif op is Ops.STORE:
+                addr = u.address
+                store = f"*{names[addr]} = {src[1]};"
+                line(store if addr.gate is None else f"if ({names[addr.gate]}) {store}")
+            elif op is Ops.DEFINE_ACC:
+                names[u] = fresh("acc")
+                line(f"{self.type_name(u.dtype)} {names[u]} = {src[0]};")
+            elif op is Ops.ASSIGN:
+                names[u] = src[0]
+                line(f"{src[0]} = {src[1]};")
+            elif op is Ops.BARRIER:
+                line(self.barrier())
+            elif op in (Ops.CAST, Ops.BITCAST) or op in GroupOp.ALU:
+                if op is Ops.CAST:
+                    expr = f"(({self.type_name(u.dtype)})({src[0]}))"
+                elif op is Ops.BITCAST:
+                    expr = f"__builtin_bit_cast({self.type_name(u.dtype)}, {src[0]})"
+                else:
+                    expr = self.alu(u, src)
+                if uses.get(u, 0) == 1 and op is not Ops.BITCAST:
+                    names[u] = expr  # used once: inline it
+                else:
+                    names[u] = fresh("alu")
+                    line(f"{self.type_name(u.dtype)} {names[u]} = {expr};")
+            else:
+                raise NotImplementedError(f"{type(self).__name__} cannot render {op}")
+        ordered = [p for _, p in sorted(params)] + var_params
+        return self.render_kernel(name, ordered, body)
+
+    def special(self, name: str) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no hardware indices")
+
+    def barrier(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no barriers")
+
+
+class CRenderer(CStyleRenderer):
+    """C for the CPU device, compiled by clang or gcc."""
+
+    caps = RendererCaps(language="C", vector_width=8)
+
+    def __init__(self, target: str = "") -> None:
+        """target: 'machine;vector_width=N;features' as the CPU device reports it (features: f16, bf16)."""
+        super().__init__(target)
+        parts = target.split(";") if target else []
+        width = next((int(p.split("=")[1]) for p in parts if p.startswith("vector_width=")), 8)
+        features = set(parts[-1].split(",")) if parts else {"f16", "bf16"}
+        missing = {dtypes.float16} if "f16" not in features else set()
+        missing |= {dtypes.bfloat16} if "bf16" not in features else set()
+        self.caps = RendererCaps(language="C", vector_width=width, dtypes=frozenset(dtypes.all()) - missing)
+
+    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+        return f"void {name}({', '.join(params)}) {{\n" + "\n".join(body) + "\n}\n"

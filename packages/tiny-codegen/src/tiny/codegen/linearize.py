@@ -1,0 +1,166 @@
+"""Linearizing: a lowered kernel graph -> a list of device ops in execution order.
+
+Loops nest as a tree. Output loops form a chain (in axis order); a REDUCE's loops hang below the
+deepest loop its result depends on. Each node is placed in the deepest loop it depends on, so work that
+does not change inside a loop is done outside it. A REDUCE becomes an accumulator (DEFINE_ACC) before
+its loops and an ASSIGN at the end of its innermost loop; its users read the ASSIGN after the loops.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from tiny.codegen.lower import identity
+from tiny.ir.uop import Ops, UOp
+
+Block = UOp | None  # a loop (its RANGE), or None for the kernel's top level
+
+
+class _Linearizer:
+    def __init__(self, sink: UOp) -> None:
+        self.topo = [u for u in sink.toposort if u.op is not Ops.SINK]
+        self.order = {u: i for i, u in enumerate(self.topo)}
+        self.reduces = [u for u in self.topo if u.op is Ops.REDUCE]
+        self.scope: dict[UOp, frozenset[UOp]] = {}
+        for u in self.topo:
+            if u.op is Ops.RANGE:
+                self.scope[u] = frozenset((u,))
+            else:
+                inner = frozenset().union(*(self.scope[s] for s in u.src))
+                self.scope[u] = inner - set(u.ranges) if u.op is Ops.REDUCE else inner
+        self.parent: dict[UOp, Block] = {}
+        self.depth: dict[Block, int] = {None: 0}
+        owned = {r for red in self.reduces for r in red.ranges}
+        prev: Block = None
+        for r in sorted((u for u in self.topo if u.op is Ops.RANGE and u not in owned), key=lambda r: r.arg):
+            prev = self._attach(r, prev)
+        for red in reversed(self.reduces):  # a reduce's users come first: their loops are placed already
+            p = self.deepest(self.scope[red])
+            for r in red.ranges:
+                p = self._attach(r, p)
+        self.children: dict[Block, list[UOp]] = {}
+        self.nodes: dict[Block, list[UOp]] = {}
+        for u in self.topo:
+            if u.op is Ops.RANGE:
+                self.children.setdefault(self.parent[u], []).append(u)
+            else:
+                self.nodes.setdefault(self.block_of(u), []).append(u)
+        self.out: list[UOp] = []
+        self.new: dict[UOp, UOp] = {}
+        self.acc_ids = itertools.count()
+        self.accs: dict[UOp, UOp] = {}
+
+    def _attach(self, r: UOp, parent: Block) -> UOp:
+        self.parent[r] = parent
+        self.depth[r] = self.depth[parent] + 1
+        return r
+
+    def deepest(self, ranges: frozenset[UOp]) -> Block:
+        if not ranges:
+            return None
+        inner = max(ranges, key=lambda r: self.depth[r])
+        chain = set(self.ancestors(inner))
+        assert ranges <= chain, "a node depends on loops that do not nest"
+        return inner
+
+    def ancestors(self, b: Block) -> list[UOp]:
+        out = []
+        while b is not None:
+            out.append(b)
+            b = self.parent[b]
+        return out
+
+    def block_of(self, u: UOp) -> Block:
+        return self.deepest(self.scope[u])
+
+    def item_in(self, u: UOp, b: Block) -> UOp | None:
+        """What in block b provides u: u itself, the child loop holding it, or None when it is outside b."""
+        where = u if u.op is Ops.RANGE else self.block_of(u)
+        if where is b:
+            return None if u.op is Ops.RANGE else u
+        while where is not None and self.parent[where] is not b:
+            where = self.parent[where]
+        return where
+
+    def subtree(self, r: UOp) -> tuple[list[UOp], list[UOp]]:
+        """The nodes and the loops inside loop r, at any depth (r included among the loops)."""
+        nodes, loops = list(self.nodes.get(r, [])), [r]
+        for c in self.children.get(r, []):
+            n, lp = self.subtree(c)
+            nodes += n
+            loops += lp
+        return nodes, loops
+
+    def deps(self, item: UOp, b: Block) -> set[UOp]:
+        """The items of block b that must come before this one."""
+        if item.op is Ops.RANGE:  # a loop waits for everything its body uses, and for what its reduces add up
+            nodes, loops = self.subtree(item)
+            srcs = [s for n in nodes for s in n.src] + [red.value for red in self.reduces if red.ranges[-1] in loops]
+        else:
+            srcs = list(item.src)
+        found = {self.item_in(s, b) for s in srcs} - {None, item}
+        return found  # type: ignore[return-value]
+
+    def emit(self, u: UOp) -> UOp:
+        if u in self.new:
+            return self.new[u]
+        v = u.replace(src=tuple(self.emit_src(s) for s in u.src))
+        self.out.append(v)
+        self.new[u] = v
+        return v
+
+    def emit_src(self, s: UOp) -> UOp:
+        if s not in self.new and s.op is Ops.CONST:
+            return self.emit(s)
+        return self.new[s]
+
+    def emit_block(self, b: Block) -> None:
+        items = list(self.nodes.get(b, [])) + list(self.children.get(b, []))
+        deps = {it: self.deps(it, b) for it in items}
+        users: dict[UOp, list[UOp]] = {it: [] for it in items}
+        for it, ds in deps.items():
+            for d in ds:
+                users[d].append(it)
+        waiting = {it: len(ds) for it, ds in deps.items()}
+        ready = [(self.order[it], it.op.value, id(it), it) for it in items if waiting[it] == 0]
+        heapq.heapify(ready)
+        while ready:
+            it = heapq.heappop(ready)[-1]
+            if it.op is Ops.RANGE:
+                self.emit_loop(it)
+            elif it.op is Ops.REDUCE:
+                self.new[it] = self.accs[it]
+            else:
+                self.emit(it)
+            for user in users[it]:
+                waiting[user] -= 1
+                if waiting[user] == 0:
+                    heapq.heappush(ready, (self.order[user], user.op.value, id(user), user))
+        assert all(n == 0 for n in waiting.values()), "cyclic dependencies between a block's items"
+
+    def emit_loop(self, r: UOp) -> None:
+        starting = [red for red in self.reduces if red.ranges[0] is r]
+        for red in starting:
+            init = self.emit(UOp.const(red.dtype, identity(red.arg, red.dtype)))
+            acc = UOp(Ops.DEFINE_ACC, red.dtype, (init,), next(self.acc_ids))
+            self.out.append(acc)
+            self.accs[red] = acc
+        loop = self.emit(r)
+        self.emit_block(r)
+        for red in self.reduces:
+            if red.ranges[-1] is r:
+                acc = self.accs[red]
+                update = acc.alu(red.arg, self.emit_src(red.value))
+                self.out.append(update)
+                assign = UOp(Ops.ASSIGN, red.dtype, (acc, update))
+                self.out.append(assign)
+                self.accs[red] = assign
+        self.out.append(UOp(Ops.ENDRANGE, src=(loop,)))
+
+
+def linearize(sink: UOp) -> list[UOp]:
+    """The kernel as a list of device ops: loops opened and closed, each op after what it uses."""
+    lin = _Linearizer(sink)
+    lin.emit_block(None)
+    return lin.out

@@ -1,0 +1,490 @@
+"""Symbolic simplification of kernel graphs: constant folding, identities, and integer index algebra.
+
+Integer ADD, MUL and NEG wrap in their dtype, so they form the ring of integers modulo 2**bits: flattening sums,
+combining like terms and distributing constants are exact there, whatever the values. IDIV and MOD truncate toward
+zero (as in C), so every rule about them checks with bounds that the dividend does not wrap, and where the rule
+needs it, that the dividend is not negative. Floats get only rules that are exact in IEEE arithmetic.
+
+Sums are kept in one canonical form: terms in the order they first appear, each `base` or `base * k`, like terms
+combined, and the constant last. Sums of more than `_MAX_TERMS` terms are not flattened (only their constants are
+gathered), which keeps a long chain of additions linear in time.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tiny.ir.alu import exec_alu
+from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
+from tiny.ir.uop import GroupOp, Ops, UOp
+
+_INTS = (
+    dtypes.int8,
+    dtypes.int16,
+    dtypes.int32,
+    dtypes.int64,
+    dtypes.uint8,
+    dtypes.uint16,
+    dtypes.uint32,
+    dtypes.uint64,
+)
+_INTS_AND_BOOL = (*_INTS, dtypes.bool)
+_FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+_MAX_TERMS = 64  # longer sums and AND chains are left as they are (only their constants move)
+
+Terms = dict[UOp, int]  # base -> its coefficient, in the order the bases first appear
+
+
+# ---- small predicates
+
+
+def _is_const(u: UOp) -> bool:
+    """A kernel-level constant (not a tensor-level one, which carries a VIEW source)."""
+    return u.op is Ops.CONST and not u.src
+
+
+def _scalar_int(u: UOp) -> bool:
+    return u.dtype.is_int and u.dtype.count == 1
+
+
+def _scalar_int_or_bool(u: UOp) -> bool:
+    return (u.dtype.is_int or u.dtype.is_bool) and u.dtype.count == 1
+
+
+def _wrap(dtype: DType, v: int) -> int:
+    """v modulo 2**bits as the signed representative: the coefficients of an int sum live in that ring."""
+    v &= (1 << dtype.bits) - 1
+    return v - (1 << dtype.bits) if v >= 1 << (dtype.bits - 1) else v
+
+
+def _fits(dtype: DType, lo: int, hi: int) -> bool:
+    """Every value in [lo, hi] is a value of dtype: arithmetic that stays in there did not wrap."""
+    return dtype.min <= lo and hi <= dtype.max
+
+
+# ---- linear forms: an int expression as sum(k * base) + const
+
+
+def _linear(u: UOp) -> tuple[Terms, int] | None:
+    """u as sum(k * base) + const, reading through ADD, NEG and MUL by a constant; None past _MAX_TERMS terms.
+
+    A base whose bounds meet is its constant. Coefficients and the constant are wrapped to the dtype."""
+    terms: Terms = {}
+    const, count = 0, 0
+    stack: list[tuple[UOp, int]] = [(u, 1)]
+    while stack:
+        node, k = stack.pop()
+        if node.dtype != u.dtype:
+            pass  # a source of another dtype is a base
+        elif node.op is Ops.ADD:
+            a, b = node.src
+            stack += [(b, k), (a, k)]
+            continue
+        elif node.op is Ops.NEG:
+            (a,) = node.src
+            stack.append((a, -k))
+            continue
+        elif node.op is Ops.MUL:
+            a, b = node.src
+            if _is_const(b) or _is_const(a):
+                x, c = (a, b) if _is_const(b) else (b, a)
+                stack.append((x, k * c.arg))
+                continue
+        if _is_const(node):
+            const += k * node.arg
+        elif node.vmin == node.vmax:
+            const += k * int(node.vmin)
+        else:
+            terms[node] = terms.get(node, 0) + k
+            count += 1
+            if count > _MAX_TERMS:
+                return None
+    return {b: _wrap(u.dtype, k) for b, k in terms.items()}, _wrap(u.dtype, const)
+
+
+def _build(dtype: DType, terms: Terms, const: int) -> UOp:
+    """The canonical sum: terms in order (dropping zeros), `base` for a coefficient of 1, the constant last."""
+    out: UOp | None = None
+    for base, k in terms.items():
+        k = _wrap(dtype, k)
+        if k == 0:
+            continue
+        term = base if k == 1 else UOp(Ops.MUL, dtype, (base, UOp.const(dtype, k)))
+        out = term if out is None else UOp(Ops.ADD, dtype, (out, term))
+    const = _wrap(dtype, const)
+    if out is None:
+        return UOp.const(dtype, const)
+    return out if const == 0 else UOp(Ops.ADD, dtype, (out, UOp.const(dtype, const)))
+
+
+def _sum_bounds(terms: Terms, const: int) -> tuple[int, int]:
+    """The exact (unwrapped) range of sum(k * base) + const, from the bounds of the bases."""
+    lo = hi = const
+    for base, k in terms.items():
+        a, b = k * int(base.vmin), k * int(base.vmax)
+        lo, hi = lo + min(a, b), hi + max(a, b)
+    return lo, hi
+
+
+def _recombine_divmod(dtype: DType, terms: Terms, const: int) -> tuple[Terms, int]:
+    """(x//c)*(c*k) + (x%c)*k -> x*k: C's identity x == (x/c)*c + x%c holds for every x and every c != 0."""
+    for base, k in list(terms.items()):
+        if base not in terms or base.op is not Ops.MOD:
+            continue
+        x, c = base.src
+        if not _is_const(c) or c.arg == 0:
+            continue
+        div = UOp(Ops.IDIV, dtype, (x, c))
+        if div not in terms or _wrap(dtype, terms[div] - k * c.arg) != 0:
+            continue
+        del terms[base], terms[div]
+        inner = _linear(x) or ({x: 1}, 0)
+        for b, kb in inner[0].items():
+            terms[b] = terms.get(b, 0) + k * kb
+        const += k * inner[1]
+    return terms, const
+
+
+def _fold_linear(u: UOp) -> UOp | None:
+    """An int ADD, NEG, or MUL by a constant: flatten, combine like terms, constant last (x*0 -> 0, x*1 -> x ...)."""
+    if u.dtype.count != 1 or (u.op is Ops.MUL and not any(_is_const(s) for s in u.src)):
+        return None
+    if (lin := _linear(u)) is None:
+        return None
+    return _build(u.dtype, *_recombine_divmod(u.dtype, *lin))
+
+
+def _split_coefficient(u: UOp) -> tuple[UOp, int]:
+    """x*c -> (x, c); anything else -> (u, 1)."""
+    if u.op is Ops.MUL and _is_const(c := u.src[1]):
+        return u.src[0], c.arg
+    return u, 1
+
+
+def _pull_constants_out(u: UOp, a: UOp, b: UOp) -> UOp | None:
+    """(x*c1) * (y*c2) -> (x*y) * (c1*c2), over ints: constants gather outside a product of two variables."""
+    if u.dtype.count != 1 or _is_const(a) or _is_const(b):
+        return None
+    (x, c1), (y, c2) = _split_coefficient(a), _split_coefficient(b)
+    if c1 == 1 and c2 == 1:
+        return None
+    return UOp(Ops.MUL, u.dtype, (UOp(Ops.MUL, u.dtype, (x, y)), UOp.const(u.dtype, c1 * c2)))
+
+
+# ---- constant folding
+
+
+def _foldable(op: Ops, dtype: DType, values: tuple) -> bool:
+    """Whether exec_alu gives this op a meaning on these operands (bit ops need ints, shifts a count >= 0)."""
+    if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.IDIV, Ops.MOD):
+        return not dtype.is_float
+    if op in (Ops.SHL, Ops.SHR):
+        return dtype.is_int and values[1] >= 0
+    return True
+
+
+def _fold_constants(u: UOp) -> UOp | None:
+    """op(constants) -> the constant exec_alu computes, wrapped or rounded to the dtype; vectors are left alone."""
+    if u.dtype.count != 1 or u.dtype.kind == "v" or not all(_is_const(s) and s.dtype.count == 1 for s in u.src):
+        return None
+    values = tuple(s.arg for s in u.src)
+    if u.op is Ops.CAST:
+        return UOp.const(u.dtype, values[0])
+    if not _foldable(u.op, u.src[0].dtype, values):
+        return None
+    return UOp.const(u.dtype, exec_alu(u.op, u.dtype, values))
+
+
+def _fold_bounds(u: UOp) -> UOp | None:
+    """An int or bool op whose bounds meet has one possible value: that constant."""
+    if not _scalar_int_or_bool(u):
+        return None
+    lo, hi = u.vmin_vmax
+    return UOp.const(u.dtype, lo) if lo == hi else None
+
+
+# ---- identities that hold for every dtype, floats included
+
+
+def _where_const(c: UOp, a: UOp, b: UOp) -> UOp | None:
+    """A constant scalar condition picks its branch."""
+    if not _is_const(c) or c.dtype.count != 1:
+        return None
+    return a if c.arg else b
+
+
+def _add_negative_zero(x: UOp, z: UOp) -> UOp | None:
+    """x + (-0.0) -> x: exact in IEEE arithmetic for every x (x + 0.0 is not: -0.0 + 0.0 is 0.0)."""
+    if not x.dtype.is_float or not _is_const(z) or z.arg != 0 or math.copysign(1.0, z.arg) > 0:
+        return None
+    return x
+
+
+def _cast_noop(u: UOp, x: UOp) -> UOp | None:
+    """A CAST to the dtype it already has."""
+    return x if u.dtype == x.dtype else None
+
+
+def _false_like(u: UOp) -> UOp:
+    return u.const_like(False)
+
+
+# ---- integer division and remainder by a constant
+
+
+def _split_multiples(d: UOp, c: UOp, terms: Terms, const: int) -> UOp | None:
+    """A non-negative dividend c*q + r: sum//c -> q + r//c and sum%c -> r%c, where r//c is constant if r spans
+    less than one multiple of c."""
+    dt, cv, is_div = d.dtype, c.arg, d.op is Ops.IDIV
+    q = {b: k // cv for b, k in terms.items() if k % cv == 0}
+    r = {b: k for b, k in terms.items() if k % cv != 0}
+    qc, rc = divmod(const, cv)
+    rlo, rhi = _sum_bounds(r, rc)
+    if not _fits(dt, rlo, rhi):
+        return None
+    if rlo // cv == rhi // cv:  # r // c is one constant n (floor and truncation agree: the dividend is >= 0)
+        n = rlo // cv
+        return _build(dt, q, qc + n) if is_div else _build(dt, r, rc - n * cv)
+    if rlo < 0 or not (q or qc):
+        return None
+    rest = _build(dt, r, rc)
+    return _build(dt, {**q, UOp(Ops.IDIV, dt, (rest, c)): 1}, qc) if is_div else UOp(Ops.MOD, dt, (rest, c))
+
+
+def _fold_divmod(d: UOp, x: UOp, c: UOp) -> UOp | None:
+    """(sum) // c and (sum) % c by a constant c > 0, where the sum provably does not wrap:
+    all multiples of c -> the quotient exactly (and remainder 0); a non-negative sum splits its multiples of c off;
+    a factor g common to c and every coefficient cancels: sum//c -> (sum/g)//(c/g), sum%c -> ((sum/g)%(c/g))*g."""
+    if d.dtype.count != 1 or not _is_const(c) or c.arg <= 0 or (lin := _linear(x)) is None:
+        return None
+    dt, cv, is_div = d.dtype, c.arg, d.op is Ops.IDIV
+    terms, const = lin
+    lo, hi = _sum_bounds(terms, const)
+    if not _fits(dt, lo, hi):
+        return None
+    if all(k % cv == 0 for k in terms.values()) and const % cv == 0:
+        return _build(dt, {b: k // cv for b, k in terms.items()}, const // cv) if is_div else UOp.const(dt, 0)
+    if lo >= 0 and (out := _split_multiples(d, c, terms, const)) is not None:
+        return out
+    if (g := math.gcd(cv, const, *terms.values())) == 1:
+        return None
+    reduced, cg = _build(dt, {b: k // g for b, k in terms.items()}, const // g), UOp.const(dt, cv // g)
+    return UOp(Ops.IDIV, dt, (reduced, cg)) if is_div else UOp(Ops.MUL, dt, (UOp(Ops.MOD, dt, (reduced, cg)), c // g))
+
+
+def _negative_divisor(d: UOp, x: UOp, c: UOp) -> UOp | None:
+    """x // c -> (x // -c) * -1 and x % c -> x % -c for a constant c < 0 (C: the remainder has the sign of x)."""
+    if d.dtype.count != 1 or not _is_const(c) or c.arg >= 0 or not _fits(d.dtype, -c.arg, -c.arg):
+        return None
+    if d.op is Ops.MOD:
+        return UOp(Ops.MOD, d.dtype, (x, UOp.const(d.dtype, -c.arg)))
+    return UOp(Ops.IDIV, d.dtype, (x, UOp.const(d.dtype, -c.arg))) * -1
+
+
+def _positive_consts(*cs: UOp) -> bool:
+    return all(_is_const(c) and c.dtype.count == 1 and c.arg > 0 for c in cs)
+
+
+def _div_div(d: UOp, x: UOp, a: UOp, b: UOp) -> UOp | None:
+    """(x // a) // b -> x // (a*b) for a, b > 0: true for every x, with truncation too."""
+    if not _positive_consts(a, b) or not _fits(d.dtype, a.arg * b.arg, a.arg * b.arg):
+        return None
+    return UOp(Ops.IDIV, d.dtype, (x, UOp.const(d.dtype, a.arg * b.arg)))
+
+
+def _mod_div(d: UOp, x: UOp, m: UOp, a: UOp) -> UOp | None:
+    """(x % m) // a -> 0 when m <= a (|x % m| < a), and -> (x // a) % (m / a) when a divides m; for every x."""
+    if not _positive_consts(m, a):
+        return None
+    if m.arg <= a.arg:
+        return UOp.const(d.dtype, 0)
+    if m.arg % a.arg != 0:
+        return None
+    return UOp(Ops.MOD, d.dtype, (UOp(Ops.IDIV, d.dtype, (x, a)), UOp.const(d.dtype, m.arg // a.arg)))
+
+
+def _mod_mod(d: UOp, x: UOp, m: UOp, c: UOp) -> UOp | None:
+    """(x % m) % c -> x % c when c divides m, and -> x % m when m <= c; for every x (both keep the sign of x)."""
+    if not _positive_consts(m, c):
+        return None
+    if m.arg % c.arg == 0:
+        return UOp(Ops.MOD, d.dtype, (x, c))
+    return UOp(Ops.MOD, d.dtype, (x, m)) if m.arg <= c.arg else None
+
+
+# ---- comparisons
+
+
+def _fold_compare(u: UOp, a: UOp, b: UOp) -> UOp | None:
+    """An int sum against a constant, where the sum does not wrap: move its constant across
+    (x + c1 < c2 -> x < c2 - c1) and divide out the gcd g of its coefficients (g*x < d -> x < ceil(d/g),
+    d < g*x -> floor(d/g) < x, g*x != d -> x != d/g, or True when g does not divide d)."""
+    if u.dtype.count != 1 or not (_is_const(a) or _is_const(b)) or _is_const(a) == _is_const(b):
+        return None
+    const_left = _is_const(a)
+    s, d = (b, a.arg) if const_left else (a, b.arg)
+    if not _scalar_int(s) or (lin := _linear(s)) is None or not lin[0]:
+        return None
+    terms, c1 = lin
+    dt, lo, hi = s.dtype, *_sum_bounds(terms, 0)
+    if not (_fits(dt, lo, hi) and _fits(dt, lo + c1, hi + c1)):
+        return None
+    g = math.gcd(*terms.values())
+    if c1 == 0 and g == 1:
+        return None
+    reduced, e = _build(dt, {x: k // g for x, k in terms.items()}, 0), d - c1
+    if u.op is Ops.CMPNE:
+        if e % g != 0:
+            return UOp.const(u.dtype, True)
+        bound = e // g
+    else:
+        bound = e // g if const_left else -(-e // g)
+    if not _fits(dt, bound, bound):
+        return None
+    bound_uop = UOp.const(dt, bound)
+    pair = (bound_uop, reduced) if const_left and u.op is Ops.CMPLT else (reduced, bound_uop)
+    return UOp(u.op, u.dtype, pair)
+
+
+def _clause_bound(clause: UOp) -> tuple[UOp, bool, int] | None:
+    """x < d -> (x, True, d-1): an upper bound on x; d < x -> (x, False, d+1): a lower bound; else None."""
+    if clause.op is not Ops.CMPLT:
+        return None
+    a, b = clause.src
+    if _is_const(b) and _scalar_int(a):
+        return a, True, b.arg - 1
+    if _is_const(a) and _scalar_int(b):
+        return b, False, a.arg + 1
+    return None
+
+
+def _flatten(u: UOp, op: Ops) -> list[UOp] | None:
+    """The operands of a chain of one associative op, left to right; None past _MAX_TERMS of them."""
+    out: list[UOp] = []
+    stack = [u]
+    while stack:
+        node = stack.pop()
+        if node.op is op and node.dtype == u.dtype:
+            stack.extend(reversed(node.src))
+            continue
+        out.append(node)
+        if len(out) > _MAX_TERMS:
+            return None
+    return out
+
+
+def _fold_and(u: UOp) -> UOp | None:
+    """A chain of bool ANDs (a `valid`): True and repeated clauses drop, False wins, and of the bounds an int gets
+    from `x < d` / `d < x` clauses only the tightest on each side stays (contradicting bounds give False)."""
+    if u.dtype != dtypes.bool or (clauses := _flatten(u, Ops.AND)) is None:
+        return None
+    kept: list[UOp] = []
+    tightest: dict[tuple[UOp, bool], tuple[int, int]] = {}  # (x, is_upper) -> (index in kept, bound)
+    for clause in clauses:
+        if _is_const(clause):
+            if not clause.arg:
+                return UOp.const(dtypes.bool, False)
+            continue
+        if clause in kept:
+            continue
+        if (cb := _clause_bound(clause)) is None:
+            kept.append(clause)
+            continue
+        x, upper, v = cb
+        if (seen := tightest.get((x, upper))) is None:
+            tightest[(x, upper)] = (len(kept), v)
+            kept.append(clause)
+        elif (v < seen[1]) if upper else (v > seen[1]):
+            kept[seen[0]] = clause
+            tightest[(x, upper)] = (seen[0], v)
+    for (x, upper), (_, v) in tightest.items():
+        if upper and (x, False) in tightest and tightest[(x, False)][1] > v:
+            return UOp.const(dtypes.bool, False)
+    out = UOp.const(dtypes.bool, True) if not kept else kept[0]
+    for clause in kept[1:]:
+        out = UOp(Ops.AND, dtypes.bool, (out, clause))
+    return out
+
+
+# ---- long sums: gather the constants without flattening
+
+
+def _merge_constants(x: UOp, c1: UOp, c2: UOp) -> UOp | None:
+    """(x + c1) + c2 -> x + (c1 + c2), for int sums too long to flatten."""
+    if x.dtype.count != 1 or not (_is_const(c1) and _is_const(c2)):
+        return None
+    return UOp(Ops.ADD, x.dtype, (x, UOp.const(x.dtype, c1.arg + c2.arg)))
+
+
+def _constant_last(x: UOp, c: UOp, y: UOp) -> UOp | None:
+    """(x + c) + y -> (x + y) + c, for int sums too long to flatten."""
+    if x.dtype.count != 1 or not _is_const(c) or _is_const(y):
+        return None
+    return UOp(Ops.ADD, x.dtype, (UOp(Ops.ADD, x.dtype, (x, y)), c))
+
+
+# ---- the rules
+
+x_any, a_any, b_any = UPat.var("x"), UPat.var("a"), UPat.var("b")
+x_int, a_int, b_int = UPat.var("x", _INTS), UPat.var("a", _INTS), UPat.var("b", _INTS)
+x_bool = UPat.var("x", dtypes.bool)
+c_const, c1_const, c2_const = UPat.cvar("c"), UPat.cvar("c1"), UPat.cvar("c2")
+div_ops = (Ops.IDIV, Ops.MOD)
+
+symbolic = PatternMatcher(
+    [
+        # ---- folding to constants
+        (UPat(GroupOp.ALU | {Ops.CAST}, src=UPat(Ops.CONST), name="u"), _fold_constants),  # op(consts) -> const
+        (UPat(GroupOp.ALU | {Ops.CAST}, dtype=_INTS_AND_BOOL, name="u"), _fold_bounds),  # vmin == vmax -> const
+        # ---- every dtype: exact in IEEE arithmetic as well
+        (x_any * 1, lambda x: x),  # x*1 -> x
+        (UPat(Ops.FDIV, src=(x_any, UPat.const(1))), lambda x: x),  # x/1 -> x
+        (x_any + UPat.cvar("z", _FLOATS), _add_negative_zero),  # x + -0.0 -> x (floats)
+        (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(x_any,)),)), lambda x: x),  # -(-x) -> x
+        (x_any.maximum(x_any), lambda x: x),  # max(x, x) -> x
+        (UPat.var("c").where(a_any, a_any), lambda c, a: a),  # c ? a : a -> a
+        (UPat.var("c").where(a_any, b_any), _where_const),  # True ? a : b -> a, False ? a : b -> b
+        (UPat(Ops.CMPLT, src=(x_any, x_any), name="u"), _false_like),  # x < x -> False
+        (UPat(Ops.CAST, src=(x_any,), name="u"), _cast_noop),  # cast to its own dtype -> x
+        # ---- bool logic
+        (UPat(Ops.AND, dtype=dtypes.bool, name="u"), _fold_and),  # a `valid` chain, tidied
+        (x_bool & UPat.const(True), lambda x: x),  # x & True -> x
+        (x_bool & UPat.const(False), lambda x: x.const_like(False)),  # x & False -> False
+        (x_bool | UPat.const(False), lambda x: x),  # x | False -> x
+        (x_bool | UPat.const(True), lambda x: x.const_like(True)),  # x | True -> True
+        (x_any & x_any, lambda x: x),  # x & x -> x
+        (x_any | x_any, lambda x: x),  # x | x -> x
+        (UPat.var("c", dtypes.bool).where(UPat.const(True), UPat.const(False)), lambda c: c),  # c ? True : False -> c
+        # ---- ints: identities that hold for vectors too
+        (x_int + 0, lambda x: x),  # x+0 -> x
+        (x_int * 0, lambda x: x.const_like(0)),  # x*0 -> 0
+        (x_int // 1, lambda x: x),  # x//1 -> x
+        (x_int % 1, lambda x: x.const_like(0)),  # x%1 -> 0
+        (x_int & 0, lambda x: x.const_like(0)),  # x&0 -> 0
+        (x_int | 0, lambda x: x),  # x|0 -> x
+        (UPat(Ops.XOR, src=[x_int, UPat.const(0)]), lambda x: x),  # x^0 -> x
+        (UPat(Ops.XOR, src=(x_int, x_int)), lambda x: x.const_like(0)),  # x^x -> 0
+        (UPat(Ops.CMPNE, src=(x_int, x_int), name="u"), _false_like),  # x != x -> False (ints only: NaN != NaN)
+        # ---- ints: canonical sums
+        (UPat((Ops.ADD, Ops.MUL, Ops.NEG), dtype=_INTS, name="u"), _fold_linear),  # flatten, combine, const last
+        (UPat(Ops.MUL, dtype=_INTS, src=(a_any, b_any), name="u"), _pull_constants_out),  # (x*c)*y -> (x*y)*c
+        ((x_int + c1_const) + c2_const, _merge_constants),  # (x+c1)+c2 -> x+(c1+c2), long sums
+        ((x_int + c_const) + UPat.var("y"), _constant_last),  # (x+c)+y -> (x+y)+c, long sums
+        # ---- ints: division and remainder by constants
+        (UPat(div_ops, src=(x_int, c_const), name="d"), _negative_divisor),  # x//-c -> -(x//c), x%-c -> x%c
+        (UPat(div_ops, src=(x_int, c_const), name="d"), _fold_divmod),  # split multiples of c, cancel gcds
+        (UPat(Ops.IDIV, src=(x_int // a_any, b_any), name="d"), _div_div),  # (x//a)//b -> x//(a*b)
+        (UPat(Ops.IDIV, src=(x_int % UPat.var("m"), a_any), name="d"), _mod_div),  # (x%(a*b))//a -> (x//a)%b
+        (UPat(Ops.MOD, src=(x_int % UPat.var("m"), c_const), name="d"), _mod_mod),  # (x%(c*k))%c -> x%c
+        # ---- ints: comparisons and max
+        (UPat((Ops.CMPLT, Ops.CMPNE), src=(a_int, b_int), name="u"), _fold_compare),  # x+c1 < c2 -> x < c2-c1
+        (a_any.maximum(b_any), lambda a, b: a if _scalar_int_or_bool(a) and a.vmin >= b.vmax else None),  # a>=b
+    ],
+    name="symbolic",
+)
+
+
+def simplify(u: UOp) -> UOp:
+    """Rewrite u with the symbolic rules until none applies."""
+    return graph_rewrite(u, symbolic)

@@ -1,0 +1,154 @@
+"""The CPU device: C from the C renderer, compiled by clang or gcc for the host's vector ISA, run in-process."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from functools import cache
+from typing import Any
+
+from tiny.ir.config import CC
+from tiny.ir.device import (
+    AllocatorCaps,
+    CompileError,
+    Compiled,
+    Compiler,
+    DeviceUnavailable,
+    LRUAllocator,
+    Program,
+)
+
+ALIGN = 64  # bytes; one cache line, enough for any vector ISA
+
+
+@cache
+def find_compiler() -> str:
+    """The C compiler to use: $CC, else the newest clang on PATH, else gcc."""
+    if CC.value:
+        if shutil.which(CC.value) is None:
+            raise DeviceUnavailable(f"CC={CC.value!r} is not on PATH")
+        return CC.value
+    clangs = []
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        if os.path.isdir(d):
+            clangs += [f for f in os.listdir(d) if re.fullmatch(r"clang(-\d+)?", f)]
+    if clangs:
+        return max(clangs, key=lambda c: int(c.split("-")[1]) if "-" in c else 0)
+    if shutil.which("gcc"):
+        return "gcc"
+    raise DeviceUnavailable("the CPU device needs a C compiler: neither clang nor gcc is on PATH (apt install clang)")
+
+
+@cache
+def compiler_features(cc: str) -> frozenset[str]:
+    """What this compiler can do on this host, found by compiling tiny probes: 'f16', 'bf16'."""
+    probes = {"f16": "_Float16 f(_Float16 a, _Float16 b) { return a * b + (_Float16)1; }",
+              "bf16": "__bf16 f(__bf16 a, __bf16 b) { return a * b + (__bf16)1; }"}
+    out = set()
+    for name, src in probes.items():
+        with tempfile.TemporaryDirectory() as d:
+            r = subprocess.run([cc, "-c", "-x", "c", "-", "-o", os.path.join(d, "p.o")], input=src.encode(),
+                               capture_output=True)
+            if r.returncode == 0:
+                out.add(name)
+    return frozenset(out)
+
+
+@cache
+def host_vector_width() -> int:
+    """float32 lanes of the host's widest vector unit, read from /proc/cpuinfo where there is one."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return 4
+    if " avx512f" in flags:
+        return 16
+    if " avx2" in flags or " avx " in flags:
+        return 8
+    return 4
+
+
+class ClangCompiler(Compiler):
+    def __init__(self, cc: str) -> None:
+        self.cc = cc
+        super().__init__(cachekey=f"cpu:{cc}:{platform.machine()}:{_version(cc)}")
+
+    def compile(self, src: str) -> bytes:
+        arch = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else ["-mcpu=native"]
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "kernel.so")
+            args = [self.cc, "-shared", "-fPIC", "-O2", *arch, "-fno-math-errno", "-fwrapv",
+                    "-x", "c", "-", "-o", out, "-lm"]
+            r = subprocess.run(args, input=src.encode(), capture_output=True)
+            if r.returncode != 0:
+                raise CompileError(f"{self.cc} failed on generated code:\n{r.stderr.decode()}\n--- source ---\n{src}")
+            with open(out, "rb") as f:
+                return f.read()
+
+
+@cache
+def _version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        return "unknown"
+
+
+class CPUAllocator(LRUAllocator):
+    caps = AllocatorCaps(host_visible=True, aligned=ALIGN)
+
+    def _alloc(self, size: int) -> Any:
+        raw = (ctypes.c_uint8 * (size + ALIGN))()
+        addr = (ctypes.addressof(raw) + ALIGN - 1) // ALIGN * ALIGN
+        return (raw, addr)
+
+    def as_memoryview(self, opaque: Any, size: int) -> memoryview:
+        return memoryview((ctypes.c_uint8 * size).from_address(opaque[1])).cast("B")
+
+    def copyin(self, dest: Any, src: memoryview) -> None:
+        self.as_memoryview(dest, src.nbytes)[:] = src
+
+    def copyout(self, dest: memoryview, src: Any) -> None:
+        dest[:] = self.as_memoryview(src, dest.nbytes)
+
+
+class CPUProgram(Program):
+    def __init__(self, device: Compiled, name: str, binary: bytes) -> None:
+        super().__init__(device, name, binary)
+        # a file of its own name each time: the dynamic loader would hand back an earlier library by name
+        with tempfile.NamedTemporaryFile(prefix=f"tiny_{name}_", suffix=".so", delete=False) as f:
+            f.write(binary)
+        try:
+            self.lib = ctypes.CDLL(f.name)
+        finally:
+            os.unlink(f.name)
+        self.fn = getattr(self.lib, name)
+        self.fn.restype = None
+
+    def __call__(self, *bufs: Any, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False) -> float | None:
+        args = [ctypes.c_void_p(b[1]) for b in bufs] + [ctypes.c_int(v) for v in vals]
+        start = time.perf_counter()
+        self.fn(*args)
+        return time.perf_counter() - start if wait else None
+
+
+class CPUDevice(Compiled):
+    priority = 10
+    renderers = ("C",)
+
+    def __init__(self, name: str, renderer: str) -> None:
+        self.cc = find_compiler()
+        super().__init__(name, CPUAllocator(), CPUProgram, renderer)
+
+    def compiler(self) -> Compiler:
+        return ClangCompiler(self.cc)
+
+    def renderer_target(self) -> str:
+        features = sorted(compiler_features(self.cc))
+        return f"{platform.machine()};vector_width={host_vector_width()};" + ",".join(features)

@@ -1,0 +1,73 @@
+"""The realize engine: run a schedule's kernels and copies, and count what ran."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from tiny.codegen import get_program
+from tiny.ir.config import DEBUG
+from tiny.ir.device import CompiledProgram, Device, Program
+from tiny.ir.schedule import ScheduleItem
+from tiny.ir.uop import Ops, UOp
+
+
+@dataclass
+class _Counters:
+    """What has run since the last reset: kernels, copies, estimated work, and device time."""
+
+    kernels: int = 0
+    copies: int = 0
+    flops: int = 0
+    mem_bytes: int = 0
+    time_s: float = 0.0
+
+    def reset(self) -> None:
+        self.kernels = self.copies = self.flops = self.mem_bytes = 0
+        self.time_s = 0.0
+
+
+GlobalCounters = _Counters()
+
+_programs: dict[tuple[UOp, str], tuple[CompiledProgram, Program]] = {}
+
+
+def compiled(ast: UOp, device: str) -> tuple[CompiledProgram, Program]:
+    """The compiled and loaded program for a kernel AST on a device, built once per process."""
+    key = (ast, device)
+    if key not in _programs:
+        dev = Device[device]
+        prog = get_program(ast, dev)
+        if DEBUG >= 4:
+            print(prog.src)
+        _programs[key] = (prog, dev.load(prog))
+    return _programs[key]
+
+
+def run_schedule(items: list[ScheduleItem]) -> None:
+    for item in items:
+        if item.ast.op is Ops.COPY:
+            out, src = item.buffers
+            start = time.perf_counter()
+            out.copy_from(src)
+            GlobalCounters.copies += 1
+            if DEBUG >= 2:
+                ms = (time.perf_counter() - start) * 1e3
+                print(f"*** copy {src.device} -> {out.device} {out.nbytes / 1e6:9.3f} MB {ms:8.3f} ms")
+            continue
+        device = item.buffers[0].device
+        prog, runner = compiled(item.ast, device)
+        bufs = [b.ensure_allocated().opaque for b in item.buffers]
+        elapsed = runner(*bufs, global_size=prog.global_size, local_size=prog.local_size, wait=DEBUG >= 2)
+        GlobalCounters.kernels += 1
+        GlobalCounters.flops += prog.flops
+        GlobalCounters.mem_bytes += prog.mem_bytes
+        if elapsed is not None:
+            GlobalCounters.time_s += elapsed
+            if DEBUG >= 2:
+                gflops = prog.flops / elapsed / 1e9 if elapsed > 0 else 0.0
+                gbs = prog.mem_bytes / elapsed / 1e9 if elapsed > 0 else 0.0
+                print(
+                    f"*** {device:<8} {GlobalCounters.kernels:4d} {prog.name:<28} "
+                    f"{elapsed * 1e3:9.3f} ms {gflops:9.2f} GFLOPS {gbs:8.2f} GB/s"
+                )
