@@ -771,7 +771,7 @@ class Tensor:
             idx = idx[:e] + [slice(None)] * (self.ndim - n_real) + idx[e + 1 :]
         else:
             idx = idx + [slice(None)] * (self.ndim - n_real)
-        x, dim, out_shape = self, 0, []
+        dim, out_shape = 0, []
         bounds, flips, steps = [], [], []
         for i in idx:
             if i is None:
@@ -781,37 +781,45 @@ class Tensor:
             if isinstance(i, int):
                 if not -size <= i < size:
                     raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
-                bounds.append((i % size, i % size + 1))
-                flips.append(False)
-                steps.append(1)
+                i = slice(i % size, i % size + 1)
             else:
-                start, stop, step = i.indices(size)
-                if step > 0:
-                    n = max(0, (stop - start + step - 1) // step)
-                    bounds.append((start, start + max(n - 1, 0) * step + (1 if n else 0)))
-                else:
-                    n = max(0, (start - stop - step - 1) // (-step))
-                    lo = start - (n - 1) * (-step) if n else 0
-                    bounds.append((lo, start + 1 if n else 0))
-                flips.append(step < 0)
-                steps.append(abs(step))
-                out_shape.append(n)
+                out_shape.append(len(range(*i.indices(size))))
+            start, stop, step = i.indices(size)
+            n = len(range(start, stop, step))
+            if step < 0:  # walk the flipped dim forwards
+                start, step = size - 1 - start, -step
+            # take n*step elements where they exist, so that splitting off the step needs no padding
+            bounds.append((start, min(start + n * step, size)) if n else (0, 0))
+            flips.append(i.step is not None and i.step < 0)
+            steps.append(step)
             dim += 1
+        x = self.flip([d for d, f in enumerate(flips) if f]) if any(flips) else self
         x = x.shrink(bounds)
-        if any(flips):
-            x = x.flip([d for d, f in enumerate(flips) if f])
         for d, st in enumerate(steps):
             if st > 1 and x.shape[d] > 0:
                 x = x._take_every(d, st)
         return x.reshape(out_shape)
 
     def _take_every(self, dim: int, step: int) -> Tensor:
-        """Elements 0, step, 2*step ... along dim (the dim's size is 1 + k*step)."""
-        n = (self.shape[dim] + step - 1) // step
-        padded = self.pad([(0, 0)] * dim + [(0, n * step - self.shape[dim])] + [(0, 0)] * (self.ndim - dim - 1))
-        split = padded.reshape(*self.shape[:dim], n, step, *self.shape[dim + 1 :])
-        return split.shrink([None] * (dim + 1) + [(0, 1)] + [None] * (self.ndim - dim - 1)).reshape(
-            *self.shape[:dim], n, *self.shape[dim + 1 :])
+        """Elements 0, step, 2*step ... along dim, as views: split the dim into (n, step) and keep column 0."""
+        size = self.shape[dim]
+        n = (size + step - 1) // step
+
+        def along(bounds: tuple[int, int]) -> list[tuple[int, int] | None]:
+            return [None] * dim + [bounds] + [None] * (self.ndim - dim - 1)
+
+        def columns(x: Tensor, rows: int) -> Tensor:
+            split = x.reshape(*self.shape[:dim], rows, step, *self.shape[dim + 1 :])
+            return split.shrink([None] * (dim + 1) + [(0, 1)] + [None] * (self.ndim - dim - 1)).reshape(
+                *self.shape[:dim], rows, *self.shape[dim + 1 :])
+
+        if size == n * step:
+            return columns(self, n)
+        # the last element has no full row after it: take it on its own and join the two with padding
+        head = columns(self.shrink(along((0, (n - 1) * step))), n - 1)
+        last = self.shrink(along(((n - 1) * step, (n - 1) * step + 1)))
+        no_pad = [(0, 0)] * self.ndim
+        return head.pad(no_pad[:dim] + [(0, 1)] + no_pad[dim + 1 :]) + last.pad(no_pad[:dim] + [(n - 1, 0)] + no_pad[dim + 1 :])
 
 
 # ---------------------------------------------------------------- helpers
