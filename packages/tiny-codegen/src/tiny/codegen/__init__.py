@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, lower
+from tiny.ir.config import DEBUG
 from tiny.ir.device import Compiled, CompiledProgram
 from tiny.ir.dtypes import PtrDType
 from tiny.ir.pattern import graph_rewrite
@@ -24,7 +25,18 @@ def render_kernel(ast: UOp, device: Compiled) -> tuple[LoweredKernel, list[UOp],
     sink = graph_rewrite(kernel.sink, symbolic)  # simplify index math and fold constants
     uops = linearize(sink)  # place each op in its loop, in execution order
     validate(uops)  # only device ops, each well formed
+    if DEBUG >= 5:
+        print(format_uops(uops))
     return kernel, uops, renderer.render(kernel.name, uops)
+
+
+def format_uops(uops: list[UOp]) -> str:
+    """One line per op: position, op, dtype, the positions of its sources, and its arg."""
+    pos = {u: i for i, u in enumerate(uops)}
+    return "\n".join(
+        f"{i:4d} {u.op.name:<14} {u.dtype!r:<28} {str([pos[s] for s in u.src]):<16} {'' if u.arg is None else u.arg!r}"
+        for i, u in enumerate(uops)
+    )
 
 
 def get_program(ast: UOp, device: Compiled) -> CompiledProgram:

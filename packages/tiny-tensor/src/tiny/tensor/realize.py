@@ -45,6 +45,9 @@ def compiled(ast: UOp, device: str) -> tuple[CompiledProgram, Program]:
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
+    if DEBUG >= 1 and items:
+        kernels = sum(1 for i in items if i.ast.op is Ops.SINK)
+        print(f"schedule: {kernels} kernel(s), {len(items) - kernels} copy(ies)")
     for item in items:
         if item.ast.op is Ops.COPY:
             out, src = item.buffers
