@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from tiny.ir.device import Buffer, buffer_of, new_buffer
 from tiny.ir.dtypes import dtypes, truncate
+from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
 from tiny.ir.uop import GroupOp, Ops, UOp
 from tiny.ir.views import View
 
@@ -169,9 +170,38 @@ class _KernelBuilder:
         raise NotImplementedError(f"the scheduler cannot put {u.op} in a kernel")
 
 
+# ---------------------------------------------------------------- lifting reshapes off reductions
+
+
+def _lift_reshape(alu: UOp, ctx: dict[UOp, bool]) -> UOp | None:
+    """ALU(RESHAPE(r), y) -> RESHAPE(ALU(r, RESHAPE(y))) where r holds a reduction, so the reduction and
+    this op stay in one kernel; the reshape rises to the kernel's output, whose view absorbs it."""
+    for s in alu.src:
+        if s.op is Ops.RESHAPE and _reduces(s.src[0], ctx) and s.src[0].shape != s.shape:
+            inner = s.src[0].shape
+            srcs = tuple(x.src[0] if x.op is Ops.RESHAPE and x.src[0].shape == inner else _reshape(x, inner) for x in alu.src)
+            return _reshape(alu.replace(src=srcs), alu.shape)
+    return None
+
+
+def _reduces(u: UOp, memo: dict[UOp, bool]) -> bool:
+    """Whether u is a reduction, or elementwise ops over one (a node its kernel's reduction feeds)."""
+    if u not in memo:
+        memo[u] = u.op is Ops.REDUCE_AXIS or (u.op in GroupOp.Elementwise and any(_reduces(s, memo) for s in u.src))
+    return memo[u]
+
+
+def _reshape(u: UOp, shape: tuple[int, ...]) -> UOp:
+    return u if u.shape == shape else UOp(Ops.RESHAPE, u.dtype, (u,), shape)
+
+
+lift_reshapes = PatternMatcher([(UPat(GroupOp.Elementwise, name="alu"), _lift_reshape)], name="lift_reshapes")
+
+
 def create_schedule(targets: list[UOp]) -> Schedule:
     """Schedule the kernels and copies that realize `targets` (tensor-level nodes), in execution order."""
-    sink = UOp(Ops.SINK, src=tuple(targets))
+    lifted = graph_rewrite(UOp(Ops.SINK, src=tuple(targets)), lift_reshapes, ctx={})
+    sink = lifted
     forced: set[UOp] = set()
     while True:
         realize = _realize_set(sink, forced)
@@ -182,6 +212,9 @@ def create_schedule(targets: list[UOp]) -> Schedule:
         except _Unexpressible as e:
             forced.add(e.node)
     becomes = {u: _buffer_view(buffers[u], u.shape) for u in realize}
+    for original, rewritten in zip(targets, sink.src):
+        if rewritten in becomes:
+            becomes[original] = becomes[rewritten]
     return Schedule(items, becomes)
 
 
