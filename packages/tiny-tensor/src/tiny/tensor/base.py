@@ -1,0 +1,35 @@
+"""The state every Tensor has, for the op mixins to build on: its UOp and how to make a new Tensor."""
+
+from __future__ import annotations
+
+import math
+
+from tiny.ir.dtypes import DType
+from tiny.ir.uop import UOp
+
+
+class TensorBase:
+    __slots__ = ("uop", "__weakref__")
+    uop: UOp
+
+    def _new(self, uop: UOp):  # noqa: ANN202  (returns the concrete Tensor class)
+        return type(self)(uop)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.uop.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.uop.dtype
+
+    @property
+    def device(self) -> str:
+        return self.uop.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)

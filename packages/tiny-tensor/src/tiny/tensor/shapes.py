@@ -1,0 +1,50 @@
+"""Shape arithmetic shared by the Tensor's ops: argument forms, broadcasting, axes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+def normalize_axis(axis: int, ndim: int) -> int:
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise IndexError(f"axis {axis} is out of range for a tensor with {ndim} dimension(s)")
+    return axis % max(ndim, 1)
+
+
+def prod(xs: Iterable[int]) -> int:
+    return math.prod(xs)
+
+
+def shape_arg(shape: Any, allow_neg: bool = False) -> tuple[int, ...]:
+    """Accept f(2, 3) and f((2, 3)) alike."""
+    if isinstance(shape, int):
+        shape = (shape,)
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    out = tuple(shape)
+    for s in out:
+        if not isinstance(s, int) or isinstance(s, bool):
+            raise TypeError(f"sizes must be ints, got {out}")
+        if s < 0 and not allow_neg:
+            raise ValueError(f"sizes must not be negative, got {out}")
+    return out
+
+
+def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    n = max(len(a), len(b))
+    pa, pb = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(pa, pb):
+        if x != y and x != 1 and y != 1:
+            raise ValueError(f"shapes {a} and {b} cannot broadcast (sizes {x} and {y} differ and neither is 1)")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
+def normalize_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    return tuple(sorted({normalize_axis(a, ndim) for a in axes}))
