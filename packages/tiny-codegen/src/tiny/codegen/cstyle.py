@@ -43,7 +43,7 @@ class CStyleRenderer(Renderer):
         "uint32": "unsigned int",
         "uint64": "unsigned long long",
         "float16": "_Float16",
-        "bfloat16": "__bf16",
+        "bfloat16": "float",  # emulated: float in registers, rounded after each op; 16 bits in memory
         "float32": "float",
         "float64": "double",
     }
@@ -52,11 +52,47 @@ class CStyleRenderer(Renderer):
 
     repeats_operands = frozenset({Ops.MAX, Ops.IDIV, Ops.MOD})  # their C text names an operand twice
 
+    emulate_bf16 = True  # the language has no bfloat16 arithmetic: store 16 bits, compute in float
+    bf16_prelude = (
+        "static inline float tiny_bf16_to_f32(unsigned short b) {\n"
+        "  unsigned int u = (unsigned int)b << 16; return __builtin_bit_cast(float, u);\n}\n"
+        "static inline unsigned short tiny_f32_to_bf16(float f) {\n"
+        "  unsigned int u = __builtin_bit_cast(unsigned int, f);\n"
+        "  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;\n"
+        "  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16);\n}\n"
+        "static inline float tiny_bf16_round(float f) { return tiny_bf16_to_f32(tiny_f32_to_bf16(f)); }\n"
+    )
+
     def type_name(self, dt: DType) -> str:
         if isinstance(dt, PtrDType):
             assert dt.base is not None
+            if self.emulate_bf16 and dt.base.scalar == dtypes.bfloat16:
+                return "unsigned short*"
             return self.type_name(dt.base) + "*"
         return self.type_names[dt.scalar.name]
+
+    def _bf16(self, dt: DType) -> bool:
+        return self.emulate_bf16 and dt.scalar == dtypes.bfloat16
+
+    def loaded(self, u: UOp, raw: str) -> str:
+        """The value read from memory, as a register value."""
+        return f"tiny_bf16_to_f32({raw})" if self._bf16(u.dtype) else raw
+
+    def stored(self, value: UOp, expr: str) -> str:
+        """A register value, as written to memory."""
+        return f"tiny_f32_to_bf16({expr})" if self._bf16(value.dtype) else expr
+
+    def rounded(self, u: UOp, expr: str) -> str:
+        """An op's result brought to its dtype's precision where registers are wider (emulated bfloat16)."""
+        exact = u.op in (Ops.WHERE, Ops.MAX, Ops.NEG, Ops.TRUNC, Ops.BITCAST)
+        return f"tiny_bf16_round({expr})" if self._bf16(u.dtype) and not exact else expr
+
+    def bitcast(self, u: UOp, x: str) -> str:
+        if self._bf16(u.dtype):
+            return f"tiny_bf16_to_f32(__builtin_bit_cast(unsigned short, {x}))"
+        if self._bf16(u.src[0].dtype):
+            return f"__builtin_bit_cast({self.type_name(u.dtype)}, tiny_f32_to_bf16({x}))"
+        return f"__builtin_bit_cast({self.type_name(u.dtype)}, {x})"
 
     def const(self, value: int | float | bool, dt: DType) -> str:
         if dt.is_bool:
@@ -158,12 +194,13 @@ class CStyleRenderer(Renderer):
                 names[u] = f"({src[0]}+{src[1]})"
             elif op is Ops.LOAD:
                 addr = u.address
-                val = f"*{names[addr]}" if addr.gate is None else f"({names[addr.gate]}?*{names[addr]}:{src[1]})"
+                raw = self.loaded(u, f"*{names[addr]}")
+                val = raw if addr.gate is None else f"({names[addr.gate]}?{raw}:{src[1]})"
                 names[u] = fresh("val")
                 line(f"{self.type_name(u.dtype)} {names[u]} = {val};")
             elif op is Ops.STORE:
                 addr = u.address
-                store = f"*{names[addr]} = {src[1]};"
+                store = f"*{names[addr]} = {self.stored(u.value, src[1])};"
                 line(store if addr.gate is None else f"if ({names[addr.gate]}) {store}")
             elif op is Ops.DEFINE_ACC:
                 names[u] = fresh("acc")
@@ -177,9 +214,10 @@ class CStyleRenderer(Renderer):
                 if op is Ops.CAST:
                     expr = f"(({self.type_name(u.dtype)})({src[0]}))"
                 elif op is Ops.BITCAST:
-                    expr = f"__builtin_bit_cast({self.type_name(u.dtype)}, {src[0]})"
+                    expr = self.bitcast(u, src[0])
                 else:
                     expr = self.alu(u, src)
+                expr = self.rounded(u, expr)
                 if uses.get(u, 0) == 1 and op is not Ops.BITCAST:
                     names[u] = expr  # used once: inline it
                 else:
@@ -188,7 +226,11 @@ class CStyleRenderer(Renderer):
             else:
                 raise NotImplementedError(f"{type(self).__name__} cannot render {op}")
         ordered = [p for _, p in sorted(params)] + var_params
-        return self.render_kernel(name, ordered, body)
+        kernel = self.render_kernel(name, ordered, body)
+        uses_bf16 = self.emulate_bf16 and any(u.dtype.scalar == dtypes.bfloat16 or (
+            isinstance(u.dtype, PtrDType) and u.dtype.base is not None and u.dtype.base.scalar == dtypes.bfloat16)
+            for u in uops)
+        return (self.bf16_prelude + kernel) if uses_bf16 else kernel
 
     def special(self, name: str) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no hardware indices")
@@ -209,7 +251,6 @@ class CRenderer(CStyleRenderer):
         width = next((int(p.split("=")[1]) for p in parts if p.startswith("vector_width=")), 8)
         features = set(parts[-1].split(",")) if parts else {"f16", "bf16"}
         missing = {dtypes.float16} if "f16" not in features else set()
-        missing |= {dtypes.bfloat16} if "bf16" not in features else set()
         self.caps = RendererCaps(language="C", vector_width=width, dtypes=frozenset(dtypes.all()) - missing)
 
     def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:

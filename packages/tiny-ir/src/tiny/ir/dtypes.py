@@ -223,6 +223,8 @@ def truncate(dtype: DType, x: int | float | bool) -> int | float | bool:
         mod = 1 << dtype.bits
         x = int(x) & (mod - 1)
         return x - mod if dtype.kind == "i" and x >= mod // 2 else x
+    if isinstance(x, int) and not isinstance(x, bool) and abs(x) > 2**53:
+        x = _round_int(x, {"float16": 11, "bfloat16": 8, "float32": 24}.get(dtype.name, 53))
     x = float(x)
     if dtype.name == "float32":
         return _round_f32(x)
@@ -231,6 +233,19 @@ def truncate(dtype: DType, x: int | float | bool) -> int | float | bool:
     if dtype.name == "bfloat16":
         return bf16_to_float(float_to_bf16(x))
     return x
+
+
+def _round_int(x: int, mantissa_bits: int) -> int:
+    """x rounded to the nearest integer with that many significant bits, ties to even (no double rounding)."""
+    sign, mag = (-1 if x < 0 else 1), abs(x)
+    drop = mag.bit_length() - mantissa_bits
+    if drop <= 0:
+        return x
+    q, r = divmod(mag, 1 << drop)
+    half = 1 << (drop - 1)
+    if r > half or (r == half and q & 1):
+        q += 1
+    return sign * (q << drop)
 
 
 def _round_f32(x: float) -> float:

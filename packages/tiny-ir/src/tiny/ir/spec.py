@@ -81,12 +81,18 @@ def _check_alu(u: UOp) -> None:
         _check(u.dtype.scalar.is_float, u, "float op on a non-float dtype")
 
 
+def _element(index: UOp) -> object:
+    ptr = index.pointer.dtype
+    return ptr.base if isinstance(ptr, PtrDType) else None
+
+
 def validate(uops: list[UOp]) -> None:
     """Raise SpecError unless `uops` is a well-formed linearized kernel of the device op set."""
     seen: set[UOp] = set()
     open_blocks: list[UOp] = []
     for u in uops:
         _check(u.op in DEVICE_OPS, u, "not in the device op set")
+        _check(u not in seen, u, "appears twice in the kernel")
         for s in u.src:
             _check(s in seen, u, f"uses a {s.op.name} that comes later or not at all")
         if u.op in GroupOp.ALU:
@@ -96,16 +102,23 @@ def validate(uops: list[UOp]) -> None:
         elif u.op is Ops.DEFINE_LOCAL:
             _check(isinstance(u.dtype, PtrDType) and u.dtype.local, u, "a local buffer has a local pointer dtype")
         elif u.op is Ops.SPECIAL:
-            _check(isinstance(u.arg, tuple) and u.arg[0][:4] in ("gidx", "lidx") and u.arg[1] > 0, u, "bad index")
+            ok = isinstance(u.arg, tuple) and len(u.arg) == 2 and isinstance(u.arg[1], int) and u.arg[1] > 0
+            _check(ok and u.arg[0][:4] in ("gidx", "lidx") and u.arg[0][4:] in ("0", "1", "2"), u, "bad index")
+        elif u.op is Ops.DEFINE_VAR:
+            _check(isinstance(u.arg, tuple) and len(u.arg) == 3 and u.dtype.is_int, u, "a variable is (name, lo, hi)")
+        elif u.op is Ops.BITCAST:
+            _check(u.dtype.nbytes == u.src[0].dtype.nbytes, u, "a bitcast keeps the size")
         elif u.op is Ops.INDEX:
             _check(isinstance(u.pointer.dtype, PtrDType), u, "indexes a non-pointer")
             _check(u.offset.dtype.is_int, u, "offset must be an integer")
             _check(u.gate is None or u.gate.dtype == dtypes.bool, u, "gate must be bool")
         elif u.op is Ops.LOAD:
             _check(u.address.op is Ops.INDEX, u, "loads from an INDEX")
+            _check(u.dtype == _element(u.address), u, "loads the pointer's element type")
             _check((u.address.gate is None) == (u.alternative is None), u, "a gated load needs an alternative")
         elif u.op is Ops.STORE:
             _check(u.address.op is Ops.INDEX, u, "stores to an INDEX")
+            _check(u.value.dtype == _element(u.address), u, "stores the pointer's element type")
         elif u.op is Ops.ASSIGN:
             _check(u.src[0].op is Ops.DEFINE_ACC and u.src[0].dtype == u.value.dtype, u, "assigns an accumulator")
         elif u.op is Ops.RANGE:

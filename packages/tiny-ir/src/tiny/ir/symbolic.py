@@ -6,13 +6,14 @@ zero (as in C), so every rule about them checks with bounds that the dividend do
 needs it, that the dividend is not negative. Floats get only rules that are exact in IEEE arithmetic.
 
 Sums are kept in one canonical form: terms in the order they first appear, each `base` or `base * k`, like terms
-combined, and the constant last. Sums of more than `_MAX_TERMS` terms are not flattened (only their constants are
+combined, and the constant last. Sums bigger than `_MAX_NODES` nodes are not flattened (only their constants are
 gathered), which keeps a long chain of additions linear in time.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 
 from tiny.ir.alu import exec_alu
 from tiny.ir.dtypes import DType, dtypes
@@ -31,9 +32,18 @@ _INTS = (
 )
 _INTS_AND_BOOL = (*_INTS, dtypes.bool)
 _FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
-_MAX_TERMS = 64  # longer sums and AND chains are left as they are (only their constants move)
+_MAX_TERMS = 64  # a sum of more terms is not flattened (its constants still gather at the end)
+_MAX_NODES = 256  # an AND chain that reads more nodes is left as it is
 
 Terms = dict[UOp, int]  # base -> its coefficient, in the order the bases first appear
+Linear = tuple[Terms, int]  # sum(k * base) + const
+
+# Memos of pure functions of a node, kept as long as the node lives. A chain of n additions then costs O(n):
+# each ADD combines the linear forms of its two sources, and a source found canonical is not checked again.
+_MISSING = object()
+_linear_memo: weakref.WeakKeyDictionary[UOp, Linear | None] = weakref.WeakKeyDictionary()
+_canonical_sums: weakref.WeakSet[UOp] = weakref.WeakSet()
+_too_big_chains: weakref.WeakSet[UOp] = weakref.WeakSet()
 
 
 # ---- small predicates
@@ -66,41 +76,72 @@ def _fits(dtype: DType, lo: int, hi: int) -> bool:
 # ---- linear forms: an int expression as sum(k * base) + const
 
 
-def _linear(u: UOp) -> tuple[Terms, int] | None:
+def _linear(u: UOp) -> Linear | None:
     """u as sum(k * base) + const, reading through ADD, NEG and MUL by a constant; None past _MAX_TERMS terms.
 
-    A base whose bounds meet is its constant. Coefficients and the constant are wrapped to the dtype."""
-    terms: Terms = {}
-    const, count = 0, 0
-    stack: list[tuple[UOp, int]] = [(u, 1)]
-    while stack:
-        node, k = stack.pop()
-        if node.dtype != u.dtype:
-            pass  # a source of another dtype is a base
-        elif node.op is Ops.ADD:
-            a, b = node.src
-            stack += [(b, k), (a, k)]
+    Coefficients are wrapped to the dtype and never 0; a base whose bounds meet counts as its constant. The
+    result is shared (memoized): copy the dict before changing it."""
+    if (hit := _linear_memo.get(u, _MISSING)) is not _MISSING:
+        return hit  # type: ignore[return-value]
+    stack: list[tuple[UOp, bool]] = [(u, False)]
+    while stack:  # sources first, without recursing: sums can be thousands of nodes deep
+        node, ready = stack.pop()
+        if node in _linear_memo:
             continue
-        elif node.op is Ops.NEG:
-            (a,) = node.src
-            stack.append((a, -k))
-            continue
-        elif node.op is Ops.MUL:
-            a, b = node.src
-            if _is_const(b) or _is_const(a):
-                x, c = (a, b) if _is_const(b) else (b, a)
-                stack.append((x, k * c.arg))
-                continue
-        if _is_const(node):
-            const += k * node.arg
-        elif node.vmin == node.vmax:
-            const += k * int(node.vmin)
+        if (parts := _parts(node)) is None:
+            _linear_memo[node] = _leaf(node)
+        elif ready:
+            _linear_memo[node] = _combine(node.dtype, [(_linear_memo[s], k) for s, k in parts])
         else:
-            terms[node] = terms.get(node, 0) + k
-            count += 1
-            if count > _MAX_TERMS:
-                return None
-    return {b: _wrap(u.dtype, k) for b, k in terms.items()}, _wrap(u.dtype, const)
+            stack.append((node, True))
+            stack.extend((s, False) for s, _ in parts if s not in _linear_memo)
+    return _linear_memo[u]
+
+
+def _parts(node: UOp) -> list[tuple[UOp, int]] | None:
+    """The (source, coefficient) pairs an int ADD, NEG or MUL by a constant sums; None for anything else."""
+    if node.op is Ops.ADD:
+        a, b = node.src
+        return [(a, 1), (b, 1)] if a.dtype == node.dtype == b.dtype else None
+    if node.op is Ops.NEG:
+        (a,) = node.src
+        return [(a, -1)] if a.dtype == node.dtype else None
+    if node.op is Ops.MUL:
+        a, b = node.src
+        if _is_const(b) and a.dtype == node.dtype:
+            return [(a, b.arg)]
+        if _is_const(a) and b.dtype == node.dtype:
+            return [(b, a.arg)]
+    return None
+
+
+def _leaf(node: UOp) -> Linear:
+    """A constant, a node whose bounds meet (its one value), or a base with coefficient 1."""
+    if _is_const(node):
+        return {}, _wrap(node.dtype, node.arg)
+    if node.vmin == node.vmax:
+        return {}, _wrap(node.dtype, int(node.vmin))
+    return {node: 1}, 0
+
+
+def _combine(dtype: DType, parts: list[tuple[Linear | None, int]]) -> Linear | None:
+    """sum(k * part): like terms add up, and vanish when their coefficient wraps to 0."""
+    terms: Terms = {}
+    const = 0
+    for lin, k in parts:
+        if lin is None:
+            return None
+        part_terms, part_const = lin
+        const += k * part_const
+        if not terms and k == 1:
+            terms = dict(part_terms)
+            continue
+        for b, kb in part_terms.items():
+            if v := _wrap(dtype, terms.get(b, 0) + k * kb):
+                terms[b] = v
+            else:
+                terms.pop(b, None)
+    return None if len(terms) > _MAX_TERMS else (terms, _wrap(dtype, const))
 
 
 def _build(dtype: DType, terms: Terms, const: int) -> UOp:
@@ -116,6 +157,35 @@ def _build(dtype: DType, terms: Terms, const: int) -> UOp:
     if out is None:
         return UOp.const(dtype, const)
     return out if const == 0 else UOp(Ops.ADD, dtype, (out, UOp.const(dtype, const)))
+
+
+def _is_built(u: UOp, terms: Terms, const: int) -> bool:
+    """Whether _build(u.dtype, terms, const) is u already: checked without building anything, since most sums
+    a rewrite meets are canonical and hash-consing a whole new sum for each would cost more than all the rest."""
+    dtype = u.dtype
+    items = [(b, k) for b, k in ((b, _wrap(dtype, k)) for b, k in terms.items()) if k != 0]
+    const = _wrap(dtype, const)
+    if not items:
+        return _is_const(u) and u.arg == const
+    node = u
+    if const != 0:
+        if node.op is not Ops.ADD:
+            return False
+        node, last = node.src
+        if not (_is_const(last) and last.arg == const):
+            return False
+    for i in range(len(items) - 1, -1, -1):
+        base, k = items[i]
+        term = node
+        if i > 0:
+            if node.op is not Ops.ADD:
+                return False
+            node, term = node.src
+        if k == 1 and term is not base:
+            return False
+        if k != 1 and not (term.op is Ops.MUL and term.src[0] is base and _is_const(kc := term.src[1]) and kc.arg == k):
+            return False
+    return True
 
 
 def _sum_bounds(terms: Terms, const: int) -> tuple[int, int]:
@@ -146,19 +216,45 @@ def _recombine_divmod(dtype: DType, terms: Terms, const: int) -> tuple[Terms, in
     return terms, const
 
 
+def _extends_canonical(u: UOp) -> bool:
+    """u = a + b, a canonical sum without a constant and b a new plain term or a constant: canonical too.
+    This O(1) check is what most ADDs of a long sum take."""
+    if u.op is not Ops.ADD:
+        return False
+    a, b = u.src
+    if a not in _canonical_sums or (la := _linear_memo.get(a)) is None or la[1] != 0:
+        return False
+    if _is_const(b):
+        return b.arg != 0
+    if (lb := _linear(b)) is None or lb[1] != 0 or len(lb[0]) != 1:
+        return False
+    ((base, k),) = lb[0].items()
+    if base in la[0] or base.op in (Ops.MOD, Ops.IDIV):  # a like term, or maybe (x//c)*c + x%c
+        return False
+    return b is base if k == 1 else b in _canonical_sums
+
+
 def _fold_linear(u: UOp) -> UOp | None:
     """An int ADD, NEG, or MUL by a constant: flatten, combine like terms, constant last (x*0 -> 0, x*1 -> x ...)."""
-    if u.dtype.count != 1 or (u.op is Ops.MUL and not any(_is_const(s) for s in u.src)):
+    if u.dtype.count != 1 or (u.op is Ops.MUL and not any(_is_const(s) for s in u.src)) or u in _canonical_sums:
         return None
     if (lin := _linear(u)) is None:
         return None
-    return _build(u.dtype, *_recombine_divmod(u.dtype, *lin))
+    if _extends_canonical(u):
+        _canonical_sums.add(u)
+        return None
+    terms, const = _recombine_divmod(u.dtype, dict(lin[0]), lin[1])
+    if _is_built(u, terms, const):
+        _canonical_sums.add(u)
+        return None
+    return _build(u.dtype, terms, const)
 
 
 def _split_coefficient(u: UOp) -> tuple[UOp, int]:
     """x*c -> (x, c); anything else -> (u, 1)."""
     if u.op is Ops.MUL and _is_const(c := u.src[1]):
-        return u.src[0], c.arg
+        x, _ = u.src
+        return x, c.arg
     return u, 1
 
 
@@ -198,7 +294,7 @@ def _fold_constants(u: UOp) -> UOp | None:
 
 def _fold_bounds(u: UOp) -> UOp | None:
     """An int or bool op whose bounds meet has one possible value: that constant."""
-    if not _scalar_int_or_bool(u):
+    if not _scalar_int_or_bool(u) or u in _canonical_sums:  # a canonical sum of terms is never constant
         return None
     lo, hi = u.vmin_vmax
     return UOp.const(u.dtype, lo) if lo == hi else None
@@ -226,7 +322,8 @@ def _cast_noop(u: UOp, x: UOp) -> UOp | None:
     return x if u.dtype == x.dtype else None
 
 
-def _false_like(u: UOp) -> UOp:
+def _false_like(u: UOp, x: UOp) -> UOp:
+    """x < x and (ints) x != x: False, of u's dtype."""
     return u.const_like(False)
 
 
@@ -270,7 +367,7 @@ def _fold_divmod(d: UOp, x: UOp, c: UOp) -> UOp | None:
     if (g := math.gcd(cv, const, *terms.values())) == 1:
         return None
     reduced, cg = _build(dt, {b: k // g for b, k in terms.items()}, const // g), UOp.const(dt, cv // g)
-    return UOp(Ops.IDIV, dt, (reduced, cg)) if is_div else UOp(Ops.MUL, dt, (UOp(Ops.MOD, dt, (reduced, cg)), c // g))
+    return UOp(Ops.IDIV, dt, (reduced, cg)) if is_div else UOp(Ops.MUL, dt, (UOp(Ops.MOD, dt, (reduced, cg)), UOp.const(dt, g)))
 
 
 def _negative_divisor(d: UOp, x: UOp, c: UOp) -> UOp | None:
@@ -360,18 +457,21 @@ def _clause_bound(clause: UOp) -> tuple[UOp, bool, int] | None:
 
 
 def _flatten(u: UOp, op: Ops) -> list[UOp] | None:
-    """The operands of a chain of one associative op, left to right; None past _MAX_TERMS of them."""
+    """The operands of a chain of one associative op, left to right; None when that reads more than _MAX_NODES."""
     out: list[UOp] = []
     stack = [u]
-    while stack:
+    for _ in range(_MAX_NODES):
+        if not stack:
+            return out
         node = stack.pop()
+        if node in _too_big_chains:
+            break
         if node.op is op and node.dtype == u.dtype:
             stack.extend(reversed(node.src))
-            continue
-        out.append(node)
-        if len(out) > _MAX_TERMS:
-            return None
-    return out
+        else:
+            out.append(node)
+    _too_big_chains.add(u)
+    return None
 
 
 def _fold_and(u: UOp) -> UOp | None:
@@ -410,18 +510,17 @@ def _fold_and(u: UOp) -> UOp | None:
 # ---- long sums: gather the constants without flattening
 
 
-def _merge_constants(x: UOp, c1: UOp, c2: UOp) -> UOp | None:
-    """(x + c1) + c2 -> x + (c1 + c2), for int sums too long to flatten."""
-    if x.dtype.count != 1 or not (_is_const(c1) and _is_const(c2)):
+def _gather_constants(u: UOp, a: UOp, b: UOp) -> UOp | None:
+    """For int sums too long to flatten: (x + c1) + c2 -> x + (c1 + c2) and (x + c) + y -> (x + y) + c."""
+    if u.dtype.count != 1 or _linear(u) is not None:
         return None
-    return UOp(Ops.ADD, x.dtype, (x, UOp.const(x.dtype, c1.arg + c2.arg)))
-
-
-def _constant_last(x: UOp, c: UOp, y: UOp) -> UOp | None:
-    """(x + c) + y -> (x + y) + c, for int sums too long to flatten."""
-    if x.dtype.count != 1 or not _is_const(c) or _is_const(y):
+    inner, other = (a, b) if a.op is Ops.ADD and _is_const(a.src[1]) else (b, a)
+    if inner.op is not Ops.ADD or not _is_const(c := inner.src[1]):
         return None
-    return UOp(Ops.ADD, x.dtype, (UOp(Ops.ADD, x.dtype, (x, y)), c))
+    x, _ = inner.src
+    if _is_const(other):
+        return UOp(Ops.ADD, u.dtype, (x, UOp.const(u.dtype, c.arg + other.arg)))
+    return UOp(Ops.ADD, u.dtype, (UOp(Ops.ADD, u.dtype, (x, other)), c))
 
 
 # ---- the rules
@@ -429,18 +528,19 @@ def _constant_last(x: UOp, c: UOp, y: UOp) -> UOp | None:
 x_any, a_any, b_any = UPat.var("x"), UPat.var("a"), UPat.var("b")
 x_int, a_int, b_int = UPat.var("x", _INTS), UPat.var("a", _INTS), UPat.var("b", _INTS)
 x_bool = UPat.var("x", dtypes.bool)
-c_const, c1_const, c2_const = UPat.cvar("c"), UPat.cvar("c1"), UPat.cvar("c2")
+c_const = UPat.cvar("c")
 div_ops = (Ops.IDIV, Ops.MOD)
 
 symbolic = PatternMatcher(
     [
         # ---- folding to constants
         (UPat(GroupOp.ALU | {Ops.CAST}, src=UPat(Ops.CONST), name="u"), _fold_constants),  # op(consts) -> const
+        (UPat((Ops.ADD, Ops.MUL, Ops.NEG), dtype=_INTS, name="u"), _fold_linear),  # int sums: flatten, combine ...
         (UPat(GroupOp.ALU | {Ops.CAST}, dtype=_INTS_AND_BOOL, name="u"), _fold_bounds),  # vmin == vmax -> const
         # ---- every dtype: exact in IEEE arithmetic as well
         (x_any * 1, lambda x: x),  # x*1 -> x
         (UPat(Ops.FDIV, src=(x_any, UPat.const(1))), lambda x: x),  # x/1 -> x
-        (x_any + UPat.cvar("z", _FLOATS), _add_negative_zero),  # x + -0.0 -> x (floats)
+        (UPat(Ops.ADD, dtype=_FLOATS, src=[x_any, UPat.cvar("z")]), _add_negative_zero),  # x + -0.0 -> x
         (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(x_any,)),)), lambda x: x),  # -(-x) -> x
         (x_any.maximum(x_any), lambda x: x),  # max(x, x) -> x
         (UPat.var("c").where(a_any, a_any), lambda c, a: a),  # c ? a : a -> a
@@ -456,9 +556,7 @@ symbolic = PatternMatcher(
         (x_any & x_any, lambda x: x),  # x & x -> x
         (x_any | x_any, lambda x: x),  # x | x -> x
         (UPat.var("c", dtypes.bool).where(UPat.const(True), UPat.const(False)), lambda c: c),  # c ? True : False -> c
-        # ---- ints: identities that hold for vectors too
-        (x_int + 0, lambda x: x),  # x+0 -> x
-        (x_int * 0, lambda x: x.const_like(0)),  # x*0 -> 0
+        # ---- ints: identities that hold for vectors too (scalar sums are canonicalized above)
         (x_int // 1, lambda x: x),  # x//1 -> x
         (x_int % 1, lambda x: x.const_like(0)),  # x%1 -> 0
         (x_int & 0, lambda x: x.const_like(0)),  # x&0 -> 0
@@ -466,11 +564,9 @@ symbolic = PatternMatcher(
         (UPat(Ops.XOR, src=[x_int, UPat.const(0)]), lambda x: x),  # x^0 -> x
         (UPat(Ops.XOR, src=(x_int, x_int)), lambda x: x.const_like(0)),  # x^x -> 0
         (UPat(Ops.CMPNE, src=(x_int, x_int), name="u"), _false_like),  # x != x -> False (ints only: NaN != NaN)
-        # ---- ints: canonical sums
-        (UPat((Ops.ADD, Ops.MUL, Ops.NEG), dtype=_INTS, name="u"), _fold_linear),  # flatten, combine, const last
+        # ---- ints: products and long sums
         (UPat(Ops.MUL, dtype=_INTS, src=(a_any, b_any), name="u"), _pull_constants_out),  # (x*c)*y -> (x*y)*c
-        ((x_int + c1_const) + c2_const, _merge_constants),  # (x+c1)+c2 -> x+(c1+c2), long sums
-        ((x_int + c_const) + UPat.var("y"), _constant_last),  # (x+c)+y -> (x+y)+c, long sums
+        (UPat(Ops.ADD, dtype=_INTS, src=(a_any, b_any), name="u"), _gather_constants),  # (x+c)+y -> (x+y)+c
         # ---- ints: division and remainder by constants
         (UPat(div_ops, src=(x_int, c_const), name="d"), _negative_divisor),  # x//-c -> -(x//c), x%-c -> x%c
         (UPat(div_ops, src=(x_int, c_const), name="d"), _fold_divmod),  # split multiples of c, cancel gcds

@@ -30,7 +30,7 @@ class Ops(enum.Enum):
     VIEW = enum.auto()  # arg = View; how a kernel indexes a buffer or a constant
     DEFINE_GLOBAL = enum.auto()  # arg = argument index; dtype is a pointer
     DEFINE_VAR = enum.auto()  # an integer kernel argument; arg = (name, min, max)
-    DEFINE_LOCAL = enum.auto()  # workgroup memory; arg = name; dtype is a local pointer
+    DEFINE_LOCAL = enum.auto()  # workgroup memory; arg = (name, elements); dtype is a local pointer
     DEFINE_ACC = enum.auto()  # a register accumulator; src = (initial value,), arg = id
     CONST = enum.auto()  # arg = the value
     INDEX = enum.auto()  # src = (pointer, index[, gate]): an address
