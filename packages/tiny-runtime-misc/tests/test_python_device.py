@@ -537,7 +537,7 @@ def test_render_then_compile_gives_back_the_same_program() -> None:
         (
             "%0 = DEFINE_GLOBAL ptr<float32> arg=0\n%1 = CONST int32 arg=0\n%2 = INDEX ptr<float32> (%0, %1)\n"
             "%3 = LOAD int32 (%2)\n",
-            "moves dtypes.int32 through",
+            "element type",
         ),
     ],
 )

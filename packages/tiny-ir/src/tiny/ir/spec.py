@@ -83,7 +83,7 @@ def _check_alu(u: UOp) -> None:
 
 def _element(index: UOp) -> object:
     ptr = index.pointer.dtype
-    return ptr.base if isinstance(ptr, PtrDType) else None
+    return ptr.base.scalar if isinstance(ptr, PtrDType) and ptr.base is not None else None
 
 
 def validate(uops: list[UOp]) -> None:
@@ -114,11 +114,11 @@ def validate(uops: list[UOp]) -> None:
             _check(u.gate is None or u.gate.dtype == dtypes.bool, u, "gate must be bool")
         elif u.op is Ops.LOAD:
             _check(u.address.op is Ops.INDEX, u, "loads from an INDEX")
-            _check(u.dtype == _element(u.address), u, "loads the pointer's element type")
+            _check(u.dtype.scalar == _element(u.address), u, "loads the pointer's element type")
             _check((u.address.gate is None) == (u.alternative is None), u, "a gated load needs an alternative")
         elif u.op is Ops.STORE:
             _check(u.address.op is Ops.INDEX, u, "stores to an INDEX")
-            _check(u.value.dtype == _element(u.address), u, "stores the pointer's element type")
+            _check(u.value.dtype.scalar == _element(u.address), u, "stores the pointer's element type")
         elif u.op is Ops.ASSIGN:
             _check(u.src[0].op is Ops.DEFINE_ACC and u.src[0].dtype == u.value.dtype, u, "assigns an accumulator")
         elif u.op is Ops.RANGE:
