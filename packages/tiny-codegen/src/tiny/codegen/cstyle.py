@@ -114,17 +114,18 @@ class CStyleRenderer(Renderer):
         text = f"{value}{suffix}"
         return text if dt.scalar.itemsize >= 4 else f"(({self.type_name(dt)}){text})"
 
-    def float_math(self, op: Ops, x: str, dt: DType) -> str:
+    def float_math(self, fn: str, args: list[str], dt: DType) -> str:
+        """A libm function for dt: fn for double, fnf for float; narrower floats go through float."""
         if dt.scalar == dtypes.float64:
-            return f"__builtin_{self.math_fns[op]}({x})"
+            return f"__builtin_{fn}({', '.join(args)})"
         if dt.scalar == dtypes.float32:
-            return f"__builtin_{self.math_fns[op]}f({x})"
-        return f"(({self.type_name(dt)})__builtin_{self.math_fns[op]}f((float){x}))"
+            return f"__builtin_{fn}f({', '.join(args)})"
+        return f"(({self.type_name(dt)})__builtin_{fn}f({', '.join(f'(float){a}' for a in args)}))"
 
     def alu(self, u: UOp, args: list[str]) -> str:
         op, dt = u.op, u.dtype
         if op in self.math_fns:
-            return self.float_math(op, args[0], dt)
+            return self.float_math(self.math_fns[op], args, dt)
         if op is Ops.NEG:
             return f"(!{args[0]})" if dt.is_bool else f"(-{args[0]})"
         if op is Ops.RECIP:
@@ -134,6 +135,8 @@ class CStyleRenderer(Renderer):
             if dt.is_float:  # NaN wins, as torch.maximum
                 return f"((({a}!={a})|({a}>={b}))?{a}:{b})"
             return f"(({a}>={b})?{a}:{b})"
+        if op is Ops.MOD and dt.is_float:
+            return self.float_math("fmod", args, dt)
         if op in (Ops.IDIV, Ops.MOD):
             sym = "/" if op is Ops.IDIV else "%"
             b_const = u.src[1].op is Ops.CONST and u.src[1].arg != 0

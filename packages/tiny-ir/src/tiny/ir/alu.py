@@ -17,8 +17,10 @@ def _c_idiv(a: int, b: int) -> int:
     return q if (a < 0) == (b < 0) else -q
 
 
-def _c_mod(a: int, b: int) -> int:
-    """C remainder: a - b * (a / b), with the sign of a."""
+def _c_mod(a: int | float, b: int | float) -> int | float:
+    """C remainder: a - b * (a / b), with the sign of a; fmod for floats (exact; NaN for b == 0)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return math.nan if b == 0 or math.isinf(a) or math.isnan(a) or math.isnan(b) else math.fmod(a, b)
     return 0 if b == 0 else a - b * _c_idiv(a, b)
 
 
@@ -58,7 +60,7 @@ def _sin(a: float) -> float:
 
 
 def _trunc(a: float) -> float:
-    return a if math.isinf(a) or math.isnan(a) else float(math.trunc(a))
+    return a if math.isinf(a) or math.isnan(a) else math.copysign(float(math.trunc(a)), a)
 
 
 def _max(a: Any, b: Any) -> Any:

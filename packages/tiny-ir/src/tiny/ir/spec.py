@@ -75,7 +75,7 @@ def _check_alu(u: UOp) -> None:
         _check(u.src[0].dtype == u.src[1].dtype, u, "compared values must share a dtype")
         return
     _check(all(s.dtype == u.dtype for s in u.src), u, "operands must have the result's dtype")
-    if u.op in (Ops.IDIV, Ops.MOD, Ops.SHL, Ops.SHR):
+    if u.op in (Ops.IDIV, Ops.SHL, Ops.SHR):
         _check(u.dtype.scalar.is_int, u, "integer op on a non-integer dtype")
     if u.op in (Ops.FDIV, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC):
         _check(u.dtype.scalar.is_float, u, "float op on a non-float dtype")

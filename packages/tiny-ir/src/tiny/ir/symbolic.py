@@ -32,6 +32,7 @@ _INTS = (
 )
 _INTS_AND_BOOL = (*_INTS, dtypes.bool)
 _FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+_NON_INTS = (*_FLOATS, dtypes.bool)
 _MAX_TERMS = 64  # a sum of more terms is not flattened (its constants still gather at the end)
 _MAX_NODES = 256  # an AND chain that reads more nodes is left as it is
 
@@ -102,17 +103,21 @@ def _parts(node: UOp) -> list[tuple[UOp, int]] | None:
     """The (source, coefficient) pairs an int ADD, NEG or MUL by a constant sums; None for anything else."""
     if node.op is Ops.ADD:
         a, b = node.src
-        return [(a, 1), (b, 1)] if a.dtype == node.dtype == b.dtype else None
+        return [(a, 1), (b, 1)] if _same_dtype(a, node) and _same_dtype(b, node) else None
     if node.op is Ops.NEG:
         (a,) = node.src
-        return [(a, -1)] if a.dtype == node.dtype else None
+        return [(a, -1)] if _same_dtype(a, node) else None
     if node.op is Ops.MUL:
         a, b = node.src
-        if _is_const(b) and a.dtype == node.dtype:
+        if _is_const(b) and _same_dtype(a, node):
             return [(a, b.arg)]
-        if _is_const(a) and b.dtype == node.dtype:
+        if _is_const(a) and _same_dtype(b, node):
             return [(b, a.arg)]
     return None
+
+
+def _same_dtype(a: UOp, b: UOp) -> bool:
+    return a.dtype is b.dtype or a.dtype == b.dtype
 
 
 def _leaf(node: UOp) -> Linear:
@@ -144,19 +149,53 @@ def _combine(dtype: DType, parts: list[tuple[Linear | None, int]]) -> Linear | N
     return None if len(terms) > _MAX_TERMS else (terms, _wrap(dtype, const))
 
 
-def _build(dtype: DType, terms: Terms, const: int) -> UOp:
-    """The canonical sum: terms in order (dropping zeros), `base` for a coefficient of 1, the constant last."""
-    out: UOp | None = None
-    for base, k in terms.items():
-        k = _wrap(dtype, k)
-        if k == 0:
-            continue
-        term = base if k == 1 else UOp(Ops.MUL, dtype, (base, UOp.const(dtype, k)))
-        out = term if out is None else UOp(Ops.ADD, dtype, (out, term))
+def _build(dtype: DType, terms: Terms, const: int, start: UOp | None = None, clean: bool = False) -> UOp:
+    """The canonical sum: terms in order (dropping zeros), `base` for a coefficient of 1, the constant last.
+
+    `start`, a canonical sum, lends the part of its chain (and the term nodes) that these terms share with it.
+    `clean` says the terms are a linear form as _linear gives it (bases that do not expand, no (x//c, x%c) pair):
+    then each new node is canonical and is marked so, which spares its rewrite the check."""
+    items = [(b, k) for b, k in ((b, _wrap(dtype, k)) for b, k in terms.items()) if k != 0]
+    out, i, reusable = _shared_prefix(start, items) if start is not None else (None, 0, {})
+    for base, k in items[i:]:
+        if (term := reusable.get(base)) is None or term[1] != k:
+            term = (base if k == 1 else UOp(Ops.MUL, dtype, (base, UOp.const(dtype, k))), k)
+            if clean and k != 1:
+                _canonical_sums.add(term[0])
+        out = term[0] if out is None else UOp(Ops.ADD, dtype, (out, term[0]))
+        if clean:
+            _canonical_sums.add(out)
     const = _wrap(dtype, const)
     if out is None:
         return UOp.const(dtype, const)
-    return out if const == 0 else UOp(Ops.ADD, dtype, (out, UOp.const(dtype, const)))
+    if const != 0:
+        out = UOp(Ops.ADD, dtype, (out, UOp.const(dtype, const)))
+        if clean:
+            _canonical_sums.add(out)
+    if clean:
+        _linear_memo[out] = (dict(items), const)
+    return out
+
+
+def _shared_prefix(start: UOp, items: list[tuple[UOp, int]]) -> tuple[UOp | None, int, dict[UOp, tuple[UOp, int]]]:
+    """The node of the canonical sum `start` that sums the longest common beginning of items, its length, and
+    the term nodes of start by base (with their coefficients), to reuse."""
+    if (lin := _linear(start)) is None:
+        return None, 0, {}
+    start_items = list(lin[0].items())
+    spine, term_nodes, node = [], {}, start
+    if lin[1] != 0:
+        node, _ = node.src
+    for base, k in reversed(start_items[1:]):
+        spine.append(node)
+        node, term_nodes[base] = node.src[0], (node.src[1], k)
+    spine.append(node)
+    term_nodes[start_items[0][0]] = (node, start_items[0][1])
+    spine.reverse()  # spine[i] sums start_items[: i + 1]
+    n = 0
+    while n < min(len(items), len(spine)) and items[n][0] is start_items[n][0] and items[n][1] == start_items[n][1]:
+        n += 1
+    return (spine[n - 1] if n else None), n, term_nodes
 
 
 def _is_built(u: UOp, terms: Terms, const: int) -> bool:
@@ -199,20 +238,23 @@ def _sum_bounds(terms: Terms, const: int) -> tuple[int, int]:
 
 def _recombine_divmod(dtype: DType, terms: Terms, const: int) -> tuple[Terms, int]:
     """(x//c)*(c*k) + (x%c)*k -> x*k: C's identity x == (x/c)*c + x%c holds for every x and every c != 0."""
-    for base, k in list(terms.items()):
-        if base not in terms or base.op is not Ops.MOD:
-            continue
-        x, c = base.src
-        if not _is_const(c) or c.arg == 0:
-            continue
-        div = UOp(Ops.IDIV, dtype, (x, c))
-        if div not in terms or _wrap(dtype, terms[div] - k * c.arg) != 0:
-            continue
-        del terms[base], terms[div]
-        inner = _linear(x) or ({x: 1}, 0)
-        for b, kb in inner[0].items():
-            terms[b] = terms.get(b, 0) + k * kb
-        const += k * inner[1]
+    changed = True
+    while changed:
+        changed = False
+        for base, k in list(terms.items()):
+            if base.op is not Ops.MOD or base not in terms:
+                continue
+            x, c = base.src
+            if not _is_const(c) or c.arg == 0 or (inner := _linear(x)) is None:
+                continue
+            div = UOp(Ops.IDIV, dtype, (x, c))
+            if div not in terms or _wrap(dtype, terms[div] - k * c.arg) != 0:
+                continue
+            del terms[base], terms[div]
+            for b, kb in inner[0].items():
+                terms[b] = terms.get(b, 0) + k * kb
+            const += k * inner[1]
+            changed = True
     return terms, const
 
 
@@ -222,7 +264,7 @@ def _extends_canonical(u: UOp) -> bool:
     if u.op is not Ops.ADD:
         return False
     a, b = u.src
-    if a not in _canonical_sums or (la := _linear_memo.get(a)) is None or la[1] != 0:
+    if a not in _canonical_sums or (la := _linear(a)) is None or la[1] != 0:
         return False
     if _is_const(b):
         return b.arg != 0
@@ -234,12 +276,15 @@ def _extends_canonical(u: UOp) -> bool:
     return b is base if k == 1 else b in _canonical_sums
 
 
-def _fold_linear(u: UOp) -> UOp | None:
-    """An int ADD, NEG, or MUL by a constant: flatten, combine like terms, constant last (x*0 -> 0, x*1 -> x ...)."""
-    if u.dtype.count != 1 or (u.op is Ops.MUL and not any(_is_const(s) for s in u.src)) or u in _canonical_sums:
+def _fold_int_arith(u: UOp) -> UOp | None:
+    """Int ADD, NEG, and MUL by a constant: flatten, combine like terms, constant last (x*0 -> 0, x*1 -> x,
+    (x+c1)*c2 -> x*c2 + c1*c2 ...). A sum too long to flatten only moves its constants to the end."""
+    if u.dtype.count != 1 or u in _canonical_sums:
         return None
-    if (lin := _linear(u)) is None:
-        return None
+    if u.op is Ops.MUL and not any(_is_const(s) for s in u.src):  # a product of two variables
+        return _fold_bounds(u) or _pull_constants_out(u)
+    if (lin := _linear(u)) is None:  # too long: constant sources still fold, and constants move to the end
+        return _fold_constants(u) or (_gather_constants(u) if u.op is Ops.ADD else None)
     if _extends_canonical(u):
         _canonical_sums.add(u)
         return None
@@ -247,21 +292,22 @@ def _fold_linear(u: UOp) -> UOp | None:
     if _is_built(u, terms, const):
         _canonical_sums.add(u)
         return None
-    return _build(u.dtype, terms, const)
+    left = u.src[0] if u.op is Ops.ADD and u.src[0] in _canonical_sums else None
+    return _build(u.dtype, terms, const, start=left, clean=True)
 
 
 def _split_coefficient(u: UOp) -> tuple[UOp, int]:
     """x*c -> (x, c); anything else -> (u, 1)."""
-    if u.op is Ops.MUL and _is_const(c := u.src[1]):
-        x, _ = u.src
-        return x, c.arg
+    if u.op is Ops.MUL:
+        x, c = u.src
+        if _is_const(c):
+            return x, c.arg
     return u, 1
 
 
-def _pull_constants_out(u: UOp, a: UOp, b: UOp) -> UOp | None:
+def _pull_constants_out(u: UOp) -> UOp | None:
     """(x*c1) * (y*c2) -> (x*y) * (c1*c2), over ints: constants gather outside a product of two variables."""
-    if u.dtype.count != 1 or _is_const(a) or _is_const(b):
-        return None
+    a, b = u.src
     (x, c1), (y, c2) = _split_coefficient(a), _split_coefficient(b)
     if c1 == 1 and c2 == 1:
         return None
@@ -282,7 +328,7 @@ def _foldable(op: Ops, dtype: DType, values: tuple) -> bool:
 
 def _fold_constants(u: UOp) -> UOp | None:
     """op(constants) -> the constant exec_alu computes, wrapped or rounded to the dtype; vectors are left alone."""
-    if u.dtype.count != 1 or u.dtype.kind == "v" or not all(_is_const(s) and s.dtype.count == 1 for s in u.src):
+    if not all(_is_const(s) and s.dtype.count == 1 for s in u.src) or u.dtype.count != 1 or u.dtype.kind == "v":
         return None
     values = tuple(s.arg for s in u.src)
     if u.op is Ops.CAST:
@@ -510,17 +556,18 @@ def _fold_and(u: UOp) -> UOp | None:
 # ---- long sums: gather the constants without flattening
 
 
-def _gather_constants(u: UOp, a: UOp, b: UOp) -> UOp | None:
+def _gather_constants(u: UOp) -> UOp | None:
     """For int sums too long to flatten: (x + c1) + c2 -> x + (c1 + c2) and (x + c) + y -> (x + y) + c."""
-    if u.dtype.count != 1 or _linear(u) is not None:
-        return None
-    inner, other = (a, b) if a.op is Ops.ADD and _is_const(a.src[1]) else (b, a)
-    if inner.op is not Ops.ADD or not _is_const(c := inner.src[1]):
-        return None
-    x, _ = inner.src
-    if _is_const(other):
-        return UOp(Ops.ADD, u.dtype, (x, UOp.const(u.dtype, c.arg + other.arg)))
-    return UOp(Ops.ADD, u.dtype, (UOp(Ops.ADD, u.dtype, (x, other)), c))
+    for inner, other in (u.src, reversed(u.src)):
+        if inner.op is not Ops.ADD:
+            continue
+        x, c = inner.src
+        if not _is_const(c):
+            continue
+        if _is_const(other):
+            return UOp(Ops.ADD, u.dtype, (x, UOp.const(u.dtype, c.arg + other.arg)))
+        return UOp(Ops.ADD, u.dtype, (UOp(Ops.ADD, u.dtype, (x, other)), c))
+    return None
 
 
 # ---- the rules
@@ -530,15 +577,20 @@ x_int, a_int, b_int = UPat.var("x", _INTS), UPat.var("a", _INTS), UPat.var("b", 
 x_bool = UPat.var("x", dtypes.bool)
 c_const = UPat.cvar("c")
 div_ops = (Ops.IDIV, Ops.MOD)
+_ARITH = (Ops.ADD, Ops.MUL, Ops.NEG)
+_OTHER_ALU = (GroupOp.ALU - set(_ARITH)) | {Ops.CAST}
 
 symbolic = PatternMatcher(
     [
+        # ---- int ADD, MUL and NEG: one rule (folding included), as they are most of an index graph
+        (UPat(_ARITH, dtype=_INTS, name="u"), _fold_int_arith),  # canonical sums: x*2 + x*3 -> x*5 ...
         # ---- folding to constants
-        (UPat(GroupOp.ALU | {Ops.CAST}, src=UPat(Ops.CONST), name="u"), _fold_constants),  # op(consts) -> const
-        (UPat((Ops.ADD, Ops.MUL, Ops.NEG), dtype=_INTS, name="u"), _fold_linear),  # int sums: flatten, combine ...
-        (UPat(GroupOp.ALU | {Ops.CAST}, dtype=_INTS_AND_BOOL, name="u"), _fold_bounds),  # vmin == vmax -> const
-        # ---- every dtype: exact in IEEE arithmetic as well
-        (x_any * 1, lambda x: x),  # x*1 -> x
+        (UPat(_OTHER_ALU, name="u"), _fold_constants),  # op(consts) -> const
+        (UPat(_ARITH, dtype=_NON_INTS, name="u"), _fold_constants),  # op(consts) -> const, floats and bools
+        (UPat(_OTHER_ALU, dtype=_INTS_AND_BOOL, name="u"), _fold_bounds),  # vmin == vmax -> const
+        (UPat(_ARITH, dtype=dtypes.bool, name="u"), _fold_bounds),  # vmin == vmax -> const, bools
+        # ---- floats and bools: exact in IEEE arithmetic
+        (UPat(Ops.MUL, dtype=_FLOATS, src=[x_any, UPat.const(1)]), lambda x: x),  # x*1 -> x
         (UPat(Ops.FDIV, src=(x_any, UPat.const(1))), lambda x: x),  # x/1 -> x
         (UPat(Ops.ADD, dtype=_FLOATS, src=[x_any, UPat.cvar("z")]), _add_negative_zero),  # x + -0.0 -> x
         (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(x_any,)),)), lambda x: x),  # -(-x) -> x
@@ -564,9 +616,6 @@ symbolic = PatternMatcher(
         (UPat(Ops.XOR, src=[x_int, UPat.const(0)]), lambda x: x),  # x^0 -> x
         (UPat(Ops.XOR, src=(x_int, x_int)), lambda x: x.const_like(0)),  # x^x -> 0
         (UPat(Ops.CMPNE, src=(x_int, x_int), name="u"), _false_like),  # x != x -> False (ints only: NaN != NaN)
-        # ---- ints: products and long sums
-        (UPat(Ops.MUL, dtype=_INTS, src=(a_any, b_any), name="u"), _pull_constants_out),  # (x*c)*y -> (x*y)*c
-        (UPat(Ops.ADD, dtype=_INTS, src=(a_any, b_any), name="u"), _gather_constants),  # (x+c)+y -> (x+y)+c
         # ---- ints: division and remainder by constants
         (UPat(div_ops, src=(x_int, c_const), name="d"), _negative_divisor),  # x//-c -> -(x//c), x%-c -> x%c
         (UPat(div_ops, src=(x_int, c_const), name="d"), _fold_divmod),  # split multiples of c, cancel gcds

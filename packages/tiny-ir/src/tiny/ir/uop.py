@@ -61,7 +61,7 @@ class Ops(enum.Enum):
     MUL = enum.auto()
     FDIV = enum.auto()  # float division, correctly rounded
     IDIV = enum.auto()  # integer division, toward zero as in C
-    MOD = enum.auto()  # integer remainder, sign of the dividend as in C
+    MOD = enum.auto()  # remainder with the sign of the dividend, as C's % and fmod
     MAX = enum.auto()
     CMPLT = enum.auto()
     CMPNE = enum.auto()

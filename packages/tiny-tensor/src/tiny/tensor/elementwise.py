@@ -112,28 +112,51 @@ class ElementwiseOps(TensorBase):
     def mod(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """Remainder with the sign of the divisor, as Python and torch.remainder."""
         a, b = self._broadcasted(x, reverse)
-        if a.dtype.is_float:
-            return a - b * (a / b).floor()
-        r = a._alu(Ops.MOD, b)
-        if a.dtype.is_unsigned:
+        r = a._alu(Ops.MOD, b)  # C's remainder (fmod for floats): the sign of the dividend, exact
+        if a.dtype.is_unsigned or a.dtype.is_bool:
             return r
         return ((r != 0) & ((r < 0) ^ (b < 0))).where(r + b, r)
 
     def pow(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        if not reverse and isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 8 and not self.dtype.is_bool:
+        """self ** x. Integers stay integers (wrapping like PyTorch); floats follow IEEE pow's signs."""
+        small_int = isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 8
+        if not reverse and small_int and self.dtype.is_float:
             out = self.ones_like()
-            for _ in range(x):
+            for _ in range(x):  # exact for small powers, as x*x is
                 out = out * self
             return out
         a, b = self._broadcasted(x, reverse)
-        if not a.dtype.is_float:
-            a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
+        if a.dtype.is_bool:
+            a, b = a.cast(dtypes.default_int), b.cast(dtypes.default_int)
+        if a.dtype.is_int:
+            return a._int_pow(b, x if not reverse and isinstance(x, int) else None)
         mag = (b * a.abs().log2()).exp2()
         b_int = b.trunc() == b
         b_odd = b_int & ((b.abs() % 2) == 1)
         neg = a < 0
         out = neg.where(b_int.where(b_odd.where(-mag, mag), math.nan), mag)
         return (b == 0).where(1.0, out).cast(a.dtype)
+
+    def _int_pow(self, e: Tensor, scalar: int | None) -> Tensor:
+        """Integer power by squaring, over the bits of the exponent; negative exponents as PyTorch."""
+        if scalar is not None:
+            if scalar < 0:
+                raise ValueError(f"integers to negative integer powers are not allowed, got exponent {scalar}")
+            out, base = self.ones_like(), self
+            while scalar:
+                if scalar & 1:
+                    out = out * base
+                base, scalar = base * base, scalar >> 1
+            return out
+        out, base = self.ones_like(), self
+        for bit in range(self.dtype.bits - (0 if self.dtype.is_unsigned else 1)):
+            out = ((e >> bit) & 1).cast(dtypes.bool).where(out * base, out)
+            base = base * base
+        if self.dtype.is_unsigned:
+            return out
+        odd = (e & 1).cast(dtypes.bool)
+        negative = (self == 1).where(1, (self == -1).where(odd.where(-1, 1), 0)).cast(self.dtype)
+        return (e < 0).where(negative, out)
 
     def __neg__(self) -> Tensor:
         if self.dtype.is_bool:
@@ -173,7 +196,7 @@ class ElementwiseOps(TensorBase):
         return self.matmul(x)
 
     def __rmatmul__(self, x: Tensor) -> Tensor:
-        return type(self)(x).matmul(self) if not isinstance(x, TensorBase) else x.matmul(self)
+        return type(self)(x, device=self.device).matmul(self) if not isinstance(x, TensorBase) else x.matmul(self)
 
     # comparisons and logic
     def __lt__(self, x: Tensor | Scalar) -> Tensor:
@@ -246,6 +269,11 @@ class ElementwiseOps(TensorBase):
             x_, y_ = x._broadcasted(y)
         else:
             x_, y_ = type(self)(x, device=self.device)._broadcasted(y)
+        if len({cond.device, x_.device, y_.device}) > 1:
+            raise ValueError(
+                f"where() got tensors on different devices: condition on {cond.device}, x on {x_.device}, "
+                f"y on {y_.device}; use .to()"
+            )
         shape = broadcast_shape(cond.shape, x_.shape)
         cond, x_, y_ = cond._broadcast_to(shape), x_._broadcast_to(shape), y_._broadcast_to(shape)
         return self._new(UOp(Ops.WHERE, x_.dtype, (cond.uop, x_.uop, y_.uop)))
@@ -313,7 +341,9 @@ class ElementwiseOps(TensorBase):
     def abs(self) -> Tensor:
         if self.dtype.is_bool or self.dtype.is_unsigned:
             return self
-        return self.maximum(-self) if not self.dtype.is_float else (self < 0).where(-self, self)
+        if not self.dtype.is_float:
+            return self.maximum(-self)
+        return (self <= 0).where(0 - self, self)  # 0 - x, not -x: abs(-0.0) is 0.0
 
     def sign(self) -> Tensor:
         if self.dtype.is_bool:

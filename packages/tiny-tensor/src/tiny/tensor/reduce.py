@@ -57,8 +57,9 @@ class ReduceOps(TensorBase):
             raise TypeError(f"mean() needs a float tensor, got {self.dtype.name}; cast it first")
         axes = normalize_axes(axis, self.ndim) if self.ndim else ()
         n = prod(self.shape[a] for a in axes)
-        total = self.sum(axis, keepdim)
-        return total / n if n else total * math.nan
+        wide = self.cast(dtypes.float32) if self.dtype.itemsize < 4 else self  # half sums can overflow before / n
+        total = wide.sum(axis, keepdim)
+        return (total / n if n else total * math.nan).cast(self.dtype)
 
     def softmax(self, axis: int = -1) -> Tensor:
         x = self._float_input()
