@@ -85,8 +85,11 @@ def _install_local(session: nox.Session, dist: str, extras: tuple[str, ...] = ()
 
 
 def _pytest(session: nox.Session, dist: str) -> None:
+    # `nox -s ir -- packages/tiny-ir/tests/test_x.py` runs what it names; otherwise the package's tests folder
+    names_paths = any(Path(arg.split("::")[0]).exists() for arg in session.posargs if not arg.startswith("-"))
+    paths = [] if names_paths else [str(PACKAGES / dist / "tests")]
     # pytest exits 5 when it collects no test; that fails the session like any other non-zero exit
-    session.run("pytest", str(PACKAGES / dist / "tests"), *session.posargs)
+    session.run("pytest", *paths, *session.posargs)
 
 
 @nox.session

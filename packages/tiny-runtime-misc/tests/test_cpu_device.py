@@ -1,0 +1,275 @@
+"""The CPU device: finding a C compiler, compiling and running hand-written C kernels, its allocator, its errors,
+and how it shows up through entry points and `python -m tiny.ir.device`. Skips where no C compiler is on PATH."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tiny.ir.config import Context
+from tiny.ir.device import (
+    Buffer,
+    CompiledProgram,
+    CompileError,
+    Device,
+    DeviceUnavailable,
+    UnknownDevice,
+    available,
+)
+from tiny.ir.dtypes import dtypes
+from tiny.runtime.cpu import ALIGN, ClangCompiler, CPUAllocator, CPUDevice, CPUProgram, find_compiler
+
+ADD_KERNEL = """
+void add(float* restrict out, const float* restrict a, const float* restrict b, int n) {
+  for (int i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+"""
+
+
+def has_cc() -> bool:
+    return bool(shutil.which("clang") or shutil.which("gcc") or any(shutil.which(f"clang-{v}") for v in range(10, 30)))
+
+
+needs_cc = pytest.mark.skipif(not has_cc(), reason="no C compiler (clang or gcc) on PATH")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test compiles into a cache of its own, and finds the compiler afresh."""
+    monkeypatch.setenv("CACHEDB", str(tmp_path / "cache.db"))
+    monkeypatch.delenv("CC", raising=False)
+    find_compiler.cache_clear()
+    yield
+    find_compiler.cache_clear()
+
+
+def fake_tools(directory: Path, *names: str, executable: bool = True) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        tool = directory / name
+        tool.write_text("#!/bin/sh\nexit 0\n")
+        tool.chmod(stat.S_IRWXU if executable else stat.S_IRUSR | stat.S_IWUSR)
+    return directory
+
+
+# ---------------------------------------------------------------- finding a compiler
+
+
+def test_no_compiler_on_path_names_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(DeviceUnavailable) as info:
+        find_compiler()
+    assert "clang" in str(info.value) and "gcc" in str(info.value)
+
+
+def test_the_newest_clang_is_preferred(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = fake_tools(tmp_path / "bin", "clang", "clang-13", "clang-17", "gcc", "clang-format-19", "clang++-20")
+    monkeypatch.setenv("PATH", str(tools))
+    assert find_compiler() == "clang-17"
+
+
+def test_gcc_when_there_is_no_clang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(fake_tools(tmp_path / "bin", "gcc", "clang-format")))
+    assert find_compiler() == "gcc"
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: find_compiler picks clang-N files on PATH that are not executable")
+def test_a_clang_that_cannot_run_is_not_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = fake_tools(tmp_path / "bin", "clang-15", "gcc")
+    fake_tools(tools, "clang-99", executable=False)
+    monkeypatch.setenv("PATH", str(tools))
+    assert find_compiler() == "clang-15"
+
+
+def test_cc_is_respected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = fake_tools(tmp_path / "bin", "clang-18", "mycc")
+    monkeypatch.setenv("PATH", str(tools))
+    monkeypatch.setenv("CC", "mycc")
+    assert find_compiler() == "mycc"
+    monkeypatch.setenv("CC", "no-such-cc")
+    find_compiler.cache_clear()
+    with pytest.raises(DeviceUnavailable, match="no-such-cc"):
+        find_compiler()
+    monkeypatch.delenv("CC")
+    find_compiler.cache_clear()
+    with Context(CC="mycc"):
+        assert find_compiler() == "mycc"
+
+
+# ---------------------------------------------------------------- compiling and running
+
+
+@needs_cc
+def test_compile_and_run_a_hand_written_kernel() -> None:
+    binary = ClangCompiler(find_compiler()).compile(ADD_KERNEL)
+    assert isinstance(binary, bytes) and len(binary) > 100
+    if sys.platform.startswith("linux"):
+        assert binary[:4] == b"\x7fELF"
+    prog = CPUProgram(Device["CPU"], "add", binary)
+    alloc = CPUAllocator()
+    bufs = [alloc.alloc(16) for _ in range(3)]
+    alloc.copyin(bufs[1], memoryview(bytearray((ctypes.c_float * 4)(1, 2, 3, 4))))
+    alloc.copyin(bufs[2], memoryview(bytearray((ctypes.c_float * 4)(10, 20, 30, 40))))
+    assert prog(*bufs, vals=(3,)) is None
+    out = (ctypes.c_float * 4)()
+    alloc.copyout(memoryview(out).cast("B"), bufs[0])
+    assert list(out) == [11.0, 22.0, 33.0, 0.0]  # n=3: the last element untouched (allocations start zeroed)
+    elapsed = prog(*bufs, vals=(4,), wait=True)
+    assert isinstance(elapsed, float) and elapsed >= 0
+    alloc.copyout(memoryview(out).cast("B"), bufs[0])
+    assert list(out) == [11.0, 22.0, 33.0, 44.0]
+
+
+@needs_cc
+def test_two_programs_of_one_name_stay_apart() -> None:
+    dev = Device["CPU"]
+    one = CPUProgram(dev, "k", dev.compile("int k(void) { return 1; }"))
+    two = CPUProgram(dev, "k", dev.compile("int k(void) { return 2; }"))
+    one.fn.restype = two.fn.restype = ctypes.c_int
+    assert (one.fn(), two.fn()) == (1, 2)
+
+
+@needs_cc
+def test_a_compile_error_carries_the_source() -> None:
+    src = "void broken(float* out) { out[0] = undefined_name; }"
+    with pytest.raises(CompileError) as info:
+        ClangCompiler(find_compiler()).compile(src)
+    assert src in str(info.value) and "undefined_name" in str(info.value)
+    with pytest.raises(CompileError):
+        Device["CPU"].compile(src)  # through the disk cache too: a failure is not cached as a binary
+
+
+@needs_cc
+def test_the_compile_cache_key_names_the_compiler() -> None:
+    c = ClangCompiler(find_compiler())
+    assert c.cachekey is not None and c.cachekey.startswith("cpu:") and find_compiler() in c.cachekey
+
+
+@needs_cc
+def test_compile_cached_uses_the_disk(tmp_path: Path) -> None:
+    calls = []
+
+    class Counting(ClangCompiler):
+        def compile(self, src: str) -> bytes:
+            calls.append(src)
+            return super().compile(src)
+
+    src = "int seven(void) { return 7; }"
+    first = Counting(find_compiler()).compile_cached(src)
+    again = Counting(find_compiler()).compile_cached(src)
+    assert first == again and len(calls) == 1
+    assert (tmp_path / "cache.db").exists()
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_allocator_alignment_and_caps() -> None:
+    alloc = CPUAllocator()
+    assert alloc.caps.host_visible and alloc.caps.aligned == ALIGN >= 16
+    for size in (1, 3, 16, 1000, 4097):
+        opaque = alloc.alloc(size)
+        assert opaque[1] % ALIGN == 0
+
+
+def test_allocator_copies_and_views() -> None:
+    alloc = CPUAllocator()
+    buf = alloc.alloc(8)
+    alloc.copyin(buf, memoryview(b"abcdefgh"))
+    out = bytearray(8)
+    alloc.copyout(memoryview(out), buf)
+    assert out == b"abcdefgh"
+    view = alloc.as_memoryview(buf, 8)
+    assert view.format == "B" and view.nbytes == 8 and bytes(view) == b"abcdefgh"
+    view[0:2] = b"XY"  # the view is the memory itself
+    alloc.copyout(memoryview(out), buf)
+    assert out == b"XYcdefgh"
+    alloc.copyin(buf, memoryview(b"1234"))  # a shorter copy writes the front only
+    assert bytes(alloc.as_memoryview(buf, 8)) == b"1234efgh"
+
+
+def test_allocator_reuses_freed_memory() -> None:
+    alloc = CPUAllocator()
+    a = alloc.alloc(64)
+    alloc.free(a, 64)
+    assert alloc.alloc(64) is a
+    assert alloc.alloc(64) is not a
+
+
+@needs_cc
+def test_buffers_on_the_cpu() -> None:
+    buf = Buffer("CPU", 4, dtypes.int32)
+    assert not buf.is_allocated
+    data = (ctypes.c_int32 * 4)(1, -2, 3, 2**31 - 1)
+    buf.copyin(memoryview(data))
+    assert buf.is_allocated and buf.as_bytes() == bytes(data)
+    other = Buffer("CPU", 4, dtypes.int32)
+    other.copy_from(buf)
+    assert other.as_bytes() == bytes(data)
+    empty = Buffer("CPU", 0, dtypes.float32)
+    assert empty.as_bytes() == b""
+
+
+# ---------------------------------------------------------------- the device through entry points
+
+
+@needs_cc
+def test_device_cpu_through_entry_points() -> None:
+    dev = Device["CPU"]
+    assert isinstance(dev, CPUDevice) and dev.name == "CPU"
+    assert Device["cpu"] is dev and Device["CPU:0"] is dev
+    assert dev.renderer_name == "C" and dev.renderer.caps.language == "C"
+    assert dtypes.float32 in dev.renderer.caps.dtypes and dev.renderer.caps.vector_width in (4, 8, 16)
+    assert isinstance(dev.allocator, CPUAllocator)
+    with pytest.raises(UnknownDevice, match="takes the renderers"):
+        Device["CPU:PTX"]
+    prog = CompiledProgram("seven", "CPU", "C", "int seven(void) { return 7; }", b"", 0, (), ())
+    binary = dev.compile(prog.src)
+    loaded = dev.load(CompiledProgram("seven", "CPU", "C", prog.src, binary, 0, (), ()))
+    assert isinstance(loaded, CPUProgram)
+    assert dev.load(CompiledProgram("seven", "CPU", "C", prog.src, binary, 0, (), ())) is loaded  # cached
+    status = {s.name: s for s in available()}
+    assert status["CPU"].ok and "CPUDevice" in status["CPU"].reason and status["CPU"].renderers == ("C",)
+
+
+def test_python_m_tiny_ir_device_lists_the_devices() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DEVICE"}
+    r = subprocess.run([sys.executable, "-m", "tiny.ir.device"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("tiny device interface ")
+    rows = {line.split()[0]: line.split(maxsplit=2)[1:] for line in lines[1:] if line.startswith("  ")}
+    assert "CPU" in rows and "NULL" in rows
+    for name, (answer, *reason) in rows.items():
+        assert answer in ("yes", "no"), name
+        assert reason, f"{name} says {answer} without saying why"
+    assert rows["NULL"][0] == "yes"
+    assert rows["CPU"][0] == ("yes" if has_cc() else "no")
+    if not has_cc():
+        assert "clang" in rows["CPU"][1] and "gcc" in rows["CPU"][1]
+    if "PYTHON" in rows:
+        assert rows["PYTHON"][0] in ("yes", "no")
+    assert lines[-1].startswith("default device: ")
+    if has_cc():
+        assert lines[-1] == "default device: CPU"
+
+
+def test_python_m_tiny_ir_device_without_a_compiler(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("DEVICE", "CC")} | {"PATH": str(empty)}
+    r = subprocess.run([sys.executable, "-m", "tiny.ir.device"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (cpu,) = [line for line in r.stdout.splitlines() if line.split()[:1] == ["CPU"]]
+    assert cpu.split()[1] == "no" and "clang" in cpu and "gcc" in cpu
+    assert "default device: CPU" not in r.stdout
