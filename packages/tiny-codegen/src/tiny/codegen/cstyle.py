@@ -51,13 +51,14 @@ class CStyleRenderer(Renderer):
     math_fns: dict[Ops, str] = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}
 
     repeats_operands = frozenset({Ops.MAX, Ops.IDIV, Ops.MOD})  # their C text names an operand twice
+    max_inline_depth = 32  # deeper expressions go through a variable: compilers limit nesting
 
     emulate_bf16 = True  # the language has no bfloat16 arithmetic: store 16 bits, compute in float
     bf16_prelude = (
         "static inline float tiny_bf16_to_f32(unsigned short b) {\n"
-        "  unsigned int u = (unsigned int)b << 16; return __builtin_bit_cast(float, u);\n}\n"
+        "  union { unsigned int u; float f; } x = { .u = (unsigned int)b << 16 }; return x.f;\n}\n"
         "static inline unsigned short tiny_f32_to_bf16(float f) {\n"
-        "  unsigned int u = __builtin_bit_cast(unsigned int, f);\n"
+        "  union { float f; unsigned int u; } x = { .f = f }; unsigned int u = x.u;\n"
         "  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;\n"
         "  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16);\n}\n"
         "static inline float tiny_bf16_round(float f) { return tiny_bf16_to_f32(tiny_f32_to_bf16(f)); }\n"
@@ -87,12 +88,17 @@ class CStyleRenderer(Renderer):
         exact = u.op in (Ops.WHERE, Ops.MAX, Ops.NEG, Ops.TRUNC, Ops.BITCAST)
         return f"tiny_bf16_round({expr})" if self._bf16(u.dtype) and not exact else expr
 
+    def bit_cast(self, to: str, frm: str, x: str) -> str:
+        """Reinterpret the bits of x (of C type frm) as C type to: a union, which C compilers all take."""
+        return f"((union {{ {frm} a; {to} b; }}){{ .a = {x} }}).b"
+
     def bitcast(self, u: UOp, x: str) -> str:
+        src_dt = u.src[0].dtype
         if self._bf16(u.dtype):
-            return f"tiny_bf16_to_f32(__builtin_bit_cast(unsigned short, {x}))"
-        if self._bf16(u.src[0].dtype):
-            return f"__builtin_bit_cast({self.type_name(u.dtype)}, tiny_f32_to_bf16({x}))"
-        return f"__builtin_bit_cast({self.type_name(u.dtype)}, {x})"
+            return f"tiny_bf16_to_f32({self.bit_cast('unsigned short', self.type_name(src_dt), x)})"
+        if self._bf16(src_dt):
+            return self.bit_cast(self.type_name(u.dtype), "unsigned short", f"tiny_f32_to_bf16({x})")
+        return self.bit_cast(self.type_name(u.dtype), self.type_name(src_dt), x)
 
     def const(self, value: int | float | bool, dt: DType) -> str:
         if dt.is_bool:
@@ -159,6 +165,7 @@ class CStyleRenderer(Renderer):
             for s in u.src:  # an operand that the rendered expression repeats counts as used twice
                 uses[s] = uses.get(s, 0) + (2 if u.op in self.repeats_operands else 1)
         counters: dict[str, int] = {}
+        nest: dict[UOp, int] = {}  # how deep an inlined expression nests
 
         def fresh(prefix: str) -> str:
             counters[prefix] = counters.get(prefix, -1) + 1
@@ -221,9 +228,11 @@ class CStyleRenderer(Renderer):
                 else:
                     expr = self.alu(u, src)
                 expr = self.rounded(u, expr)
-                if uses.get(u, 0) == 1 and op is not Ops.BITCAST:
+                nest[u] = 1 + max((nest.get(s, 0) for s in u.src), default=0)
+                if uses.get(u, 0) == 1 and nest[u] < self.max_inline_depth:
                     names[u] = expr  # used once: inline it
                 else:
+                    nest[u] = 0
                     names[u] = fresh("alu")
                     line(f"{self.type_name(u.dtype)} {names[u]} = {expr};")
             else:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
-from tiny.ir.uop import GroupOp, Ops, UOp
+from tiny.ir.uop import GroupOp, Ops, UOp, evaluate
 from tiny.ir.views import View
 
 INT32_MAX = 2**31 - 1
@@ -52,7 +52,7 @@ def kernel_name(ast: UOp) -> str:
 class _Lowerer:
     def __init__(self, idx_dtype: DType) -> None:
         self.idx_dtype = idx_dtype
-        self.memo: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
+        self.reduce_ranges: dict[tuple[UOp, tuple[UOp, ...]], list[UOp]] = {}
         self.next_range = 0
 
     def new_range(self, size: int) -> UOp:
@@ -65,12 +65,31 @@ class _Lowerer:
         return UOp(Ops.INDEX, buf.dtype, (buf, offset) + ((valid,) if valid is not None else ()))
 
     def lower(self, u: UOp, idxs: tuple[UOp, ...]) -> UOp:
-        key = (u, idxs)
-        if key not in self.memo:
-            self.memo[key] = self._lower(u, idxs)
-        return self.memo[key]
+        """Kernel AST node u at the index idxs, as device ops."""
+        return evaluate((u, idxs), self._children, self._combine)
 
-    def _lower(self, u: UOp, idxs: tuple[UOp, ...]) -> UOp:
+    def _children(self, key: tuple[UOp, tuple[UOp, ...]]) -> list[tuple[UOp, tuple[UOp, ...]]]:
+        u, idxs = key
+        if u.op in (Ops.LOAD, Ops.CONST):
+            return []
+        if u.op is Ops.STORE:
+            return [(u.src[2], idxs)]
+        if u.op is Ops.REDUCE_AXIS:
+            op, axes = u.arg
+            in_shape = u.src[0].shape
+            if any(in_shape[a] == 0 for a in axes):  # nothing to reduce over: no loop, no value
+                return []
+            inner = list(idxs)
+            for a in axes:  # each reduction gets loops of its own
+                inner[a] = UOp.const(self.idx_dtype, 0) if in_shape[a] == 1 else self.new_range(in_shape[a])
+            self.reduce_ranges[key] = [inner[a] for a in axes if in_shape[a] != 1]
+            return [(u.src[0], tuple(inner))]
+        if u.op in GroupOp.Elementwise or u.op is Ops.SINK:
+            return [(s, idxs) for s in u.src]
+        raise NotImplementedError(f"cannot lower {u.op} in a kernel")
+
+    def _combine(self, key: tuple[UOp, tuple[UOp, ...]], srcs: list[UOp]) -> UOp:
+        u, idxs = key
         if u.op is Ops.LOAD:
             addr = self.access(u.src[0], u.src[1].arg, idxs)
             alt = (UOp.const(u.dtype, 0),) if addr.gate is not None else ()
@@ -80,28 +99,13 @@ class _Lowerer:
             _, valid = u.src[0].arg.to_index(idxs) if u.src else (None, None)
             return value if valid is None else valid.where(value, UOp.const(u.dtype, 0))
         if u.op is Ops.STORE:
-            addr = self.access(u.src[0], u.src[1].arg, idxs)
-            return UOp(Ops.STORE, dtypes.void, (addr, self.lower(u.src[2], idxs)))
+            return UOp(Ops.STORE, dtypes.void, (self.access(u.src[0], u.src[1].arg, idxs), srcs[0]))
         if u.op is Ops.REDUCE_AXIS:
-            op, axes = u.arg
-            in_shape = u.src[0].shape
-            if any(in_shape[a] == 0 for a in axes):  # nothing to reduce over: the identity
-                return UOp.const(u.dtype, identity(op, u.dtype))
-            inner = list(idxs)
-            ranges = []
-            for a in axes:
-                if in_shape[a] == 1:
-                    inner[a] = UOp.const(self.idx_dtype, 0)
-                    continue
-                inner[a] = self.new_range(in_shape[a])
-                ranges.append(inner[a])
-            value = self.lower(u.src[0], tuple(inner))
-            return UOp(Ops.REDUCE, u.dtype, (value, *ranges), op) if ranges else value
-        if u.op in GroupOp.Elementwise:
-            return UOp(u.op, u.dtype, tuple(self.lower(s, idxs) for s in u.src), u.arg)
-        if u.op is Ops.SINK:
-            return UOp(Ops.SINK, dtypes.void, tuple(self.lower(s, idxs) for s in u.src))
-        raise NotImplementedError(f"cannot lower {u.op} in a kernel")
+            if not srcs:
+                return UOp.const(u.dtype, identity(u.arg[0], u.dtype))
+            ranges = self.reduce_ranges[key]
+            return UOp(Ops.REDUCE, u.dtype, (srcs[0], *ranges), u.arg[0]) if ranges else srcs[0]
+        return UOp(u.op, u.dtype, tuple(srcs), u.arg)
 
 
 def identity(op: Ops, dtype: DType) -> int | float | bool:

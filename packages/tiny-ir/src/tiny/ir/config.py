@@ -74,10 +74,11 @@ CC = _flag("CC", str, "", "the C compiler the CPU device uses; empty finds clang
 @contextlib.contextmanager
 def Context(**values: int | str) -> Iterator[None]:  # noqa: N802  (used like a class)
     """Override flags inside a with-block: `with Context(DEBUG=2, NOOPT=1): ...`."""
+    unknown = [name for name in values if name not in FLAGS]
+    if unknown:
+        raise KeyError(f"unknown flag(s) {unknown}; known flags: {sorted(FLAGS)}")
     flags = []
     for name, v in values.items():
-        if name not in FLAGS:
-            raise KeyError(f"unknown flag {name!r}; known flags: {sorted(FLAGS)}")
         FLAGS[name]._override.append(v)
         flags.append(FLAGS[name])
     try:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tiny.ir.device import Buffer, buffer_of, new_buffer
 from tiny.ir.dtypes import dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
-from tiny.ir.uop import GroupOp, Ops, UOp
+from tiny.ir.uop import GroupOp, Ops, UOp, evaluate
 from tiny.ir.views import View
 
 
@@ -122,7 +122,6 @@ class _KernelBuilder:
     def __init__(self, root: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> None:
         self.root, self.realize, self.buffers = root, realize, buffers
         self.args: list[UOp] = []  # tensor-level buffer nodes, in argument order
-        self.memo: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
 
     def global_arg(self, buf: UOp) -> UOp:
         if buf not in self.args:
@@ -140,34 +139,44 @@ class _KernelBuilder:
         return UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, UOp(Ops.VIEW, arg=store_view), ast)),))
 
     def node(self, u: UOp, path: tuple[UOp, ...]) -> UOp:
-        key = (u, path)
-        if key not in self.memo:
-            self.memo[key] = self._node(u, path)
-        return self.memo[key]
+        """The kernel AST of tensor-level node u, seen through the movement ops on path (root first)."""
+        return evaluate((u, path), self._children, self._combine)
 
-    def _node(self, u: UOp, path: tuple[UOp, ...]) -> UOp:
-        if u is not self.root and (u in self.realize or is_realized(u)):
+    def _is_leaf(self, u: UOp) -> bool:
+        return u is not self.root and (u in self.realize or is_realized(u))
+
+    def _children(self, key: tuple[UOp, tuple[UOp, ...]]) -> list[tuple[UOp, tuple[UOp, ...]]]:
+        u, path = key
+        if self._is_leaf(u) or u.op is Ops.CONST:
+            return []
+        if u.op in GroupOp.Movement:
+            return [(u.src[0], path + (u,))]
+        if u.op is Ops.REDUCE_AXIS:
+            assert not path, "a reduction seen through a movement op is realized by _realize_set"
+            return [(u.src[0], ())]
+        if u.op in GroupOp.Elementwise or u.op is Ops.CONTIGUOUS:
+            return [(s, path) for s in u.src]
+        raise NotImplementedError(f"the scheduler cannot put {u.op} in a kernel")
+
+    def _combine(self, key: tuple[UOp, tuple[UOp, ...]], srcs: list[UOp]) -> UOp:
+        u, path = key
+        if self._is_leaf(u):
             buf = self.buffers[u] if u in self.realize else (u if u.op is Ops.BUFFER else u.src[0])
             view = _view_through(View.create(u.shape), path)  # the buffer holds u contiguously
             return UOp(Ops.LOAD, u.dtype, (self.global_arg(buf), UOp(Ops.VIEW, arg=view)))
         if u.op is Ops.CONST:
             return UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=_view_through(View.create(()), path)),), u.arg)
         if u.op in GroupOp.Movement:
-            inner = self.node(u.src[0], path + (u,))
+            inner = srcs[0]
             if u.op is not Ops.PAD or inner.op in (Ops.LOAD, Ops.CONST):
                 return inner  # loads and constants read padding as 0 by their view's mask
             valid = _view_through(View.create(u.src[0].shape), path + (u,))
             zero = View.create(valid.shape, (0,) * len(valid.shape))
             cond = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, arg=valid),), True)
             return cond.where(inner, UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=zero),), truncate(u.dtype, 0)))
-        if u.op is Ops.REDUCE_AXIS:
-            assert not path, "a reduction seen through a movement op is realized by _realize_set"
-            return UOp(Ops.REDUCE_AXIS, u.dtype, (self.node(u.src[0], ()),), u.arg)
-        if u.op in GroupOp.Elementwise:
-            return UOp(u.op, u.dtype, tuple(self.node(s, path) for s in u.src), u.arg)
         if u.op is Ops.CONTIGUOUS:
-            return self.node(u.src[0], path)
-        raise NotImplementedError(f"the scheduler cannot put {u.op} in a kernel")
+            return srcs[0]
+        return UOp(u.op, u.dtype, tuple(srcs), u.arg)
 
 
 # ---------------------------------------------------------------- lifting reshapes off reductions
@@ -187,7 +196,10 @@ def _lift_reshape(alu: UOp, ctx: dict[UOp, bool]) -> UOp | None:
 def _reduces(u: UOp, memo: dict[UOp, bool]) -> bool:
     """Whether u is a reduction, or elementwise ops over one (a node its kernel's reduction feeds)."""
     if u not in memo:
-        memo[u] = u.op is Ops.REDUCE_AXIS or (u.op in GroupOp.Elementwise and any(_reduces(s, memo) for s in u.src))
+        for x in u.toposort:
+            if x not in memo:
+                feeds = x.op in GroupOp.Elementwise and any(memo[s] for s in x.src)
+                memo[x] = x.op is Ops.REDUCE_AXIS or feeds
     return memo[u]
 
 

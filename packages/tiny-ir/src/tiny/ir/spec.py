@@ -90,11 +90,15 @@ def validate(uops: list[UOp]) -> None:
     """Raise SpecError unless `uops` is a well-formed linearized kernel of the device op set."""
     seen: set[UOp] = set()
     open_blocks: list[UOp] = []
+    made_in: dict[UOp, tuple[UOp, ...]] = {}  # the loops and ifs open where each value was made
     for u in uops:
         _check(u.op in DEVICE_OPS, u, "not in the device op set")
         _check(u not in seen, u, "appears twice in the kernel")
         for s in u.src:
             _check(s in seen, u, f"uses a {s.op.name} that comes later or not at all")
+            inside = made_in[s]  # an accumulator's ASSIGN is read after its loops: the register outlives them
+            ok = s.op is Ops.ASSIGN or tuple(open_blocks[: len(inside)]) == inside
+            _check(ok, u, f"uses a {s.op.name} made inside a loop or if that has ended")
         if u.op in GroupOp.ALU:
             _check_alu(u)
         elif u.op is Ops.DEFINE_GLOBAL:
@@ -127,8 +131,11 @@ def validate(uops: list[UOp]) -> None:
         elif u.op is Ops.IF:
             open_blocks.append(u)
         elif u.op in (Ops.ENDRANGE, Ops.ENDIF):
+            opener = Ops.RANGE if u.op is Ops.ENDRANGE else Ops.IF
+            _check(u.src[0].op is opener, u, f"closes a {u.src[0].op.name}, not a {opener.name}")
             _check(bool(open_blocks) and open_blocks[-1] is u.src[0], u, "closes a block that is not innermost")
             open_blocks.pop()
         seen.add(u)
+        made_in[u] = tuple(open_blocks)  # a loop counter belongs to its own loop
     if open_blocks:
         raise SpecError(f"{len(open_blocks)} loop(s) or if(s) never closed")

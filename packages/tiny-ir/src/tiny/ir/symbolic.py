@@ -6,8 +6,8 @@ zero (as in C), so every rule about them checks with bounds that the dividend do
 needs it, that the dividend is not negative. Floats get only rules that are exact in IEEE arithmetic.
 
 Sums are kept in one canonical form: terms in the order they first appear, each `base` or `base * k`, like terms
-combined, and the constant last. Sums bigger than `_MAX_NODES` nodes are not flattened (only their constants are
-gathered), which keeps a long chain of additions linear in time.
+combined, and the constant last. A sum of more than `_MAX_TERMS` terms is not flattened (only its constants are
+gathered), and memos keep the work for a chain of n additions O(n).
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import math
 import weakref
 
 from tiny.ir.alu import exec_alu
-from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.dtypes import DType, dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
 from tiny.ir.uop import GroupOp, Ops, UOp
+
+__all__ = ["simplify", "symbolic"]
 
 _INTS = (
     dtypes.int8,
@@ -188,7 +190,8 @@ def _shared_prefix(start: UOp, items: list[tuple[UOp, int]]) -> tuple[UOp | None
         node, _ = node.src
     for base, k in reversed(start_items[1:]):
         spine.append(node)
-        node, term_nodes[base] = node.src[0], (node.src[1], k)
+        node, term = node.src
+        term_nodes[base] = (term, k)
     spine.append(node)
     term_nodes[start_items[0][0]] = (node, start_items[0][1])
     spine.reverse()  # spine[i] sums start_items[: i + 1]
@@ -205,13 +208,13 @@ def _is_built(u: UOp, terms: Terms, const: int) -> bool:
     items = [(b, k) for b, k in ((b, _wrap(dtype, k)) for b, k in terms.items()) if k != 0]
     const = _wrap(dtype, const)
     if not items:
-        return _is_const(u) and u.arg == const
+        return _is_const(u) and u.arg == truncate(dtype, const)
     node = u
     if const != 0:
         if node.op is not Ops.ADD:
             return False
         node, last = node.src
-        if not (_is_const(last) and last.arg == const):
+        if not (_is_const(last) and last.arg == truncate(dtype, const)):
             return False
     for i in range(len(items) - 1, -1, -1):
         base, k = items[i]
@@ -220,11 +223,17 @@ def _is_built(u: UOp, terms: Terms, const: int) -> bool:
             if node.op is not Ops.ADD:
                 return False
             node, term = node.src
-        if k == 1 and term is not base:
-            return False
-        if k != 1 and not (term.op is Ops.MUL and term.src[0] is base and _is_const(kc := term.src[1]) and kc.arg == k):
+        if k == 1:
+            if term is not base:
+                return False
+        elif term.op is not Ops.MUL or (term_base := term.src)[0] is not base or not _is_coefficient(term_base[1], k):
             return False
     return True
+
+
+def _is_coefficient(c: UOp, k: int) -> bool:
+    """Whether c is the constant _build writes for the coefficient k."""
+    return _is_const(c) and c.arg == truncate(c.dtype, k)
 
 
 def _sum_bounds(terms: Terms, const: int) -> tuple[int, int]:
@@ -258,22 +267,26 @@ def _recombine_divmod(dtype: DType, terms: Terms, const: int) -> tuple[Terms, in
     return terms, const
 
 
-def _extends_canonical(u: UOp) -> bool:
-    """u = a + b, a canonical sum without a constant and b a new plain term or a constant: canonical too.
-    This O(1) check is what most ADDs of a long sum take."""
-    if u.op is not Ops.ADD:
-        return False
+def _add_to_canonical(u: UOp) -> UOp | None:
+    """The quick cases of u = a + b with a a canonical sum, b a constant or one plain term, which is how a chain of
+    additions grows: u itself when already canonical (b new), or the sum rebuilt from where b's base sits in it
+    (b a like term, or a constant). None where the general fold must decide."""
     a, b = u.src
-    if a not in _canonical_sums or (la := _linear(a)) is None or la[1] != 0:
-        return False
+    if a not in _canonical_sums or (la := _linear(a)) is None:
+        return None
+    terms, const = la
     if _is_const(b):
-        return b.arg != 0
+        if const == 0 and b.arg != 0 and b.arg == truncate(b.dtype, b.arg):
+            return u
+        return _build(u.dtype, terms, const + b.arg, start=a, clean=True)
     if (lb := _linear(b)) is None or lb[1] != 0 or len(lb[0]) != 1:
-        return False
+        return None
     ((base, k),) = lb[0].items()
-    if base in la[0] or base.op in (Ops.MOD, Ops.IDIV):  # a like term, or maybe (x//c)*c + x%c
-        return False
-    return b is base if k == 1 else b in _canonical_sums
+    if base.op in (Ops.MOD, Ops.IDIV):  # maybe a (x//c)*c + x%c pair: the general fold recombines it
+        return None
+    if base not in terms:
+        return u if const == 0 and (b is base if k == 1 else b in _canonical_sums) else None
+    return _build(u.dtype, {**terms, base: terms[base] + k}, const, start=a, clean=True)
 
 
 def _fold_int_arith(u: UOp) -> UOp | None:
@@ -283,17 +296,19 @@ def _fold_int_arith(u: UOp) -> UOp | None:
         return None
     if u.op is Ops.MUL and not any(_is_const(s) for s in u.src):  # a product of two variables
         return _fold_bounds(u) or _pull_constants_out(u)
-    if (lin := _linear(u)) is None:  # too long: constant sources still fold, and constants move to the end
-        return _fold_constants(u) or (_gather_constants(u) if u.op is Ops.ADD else None)
-    if _extends_canonical(u):
-        _canonical_sums.add(u)
-        return None
+    if u.op is Ops.ADD and (quick := _add_to_canonical(u)) is not None:
+        if quick is u:
+            _canonical_sums.add(u)
+            return None
+        return quick
+    if (lin := _linear(u)) is None:  # too long to flatten: only the constants move, to the end
+        return _gather_constants(u) if u.op is Ops.ADD else None
     terms, const = _recombine_divmod(u.dtype, dict(lin[0]), lin[1])
     if _is_built(u, terms, const):
         _canonical_sums.add(u)
         return None
-    left = u.src[0] if u.op is Ops.ADD and u.src[0] in _canonical_sums else None
-    return _build(u.dtype, terms, const, start=left, clean=True)
+    left, *_ = u.src
+    return _build(u.dtype, terms, const, start=left if left in _canonical_sums else None, clean=True)
 
 
 def _split_coefficient(u: UOp) -> tuple[UOp, int]:
@@ -331,9 +346,10 @@ def _fold_constants(u: UOp) -> UOp | None:
     if not all(_is_const(s) and s.dtype.count == 1 for s in u.src) or u.dtype.count != 1 or u.dtype.kind == "v":
         return None
     values = tuple(s.arg for s in u.src)
+    first, *_ = u.src
     if u.op is Ops.CAST:
-        return UOp.const(u.dtype, values[0])
-    if not _foldable(u.op, u.src[0].dtype, values):
+        return UOp.const(u.dtype, first.arg)
+    if not _foldable(u.op, first.dtype, values):
         return None
     return UOp.const(u.dtype, exec_alu(u.op, u.dtype, values))
 
@@ -413,7 +429,9 @@ def _fold_divmod(d: UOp, x: UOp, c: UOp) -> UOp | None:
     if (g := math.gcd(cv, const, *terms.values())) == 1:
         return None
     reduced, cg = _build(dt, {b: k // g for b, k in terms.items()}, const // g), UOp.const(dt, cv // g)
-    return UOp(Ops.IDIV, dt, (reduced, cg)) if is_div else UOp(Ops.MUL, dt, (UOp(Ops.MOD, dt, (reduced, cg)), UOp.const(dt, g)))
+    if is_div:
+        return UOp(Ops.IDIV, dt, (reduced, cg))
+    return UOp(Ops.MUL, dt, (UOp(Ops.MOD, dt, (reduced, cg)), UOp.const(dt, g)))
 
 
 def _negative_divisor(d: UOp, x: UOp, c: UOp) -> UOp | None:
@@ -425,20 +443,21 @@ def _negative_divisor(d: UOp, x: UOp, c: UOp) -> UOp | None:
     return UOp(Ops.IDIV, d.dtype, (x, UOp.const(d.dtype, -c.arg))) * -1
 
 
-def _positive_consts(*cs: UOp) -> bool:
-    return all(_is_const(c) and c.dtype.count == 1 and c.arg > 0 for c in cs)
+def _positive_consts(d: UOp, *cs: UOp) -> bool:
+    """d is a scalar op and each of cs a constant > 0."""
+    return d.dtype.count == 1 and all(_is_const(c) and c.arg > 0 for c in cs)
 
 
 def _div_div(d: UOp, x: UOp, a: UOp, b: UOp) -> UOp | None:
     """(x // a) // b -> x // (a*b) for a, b > 0: true for every x, with truncation too."""
-    if not _positive_consts(a, b) or not _fits(d.dtype, a.arg * b.arg, a.arg * b.arg):
+    if not _positive_consts(d, a, b) or not _fits(d.dtype, a.arg * b.arg, a.arg * b.arg):
         return None
     return UOp(Ops.IDIV, d.dtype, (x, UOp.const(d.dtype, a.arg * b.arg)))
 
 
 def _mod_div(d: UOp, x: UOp, m: UOp, a: UOp) -> UOp | None:
     """(x % m) // a -> 0 when m <= a (|x % m| < a), and -> (x // a) % (m / a) when a divides m; for every x."""
-    if not _positive_consts(m, a):
+    if not _positive_consts(d, m, a):
         return None
     if m.arg <= a.arg:
         return UOp.const(d.dtype, 0)
@@ -449,7 +468,7 @@ def _mod_div(d: UOp, x: UOp, m: UOp, a: UOp) -> UOp | None:
 
 def _mod_mod(d: UOp, x: UOp, m: UOp, c: UOp) -> UOp | None:
     """(x % m) % c -> x % c when c divides m, and -> x % m when m <= c; for every x (both keep the sign of x)."""
-    if not _positive_consts(m, c):
+    if not _positive_consts(d, m, c):
         return None
     if m.arg % c.arg == 0:
         return UOp(Ops.MOD, d.dtype, (x, c))
@@ -463,7 +482,7 @@ def _fold_compare(u: UOp, a: UOp, b: UOp) -> UOp | None:
     """An int sum against a constant, where the sum does not wrap: move its constant across
     (x + c1 < c2 -> x < c2 - c1) and divide out the gcd g of its coefficients (g*x < d -> x < ceil(d/g),
     d < g*x -> floor(d/g) < x, g*x != d -> x != d/g, or True when g does not divide d)."""
-    if u.dtype.count != 1 or not (_is_const(a) or _is_const(b)) or _is_const(a) == _is_const(b):
+    if u.dtype.count != 1 or _is_const(a) == _is_const(b):  # exactly one side is a constant
         return None
     const_left = _is_const(a)
     s, d = (b, a.arg) if const_left else (a, b.arg)
@@ -572,11 +591,11 @@ def _gather_constants(u: UOp) -> UOp | None:
 
 # ---- the rules
 
-x_any, a_any, b_any = UPat.var("x"), UPat.var("a"), UPat.var("b")
-x_int, a_int, b_int = UPat.var("x", _INTS), UPat.var("a", _INTS), UPat.var("b", _INTS)
-x_bool = UPat.var("x", dtypes.bool)
-c_const = UPat.cvar("c")
-div_ops = (Ops.IDIV, Ops.MOD)
+_x, _a, _b = UPat.var("x"), UPat.var("a"), UPat.var("b")
+_x_int, _a_int, _b_int = UPat.var("x", _INTS), UPat.var("a", _INTS), UPat.var("b", _INTS)
+_x_bool = UPat.var("x", dtypes.bool)
+_c = UPat.cvar("c")
+_DIVMOD = (Ops.IDIV, Ops.MOD)
 _ARITH = (Ops.ADD, Ops.MUL, Ops.NEG)
 _OTHER_ALU = (GroupOp.ALU - set(_ARITH)) | {Ops.CAST}
 
@@ -590,41 +609,41 @@ symbolic = PatternMatcher(
         (UPat(_OTHER_ALU, dtype=_INTS_AND_BOOL, name="u"), _fold_bounds),  # vmin == vmax -> const
         (UPat(_ARITH, dtype=dtypes.bool, name="u"), _fold_bounds),  # vmin == vmax -> const, bools
         # ---- floats and bools: exact in IEEE arithmetic
-        (UPat(Ops.MUL, dtype=_FLOATS, src=[x_any, UPat.const(1)]), lambda x: x),  # x*1 -> x
-        (UPat(Ops.FDIV, src=(x_any, UPat.const(1))), lambda x: x),  # x/1 -> x
-        (UPat(Ops.ADD, dtype=_FLOATS, src=[x_any, UPat.cvar("z")]), _add_negative_zero),  # x + -0.0 -> x
-        (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(x_any,)),)), lambda x: x),  # -(-x) -> x
-        (x_any.maximum(x_any), lambda x: x),  # max(x, x) -> x
-        (UPat.var("c").where(a_any, a_any), lambda c, a: a),  # c ? a : a -> a
-        (UPat.var("c").where(a_any, b_any), _where_const),  # True ? a : b -> a, False ? a : b -> b
-        (UPat(Ops.CMPLT, src=(x_any, x_any), name="u"), _false_like),  # x < x -> False
-        (UPat(Ops.CAST, src=(x_any,), name="u"), _cast_noop),  # cast to its own dtype -> x
+        (UPat(Ops.MUL, dtype=_FLOATS, src=[_x, UPat.const(1)]), lambda x: x),  # x*1 -> x
+        (UPat(Ops.FDIV, src=(_x, UPat.const(1))), lambda x: x),  # x/1 -> x
+        (UPat(Ops.ADD, dtype=_FLOATS, src=[_x, UPat.cvar("z")]), _add_negative_zero),  # x + -0.0 -> x
+        (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(_x,)),)), lambda x: x),  # -(-x) -> x
+        (_x.maximum(_x), lambda x: x),  # max(x, x) -> x
+        (UPat.var("c").where(_a, _a), lambda c, a: a),  # c ? a : a -> a
+        (UPat.var("c").where(_a, _b), _where_const),  # True ? a : b -> a, False ? a : b -> b
+        (UPat(Ops.CMPLT, src=(_x, _x), name="u"), _false_like),  # x < x -> False
+        (UPat(Ops.CAST, src=(_x,), name="u"), _cast_noop),  # cast to its own dtype -> x
         # ---- bool logic
         (UPat(Ops.AND, dtype=dtypes.bool, name="u"), _fold_and),  # a `valid` chain, tidied
-        (x_bool & UPat.const(True), lambda x: x),  # x & True -> x
-        (x_bool & UPat.const(False), lambda x: x.const_like(False)),  # x & False -> False
-        (x_bool | UPat.const(False), lambda x: x),  # x | False -> x
-        (x_bool | UPat.const(True), lambda x: x.const_like(True)),  # x | True -> True
-        (x_any & x_any, lambda x: x),  # x & x -> x
-        (x_any | x_any, lambda x: x),  # x | x -> x
+        (_x_bool & UPat.const(True), lambda x: x),  # x & True -> x
+        (_x_bool & UPat.const(False), lambda x: x.const_like(False)),  # x & False -> False
+        (_x_bool | UPat.const(False), lambda x: x),  # x | False -> x
+        (_x_bool | UPat.const(True), lambda x: x.const_like(True)),  # x | True -> True
+        (_x & _x, lambda x: x),  # x & x -> x
+        (_x | _x, lambda x: x),  # x | x -> x
         (UPat.var("c", dtypes.bool).where(UPat.const(True), UPat.const(False)), lambda c: c),  # c ? True : False -> c
         # ---- ints: identities that hold for vectors too (scalar sums are canonicalized above)
-        (x_int // 1, lambda x: x),  # x//1 -> x
-        (x_int % 1, lambda x: x.const_like(0)),  # x%1 -> 0
-        (x_int & 0, lambda x: x.const_like(0)),  # x&0 -> 0
-        (x_int | 0, lambda x: x),  # x|0 -> x
-        (UPat(Ops.XOR, src=[x_int, UPat.const(0)]), lambda x: x),  # x^0 -> x
-        (UPat(Ops.XOR, src=(x_int, x_int)), lambda x: x.const_like(0)),  # x^x -> 0
-        (UPat(Ops.CMPNE, src=(x_int, x_int), name="u"), _false_like),  # x != x -> False (ints only: NaN != NaN)
+        (_x_int // 1, lambda x: x),  # x//1 -> x
+        (_x_int % 1, lambda x: x.const_like(0)),  # x%1 -> 0
+        (_x_int & 0, lambda x: x.const_like(0)),  # x&0 -> 0
+        (_x_int | 0, lambda x: x),  # x|0 -> x
+        (UPat(Ops.XOR, src=[_x_int, UPat.const(0)]), lambda x: x),  # x^0 -> x
+        (UPat(Ops.XOR, src=(_x_int, _x_int)), lambda x: x.const_like(0)),  # x^x -> 0
+        (UPat(Ops.CMPNE, src=(_x_int, _x_int), name="u"), _false_like),  # x != x -> False (ints only: NaN != NaN)
         # ---- ints: division and remainder by constants
-        (UPat(div_ops, src=(x_int, c_const), name="d"), _negative_divisor),  # x//-c -> -(x//c), x%-c -> x%c
-        (UPat(div_ops, src=(x_int, c_const), name="d"), _fold_divmod),  # split multiples of c, cancel gcds
-        (UPat(Ops.IDIV, src=(x_int // a_any, b_any), name="d"), _div_div),  # (x//a)//b -> x//(a*b)
-        (UPat(Ops.IDIV, src=(x_int % UPat.var("m"), a_any), name="d"), _mod_div),  # (x%(a*b))//a -> (x//a)%b
-        (UPat(Ops.MOD, src=(x_int % UPat.var("m"), c_const), name="d"), _mod_mod),  # (x%(c*k))%c -> x%c
+        (UPat(_DIVMOD, src=(_x_int, _c), name="d"), _negative_divisor),  # x//-c -> -(x//c), x%-c -> x%c
+        (UPat(_DIVMOD, src=(_x_int, _c), name="d"), _fold_divmod),  # split multiples of c, cancel gcds
+        (UPat(Ops.IDIV, src=(_x_int // _a, _b), name="d"), _div_div),  # (x//a)//b -> x//(a*b)
+        (UPat(Ops.IDIV, src=(_x_int % UPat.var("m"), _a), name="d"), _mod_div),  # (x%(a*b))//a -> (x//a)%b
+        (UPat(Ops.MOD, src=(_x_int % UPat.var("m"), _c), name="d"), _mod_mod),  # (x%(c*k))%c -> x%c
         # ---- ints: comparisons and max
-        (UPat((Ops.CMPLT, Ops.CMPNE), src=(a_int, b_int), name="u"), _fold_compare),  # x+c1 < c2 -> x < c2-c1
-        (a_any.maximum(b_any), lambda a, b: a if _scalar_int_or_bool(a) and a.vmin >= b.vmax else None),  # a>=b
+        (UPat((Ops.CMPLT, Ops.CMPNE), src=(_a_int, _b_int), name="u"), _fold_compare),  # x+c1 < c2 -> x < c2-c1
+        (_a.maximum(_b), lambda a, b: a if _scalar_int_or_bool(a) and a.vmin >= b.vmax else None),  # a>=b
     ],
     name="symbolic",
 )

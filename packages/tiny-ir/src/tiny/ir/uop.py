@@ -6,7 +6,8 @@ import enum
 import math
 import weakref
 from functools import cached_property
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 from tiny.ir.dtypes import DType, dtypes, truncate
 
@@ -143,7 +144,10 @@ class UOp:
         raise AttributeError("UOp is immutable")
 
     def __reduce__(self) -> tuple:
-        return UOp, (self.op, self.dtype, self.src, self.arg)
+        """Pickle the whole graph flat (no recursion); unpickling hash-conses it back."""
+        topo = self.toposort
+        pos = {u: i for i, u in enumerate(topo)}
+        return _unflatten, ([(u.op, u.dtype, tuple(pos[s] for s in u.src), u.arg) for u in topo],)
 
     def replace(self, **kwargs: Any) -> UOp:
         fields = {"op": self.op, "dtype": self.dtype, "src": self.src, "arg": self.arg} | kwargs
@@ -326,9 +330,16 @@ class UOp:
 
     # ---- tensor-level graph: shape and device
 
+    def _sources_know(self, name: str) -> None:
+        """Make sure every source has cached property `name`, computing bottom-up (no deep recursion)."""
+        if any(name not in s.__dict__ for s in self.src):
+            for x in self.toposort[:-1]:
+                getattr(x, name)
+
     @cached_property
     def shape(self) -> tuple[int, ...]:
         """The shape of a tensor-level node (or of a kernel-level VIEW, LOAD, STORE or CONST with a view)."""
+        self._sources_know("shape")
         op = self.op
         if op is Ops.BUFFER:
             return (self.arg[1],)
@@ -340,6 +351,8 @@ class UOp:
             return self.src[1].shape
         if op in (Ops.RESHAPE, Ops.EXPAND):
             return self.arg
+        if not self.src:
+            return ()  # kernel-level leaves (DEFINE_GLOBAL, RANGE ...) have no tensor shape
         src = self.src[0].shape
         if op is Ops.PERMUTE:
             return tuple(src[i] for i in self.arg)
@@ -356,18 +369,20 @@ class UOp:
     @cached_property
     def device(self) -> str:
         """The device a tensor-level node lives on."""
+        self._sources_know("device")
         if self.op is Ops.DEVICE:
             return self.arg
         if self.op is Ops.COPY:
             return self.src[1].arg
-        if self.op in (Ops.BUFFER, Ops.CONST):
+        if self.op in (Ops.BUFFER, Ops.CONST) and self.src:
             return self.src[0].arg
-        return self.src[0].device
+        return self.src[0].device if self.src else ""
 
     # ---- value bounds, for symbolic simplification
 
     @cached_property
     def vmin_vmax(self) -> tuple[int | float, int | float]:
+        self._sources_know("vmin_vmax")
         return _bounds(self)
 
     @property
@@ -377,6 +392,13 @@ class UOp:
     @property
     def vmax(self) -> int | float:
         return self.vmin_vmax[1]
+
+
+def _unflatten(flat: list[tuple[Ops, DType, tuple[int, ...], Any]]) -> UOp:
+    built: list[UOp] = []
+    for op, dtype, src, arg in flat:
+        built.append(UOp(op, dtype, tuple(built[i] for i in src), arg))
+    return built[-1]
 
 
 def _dtype_bounds(dtype: DType) -> tuple[int | float, int | float]:
@@ -502,4 +524,27 @@ def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
             continue
         src = tuple(done[s] for s in u.src)
         done[u] = u if src == u.src else u.replace(src=src)
+    return done[root]
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+def evaluate(root: K, children: Callable[[K], list[K]], combine: Callable[[K, list[V]], V]) -> V:
+    """Compute combine(key, values of its children) for root and everything below it, each key once,
+    without recursion (graphs thousands of nodes deep are fine). children is asked once per key."""
+    done: dict[K, V] = {}
+    kids: dict[K, list[K]] = {}
+    stack = [root]
+    while stack:
+        key = stack[-1]
+        if key in done:
+            stack.pop()
+        elif key not in kids:
+            kids[key] = children(key)
+            stack.extend(c for c in reversed(kids[key]) if c not in done)  # first child first
+        else:
+            stack.pop()
+            done[key] = combine(key, [done[c] for c in kids[key]])
     return done[root]

@@ -37,7 +37,7 @@ def find_compiler() -> str:
     clangs = []
     for d in os.environ.get("PATH", "").split(os.pathsep):
         if os.path.isdir(d):
-            clangs += [f for f in os.listdir(d) if re.fullmatch(r"clang(-\d+)?", f)]
+            clangs += [f for f in os.listdir(d) if re.fullmatch(r"clang(-\d+)?", f) and os.access(os.path.join(d, f), os.X_OK)]
     if clangs:
         return max(clangs, key=lambda c: int(c.split("-")[1]) if "-" in c else 0)
     if shutil.which("gcc"):

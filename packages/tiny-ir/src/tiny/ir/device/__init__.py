@@ -266,13 +266,11 @@ class DeviceName:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(:[A-Za-z0-9_]+){0,2}", name):
             raise UnknownDevice(f"device must be a string like 'CPU', 'cuda:1' or 'CPU:LLVM', got {name!r}")
         base, *rest = name.split(":")
-        index, renderer = 0, None
-        for part in rest:
-            if part.isdigit():
-                index = int(part)
-            else:
-                renderer = part.upper()
-        return DeviceName(base.upper(), index, renderer)
+        indices = [int(p) for p in rest if p.isdigit()]
+        renderers = [p.upper() for p in rest if not p.isdigit()]
+        if len(indices) > 1 or len(renderers) > 1:
+            raise UnknownDevice(f"device {name!r} names more than one index or renderer; expected NAME[:INDEX][:RENDERER]")
+        return DeviceName(base.upper(), indices[0] if indices else 0, renderers[0] if renderers else None)
 
 
 def _group(group: str) -> dict[str, Any]:
