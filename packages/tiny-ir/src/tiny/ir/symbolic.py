@@ -223,17 +223,19 @@ def _is_built(u: UOp, terms: Terms, const: int) -> bool:
             if node.op is not Ops.ADD:
                 return False
             node, term = node.src
-        if k == 1:
-            if term is not base:
-                return False
-        elif term.op is not Ops.MUL or (term_base := term.src)[0] is not base or not _is_coefficient(term_base[1], k):
+        if not _is_term(term, base, k):
             return False
     return True
 
 
-def _is_coefficient(c: UOp, k: int) -> bool:
-    """Whether c is the constant _build writes for the coefficient k."""
-    return _is_const(c) and c.arg == truncate(c.dtype, k)
+def _is_term(term: UOp, base: UOp, k: int) -> bool:
+    """Whether term is how _build writes k * base: base itself for k == 1, else base * CONST(k)."""
+    if k == 1:
+        return term is base
+    if term.op is not Ops.MUL:
+        return False
+    x, c = term.src
+    return x is base and _is_const(c) and c.arg == truncate(c.dtype, k)
 
 
 def _sum_bounds(terms: Terms, const: int) -> tuple[int, int]:
@@ -608,7 +610,7 @@ symbolic = PatternMatcher(
         (UPat(_ARITH, dtype=_NON_INTS, name="u"), _fold_constants),  # op(consts) -> const, floats and bools
         (UPat(_OTHER_ALU, dtype=_INTS_AND_BOOL, name="u"), _fold_bounds),  # vmin == vmax -> const
         (UPat(_ARITH, dtype=dtypes.bool, name="u"), _fold_bounds),  # vmin == vmax -> const, bools
-        # ---- floats and bools: exact in IEEE arithmetic
+        # ---- any dtype: only rules that are exact in IEEE arithmetic too
         (UPat(Ops.MUL, dtype=_FLOATS, src=[_x, UPat.const(1)]), lambda x: x),  # x*1 -> x
         (UPat(Ops.FDIV, src=(_x, UPat.const(1))), lambda x: x),  # x/1 -> x
         (UPat(Ops.ADD, dtype=_FLOATS, src=[_x, UPat.cvar("z")]), _add_negative_zero),  # x + -0.0 -> x
