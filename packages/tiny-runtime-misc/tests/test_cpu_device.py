@@ -23,6 +23,7 @@ from tiny.ir.device import (
     DeviceUnavailable,
     UnknownDevice,
     available,
+    renderer_entry_points,
 )
 from tiny.ir.dtypes import dtypes
 from tiny.runtime.cpu import ALIGN, ClangCompiler, CPUAllocator, CPUDevice, CPUProgram, find_compiler
@@ -83,7 +84,6 @@ def test_gcc_when_there_is_no_clang(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert find_compiler() == "gcc"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: find_compiler picks clang-N files on PATH that are not executable")
 def test_a_clang_that_cannot_run_is_not_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tools = fake_tools(tmp_path / "bin", "clang-15", "gcc")
     fake_tools(tools, "clang-99", executable=False)
@@ -228,8 +228,10 @@ def test_device_cpu_through_entry_points() -> None:
     dev = Device["CPU"]
     assert isinstance(dev, CPUDevice) and dev.name == "CPU"
     assert Device["cpu"] is dev and Device["CPU:0"] is dev
-    assert dev.renderer_name == "C" and dev.renderer.caps.language == "C"
-    assert dtypes.float32 in dev.renderer.caps.dtypes and dev.renderer.caps.vector_width in (4, 8, 16)
+    assert dev.renderer_name == "C"
+    if "C" in renderer_entry_points():  # the C renderer comes with tiny-codegen, which this package does not need
+        assert dev.renderer.caps.language == "C"
+        assert dtypes.float32 in dev.renderer.caps.dtypes and dev.renderer.caps.vector_width in (4, 8, 16)
     assert isinstance(dev.allocator, CPUAllocator)
     with pytest.raises(UnknownDevice, match="takes the renderers"):
         Device["CPU:PTX"]
@@ -240,6 +242,16 @@ def test_device_cpu_through_entry_points() -> None:
     assert dev.load(CompiledProgram("seven", "CPU", "C", prog.src, binary, 0, (), ())) is loaded  # cached
     status = {s.name: s for s in available()}
     assert status["CPU"].ok and "CPUDevice" in status["CPU"].reason and status["CPU"].renderers == ("C",)
+
+
+@needs_cc
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: 'CPU:C' (CPU with its default renderer) canonicalizes apart from 'CPU' and opens a second device",
+)
+def test_naming_the_default_renderer_gives_the_same_device() -> None:
+    assert Device.canonicalize("CPU:C") == "CPU"
+    assert Device["CPU:C"] is Device["CPU"]
 
 
 def test_python_m_tiny_ir_device_lists_the_devices() -> None:

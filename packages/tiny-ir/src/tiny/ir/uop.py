@@ -382,7 +382,6 @@ class UOp:
 
     @cached_property
     def vmin_vmax(self) -> tuple[int | float, int | float]:
-        self._sources_know("vmin_vmax")
         return _bounds(self)
 
     @property
