@@ -45,7 +45,9 @@ def get_program(ast: UOp, device: Compiled) -> CompiledProgram:
     binary = device.compile(src)
     flops, mem = estimate(uops)
     globals_ = sorted((u for u in uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
-    outs = tuple(sorted({u.address.pointer.arg for u in uops if u.op is Ops.STORE and u.address.pointer.op is Ops.DEFINE_GLOBAL}))
+    outs = tuple(
+        sorted({u.address.pointer.arg for u in uops if u.op is Ops.STORE and u.address.pointer.op is Ops.DEFINE_GLOBAL})
+    )
     return CompiledProgram(
         name=kernel.name,
         device=device.name,

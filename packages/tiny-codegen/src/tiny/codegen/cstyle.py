@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from tiny.ir.device import Renderer, RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes
@@ -48,7 +48,13 @@ class CStyleRenderer(Renderer):
         "float64": "double",
     }
     # float math that the language has for these dtypes; others compute in float32
-    math_fns: dict[Ops, str] = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}
+    math_fns: dict[Ops, str] = {
+        Ops.SQRT: "sqrt",
+        Ops.EXP2: "exp2",
+        Ops.LOG2: "log2",
+        Ops.SIN: "sin",
+        Ops.TRUNC: "trunc",
+    }
 
     repeats_operands = frozenset({Ops.MAX, Ops.IDIV, Ops.MOD})  # their C text names an operand twice
     max_inline_depth = 32  # deeper expressions go through a variable: compilers limit nesting
@@ -106,7 +112,7 @@ class CStyleRenderer(Renderer):
         if dt.is_float:
             assert isinstance(value, (int, float))
             if math.isnan(value):
-                text = "__builtin_nanf(\"\")"
+                text = '__builtin_nanf("")'
             elif math.isinf(value):
                 text = ("-" if value < 0 else "") + "__builtin_inff()"
             else:
@@ -239,9 +245,11 @@ class CStyleRenderer(Renderer):
                 raise NotImplementedError(f"{type(self).__name__} cannot render {op}")
         ordered = [p for _, p in sorted(params)] + var_params
         kernel = self.render_kernel(name, ordered, body)
-        uses_bf16 = self.emulate_bf16 and any(u.dtype.scalar == dtypes.bfloat16 or (
-            isinstance(u.dtype, PtrDType) and u.dtype.base is not None and u.dtype.base.scalar == dtypes.bfloat16)
-            for u in uops)
+        uses_bf16 = self.emulate_bf16 and any(
+            u.dtype.scalar == dtypes.bfloat16
+            or (isinstance(u.dtype, PtrDType) and u.dtype.base is not None and u.dtype.base.scalar == dtypes.bfloat16)
+            for u in uops
+        )
         return (self.bf16_prelude + kernel) if uses_bf16 else kernel
 
     def special(self, name: str) -> str:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tiny.ir.dtypes import DType, truncate
 from tiny.ir.uop import Ops

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tiny.ir.dtypes import DType
 from tiny.ir.uop import GroupOp, Ops, UOp

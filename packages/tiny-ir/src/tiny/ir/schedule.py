@@ -188,7 +188,9 @@ def _lift_reshape(alu: UOp, ctx: dict[UOp, bool]) -> UOp | None:
     for s in alu.src:
         if s.op is Ops.RESHAPE and _reduces(s.src[0], ctx) and s.src[0].shape != s.shape:
             inner = s.src[0].shape
-            srcs = tuple(x.src[0] if x.op is Ops.RESHAPE and x.src[0].shape == inner else _reshape(x, inner) for x in alu.src)
+            srcs = tuple(
+                x.src[0] if x.op is Ops.RESHAPE and x.src[0].shape == inner else _reshape(x, inner) for x in alu.src
+            )
             return _reshape(alu.replace(src=srcs), alu.shape)
     return None
 

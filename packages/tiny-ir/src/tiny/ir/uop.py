@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 import math
 import weakref
-from functools import cached_property
 from collections.abc import Callable, Hashable
+from functools import cached_property
 from typing import Any, TypeVar
 
 from tiny.ir.dtypes import DType, dtypes, truncate

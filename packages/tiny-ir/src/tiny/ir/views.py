@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import UOp
@@ -40,7 +40,9 @@ class View:
         shape: Sequence[int], strides: Sequence[int] | None = None, offset: int = 0, mask: Mask | None = None
     ) -> View:
         shape = tuple(int(s) for s in shape)
-        strides = strides_for_shape(shape) if strides is None else tuple(0 if s == 1 else st for s, st in zip(shape, strides))
+        strides = (
+            strides_for_shape(shape) if strides is None else tuple(0 if s == 1 else st for s, st in zip(shape, strides))
+        )
         if mask is not None:
             if any(lo >= hi for lo, hi in mask):  # nothing is valid: one canonical empty view
                 return View(shape, (0,) * len(shape), 0, tuple((0, 0) for _ in shape))
@@ -85,7 +87,9 @@ class View:
             return View.create(new_shape, offset=self.offset if self.size else 0)
         if self.empty_mask:
             return View.create(new_shape, mask=tuple((0, 0) for _ in new_shape))
-        old = [(s, st, m) for s, st, m in zip(self.shape, self.strides, self.mask or [None] * len(self.shape)) if s != 1]
+        old = [
+            (s, st, m) for s, st, m in zip(self.shape, self.strides, self.mask or [None] * len(self.shape)) if s != 1
+        ]
         new = [(i, s) for i, s in enumerate(new_shape) if s != 1]
         strides = [0] * len(new_shape)
         mask = [(0, s) for s in new_shape]

@@ -16,8 +16,8 @@ from typing import Any
 from tiny.ir.config import CC
 from tiny.ir.device import (
     AllocatorCaps,
-    CompileError,
     Compiled,
+    CompileError,
     Compiler,
     DeviceUnavailable,
     LRUAllocator,
@@ -37,7 +37,9 @@ def find_compiler() -> str:
     clangs = []
     for d in os.environ.get("PATH", "").split(os.pathsep):
         if os.path.isdir(d):
-            clangs += [f for f in os.listdir(d) if re.fullmatch(r"clang(-\d+)?", f) and os.access(os.path.join(d, f), os.X_OK)]
+            clangs += [
+                f for f in os.listdir(d) if re.fullmatch(r"clang(-\d+)?", f) and os.access(os.path.join(d, f), os.X_OK)
+            ]
     if clangs:
         return max(clangs, key=lambda c: int(c.split("-")[1]) if "-" in c else 0)
     if shutil.which("gcc"):
@@ -52,8 +54,9 @@ def compiler_features(cc: str) -> frozenset[str]:
     out = set()
     for name, src in probes.items():
         with tempfile.TemporaryDirectory() as d:
-            r = subprocess.run([cc, "-c", "-x", "c", "-", "-o", os.path.join(d, "p.o")], input=src.encode(),
-                               capture_output=True)
+            r = subprocess.run(
+                [cc, "-c", "-x", "c", "-", "-o", os.path.join(d, "p.o")], input=src.encode(), capture_output=True
+            )
             if r.returncode == 0:
                 out.add(name)
     return frozenset(out)
@@ -82,8 +85,21 @@ class ClangCompiler(Compiler):
         arch = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else ["-mcpu=native"]
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "kernel.so")
-            args = [self.cc, "-shared", "-fPIC", "-O2", *arch, "-fno-math-errno", "-fwrapv",
-                    "-x", "c", "-", "-o", out, "-lm"]
+            args = [
+                self.cc,
+                "-shared",
+                "-fPIC",
+                "-O2",
+                *arch,
+                "-fno-math-errno",
+                "-fwrapv",
+                "-x",
+                "c",
+                "-",
+                "-o",
+                out,
+                "-lm",
+            ]
             r = subprocess.run(args, input=src.encode(), capture_output=True)
             if r.returncode != 0:
                 raise CompileError(f"{self.cc} failed on generated code:\n{r.stderr.decode()}\n--- source ---\n{src}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiny.ir.device import AllocatorCaps, Allocator, Compiled, Compiler, Program
+from tiny.ir.device import Allocator, AllocatorCaps, Compiled, Compiler, Program
 
 
 class NullCompiler(Compiler):

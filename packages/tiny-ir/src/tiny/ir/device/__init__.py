@@ -14,9 +14,10 @@ import itertools
 import re
 import weakref
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 from tiny.ir.config import DEBUG, DEVICE
 from tiny.ir.diskcache import cache_get, cache_put
@@ -269,7 +270,9 @@ class DeviceName:
         indices = [int(p) for p in rest if p.isdigit()]
         renderers = [p.upper() for p in rest if not p.isdigit()]
         if len(indices) > 1 or len(renderers) > 1:
-            raise UnknownDevice(f"device {name!r} names more than one index or renderer; expected NAME[:INDEX][:RENDERER]")
+            raise UnknownDevice(
+                f"device {name!r} names more than one index or renderer; expected NAME[:INDEX][:RENDERER]"
+            )
         return DeviceName(base.upper(), indices[0] if indices else 0, renderers[0] if renderers else None)
 
 

@@ -43,8 +43,16 @@ def gfx_targets(topology: str = TOPOLOGY) -> tuple[str, ...]:
 
 
 def _amdgpu_clang() -> str | None:
-    names = sorted((n for d in os.environ.get("PATH", "").split(os.pathsep) if os.path.isdir(d)
-                    for n in os.listdir(d) if re.fullmatch(r"clang(-\d+)?", n)), reverse=True)
+    names = sorted(
+        (
+            n
+            for d in os.environ.get("PATH", "").split(os.pathsep)
+            if os.path.isdir(d)
+            for n in os.listdir(d)
+            if re.fullmatch(r"clang(-\d+)?", n)
+        ),
+        reverse=True,
+    )
     for name in names:
         try:
             r = subprocess.run([name, "-print-targets"], capture_output=True, text=True, timeout=30)

@@ -38,7 +38,9 @@ def nvrtc_candidates() -> list[str]:
         out += sorted(glob.glob(os.path.join(root, "cuda_nvrtc", "lib", "libnvrtc.so*")))
     for root in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda", "/usr/lib/x86_64-linux-gnu"):
         if root:
-            out += sorted(glob.glob(os.path.join(root, "lib64", "libnvrtc.so*")) + glob.glob(os.path.join(root, "libnvrtc.so*")))
+            out += sorted(
+                glob.glob(os.path.join(root, "lib64", "libnvrtc.so*")) + glob.glob(os.path.join(root, "libnvrtc.so*"))
+            )
     return [p for p in out if "builtins" not in os.path.basename(p)]
 
 
