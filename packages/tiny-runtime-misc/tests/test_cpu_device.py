@@ -245,10 +245,6 @@ def test_device_cpu_through_entry_points() -> None:
 
 
 @needs_cc
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: 'CPU:C' (CPU with its default renderer) canonicalizes apart from 'CPU' and opens a second device",
-)
 def test_naming_the_default_renderer_gives_the_same_device() -> None:
     assert Device.canonicalize("CPU:C") == "CPU"
     assert Device["CPU:C"] is Device["CPU"]

@@ -421,7 +421,7 @@ def test_half_and_bfloat16_values_are_read_as_their_numbers() -> None:
 @pytest.mark.parametrize(
     "src_dt,dst_dt,values,expected",
     [
-        (f32, i32, [-2.75, 2.75, math.nan, -0.0], [-2, 2, 0, 0]),
+        (f32, i32, [-2.75, 2.75, math.nan, -0.0], [-2, 2, -(2**31), 0]),  # NaN does not fit: the minimum
         (i32, dtypes.bool, [0, 3, -1, 0], [False, True, True, False]),
         (dtypes.bool, f32, [True, False], [1.0, 0.0]),
         (f32, dtypes.float16, [0.1, 70000.0, -1e-8], [0.0999755859375, math.inf, -0.0]),

@@ -56,7 +56,7 @@ class CStyleRenderer(Renderer):
         Ops.TRUNC: "trunc",
     }
 
-    repeats_operands = frozenset({Ops.MAX, Ops.IDIV, Ops.MOD})  # their C text names an operand twice
+    repeats_operands = frozenset({Ops.MAX, Ops.IDIV, Ops.MOD, Ops.CAST})  # their C text names an operand twice
     max_inline_depth = 32  # deeper expressions go through a variable: compilers limit nesting
 
     emulate_bf16 = True  # the language has no bfloat16 arithmetic: store 16 bits, compute in float
@@ -93,6 +93,17 @@ class CStyleRenderer(Renderer):
         """An op's result brought to its dtype's precision where registers are wider (emulated bfloat16)."""
         exact = u.op in (Ops.WHERE, Ops.MAX, Ops.NEG, Ops.TRUNC, Ops.BITCAST)
         return f"tiny_bf16_round({expr})" if self._bf16(u.dtype) and not exact else expr
+
+    def cast(self, u: UOp, x: str) -> str:
+        """A value cast; float -> integer follows tiny.ir.dtypes.truncate where C leaves it undefined."""
+        to, frm = u.dtype, u.src[0].dtype
+        if not (frm.is_float and to.is_int):
+            return f"(({self.type_name(to)})({x}))"
+        f = "double" if frm.scalar == dtypes.float64 else "float"
+        lo = "(-0x1p63)" if to.kind != "i" or to.itemsize != 4 else "(-0x1p31)"
+        fits = f"(({f}){x} >= {lo} && ({f}){x} < -{lo})"  # false for NaN too
+        low = "(-9223372036854775807ll-1)" if lo == "(-0x1p63)" else "(-2147483647-1)"
+        return f"(({self.type_name(to)})({fits} ? (long long)({f}){x} : {low}))"
 
     def bit_cast(self, to: str, frm: str, x: str) -> str:
         """Reinterpret the bits of x (of C type frm) as C type to: a union, which C compilers all take."""
@@ -228,7 +239,7 @@ class CStyleRenderer(Renderer):
                 line(self.barrier())
             elif op in (Ops.CAST, Ops.BITCAST) or op in GroupOp.ALU:
                 if op is Ops.CAST:
-                    expr = f"(({self.type_name(u.dtype)})({src[0]}))"
+                    expr = self.cast(u, src[0])
                 elif op is Ops.BITCAST:
                     expr = self.bitcast(u, src[0])
                 else:

@@ -217,9 +217,7 @@ def truncate(dtype: DType, x: int | float | bool) -> int | float | bool:
         return bool(x)
     if dtype.is_int:
         if isinstance(x, float):
-            if math.isnan(x) or math.isinf(x):
-                return 0
-            x = int(x)
+            x = _float_to_int(x, dtype)
         mod = 1 << dtype.bits
         x = int(x) & (mod - 1)
         return x - mod if dtype.kind == "i" and x >= mod // 2 else x
@@ -233,6 +231,16 @@ def truncate(dtype: DType, x: int | float | bool) -> int | float | bool:
     if dtype.name == "bfloat16":
         return bf16_to_float(float_to_bf16(x))
     return x
+
+
+def _float_to_int(x: float, dtype: DType) -> int:
+    """A float cast to an integer type, as tiny defines it on every device: toward zero. Where the value
+    does not fit (NaN, infinities, too large) int32 gives its minimum, as x86 does, and every other integer
+    type gives int64's minimum; narrower types then keep its low bits, as a cast through int64 does."""
+    lo = -(2**31) if dtype.kind == "i" and dtype.itemsize == 4 else -(2**63)
+    if math.isnan(x) or not lo <= x < -lo:
+        return lo
+    return int(x)
 
 
 def _round_int(x: int, mantissa_bits: int) -> int:

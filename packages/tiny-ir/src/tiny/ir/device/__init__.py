@@ -305,10 +305,15 @@ class _Registry:
         self._default: str | None = None
 
     def canonicalize(self, name: str) -> str:
+        """'cuda:1' -> 'CUDA:1'; a device's default renderer is left out ('CPU:C' -> 'CPU')."""
         parsed = DeviceName.parse(name)
         if parsed.base not in device_entry_points():
             known = ", ".join(sorted(device_entry_points())) or "none (is a tiny runtime package installed?)"
             raise UnknownDevice(f"unknown device {name!r}; known devices: {known}")
+        if parsed.renderer is not None:
+            renderers = device_entry_points()[parsed.base].load().renderers
+            if renderers and parsed.renderer == renderers[0]:
+                parsed = DeviceName(parsed.base, parsed.index)
         return str(parsed)
 
     def __getitem__(self, name: str) -> Compiled:

@@ -1,0 +1,305 @@
+"""The scheduler on tensor-level graphs built by hand: which nodes fuse, which become buffers, in what order.
+
+Buffers live on a made-up device "FAKE": new_buffer only records them, and nothing here allocates.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from tiny.ir.device import Buffer, buffer_of, new_buffer
+from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.schedule import Schedule, create_schedule, is_realized
+from tiny.ir.uop import Ops, UOp
+from tiny.ir.views import View
+
+f32 = dtypes.float32
+DEV = "FAKE"
+
+# ---------------------------------------------------------------- building tensor-level graphs
+
+
+def tensor(*shape: int, dtype: DType = f32) -> UOp:
+    """A realized input: a reshape of a fresh BUFFER."""
+    buf = new_buffer(DEV, math.prod(shape), dtype)
+    return UOp(Ops.RESHAPE, dtype, (buf,), tuple(shape))
+
+
+def move(op: Ops, x: UOp, arg: Any) -> UOp:
+    return UOp(op, x.dtype, (x,), arg)
+
+
+def const(value: Any, shape: tuple[int, ...], dtype: DType = f32) -> UOp:
+    c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=DEV),), value)
+    return move(Ops.EXPAND, move(Ops.RESHAPE, c, (1,) * len(shape)), shape)
+
+
+def reduce(x: UOp, axes: tuple[int, ...], op: Ops = Ops.ADD) -> UOp:
+    return UOp(Ops.REDUCE_AXIS, x.dtype, (x,), (op, axes))
+
+
+def contiguous(x: UOp) -> UOp:
+    return UOp(Ops.CONTIGUOUS, x.dtype, (x,))
+
+
+def ops_in(ast: UOp) -> list[Ops]:
+    return [u.op for u in ast.toposort]
+
+
+def store_of(ast: UOp) -> UOp:
+    assert ast.op is Ops.SINK and len(ast.src) == 1 and ast.src[0].op is Ops.STORE
+    return ast.src[0]
+
+
+def input_buffers(*nodes: UOp) -> set[int]:
+    return {id(buffer_of(u)) for n in nodes for u in n.toposort if u.op is Ops.BUFFER}
+
+
+def check_well_formed(s: Schedule, targets: list[UOp]) -> None:
+    """Kernels in dependency order, outputs first, one DEFINE_GLOBAL per buffer, and every target covered."""
+    ready = input_buffers(*targets)
+    for item in s.items:
+        assert item.ast.op is Ops.SINK
+        out, *ins = item.buffers
+        assert all(isinstance(b, Buffer) for b in item.buffers)
+        assert id(out) not in ready, "a kernel overwrites a buffer that was already written"
+        for b in ins:
+            assert id(b) in ready, "a kernel reads a buffer no earlier kernel wrote"
+        ready.add(id(out))
+        globals_ = sorted({u.arg for u in item.ast.toposort if u.op is Ops.DEFINE_GLOBAL})
+        assert globals_ == list(range(len(item.buffers)))
+        store = store_of(item.ast)
+        assert store.src[0].arg == 0  # the output is argument 0
+        assert store.src[0].dtype.size == out.size and store.src[0].dtype.base == out.dtype
+        for u in item.ast.toposort:
+            assert u.op not in (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.BUFFER)
+            if u.op in (Ops.LOAD, Ops.CONST):
+                assert u.src and u.src[-1].op is Ops.VIEW
+    for t in targets:
+        if is_realized(t):
+            continue
+        new = s.becomes[t]
+        assert new.op is Ops.RESHAPE and new.src[0].op is Ops.BUFFER and new.shape == t.shape and new.dtype == t.dtype
+        assert any(buffer_of(new.src[0]) is item.buffers[0] for item in s.items)
+
+
+# ---------------------------------------------------------------- fusion
+
+
+def test_an_elementwise_chain_is_one_kernel() -> None:
+    a, b = tensor(4, 4), tensor(4, 4)
+    out = ((a + b) * a).alu(Ops.EXP2).cast(dtypes.float16)
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 1
+    ast = s.items[0].ast
+    assert ops_in(ast).count(Ops.LOAD) == 2 and ops_in(ast).count(Ops.STORE) == 1
+    assert {Ops.ADD, Ops.MUL, Ops.EXP2, Ops.CAST} <= set(ops_in(ast))
+    assert [b.size for b in s.items[0].buffers] == [16, 16, 16]
+    assert s.items[0].buffers[0].dtype == dtypes.float16
+    assert s.items[0].buffers[1:] == (buffer_of(a.src[0]), buffer_of(b.src[0]))
+
+
+def test_a_buffer_read_twice_is_one_argument() -> None:
+    a = tensor(4, 4)
+    out = a * move(Ops.PERMUTE, a, (1, 0))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 1 and len(s.items[0].buffers) == 2
+    views = {u.src[1].arg for u in s.items[0].ast.toposort if u.op is Ops.LOAD}
+    assert views == {View.create((4, 4)), View.create((4, 4)).permute((1, 0))}
+
+
+def test_movement_ops_become_views_of_loads_and_constants() -> None:
+    a = tensor(2, 3)
+    out = move(Ops.FLIP, move(Ops.PAD, move(Ops.PERMUTE, a, (1, 0)), ((1, 0), (0, 2))), (0,)) + const(1.0, (4, 4))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 1
+    (load,) = [u for u in s.items[0].ast.toposort if u.op is Ops.LOAD]
+    assert load.src[1].arg == View.create((2, 3)).permute((1, 0)).pad(((1, 0), (0, 2))).flip((0,))
+    (c,) = [u for u in s.items[0].ast.toposort if u.op is Ops.CONST]
+    assert c.arg == 1.0 and c.src[0].arg.shape == (4, 4) and c.src[0].arg.strides == (0, 0)
+
+
+def test_padding_an_elementwise_result_masks_it() -> None:
+    a = tensor(3)
+    out = move(Ops.PAD, (a + 1.0).alu(Ops.RECIP), ((2, 1),))  # 1/(0+1) must not leak into the padding
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 1
+    where = store_of(s.items[0].ast).src[2]
+    assert where.op is Ops.WHERE
+    cond = where.src[0]
+    assert cond.op is Ops.CONST and cond.dtype == dtypes.bool and cond.src[0].arg.mask == ((2, 5),)
+    assert where.src[2].op is Ops.CONST and where.src[2].arg == 0.0
+
+
+def test_a_reduce_with_its_inputs_and_epilogue_is_one_kernel() -> None:
+    a, b = tensor(4, 8), tensor(4, 8)
+    r = reduce((a * b).alu(Ops.EXP2), (1,))
+    out = r * const(2.0, (4, 1)) + const(1.0, (4, 1))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 1
+    ast = s.items[0].ast
+    assert ops_in(ast).count(Ops.REDUCE_AXIS) == 1
+    store = store_of(ast)
+    assert store.src[1].arg.shape == (4, 1) and store.src[2].op is Ops.ADD
+
+
+def test_a_reduce_with_a_reshaped_epilogue_stays_one_kernel() -> None:
+    a = tensor(4, 8)
+    out = move(Ops.RESHAPE, reduce(a, (1,)), (4,)) * const(2.0, (4,))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 1 and ops_in(s.items[0].ast).count(Ops.REDUCE_AXIS) == 1
+
+
+def test_softmax_realizes_each_reduce_seen_through_an_expand() -> None:
+    x = tensor(4, 8)
+    m = reduce(x, (1,), Ops.MAX)
+    e = (x - move(Ops.EXPAND, m, (4, 8))).alu(Ops.EXP2)
+    total = reduce(e, (1,))
+    out = e * move(Ops.EXPAND, total, (4, 8)).alu(Ops.RECIP)
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 3
+    first, second, third = (item.ast for item in s.items)
+    assert [u.arg[0] for u in first.toposort if u.op is Ops.REDUCE_AXIS] == [Ops.MAX]
+    assert [u.arg[0] for u in second.toposort if u.op is Ops.REDUCE_AXIS] == [Ops.ADD]
+    assert Ops.REDUCE_AXIS not in ops_in(third)
+    assert s.items[1].buffers[2] is s.items[0].buffers[0]  # the sum reads the max
+    assert s.items[2].buffers[0].size == 32 and {b.size for b in s.items[2].buffers[1:]} == {32, 4}
+
+
+def test_a_reduce_inside_a_reduce_is_realized() -> None:
+    a = tensor(4, 8)
+    out = reduce(reduce(a, (1,)) * const(2.0, (4, 1)), (0,))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 2 and all(ops_in(i.ast).count(Ops.REDUCE_AXIS) == 1 for i in s.items)
+
+
+def test_a_padded_reduce_is_realized() -> None:
+    a = tensor(4, 8)
+    out = move(Ops.PAD, reduce(a, (1,)), ((1, 1), (0, 0)))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 2
+
+
+def test_an_unexpressible_reshape_of_a_permuted_buffer_realizes_the_permute() -> None:
+    a, b = tensor(4, 6), tensor(24)
+    t = move(Ops.PERMUTE, a, (1, 0))
+    flat = move(Ops.RESHAPE, t, (24,))
+    assert View.create((4, 6)).permute((1, 0)).reshape((24,)) is None
+    out = flat + b
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 2
+    copy, add = s.items
+    (load,) = [u for u in copy.ast.toposort if u.op is Ops.LOAD]
+    assert load.src[1].arg == View.create((4, 6)).permute((1, 0))  # the copy does the transpose
+    assert add.buffers[1] is copy.buffers[0] and add.buffers[2] is buffer_of(b.src[0])
+    assert all(u.src[1].arg.contiguous for u in add.ast.toposort if u.op is Ops.LOAD)
+
+
+def test_an_expressible_reshape_is_free() -> None:
+    a, b = tensor(4, 6), tensor(6, 2, 2)
+    out = move(Ops.RESHAPE, move(Ops.PERMUTE, a, (1, 0)), (6, 2, 2)) + b  # splitting a dim: one View says it
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 1
+
+
+def test_contiguous_forces_a_kernel() -> None:
+    a = tensor(4, 4)
+    mid = contiguous(a + const(1.0, (4, 4)))
+    out = mid * mid
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 2
+    assert s.items[1].buffers[1] is s.items[0].buffers[0]
+    assert ops_in(s.items[1].ast).count(Ops.LOAD) == 1  # both factors read the realized buffer
+    copy = create_schedule([contiguous(move(Ops.PERMUTE, a, (1, 0)))])
+    assert len(copy.items) == 1
+
+
+def test_a_realized_target_needs_no_kernel() -> None:
+    a = tensor(4, 4)
+    s = create_schedule([a])
+    assert s.items == [] and a not in s.becomes
+    raw = a.src[0]
+    assert create_schedule([raw]).items == []
+
+
+def test_becomes_covers_every_target() -> None:
+    a, b = tensor(4, 8), tensor(4, 8)
+    t1 = a + b
+    t2 = reduce(t1, (1,))
+    t3 = move(Ops.PERMUTE, a, (1, 0))
+    t4 = move(Ops.RESHAPE, reduce(a, (0, 1)), ())
+    targets = [t1, t2, t3, t4]
+    s = create_schedule(targets)
+    check_well_formed(s, targets)
+    assert all(t in s.becomes for t in targets)
+    assert s.becomes[t3].shape == (8, 4) and s.becomes[t4].shape == ()
+    assert len({id(buffer_of(s.becomes[t].src[0])) for t in targets}) == 4
+    # a target used by another target is read from its buffer, not computed twice
+    t2_item = next(i for i in s.items if i.buffers[0] is buffer_of(s.becomes[t2].src[0]))
+    assert buffer_of(s.becomes[t1].src[0]) in t2_item.buffers[1:]
+
+
+def test_kernels_come_in_dependency_order() -> None:
+    x = tensor(8)
+    h = x
+    for i in range(5):  # each step needs the previous one realized
+        h = contiguous(h * const(float(i + 2), (8,)))
+    out = reduce(h, (0,))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 6
+    for prev, item in zip(s.items, s.items[1:]):
+        assert prev.buffers[0] in item.buffers[1:]
+
+
+def test_identical_kernels_share_one_ast_object() -> None:
+    a, b = tensor(4, 4), tensor(4, 4)
+    s = create_schedule([a.alu(Ops.EXP2) + a, b.alu(Ops.EXP2) + b])
+    assert len(s.items) == 2
+    assert s.items[0].ast is s.items[1].ast
+    assert s.items[0].buffers[1] is not s.items[1].buffers[1]
+    other = create_schedule([a.alu(Ops.LOG2) + a])
+    assert other.items[0].ast is not s.items[0].ast
+
+
+def test_int_and_bool_dtypes_flow_through() -> None:
+    a = tensor(6, dtype=dtypes.int32)
+    out = a.lt(const(3, (6,), dtypes.int32)).where(a, const(-1, (6,), dtypes.int32))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert s.items[0].buffers[0].dtype == dtypes.int32
+    cmp = next(u for u in s.items[0].ast.toposort if u.op is Ops.CMPLT)
+    assert cmp.dtype == dtypes.bool
+
+
+def test_scheduling_never_allocates() -> None:
+    a = tensor(4)
+    s = create_schedule([a + a])
+    assert not any(b.is_allocated for b in s.items[0].buffers)
+
+
+def test_a_deep_elementwise_chain_schedules() -> None:
+    xs = [tensor(4) for _ in range(1000)]
+    total = xs[0]
+    for x in xs[1:]:
+        total = total + x
+    try:
+        s = create_schedule([total])
+    except RecursionError:
+        pytest.fail("RecursionError", pytrace=False)  # a short report: pytest formats a deep traceback slowly
+    assert len(s.items) == 1 and len(s.items[0].buffers) == 1001

@@ -1,0 +1,38 @@
+"""Fixtures of the tiny-tensor tests: the devices the op tests run on.
+
+By default every test that takes `device` runs on CPU and on PYTHON (the reference emulator). With the
+environment variable DEVICE set (DEVICE=CUDA, DEVICE=CPU:LLVM ...) it runs on that device only, so a new
+backend runs the very same suite. A device that cannot open here is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from tensor_helpers import open_device
+
+DEFAULT_DEVICES = ("CPU", "PYTHON")
+# devices that open but compute nothing: the op tests compare values, so they skip there
+NO_COMPUTE = frozenset({"NULL"})
+
+
+def devices_under_test() -> list[str]:
+    """The devices the op tests run on: $DEVICE alone when it is set, else CPU and PYTHON."""
+    env = os.environ.get("DEVICE", "").strip()
+    return [env] if env else list(DEFAULT_DEVICES)
+
+
+@pytest.fixture(params=devices_under_test())
+def device(request: pytest.FixtureRequest) -> str:
+    """A device every op test runs on."""
+    name = open_device(request.param)
+    if name.split(":")[0] in NO_COMPUTE:
+        pytest.skip(f"device {name} computes nothing (its buffers read back as zeros); the op tests compare values")
+    return name
+
+
+@pytest.fixture
+def python_device() -> str:
+    """The PYTHON emulator, for tests that compare a device with it; skipped when it is not there yet."""
+    return open_device("PYTHON")

@@ -1,0 +1,170 @@
+"""How many kernels the scheduler makes: elementwise chains, views and epilogues fuse; results stay right.
+
+Inputs are made from NumPy arrays, so they are buffers already and every kernel counted is the
+computation's own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tensor_helpers import assert_matches, random_array
+
+from tiny.ir.uop import Ops
+from tiny.tensor import GlobalCounters, Tensor, dtypes
+
+F32 = dtypes.float32
+
+
+def kernels(*tensors: Tensor) -> int:
+    """The number of kernels realizing these tensors would run (copies between devices not counted)."""
+    items = tensors[0].schedule(*tensors[1:])
+    assert all(i.ast.op in (Ops.SINK, Ops.COPY) for i in items), [i.ast.op for i in items]
+    return sum(1 for i in items if i.ast.op is Ops.SINK)
+
+
+def inputs(device: str, *shapes: tuple[int, ...], dtype=F32) -> tuple[list[np.ndarray], list[Tensor]]:
+    arrays = [random_array(s, dtype, seed=i) for i, s in enumerate(shapes)]
+    return arrays, [Tensor(a, device=device, dtype=dtype) for a in arrays]
+
+
+def realize_counting(t: Tensor) -> int:
+    """Realize t and return how many kernels actually ran."""
+    GlobalCounters.reset()
+    t.realize()
+    return GlobalCounters.kernels
+
+
+def test_inputs_need_no_kernel(device):
+    _, (a,) = inputs(device, (3, 4))
+    assert a.schedule() == []
+    assert realize_counting(a) == 0
+
+
+def test_elementwise_chain_into_reduce_is_one_kernel(device):
+    (na, nb, nc, nd), (a, b, c, d) = inputs(device, (4, 8), (4, 8), (4, 8), (4, 8))
+    out = ((a * b + c).relu() * d).sum()
+    assert kernels(out) == 1
+    assert realize_counting(out) == 1
+    assert_matches(out, (np.maximum(na * nb + nc, 0) * nd).astype(np.float64).sum(), F32, atol=1e-4)
+
+
+def test_matmul_is_one_kernel(device):
+    (na, nb), (a, b) = inputs(device, (5, 6), (6, 7))
+    out = a @ b
+    assert kernels(out) == 1
+    assert_matches(out, na.astype(np.float64) @ nb, F32, atol=1e-4)
+
+
+def test_matmul_epilogue_fuses(device):
+    (na, nb, nbias), (a, b, bias) = inputs(device, (5, 6), (6, 7), (7,))
+    out = (a @ b + bias).relu()
+    assert kernels(out) == 1
+    assert_matches(out, np.maximum(na.astype(np.float64) @ nb + nbias, 0), F32, atol=1e-4)
+
+
+def test_batched_and_vector_matmul_are_one_kernel(device):
+    (na, nb, nv), (a, b, v) = inputs(device, (2, 3, 4), (4, 5), (4,))
+    for out, ref in ((a @ b, na @ nb), (a @ v, na @ nv), (v @ b, nv @ nb), (v @ v, nv @ nv)):
+        assert kernels(out) == 1, out.shape
+        assert_matches(out, ref, F32, atol=1e-4)
+
+
+def test_matmul_of_views_is_one_kernel(device):
+    (na, nb), (a, b) = inputs(device, (6, 5), (7, 6))
+    out = a.T @ b.T.flip(0)
+    assert kernels(out) == 1
+    assert_matches(out, na.T.astype(np.float64) @ nb.T[::-1], F32, atol=1e-4)
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_softmax_at_most_three_kernels(device, axis):
+    (nx,), (x,) = inputs(device, (4, 9))
+    out = x.softmax(axis)
+    assert kernels(out) <= 3
+    e = np.exp(nx - nx.max(axis, keepdims=True))
+    assert_matches(out, e / e.sum(axis, keepdims=True), F32)
+    lsm = x.log_softmax(axis)
+    assert kernels(lsm) <= 3
+
+
+def test_elementwise_on_views_is_one_kernel(device):
+    (na, nb, nc), (a, b, c) = inputs(device, (3, 4), (4, 3), (5, 6))
+    out = (a.permute(1, 0) + b.flip(0)).exp() * c.pad(((1, 0), (0, 1))).shrink(((0, 4), (2, 5)))
+    assert kernels(out) == 1
+    ref = np.exp(na.T + nb[::-1]) * np.pad(nc, ((1, 0), (0, 1)))[0:4, 2:5]
+    assert_matches(out, ref, F32)
+
+
+def test_expand_and_reshape_chain_is_one_kernel(device):
+    (na, nb), (a, b) = inputs(device, (1, 4), (3, 2, 2))
+    # splitting a dim of an expanded view, then permuting it, stays a view of one buffer
+    out = a.expand(3, 4).reshape(3, 2, 2).permute(0, 2, 1) * b.reshape(12).reshape(3, 2, 2) + 1
+    assert kernels(out) == 1
+    ref = np.broadcast_to(na, (3, 4)).reshape(3, 2, 2).transpose(0, 2, 1) * nb + 1
+    assert_matches(out, ref, F32)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        (slice(None, None, 2), slice(None, None, -3)),
+        (slice(1, None, 3), slice(None, None, 2)),
+        (slice(None, None, -2), 1),
+        (Ellipsis, slice(None, None, -1)),
+    ],
+    ids=["::2,::-3", "1::3,::2", "::-2,1", "...,::-1"],
+)
+def test_strided_slice_is_one_kernel(device, index):
+    (nx,), (x,) = inputs(device, (7, 8))
+    view = x[index]
+    assert kernels(view) == 1
+    assert_matches(view, nx[index], F32)
+    out = x[index] * 2 + x[index].exp()
+    assert kernels(out) == 1
+    assert_matches(out, nx[index] * 2 + np.exp(nx[index].astype(np.float64)), F32)
+
+
+def test_reduce_with_epilogue_is_one_kernel(device):
+    (nx, ny), (x, y) = inputs(device, (4, 6), (4,))
+    out = (x.sum(1) * 2 + y).abs().sqrt()
+    assert kernels(out) == 1
+    assert_matches(out, np.sqrt(np.abs(nx.astype(np.float64).sum(1) * 2 + ny)), F32)
+    out = x.max(1, keepdim=True) - 1
+    assert kernels(out) == 1
+    assert_matches(out, nx.max(1, keepdims=True) - 1, F32)
+
+
+def test_constants_fold_into_the_kernel(device):
+    out = Tensor.ones(3, 4, device=device) * 2 + Tensor.full((3, 4), 0.5, device=device)
+    assert kernels(out) == 1
+    assert_matches(out, np.full((3, 4), 2.5), F32)
+    assert kernels(Tensor.zeros(5, device=device)) == 1
+
+
+def test_mean_is_one_kernel(device):
+    (nx,), (x,) = inputs(device, (3, 5))
+    out = x.mean(1)
+    assert kernels(out) == 1
+    assert_matches(out, nx.mean(1), F32)
+
+
+def test_two_outputs_sharing_an_input(device):
+    (nx,), (x,) = inputs(device, (4, 4))
+    a, b = x * 2, x.sum(0)
+    assert kernels(a, b) <= 2
+    GlobalCounters.reset()
+    a.realize(b)
+    assert GlobalCounters.kernels == kernels(x * 3, x.sum(1)) == 2
+    assert_matches(a, nx * 2, F32)
+    assert_matches(b, nx.sum(0), F32)
+
+
+def test_realized_result_is_not_recomputed(device):
+    (nx,), (x,) = inputs(device, (4, 4))
+    y = (x * 3).exp()
+    assert realize_counting(y) == 1
+    assert y.schedule() == []
+    z = y + 1
+    assert kernels(z) == 1  # y is a buffer now: only the add runs
+    assert_matches(z, np.exp(nx.astype(np.float64) * 3) + 1, F32)
