@@ -73,8 +73,17 @@ def _third_party(dists: list[str], extras: tuple[str, ...]) -> list[str]:
     return sorted({str(r) for r in reqs if canonicalize_name(r.name) not in LOCAL})
 
 
-def _install_local(session: nox.Session, dist: str, extras: tuple[str, ...] = (), tools: tuple[str, ...] = ()) -> None:
-    dists = _local_closure(dist, extras)
+def _install_local(
+    session: nox.Session,
+    dist: str,
+    extras: tuple[str, ...] = (),
+    tools: tuple[str, ...] = (),
+    test_with: tuple[str, ...] = (),
+) -> None:
+    """Install dist (and test_with: local packages its tests use but it does not depend on)."""
+    dists = list(
+        dict.fromkeys(d for name in (*test_with, dist) for d in _local_closure(name, extras if name == dist else ()))
+    )
     # 1. from the index: test tools, the packages' third-party dependencies, and the build backend
     from_index = [*TEST_TOOLS, *tools, *_third_party(dists, extras), *EDITABLE_BACKEND]
     session.install(*dict.fromkeys(from_index))
@@ -109,7 +118,8 @@ def codegen(session: nox.Session) -> None:
 @nox.session
 def runtime_misc(session: nox.Session) -> None:
     """tiny-runtime-misc: CPU, PYTHON, NULL and the smaller runtimes."""
-    _install_local(session, "tiny-runtime-misc")
+    # the runtime depends on tiny-ir alone; its tests also render kernels, with tiny-codegen's C renderer
+    _install_local(session, "tiny-runtime-misc", test_with=("tiny-codegen",))
     _pytest(session, "tiny-runtime-misc")
 
 

@@ -231,6 +231,16 @@ def test_unknown_device_lists_the_known_ones():
     assert isinstance(e.value, ValueError)  # catchable as the ValueError it is
 
 
+def test_bad_default_device_only_affects_default_placement(device, monkeypatch):
+    # DEVICE names the default device; a wrong one must not break tensors placed explicitly
+    monkeypatch.setenv("DEVICE", "NOPE")
+    t = Tensor([1.0, 2.0], device=device)
+    out = (t + 1).sum()
+    assert out.device == device and out.item() == 5.0
+    with pytest.raises(UnknownDevice, match="NOPE"):
+        Tensor([1.0])
+
+
 def test_dtype_the_device_cannot_run(null_without):
     dev = null_without(dtypes.float64)
     with pytest.raises(TypeError, match="float64") as e:

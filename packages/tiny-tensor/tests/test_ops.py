@@ -118,6 +118,17 @@ def test_floordiv_mod_floats(device, dtype):
     check(device, lambda x, y: x % y, np.mod, a, b, dtype=dtype)
 
 
+def test_float_floordiv_agrees_with_mod(device):
+    # torch, NumPy and Python floor-divide floats so that a == (a // b) * b + a % b: 1.0 // 0.1 is 9.0, since
+    # float32 0.1 is a little more than 0.1 (rounding 1.0 / 0.1 up to 10 and flooring gives the wrong answer)
+    a = np.array([1.0, 1.0, -1.0, 7.0, 0.3, -5.0, 5.0], dtype=np.float32)
+    b = np.array([0.1, 0.2, 0.1, 0.7, 0.1, np.inf, -np.inf], dtype=np.float32)
+    check(device, lambda x, y: x // y, np.floor_divide, a, b, rtol=0, atol=0)
+    q, r = Tensor(a, device=device) // Tensor(b, device=device), Tensor(a, device=device) % Tensor(b, device=device)
+    finite = np.isfinite(b)
+    np.testing.assert_allclose((q.numpy() * b + r.numpy())[finite], a[finite], rtol=1e-6)
+
+
 def test_float_mod_large_quotient(device):
     # the remainder is exact in floating point (fmod-based, as torch.remainder and np.mod), even when the
     # quotient has more digits than float32 holds: 1e10 % 3 == 1

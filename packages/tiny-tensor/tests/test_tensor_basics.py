@@ -53,6 +53,17 @@ def test_from_lists(device, data, dtype):
     assert_matches(t, ref, dtype)
 
 
+def test_from_list_of_numpy_scalars(device):
+    # what list(array) and [arr.max(), arr.min()] give: NumPy scalars, which torch.tensor takes like numbers
+    arr = np.array([1.5, -2.0, 3.25], dtype=np.float32)
+    t = Tensor(list(arr), device=device)
+    assert t.dtype == F32
+    assert_matches(t, arr, F32)
+    i = Tensor([np.int64(3), np.int64(-4)], device=device)
+    assert i.dtype == I64 and i.tolist() == [3, -4]
+    assert Tensor([np.bool_(True), np.bool_(False)], device=device).tolist() == [True, False]
+
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[d.name for d in ALL_DTYPES])
 def test_from_list_with_dtype(device, dtype):
     if dtype not in Device[device].renderer.caps.dtypes:
