@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tiny.ir import diskcache
-from tiny.ir.config import BEAM, CACHELEVEL, DEBUG, FLAGS, NOOPT, Context
+from tiny.ir.config import CACHELEVEL, DEBUG, FLAGS, Context
 from tiny.ir.device import (
     INTERFACE_VERSION,
     AllocatorCaps,
@@ -313,9 +313,9 @@ def test_flags_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert DEBUG.value == 0 and not DEBUG
     monkeypatch.delenv("DEBUG")
     assert DEBUG.value == DEBUG.default == 0
-    monkeypatch.setenv("BEAM", "lots")
-    with pytest.raises(ValueError, match="BEAM='lots': expected int"):
-        _ = BEAM.value
+    monkeypatch.setenv("CACHELEVEL", "lots")
+    with pytest.raises(ValueError, match="CACHELEVEL='lots': expected int"):
+        _ = CACHELEVEL.value
 
 
 def test_every_flag_is_declared_with_type_default_and_doc() -> None:
@@ -327,15 +327,15 @@ def test_every_flag_is_declared_with_type_default_and_doc() -> None:
 
 def test_context_overrides_and_restores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DEBUG", raising=False)
-    monkeypatch.delenv("CACHELEVEL", raising=False)
-    monkeypatch.setenv("NOOPT", "1")
-    assert NOOPT.value == 1 and DEBUG.value == 0
-    with Context(DEBUG=4, NOOPT=0):
-        assert DEBUG.value == 4 and NOOPT.value == 0
+    monkeypatch.setenv("CACHELEVEL", "1")
+    assert CACHELEVEL.value == 1 and DEBUG.value == 0
+    with Context(DEBUG=4, CACHELEVEL=0):
+        assert DEBUG.value == 4 and CACHELEVEL.value == 0
         with Context(DEBUG=5):
-            assert DEBUG.value == 5 and NOOPT.value == 0
+            assert DEBUG.value == 5 and CACHELEVEL.value == 0
         assert DEBUG.value == 4
-    assert DEBUG.value == 0 and NOOPT.value == 1
+    assert DEBUG.value == 0 and CACHELEVEL.value == 1
+    monkeypatch.delenv("CACHELEVEL")
     with pytest.raises(RuntimeError):
         with Context(CACHELEVEL=0):
             assert CACHELEVEL.value == 0

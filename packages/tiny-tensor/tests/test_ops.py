@@ -267,7 +267,6 @@ UNARY = {
 def test_unary_float(device, op, dtype):
     tiny_fn, np_fn, low, high = UNARY[op]
     shape = small(device, (7, 37), (4, 9))
-    # exp and tan grow fast: their float32 error is relative, not absolute
     check(device, tiny_fn, np_fn, shape, dtype=dtype, low=low, high=high)
 
 
@@ -990,7 +989,19 @@ def test_contiguous(device):
     check(device, lambda a: a.contiguous() + 1, lambda a: a + 1, (3, 4))
 
 
-# ---------------------------------------------------------------- all combinations of small shapes
+# ---------------------------------------------------------------- lengths around vector widths
+
+
+@pytest.mark.parametrize("n", [1, 3, 7, 8, 9, 15, 16, 17])
+def test_lengths_around_vector_widths(device, n):
+    # upcast and vectorized loops must handle the elements left over after the last full vector
+    check(device, lambda a, b, c: a * b + c, lambda a, b, c: a * b + c, (3, n), (3, n), (1, n))
+    check(device, lambda a: a.sum(-1), lambda a: a.sum(-1), (3, n))
+    check(device, lambda a: a.max(0), lambda a: a.max(0), (3, n), dtype=I8)
+    check(device, lambda a, b: a @ b, np.matmul, (2, n), (n, 3))
+
+
+# ---------------------------------------------------------------- broadcasting and reduce axes
 
 
 @pytest.mark.parametrize(

@@ -183,6 +183,7 @@ class CStyleRenderer(Renderer):
                 uses[s] = uses.get(s, 0) + (2 if u.op in self.repeats_operands else 1)
         counters: dict[str, int] = {}
         nest: dict[UOp, int] = {}  # how deep an inlined expression nests
+        written = {u.address.pointer for u in uops if u.op is Ops.STORE}
 
         def fresh(prefix: str) -> str:
             counters[prefix] = counters.get(prefix, -1) + 1
@@ -196,7 +197,7 @@ class CStyleRenderer(Renderer):
             op = u.op
             if op is Ops.DEFINE_GLOBAL:
                 names[u] = f"data{u.arg}"
-                qual = "" if u.arg == 0 else "const "
+                qual = "" if u in written else "const "
                 params.append((u.arg, f"{self.buffer_prefix}{qual}{self.type_name(u.dtype)} restrict {names[u]}"))
             elif op is Ops.DEFINE_VAR:
                 names[u] = u.arg[0]

@@ -62,19 +62,17 @@ DEBUG = _flag(
     int,
     0,
     "1: devices and schedule sizes; 2: one line per kernel (name, sizes, time, GFLOPS, GB/s); "
-    "3: applied optimizations; 4: generated source; 5: the kernel's UOps",
+    "4: generated source; 5: the kernel's linearized UOps",
 )
-DEVICE = _flag("DEVICE", str, "", "default device, e.g. CPU, PYTHON, CUDA:1, CPU:LLVM; empty picks the fastest present")
+DEVICE = _flag("DEVICE", str, "", "default device, e.g. CPU, PYTHON, NULL, CUDA:1; empty picks the fastest present")
 CACHELEVEL = _flag("CACHELEVEL", int, 2, "0: no disk cache of compiled programs; 2: use it")
 CACHEDB = _flag("CACHEDB", str, "", "path of the disk cache database; empty means <user cache dir>/tiny/cache.db")
-NOOPT = _flag("NOOPT", int, 0, "1: no kernel optimizations")
-BEAM = _flag("BEAM", int, 0, "n > 0: BEAM search kernel optimizations with width n")
 CC = _flag("CC", str, "", "the C compiler the CPU device uses; empty finds clang, then gcc, on PATH")
 
 
 @contextlib.contextmanager
 def Context(**values: int | str) -> Iterator[None]:  # noqa: N802  (used like a class)
-    """Override flags inside a with-block: `with Context(DEBUG=2, NOOPT=1): ...`."""
+    """Override flags inside a with-block: `with Context(DEBUG=2, CACHELEVEL=0): ...`."""
     unknown = [name for name in values if name not in FLAGS]
     if unknown:
         raise KeyError(f"unknown flag(s) {unknown}; known flags: {sorted(FLAGS)}")
