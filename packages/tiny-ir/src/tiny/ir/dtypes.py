@@ -140,6 +140,8 @@ class dtypes:  # noqa: N801  (a namespace, named like PyTorch's)
             return dtypes.default_float
         if isinstance(x, (list, tuple)):
             return max((dtypes.from_py(v) for v in x), key=_category_rank, default=dtypes.default_float)
+        if hasattr(x, "dtype") and getattr(x, "shape", None) == ():  # a NumPy scalar: like the number it holds
+            return dtypes.from_py(x.item())
         raise TypeError(f"cannot infer a dtype from {type(x).__name__}")
 
 

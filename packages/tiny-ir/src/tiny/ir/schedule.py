@@ -154,7 +154,7 @@ class _KernelBuilder:
         if u.op is Ops.REDUCE_AXIS:
             assert not path, "a reduction seen through a movement op is realized by _realize_set"
             return [(u.src[0], ())]
-        if u.op in GroupOp.Elementwise or u.op is Ops.CONTIGUOUS:
+        if u.op in GroupOp.Elementwise or u.op in (Ops.CONTIGUOUS, Ops.DETACH):
             return [(s, path) for s in u.src]
         raise NotImplementedError(f"the scheduler cannot put {u.op} in a kernel")
 
@@ -174,7 +174,7 @@ class _KernelBuilder:
             zero = View.create(valid.shape, (0,) * len(valid.shape))
             cond = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, arg=valid),), True)
             return cond.where(inner, UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=zero),), truncate(u.dtype, 0)))
-        if u.op is Ops.CONTIGUOUS:
+        if u.op in (Ops.CONTIGUOUS, Ops.DETACH):
             return srcs[0]
         return UOp(u.op, u.dtype, tuple(srcs), u.arg)
 

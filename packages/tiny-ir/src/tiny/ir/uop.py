@@ -19,6 +19,7 @@ class Ops(enum.Enum):
     # tensor level
     BUFFER = enum.auto()  # a flat device buffer; arg = BufferRef
     CONTIGUOUS = enum.auto()  # realize the source into a buffer of its own
+    DETACH = enum.auto()  # the source's value, through which no gradient flows
     COPY = enum.auto()  # src = (value, DEVICE): the value on another device
     REDUCE_AXIS = enum.auto()  # arg = (alu op, axes); keeps reduced axes as size 1
     RESHAPE = enum.auto()  # movement ops: arg is the new shape / order / padding ...

@@ -9,8 +9,10 @@ from tiny.ir.uop import UOp
 
 
 class TensorBase:
-    __slots__ = ("uop", "__weakref__")
+    __slots__ = ("uop", "_requires_grad", "grad", "__weakref__")
     uop: UOp
+    _requires_grad: bool | None
+    grad: TensorBase | None
 
     def _new(self, uop: UOp):  # noqa: ANN202  (returns the concrete Tensor class)
         return type(self)(uop)

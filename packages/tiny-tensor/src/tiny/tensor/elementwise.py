@@ -101,8 +101,12 @@ class ElementwiseOps(TensorBase):
 
     def floordiv(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         a, b = self._broadcasted(x, reverse)
-        if a.dtype.is_float:
-            return (a / b).floor()
+        if a.dtype.is_float:  # as Python's float //: from the exact remainder, so that a == b*(a//b) + a%b
+            r = a._alu(Ops.MOD, b)
+            q = (a - r) / b
+            q = ((r != 0) & ((r < 0) ^ (b < 0))).where(q - 1, q)
+            fq = q.floor()
+            return (b == 0).where(a / b, (q - fq > 0.5).where(fq + 1, fq))
         q = a._alu(Ops.IDIV, b)
         if a.dtype.is_unsigned:
             return q
@@ -355,7 +359,8 @@ class ElementwiseOps(TensorBase):
         )
 
     def relu(self) -> Tensor:
-        return self.maximum(0)
+        """max(x, 0); NaN stays NaN, and the gradient at 0 is 0, as in PyTorch."""
+        return (self <= 0).where(0, self)
 
     def sigmoid(self) -> Tensor:
         return (1 + (-self._float_input()).exp()).reciprocal()

@@ -13,6 +13,7 @@ from tiny.ir.device import Device, buffer_of, new_buffer
 from tiny.ir.dtypes import DType, dtypes, to_dtype
 from tiny.ir.schedule import ScheduleItem, create_schedule, is_realized
 from tiny.ir.uop import Ops, UOp, substitute
+from tiny.tensor.autograd import AutogradOps, no_grad_wrap, record_origins
 from tiny.tensor.checks import check_dtype, const
 from tiny.tensor.elementwise import ElementwiseOps
 from tiny.tensor.movement import MovementOps
@@ -24,7 +25,7 @@ Scalar = int | float | bool
 _NP_TO_DTYPE = {np.dtype(d.fmt): d for d in dtypes.all() if d.fmt is not None}
 
 
-class Tensor(ElementwiseOps, ReduceOps, MovementOps):
+class Tensor(ElementwiseOps, ReduceOps, MovementOps, AutogradOps):
     """A lazily evaluated n-dimensional array on a device.
 
     >>> Tensor([[1.0, 2.0], [3.0, 4.0]]).sum(axis=1).tolist()
@@ -39,12 +40,16 @@ class Tensor(ElementwiseOps, ReduceOps, MovementOps):
         data: Scalar | Sequence | np.ndarray | UOp | Tensor,
         device: str | None = None,
         dtype: DType | str | None = None,
+        requires_grad: bool | None = None,
     ) -> None:
+        self._requires_grad, self.grad = None, None
+        if isinstance(data, UOp):  # made by an op: device and dtype are the graph's
+            self.uop = no_grad_wrap(data)
+            Tensor._live.add(self)
+            return
         dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
         dt = to_dtype(dtype) if dtype is not None else None
-        if isinstance(data, UOp):
-            self.uop = data
-        elif isinstance(data, Tensor):
+        if isinstance(data, Tensor):
             self.uop = data.to(dev).cast(dt or data.dtype).uop
         elif isinstance(data, (bool, int, float)):
             dt = dt or dtypes.from_py(data)
@@ -61,6 +66,8 @@ class Tensor(ElementwiseOps, ReduceOps, MovementOps):
         else:
             raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
         Tensor._live.add(self)
+        if requires_grad is not None:
+            self.requires_grad = requires_grad
 
     def __len__(self) -> int:
         if not self.shape:
@@ -85,6 +92,7 @@ class Tensor(ElementwiseOps, ReduceOps, MovementOps):
             return self
         sched = create_schedule(targets)
         run_schedule(sched.items)
+        record_origins(sched.becomes)
         for t in list(Tensor._live):
             if t.uop in sched.becomes:
                 t.uop = sched.becomes[t.uop]

@@ -1,0 +1,165 @@
+"""Autograd, graph to graph: the derivative of each primitive op as a rule, and the walk that applies them.
+
+A rule takes the node and the gradient flowing into it and gives one gradient per source (None where
+none flows: comparisons, integer ops, the condition of a WHERE). Composite Tensor ops (softmax, matmul
+...) need no rules: they are built from these primitives. Gradients are lazy UOps like everything else,
+so forward and backward schedule and fuse together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from tiny.ir.dtypes import dtypes, truncate
+from tiny.ir.uop import Ops, UOp
+
+Grads = tuple[UOp | None, ...]
+_BOOL = dtypes.bool
+
+
+def full_like(node: UOp, value: float) -> UOp:
+    """A constant with node's shape, dtype and device (an expanded scalar, no memory)."""
+    c = UOp(Ops.CONST, node.dtype, (UOp(Ops.DEVICE, arg=node.device),), truncate(node.dtype, value))
+    if not node.shape:
+        return c
+    return UOp(Ops.EXPAND, node.dtype, (UOp(Ops.RESHAPE, node.dtype, (c,), (1,) * len(node.shape)),), node.shape)
+
+
+def _alu(op: Ops, *srcs: UOp) -> UOp:
+    return UOp(op, srcs[-1].dtype, srcs)
+
+
+def _mul(a: UOp, b: UOp) -> UOp:
+    return _alu(Ops.MUL, a, b)
+
+
+def _neg(a: UOp) -> UOp:
+    return _alu(Ops.NEG, a)
+
+
+def _scale(a: UOp, k: float) -> UOp:
+    return _mul(a, full_like(a, k))
+
+
+def _where(cond: UOp, a: UOp, b: UOp) -> UOp:
+    return UOp(Ops.WHERE, a.dtype, (cond, a, b))
+
+
+def _eq(a: UOp, b: UOp) -> UOp:
+    ne = UOp(Ops.CMPNE, _BOOL, (a, b))
+    return UOp(Ops.CMPNE, _BOOL, (ne, full_like(ne, True)))
+
+
+def _sum_to(g: UOp, shape: tuple[int, ...]) -> UOp:
+    """Sum g over the axes where shape has 1 (undoing an expand)."""
+    axes = tuple(i for i, (s, t) in enumerate(zip(shape, g.shape)) if s == 1 and t != 1)
+    if not axes:
+        return g
+    return UOp(Ops.REDUCE_AXIS, g.dtype, (g,), (Ops.ADD, axes))
+
+
+def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(order.index(i) for i in range(len(order)))
+
+
+def _max_grad(node: UOp, g: UOp) -> Grads:
+    """torch.maximum: the larger input takes the gradient; on a tie each takes half."""
+    a, b = node.src
+    a_wins = UOp(Ops.CMPLT, _BOOL, (b, a))
+    tie = _eq(a, b)
+    half = _scale(g, 0.5)
+    zero = full_like(g, 0)
+    return (_where(a_wins, g, _where(tie, half, zero)), _where(a_wins, zero, _where(tie, half, g)))
+
+
+def _reduce_max_grad(node: UOp, g: UOp) -> Grads:
+    """The gradient is shared equally by every element that equals the maximum, as torch.amax does."""
+    src = node.src[0]
+    out = UOp(Ops.EXPAND, node.dtype, (node,), src.shape)
+    hit = UOp(Ops.CAST, src.dtype, (_eq(src, out),))
+    count = UOp(Ops.EXPAND, src.dtype, (UOp(Ops.REDUCE_AXIS, src.dtype, (hit,), (Ops.ADD, node.arg[1])),), src.shape)
+    share = _alu(Ops.FDIV, hit, count)
+    return (_mul(share, UOp(Ops.EXPAND, g.dtype, (g,), src.shape)),)
+
+
+def _reduce_grad(node: UOp, g: UOp) -> Grads:
+    op = node.arg[0]
+    if op is Ops.ADD:
+        return (UOp(Ops.EXPAND, g.dtype, (g,), node.src[0].shape),)
+    if op is Ops.MAX:
+        return _reduce_max_grad(node, g)
+    raise NotImplementedError(f"no gradient for a {op.name} reduction")
+
+
+def _pad_grad(node: UOp, g: UOp) -> Grads:
+    bounds = tuple((b, b + s) for (b, _), s in zip(node.arg, node.src[0].shape))
+    return (UOp(Ops.SHRINK, g.dtype, (g,), bounds),)
+
+
+def _shrink_grad(node: UOp, g: UOp) -> Grads:
+    padding = tuple((lo, s - hi) for (lo, hi), s in zip(node.arg, node.src[0].shape))
+    return (UOp(Ops.PAD, g.dtype, (g,), padding),)
+
+
+def _cast_grad(node: UOp, g: UOp) -> Grads:
+    src = node.src[0]
+    return (UOp(Ops.CAST, src.dtype, (g,)) if src.dtype.is_float else None,)
+
+
+def _copy_grad(node: UOp, g: UOp) -> Grads:
+    src = node.src[0]
+    return (UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, arg=src.device))), None)
+
+
+LN2 = math.log(2)
+
+# one rule per primitive op: (node, incoming gradient) -> a gradient for each source
+RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
+    Ops.ADD: lambda n, g: (g, g),
+    Ops.MUL: lambda n, g: (_mul(g, n.src[1]), _mul(g, n.src[0])),
+    Ops.NEG: lambda n, g: (_neg(g),),
+    Ops.FDIV: lambda n, g: (_alu(Ops.FDIV, g, n.src[1]), _neg(_alu(Ops.FDIV, _mul(g, n), n.src[1]))),
+    Ops.RECIP: lambda n, g: (_neg(_mul(g, _mul(n, n))),),
+    Ops.SQRT: lambda n, g: (_alu(Ops.FDIV, g, _scale(n, 2)),),
+    Ops.EXP2: lambda n, g: (_mul(g, _scale(n, LN2)),),
+    Ops.LOG2: lambda n, g: (_alu(Ops.FDIV, g, _scale(n.src[0], LN2)),),
+    Ops.SIN: lambda n, g: (_mul(g, _alu(Ops.SIN, _alu(Ops.ADD, _neg(n.src[0]), full_like(n.src[0], math.pi / 2)))),),
+    Ops.MAX: _max_grad,
+    Ops.WHERE: lambda n, g: (None, _where(n.src[0], g, full_like(g, 0)), _where(n.src[0], full_like(g, 0), g)),
+    Ops.CAST: _cast_grad,
+    Ops.REDUCE_AXIS: _reduce_grad,
+    Ops.RESHAPE: lambda n, g: (UOp(Ops.RESHAPE, g.dtype, (g,), n.src[0].shape),),
+    Ops.PERMUTE: lambda n, g: (UOp(Ops.PERMUTE, g.dtype, (g,), _inverse(n.arg)),),
+    Ops.EXPAND: lambda n, g: (_sum_to(g, n.src[0].shape),),
+    Ops.PAD: _pad_grad,
+    Ops.SHRINK: _shrink_grad,
+    Ops.FLIP: lambda n, g: (UOp(Ops.FLIP, g.dtype, (g,), n.arg),),
+    Ops.CONTIGUOUS: lambda n, g: (g,),
+    Ops.COPY: _copy_grad,
+}
+# no gradient flows through these: comparisons, integer and bit ops, rounding, bit casts, detach
+NO_GRADIENT = frozenset(
+    {Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD, Ops.TRUNC, Ops.BITCAST}
+)
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> list[UOp | None]:
+    """d(root)/d(target) for each target, with root's gradient root_grad; None where root does not depend on it."""
+    topo = root.toposort
+    wanted = set(targets)
+    on_path: set[UOp] = set()
+    for u in topo:  # the nodes through which some target reaches root
+        if u in wanted or any(s in on_path for s in u.src):
+            on_path.add(u)
+    grads: dict[UOp, UOp] = {root: root_grad}
+    for node in reversed(topo):
+        g = grads.get(node)
+        if g is None or node.op in NO_GRADIENT or node.op is Ops.DETACH or not any(s in on_path for s in node.src):
+            continue
+        if node.op not in RULES:
+            raise NotImplementedError(f"no gradient rule for {node.op.name}")
+        for s, sg in zip(node.src, RULES[node.op](node, g)):
+            if sg is not None and s in on_path:
+                grads[s] = _alu(Ops.ADD, grads[s], sg) if s in grads else sg
+    return [grads.get(t) for t in targets]
