@@ -126,7 +126,7 @@ def test_float_floordiv_agrees_with_mod(device):
     check(device, lambda x, y: x // y, np.floor_divide, a, b, rtol=0, atol=0)
     q, r = Tensor(a, device=device) // Tensor(b, device=device), Tensor(a, device=device) % Tensor(b, device=device)
     finite = np.isfinite(b)
-    np.testing.assert_allclose((q.numpy() * b + r.numpy())[finite], a[finite], rtol=1e-6)
+    np.testing.assert_allclose(q.numpy()[finite] * b[finite] + r.numpy()[finite], a[finite], rtol=1e-6)
 
 
 def test_float_mod_large_quotient(device):

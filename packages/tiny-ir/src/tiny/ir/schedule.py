@@ -52,8 +52,11 @@ class _Path:
     at_root: bool = True  # only through reshapes of the root (which the output's view absorbs)
 
 
+_PEELED = (Ops.RESHAPE, Ops.PERMUTE)  # movement ops a kernel's output view takes over at the root
+
+
 def _child_path(parent: UOp, path: _Path) -> _Path:
-    if path.at_root and parent.op is Ops.RESHAPE:
+    if path.at_root and parent.op in _PEELED:
         return path
     return _Path(
         path.under_reduce or parent.op is Ops.REDUCE_AXIS,
@@ -129,11 +132,16 @@ class _KernelBuilder:
         return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(buf.arg[1]), (), self.args.index(buf))
 
     def build(self) -> UOp:
+        # reshapes and permutes at the root move into the output's view: the kernel computes what is below them
         value, store_view = self.root, View.create(self.root.shape)
-        while value.op is Ops.RESHAPE and value.src[0] not in self.realize and not is_realized(value.src[0]):
+        while value.op in _PEELED and value.src[0] not in self.realize and not is_realized(value.src[0]):
+            if value.op is Ops.PERMUTE:
+                store_view = store_view.permute(tuple(value.arg.index(i) for i in range(len(value.arg))))
+            elif (reshaped := store_view.reshape(value.src[0].shape)) is not None:
+                store_view = reshaped
+            else:
+                raise _Unexpressible(value.src[0])
             value = value.src[0]
-            store_view = store_view.reshape(value.shape)
-            assert store_view is not None
         out = self.global_arg(self.buffers[self.root])
         ast = self.node(value, ())
         return UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, UOp(Ops.VIEW, arg=store_view), ast)),))

@@ -347,7 +347,8 @@ class ElementwiseOps(TensorBase):
             return self
         if not self.dtype.is_float:
             return self.maximum(-self)
-        return (self <= 0).where(0 - self, self)  # 0 - x, not -x: abs(-0.0) is 0.0
+        # 0 where x is 0 (also -0.0, and the gradient there is 0, as PyTorch's); NaN stays NaN
+        return (self < 0).where(-self, (self == 0).where(0.0, self))
 
     def sign(self) -> Tensor:
         if self.dtype.is_bool:
@@ -382,11 +383,12 @@ class ElementwiseOps(TensorBase):
         return self * self
 
     def clip(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Tensor:
+        """Values below min_ become min_, above max_ become max_; the gradient passes at the bounds, NaN stays."""
         out = self
         if min_ is not None:
-            out = out.maximum(min_)
+            out = (out < min_).where(min_, out)
         if max_ is not None:
-            out = out.minimum(max_)
+            out = (out > max_).where(max_, out)
         return out
 
     clamp = clip

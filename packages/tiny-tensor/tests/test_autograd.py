@@ -1,0 +1,207 @@
+"""Gradients against PyTorch: the same function, the same inputs, forward values and every input's gradient."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from tiny.ir.uop import Ops
+from tiny.tensor import Tensor
+
+torch = pytest.importorskip("torch")
+
+
+def compare(
+    device: str,
+    fn: Callable,
+    *shapes: tuple[int, ...],
+    low: float = -2.0,
+    high: float = 2.0,
+    data: list[np.ndarray] | None = None,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> None:
+    rng = np.random.default_rng(0)
+    arrays = data or [rng.uniform(low, high, size=s).astype(np.float32) for s in shapes]
+    ours = [Tensor(a, device=device, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    out, ref = fn(*ours), fn(*theirs)
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), atol=atol, rtol=rtol)
+    seed = rng.uniform(-1, 1, size=ref.shape).astype(np.float32)
+    out.backward(Tensor(seed, device=device))
+    ref.backward(torch.tensor(seed))
+    for i, (t, r) in enumerate(zip(ours, theirs)):
+        assert t.grad is not None, f"input {i} got no gradient"
+        np.testing.assert_allclose(
+            t.grad.numpy(), r.grad.numpy(), atol=atol, rtol=rtol, err_msg=f"gradient of input {i}"
+        )
+
+
+UNARY = {
+    "neg": lambda x: -x,
+    "exp": lambda x: x.exp(),
+    "log": lambda x: (x.abs() + 0.5).log(),
+    "sqrt": lambda x: (x.abs() + 0.1).sqrt(),
+    "rsqrt": lambda x: (x.abs() + 0.1).rsqrt(),
+    "reciprocal": lambda x: (x.abs() + 0.5).reciprocal(),
+    "sin": lambda x: x.sin(),
+    "cos": lambda x: x.cos(),
+    "tanh": lambda x: x.tanh(),
+    "sigmoid": lambda x: x.sigmoid(),
+    "relu": lambda x: x.relu(),
+    "abs": lambda x: x.abs(),
+    "square": lambda x: x * x,
+    "pow3": lambda x: x**3,
+    "clamp": lambda x: x.clamp(-0.5, 0.7),
+    "silu": lambda x: x * x.sigmoid(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary(device: str, name: str) -> None:
+    compare(device, UNARY[name], (3, 5))
+
+
+BINARY = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / (b.abs() + 0.5),
+    "maximum": lambda a, b: a.maximum(b),
+    "minimum": lambda a, b: a.minimum(b),
+    "where": lambda a, b: (
+        torch.where(a > b, a * 2, b * 3) if isinstance(a, torch.Tensor) else (a > b).where(a * 2, b * 3)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_with_broadcasting(device: str, name: str) -> None:
+    compare(device, BINARY[name], (4, 1, 3), (5, 1))
+
+
+def test_reductions(device: str) -> None:
+    compare(device, lambda x: x.sum(1), (3, 4, 2))
+    compare(device, lambda x: x.sum((0, 2), keepdim=True), (3, 4, 2))
+    compare(device, lambda x: x.mean(-1), (3, 4))
+    compare(device, lambda x: x.amax(1) if isinstance(x, torch.Tensor) else x.max(1), (3, 4))
+    compare(device, lambda x: x.amin(0) if isinstance(x, torch.Tensor) else x.min(0), (3, 4))
+    compare(device, lambda x: x.softmax(-1), (3, 5))
+    compare(device, lambda x: x.log_softmax(1), (3, 5))
+
+
+def test_movement(device: str) -> None:
+    compare(device, lambda x: x.reshape(6, 2).permute(1, 0) * 2, (3, 4))
+    compare(device, lambda x: x.flip(0)[1:, ::2], (4, 5))
+    compare(device, lambda x: x.unsqueeze(1).expand(3, 4, 2), (3, 2))
+    compare(device, lambda x: x.transpose(0, 1).flatten(), (3, 4))
+    compare(
+        device, lambda x: (x.pad((1, 2)) if isinstance(x, Tensor) else torch.nn.functional.pad(x, (1, 2))) + 1, (3, 4)
+    )
+
+
+def test_matmul_and_a_small_network(device: str) -> None:
+    compare(device, lambda x, w: x @ w, (4, 3), (3, 5))
+    compare(device, lambda x, w: x @ w, (2, 4, 3), (3, 5))
+    compare(device, lambda x, w1, w2: ((x @ w1).relu() @ w2).softmax(-1), (6, 4), (4, 8), (8, 3))
+
+
+# ---- non-smooth points follow PyTorch
+
+
+def test_relu_at_zero_and_abs_at_zero(device: str) -> None:
+    data = [np.array([-1.0, 0.0, 2.0], dtype=np.float32)]
+    compare(device, lambda x: x.relu(), data=data)
+    compare(device, lambda x: x.abs(), data=data)
+
+
+def test_max_ties_share_the_gradient(device: str) -> None:
+    data = [np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 2.0]], dtype=np.float32)]
+    compare(device, lambda x: x.amax(1) if isinstance(x, torch.Tensor) else x.max(1), data=data)
+    data2 = [np.array([1.0, 2.0, 3.0], dtype=np.float32), np.array([1.0, 5.0, 3.0], dtype=np.float32)]
+    compare(device, lambda a, b: a.maximum(b), data=data2)
+
+
+def test_clamp_bounds(device: str) -> None:
+    data = [np.array([-1.0, -0.5, 0.0, 0.7, 1.0], dtype=np.float32)]
+    compare(device, lambda x: x.clamp(-0.5, 0.7), data=data)
+
+
+# ---- the autograd API
+
+
+def test_grad_accumulates_and_backward_of_a_scalar(device: str) -> None:
+    a = Tensor([1.0, 2.0, 3.0], device=device, requires_grad=True)
+    (a * a).sum().backward()
+    (a * 3).sum().backward()
+    assert a.grad is not None and a.grad.tolist() == [5.0, 7.0, 9.0]
+
+
+def test_backward_needs_a_gradient_for_a_non_scalar(device: str) -> None:
+    a = Tensor([1.0, 2.0], device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="one element"):
+        (a * 2).backward()
+    with pytest.raises(ValueError, match="shape"):
+        (a * 2).backward(Tensor([1.0, 2.0, 3.0], device=device))
+
+
+def test_gradient_is_functional(device: str) -> None:
+    a = Tensor([1.0, 2.0], device=device, requires_grad=True)
+    b = Tensor([3.0, 4.0], device=device, requires_grad=True)
+    ga, gb = (a * b).sum().gradient(a, b)
+    assert ga is not None and gb is not None
+    assert ga.tolist() == [3.0, 4.0] and gb.tolist() == [1.0, 2.0]
+    assert a.grad is None and b.grad is None
+
+
+def test_detach_and_no_grad_cut_the_graph(device: str) -> None:
+    a = Tensor([1.0, 2.0], device=device, requires_grad=True)
+    (ga,) = ((a * 2).detach() * a).sum().gradient(a)
+    assert ga is not None and ga.tolist() == [2.0, 4.0]
+    with Tensor.no_grad():
+        b = a * 5
+    with pytest.raises(RuntimeError, match="does not depend"):
+        b.sum().backward()
+
+
+def test_backward_after_the_loss_was_read(device: str) -> None:
+    w = Tensor([0.5, -1.0], device=device, requires_grad=True)
+    loss = (w * w).sum()
+    assert loss.item() == pytest.approx(1.25)  # realizes the loss (and renames its graph to a buffer)
+    loss.backward()
+    assert w.grad is not None and w.grad.tolist() == [1.0, -2.0]
+
+
+def test_only_float_tensors_require_grad(device: str) -> None:
+    with pytest.raises(TypeError, match="float"):
+        Tensor([1, 2], device=device, requires_grad=True)
+
+
+def test_train_and_eval_switch() -> None:
+    assert not Tensor.is_training()
+    with Tensor.train():
+        assert Tensor.is_training()
+        with Tensor.eval():
+            assert not Tensor.is_training()
+        assert Tensor.is_training()
+
+    @Tensor.train()
+    def step() -> bool:
+        return Tensor.is_training()
+
+    assert step() and not Tensor.is_training()
+
+
+# ---- gradients are lazy and fuse
+
+
+def test_linear_relu_backward_takes_at_most_three_kernels(device: str) -> None:
+    x = Tensor(np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32), device=device)
+    w = Tensor(np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32), device=device, requires_grad=True)
+    b = Tensor(np.zeros(3, dtype=np.float32), device=device, requires_grad=True)
+    (x @ w + b).relu().sum().backward()
+    assert w.grad is not None and b.grad is not None
+    items = w.grad.schedule(b.grad)
+    assert len([i for i in items if i.ast.op is Ops.SINK]) <= 3
