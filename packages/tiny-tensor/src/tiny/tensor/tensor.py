@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -15,17 +14,19 @@ from tiny.ir.schedule import ScheduleItem, create_schedule, is_realized
 from tiny.ir.uop import Ops, UOp, substitute
 from tiny.tensor.autograd import AutogradOps, no_grad_wrap, record_origins
 from tiny.tensor.checks import check_dtype, const
+from tiny.tensor.creation import CreationOps
 from tiny.tensor.elementwise import ElementwiseOps
+from tiny.tensor.functional import FunctionalOps
+from tiny.tensor.indexing import IndexingOps
 from tiny.tensor.movement import MovementOps
 from tiny.tensor.realize import run_schedule
 from tiny.tensor.reduce import ReduceOps
-from tiny.tensor.shapes import prod, shape_arg
 
 Scalar = int | float | bool
 _NP_TO_DTYPE = {np.dtype(d.fmt): d for d in dtypes.all() if d.fmt is not None}
 
 
-class Tensor(ElementwiseOps, ReduceOps, MovementOps, AutogradOps):
+class Tensor(CreationOps, ElementwiseOps, ReduceOps, MovementOps, IndexingOps, FunctionalOps, AutogradOps):
     """A lazily evaluated n-dimensional array on a device.
 
     >>> Tensor([[1.0, 2.0], [3.0, 4.0]]).sum(axis=1).tolist()
@@ -135,96 +136,6 @@ class Tensor(ElementwiseOps, ReduceOps, MovementOps, AutogradOps):
     def contiguous(self) -> Tensor:
         return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
-    # ---- creation
-
-    @staticmethod
-    def full(
-        shape: Sequence[int] | int, fill: Scalar, dtype: DType | str | None = None, device: str | None = None
-    ) -> Tensor:
-        shape = shape_arg(shape)
-        return Tensor(fill, device=device, dtype=dtype).reshape((1,) * len(shape)).expand(shape)
-
-    @staticmethod
-    def zeros(*shape: int | Sequence[int], dtype: DType | str | None = None, device: str | None = None) -> Tensor:
-        return Tensor.full(shape_arg(shape), 0, dtype or dtypes.default_float, device)
-
-    @staticmethod
-    def ones(*shape: int | Sequence[int], dtype: DType | str | None = None, device: str | None = None) -> Tensor:
-        return Tensor.full(shape_arg(shape), 1, dtype or dtypes.default_float, device)
-
-    @staticmethod
-    def arange(
-        start: Scalar,
-        stop: Scalar | None = None,
-        step: Scalar = 1,
-        dtype: DType | str | None = None,
-        device: str | None = None,
-    ) -> Tensor:
-        """Evenly spaced values in [start, stop), like torch.arange."""
-        if stop is None:
-            start, stop = 0, start
-        if step == 0:
-            raise ValueError("arange() step must not be zero")
-        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
-        n = max(0, math.ceil((stop - start) / step))
-        return Tensor(
-            np.arange(n, dtype=np.float64) * step + start
-            if dt.is_float
-            else np.arange(start, stop, step, dtype=np.int64),
-            device=device,
-            dtype=dt,
-        )
-
-    @staticmethod
-    def eye(n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
-        m = n if m is None else m
-        rows = Tensor.arange(n, device=device).reshape(n, 1)
-        cols = Tensor.arange(m, device=device).reshape(1, m)
-        return (rows == cols).cast(dtype or dtypes.default_float)
-
-    _seed: int = 0
-    _rng_counter: int = 0
-
-    @staticmethod
-    def manual_seed(seed: int = 0) -> None:
-        Tensor._seed, Tensor._rng_counter = seed, 0
-
-    @staticmethod
-    def _random_bits(shape: tuple[int, ...], device: str | None) -> Tensor:
-        """Uniform uint32 bits from a counter-based hash: the same numbers on every device."""
-        Tensor._rng_counter += 1
-        key = _mix32(_mix32(Tensor._seed & 0xFFFFFFFF) ^ Tensor._rng_counter)
-        n = prod(shape)
-        counter = Tensor(np.arange(n, dtype=np.uint32), device=device)
-        x = counter ^ key
-        for mult in (0x7FEB352D, 0x846CA68B):
-            x = (x ^ (x >> 16)) * mult
-        x = x ^ (x >> 16)
-        return x.reshape(shape)
-
-    @staticmethod
-    def rand(*shape: int | Sequence[int], dtype: DType | str | None = None, device: str | None = None) -> Tensor:
-        """Uniform samples in [0, 1)."""
-        bits = Tensor._random_bits(shape_arg(shape), device)
-        return ((bits >> 8).cast(dtypes.float32) * (2.0**-24)).cast(dtype or dtypes.default_float)
-
-    @staticmethod
-    def randn(*shape: int | Sequence[int], dtype: DType | str | None = None, device: str | None = None) -> Tensor:
-        """Standard normal samples (Box-Muller)."""
-        shp = shape_arg(shape)
-        u1, u2 = Tensor.rand(*shp, device=device), Tensor.rand(*shp, device=device)
-        r = ((1 - u1).log() * -2).sqrt()
-        return (r * (u2 * (2 * math.pi)).cos()).cast(dtype or dtypes.default_float)
-
-    def full_like(self, fill: Scalar, dtype: DType | str | None = None) -> Tensor:
-        return Tensor.full(self.shape, fill, dtype or self.dtype, self.device)
-
-    def zeros_like(self, dtype: DType | str | None = None) -> Tensor:
-        return self.full_like(0, dtype)
-
-    def ones_like(self, dtype: DType | str | None = None) -> Tensor:
-        return self.full_like(1, dtype)
-
 
 # ---------------------------------------------------------------- helpers
 
@@ -251,10 +162,3 @@ def _upload(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
     if data.size:
         buffer_of(node).copyin(memoryview(data.reshape(-1).view(np.uint8)))
     return UOp(Ops.RESHAPE, dt, (node,), tuple(arr.shape))
-
-
-def _mix32(x: int) -> int:
-    x &= 0xFFFFFFFF
-    x = ((x ^ (x >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
-    x = ((x ^ (x >> 15)) * 0x846CA68B) & 0xFFFFFFFF
-    return x ^ (x >> 16)
