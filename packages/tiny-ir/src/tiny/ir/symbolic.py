@@ -22,18 +22,9 @@ from tiny.ir.uop import GroupOp, Ops, UOp
 
 __all__ = ["simplify", "symbolic"]
 
-_INTS = (
-    dtypes.int8,
-    dtypes.int16,
-    dtypes.int32,
-    dtypes.int64,
-    dtypes.uint8,
-    dtypes.uint16,
-    dtypes.uint32,
-    dtypes.uint64,
-)
+_INTS = tuple(d for d in dtypes.all() if d.is_int)
 _INTS_AND_BOOL = (*_INTS, dtypes.bool)
-_FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+_FLOATS = tuple(d for d in dtypes.all() if d.is_float)
 _NON_INTS = (*_FLOATS, dtypes.bool)
 _MAX_TERMS = 64  # a sum of more terms is not flattened (its constants still gather at the end)
 _MAX_NODES = 256  # an AND chain that reads more nodes is left as it is
