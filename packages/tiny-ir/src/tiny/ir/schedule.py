@@ -69,7 +69,7 @@ def _realize_set(sink: UOp, forced: set[UOp]) -> set[UOp]:
     """The nodes that must become buffers."""
     realize = {t for t in sink.src if not is_realized(t)} | forced
     for u in sink.toposort:
-        if u.op in (Ops.CONTIGUOUS, Ops.COPY):
+        if u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN):
             realize.add(u)
         if u.op is Ops.COPY and not is_realized(u.src[0]):
             realize.add(u.src[0])
@@ -82,7 +82,7 @@ def _realize_set(sink: UOp, forced: set[UOp]) -> set[UOp]:
         mine = {_Path()} if u in realize else paths.get(u, set())
         if u.op is Ops.COPY:
             continue  # a copy's source is its own kernel's root
-        for s in u.src:
+        for s in u.src[1:] if u.op is Ops.ASSIGN else u.src:  # an assign's target is memory, not a value
             paths.setdefault(s, set()).update(_child_path(u, p) for p in mine)
     return realize
 
@@ -132,6 +132,8 @@ class _KernelBuilder:
         return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(buf.arg[1]), (), self.args.index(buf))
 
     def build(self) -> UOp:
+        if self.root.op is Ops.ASSIGN:
+            return self.build_assign()
         # reshapes and permutes at the root move into the output's view: the kernel computes what is below them
         value, store_view = self.root, View.create(self.root.shape)
         while value.op in _PEELED and value.src[0] not in self.realize and not is_realized(value.src[0]):
@@ -144,6 +146,18 @@ class _KernelBuilder:
             value = value.src[0]
         out = self.global_arg(self.buffers[self.root])
         ast = self.node(value, ())
+        return UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, UOp(Ops.VIEW, arg=store_view), ast)),))
+
+    def build_assign(self) -> UOp:
+        """Write the value into the target's memory, through the target's view of its buffer."""
+        target, value = self.root.src
+        base, path = memory_of(target)
+        store_view = _view_through(View.create(base.shape), path)
+        out = self.global_arg(base)
+        ast = self.node(value, ())
+        for u in ast.toposort:  # reading this memory anywhere but where this thread writes would race
+            if u.op is Ops.LOAD and u.src[0] is out and u.src[1].arg != store_view:
+                raise _Unexpressible(value)
         return UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, UOp(Ops.VIEW, arg=store_view), ast)),))
 
     def node(self, u: UOp, path: tuple[UOp, ...]) -> UOp:
@@ -227,13 +241,13 @@ def create_schedule(targets: list[UOp]) -> Schedule:
     forced: set[UOp] = set()
     while True:
         realize = _realize_set(sink, forced)
-        buffers = {u: new_buffer(u.device, _prod(u.shape), u.dtype) for u in realize}
+        buffers = {u: memory_of(u.src[0])[0] if u.op is Ops.ASSIGN else _fresh(u) for u in realize}
         try:
             items = [_item(u, realize, buffers) for u in sink.toposort if u in realize]
             break
         except _Unexpressible as e:
             forced.add(e.node)
-    becomes = {u: _buffer_view(buffers[u], u.shape) for u in realize}
+    becomes = {u: u.src[0] if u.op is Ops.ASSIGN else _buffer_view(buffers[u], u.shape) for u in realize}
     for original, rewritten in zip(targets, sink.src):
         if rewritten in becomes:
             becomes[original] = becomes[rewritten]
@@ -248,6 +262,21 @@ def _item(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> ScheduleItem:
     builder = _KernelBuilder(u, realize, buffers)
     ast = builder.build()
     return ScheduleItem(ast, tuple(buffer_of(b) for b in builder.args))
+
+
+def memory_of(u: UOp) -> tuple[UOp, tuple[UOp, ...]]:
+    """The BUFFER a chain of movement ops views, and the chain (outermost first); ValueError if u is not one."""
+    path: list[UOp] = []
+    while u.op in GroupOp.Movement:
+        path.append(u)
+        u = u.src[0]
+    if u.op is not Ops.BUFFER:
+        raise ValueError(f"an assign needs a target that is memory (movement ops over a buffer), got {u.op.name}")
+    return u, tuple(path)
+
+
+def _fresh(u: UOp) -> UOp:
+    return new_buffer(u.device, _prod(u.shape), u.dtype)
 
 
 def _buffer_view(buf: UOp, shape: tuple[int, ...]) -> UOp:

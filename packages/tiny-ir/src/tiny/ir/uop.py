@@ -38,7 +38,7 @@ class Ops(enum.Enum):
     INDEX = enum.auto()  # src = (pointer, index[, gate]): an address
     LOAD = enum.auto()  # src = (INDEX[, alternative when the gate is false])
     STORE = enum.auto()  # src = (INDEX, value)
-    ASSIGN = enum.auto()  # src = (DEFINE_ACC, value): update the accumulator
+    ASSIGN = enum.auto()  # kernel: src = (DEFINE_ACC, value), update it; tensor: src = (target view, value), write it
     REDUCE = enum.auto()  # src = (value, *ranges), arg = alu op; lowered into DEFINE_ACC/ASSIGN
     RANGE = enum.auto()  # a loop counter from 0 to src[0]; arg = loop id
     ENDRANGE = enum.auto()  # src = (RANGE,)

@@ -18,6 +18,7 @@ from tiny.tensor.creation import CreationOps
 from tiny.tensor.elementwise import ElementwiseOps
 from tiny.tensor.functional import FunctionalOps
 from tiny.tensor.indexing import IndexingOps
+from tiny.tensor.inplace import InplaceOps
 from tiny.tensor.movement import MovementOps
 from tiny.tensor.realize import run_schedule
 from tiny.tensor.reduce import ReduceOps
@@ -26,7 +27,7 @@ Scalar = int | float | bool
 _NP_TO_DTYPE = {np.dtype(d.fmt): d for d in dtypes.all() if d.fmt is not None}
 
 
-class Tensor(CreationOps, ElementwiseOps, ReduceOps, MovementOps, IndexingOps, FunctionalOps, AutogradOps):
+class Tensor(CreationOps, ElementwiseOps, ReduceOps, MovementOps, IndexingOps, FunctionalOps, InplaceOps, AutogradOps):
     """A lazily evaluated n-dimensional array on a device.
 
     >>> Tensor([[1.0, 2.0], [3.0, 4.0]]).sum(axis=1).tolist()

@@ -1,0 +1,88 @@
+"""Writing into a tensor's memory: assign and __setitem__. Every view of the same buffer sees the write."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tiny.ir.dtypes import dtypes
+from tiny.ir.schedule import is_realized, memory_of
+from tiny.ir.uop import GroupOp, Ops, UOp
+from tiny.tensor.base import TensorBase
+from tiny.tensor.gradient import compute_gradient
+from tiny.tensor.shapes import broadcast_shape
+
+if TYPE_CHECKING:
+    from tiny.tensor.tensor import Tensor
+
+Scalar = int | float | bool
+
+
+class InplaceOps(TensorBase):
+    __slots__ = ()
+
+    def assign(self, value: Tensor | Scalar) -> Tensor:
+        """Overwrite this tensor's values in place (in its buffer, seen by every view of it).
+
+        >>> t = Tensor([1.0, 2.0]); t.assign(Tensor([3.0, 4.0])).tolist()
+        [3.0, 4.0]
+        """
+        if self.requires_grad:
+            raise RuntimeError("a tensor that requires grad cannot be written in place; use .detach() or no_grad")
+        v = value if isinstance(value, TensorBase) else type(self)(value, device=self.device, dtype=self.dtype)
+        if v.device != self.device:
+            raise ValueError(f"assign() of a tensor on {v.device} into one on {self.device}; use .to()")
+        v = _fitted(v, self.shape, "the tensor").cast(self.dtype)
+        if not _is_memory(self.uop):
+            self.realize()
+        _, path = memory_of(self.uop)
+        if any(m.op in (Ops.EXPAND, Ops.PAD) for m in path):
+            raise RuntimeError("cannot write through an expanded or padded view: several elements share memory")
+        _settle_readers(self, v)
+        type(self)(UOp(Ops.ASSIGN, self.dtype, (self.uop, v.uop))).realize()
+        return self  # type: ignore[return-value]
+
+    def __setitem__(self, index: Any, value: Tensor | Scalar) -> None:
+        """t[index] = value, for every index __getitem__ takes (slices with steps, ints, None, ..., tensors)."""
+        part = self[index]
+        v = value if isinstance(value, TensorBase) else type(self)(value, device=self.device, dtype=self.dtype)
+        if v.device != self.device:
+            raise ValueError(f"setting values from a tensor on {v.device} into one on {self.device}; use .to()")
+        work = self.dtype if self.dtype.is_float else dtypes.int64  # exact for every integer and bool
+        v = _fitted(v, part.shape, "the selection").cast(self.dtype).cast(work)
+        # where the selected elements sit in self: the gradient of the selection, seeded with the values (and 1s)
+        placed, hits = (compute_gradient(part.uop, seed.uop, [self.uop])[0] for seed in (v, part.ones_like(work)))
+        assert placed is not None and hits is not None
+        placed_t, hits_t = self._new(placed), self._new(hits)
+        # an element chosen twice (repeated tensor indices) takes the mean of its values
+        share = placed_t / hits_t.maximum(1) if work.is_float else placed_t // hits_t.maximum(1)
+        self.assign((hits_t > 0).where(share.cast(self.dtype), self))
+
+
+def _fitted(v: TensorBase, shape: tuple[int, ...], what: str) -> Any:
+    """v broadcast to shape, or a ValueError that names both shapes."""
+    try:
+        out_shape = broadcast_shape(v.shape, shape)
+    except ValueError:
+        out_shape = None
+    if out_shape != shape:
+        raise ValueError(f"a value of shape {v.shape} does not broadcast to {what}'s shape {shape}")
+    return v._broadcast_to(shape)  # type: ignore[attr-defined]
+
+
+def _is_memory(u: UOp) -> bool:
+    while u.op in GroupOp.Movement:
+        u = u.src[0]
+    return u.op is Ops.BUFFER
+
+
+def _settle_readers(target: TensorBase, value: TensorBase) -> None:
+    """Compute now every pending tensor that reads this memory, so that it sees the values from before the write."""
+    base, _ = memory_of(target.uop)
+    pending = [
+        t
+        for t in type(target)._live
+        if t is not target and not is_realized(t.uop) and not _is_memory(t.uop) and base in t.uop.toposort
+    ]
+    pending = [t for t in pending if t.uop is not value.uop]
+    if pending:
+        pending[0].realize(*pending[1:])

@@ -1,0 +1,91 @@
+"""assign and __setitem__: writes land in the tensor's buffer, every view sees them, pending reads do not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tiny.tensor import Tensor, dtypes
+
+
+def base(device: str, dtype=np.float32) -> tuple[Tensor, np.ndarray]:
+    a = np.arange(12).reshape(3, 4).astype(dtype)
+    return Tensor(a, device=device).realize(), a.copy()
+
+
+@pytest.mark.parametrize(
+    "index",
+    [(1, slice(None, None, 2)), (slice(None), 3), 0, (Ellipsis, -1), (slice(2, 0, -1), slice(1, 3)), (None, 1)],
+)
+def test_setitem_basic_indices_match_numpy(device: str, index) -> None:
+    t, a = base(device)
+    t[index] = -5.0
+    a[index[1:] if isinstance(index, tuple) and index[0] is None else index] = -5.0
+    np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_setitem_with_a_tensor_value_broadcasts(device: str) -> None:
+    t, a = base(device)
+    t[:, 1:3] = Tensor([[10.0, 20.0]], device=device)
+    a[:, 1:3] = [[10.0, 20.0]]
+    np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_every_view_of_the_buffer_sees_the_write(device: str) -> None:
+    t, a = base(device)
+    flat, col = t.reshape(12), t.T[2]
+    t[1] = 0.0
+    a[1] = 0.0
+    np.testing.assert_array_equal(flat.numpy(), a.reshape(12))
+    np.testing.assert_array_equal(col.numpy(), a.T[2])
+
+
+def test_writing_through_a_permuted_view_changes_the_base(device: str) -> None:
+    t, a = base(device)
+    v = t.T
+    v[0] = 9.0
+    a.T[0] = 9.0
+    np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_pending_readers_see_the_values_from_before(device: str) -> None:
+    t, a = base(device)
+    before = t * 2 + 1  # recorded before the write, realized after it
+    t[0] = 100.0
+    np.testing.assert_array_equal(before.numpy(), a * 2 + 1)
+
+
+def test_overlapping_source_and_target(device: str) -> None:
+    t = Tensor(np.arange(6, dtype=np.float32), device=device).realize()
+    t[1:] = t[:-1]
+    np.testing.assert_array_equal(t.numpy(), [0, 0, 1, 2, 3, 4])
+
+
+def test_integer_and_bool_tensors(device: str) -> None:
+    i = Tensor(np.arange(6, dtype=np.int64) * (2**40), device=device).realize()
+    i[2:4] = 2**50 + 1  # exact: integers are not routed through float
+    assert i.tolist() == [0, 2**40, 2**50 + 1, 2**50 + 1, 4 * 2**40, 5 * 2**40]
+    b = Tensor([True, False, True], device=device).realize()
+    b[1] = True
+    assert b.tolist() == [True, True, True]
+
+
+def test_assign_a_whole_tensor_and_an_unrealized_target(device: str) -> None:
+    x = Tensor([1.0, 2.0, 3.0], device=device) * 1  # not realized yet
+    x.assign(x * 2)
+    assert x.tolist() == [2.0, 4.0, 6.0]
+    x.assign(7)
+    assert x.tolist() == [7.0, 7.0, 7.0]
+
+
+def test_bad_writes_are_refused(device: str) -> None:
+    w = Tensor([1.0, 2.0], device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="requires grad"):
+        w[0] = 3.0
+    e = Tensor([1.0], device=device).realize().expand(3)
+    with pytest.raises(RuntimeError, match="expanded"):
+        e.assign(Tensor([1.0, 2.0, 3.0], device=device))
+    t = Tensor([1.0, 2.0], device=device)
+    with pytest.raises(ValueError, match="broadcast"):
+        t[0:2] = Tensor([1.0, 2.0, 3.0], device=device)
+    assert t.dtype == dtypes.float32
