@@ -251,7 +251,7 @@ UNARY = {
     "relu": (lambda x: x.relu(), lambda x: np.maximum(x, 0), -3, 3),
     "sigmoid": (lambda x: x.sigmoid(), _sigmoid, -6, 6),
     "tanh": (lambda x: x.tanh(), np.tanh, -4, 4),
-    "gelu": (lambda x: x.gelu(), _gelu, -4, 4),
+    "gelu": (lambda x: x.gelu(approximate="tanh"), _gelu, -4, 4),
     "silu": (lambda x: x.silu(), lambda x: x * _sigmoid(x), -4, 4),
     "leaky_relu": (lambda x: x.leaky_relu(), lambda x: np.where(x < 0, 0.01 * x, x), -3, 3),
     "leaky_relu_0.2": (lambda x: x.leaky_relu(0.2), lambda x: np.where(x < 0, 0.2 * x, x), -3, 3),

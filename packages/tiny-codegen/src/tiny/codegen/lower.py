@@ -142,4 +142,7 @@ def lower(ast: UOp, caps: RendererCaps) -> LoweredKernel:
     if any(s == 0 for s in out_shape):  # nothing to compute
         return LoweredKernel(UOp(Ops.SINK), kernel_name(ast), (1, 1, 1), (1, 1, 1))
     sink = lw.lower(ast, tuple(idxs))
+    # every buffer stays an argument, also one whose reads simplification removes: launches pass them by position
+    buffers = sorted({u for u in ast.toposort if u.op is Ops.DEFINE_GLOBAL}, key=lambda u: u.arg)
+    sink = UOp(Ops.SINK, dtypes.void, sink.src + tuple(buffers))
     return LoweredKernel(sink, kernel_name(ast), (global_size[0], global_size[1], global_size[2]), (1, 1, 1))

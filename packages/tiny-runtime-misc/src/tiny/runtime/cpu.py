@@ -92,6 +92,7 @@ class ClangCompiler(Compiler):
                 "-O2",
                 *arch,
                 "-fno-math-errno",
+                "-ffp-contract=off",  # no fused multiply-add: the same rounding as every other device
                 "-fwrapv",
                 "-x",
                 "c",

@@ -1,9 +1,18 @@
-"""Elementwise ops: arithmetic with broadcasting and PyTorch type promotion, comparisons, logic, math."""
+"""Elementwise ops: arithmetic with broadcasting and PyTorch type promotion, comparisons, logic and bits, math
+functions and activations.
+
+Everything here is built from the primitive ops (ADD, MUL, EXP2, LOG2, SQRT, WHERE ...), so gradients come by
+composition. Where a formula would overflow or divide by zero in the branch a WHERE does not take, that branch gets a
+harmless input: a WHERE passes a zero gradient into the branch, and 0 * inf would still be NaN. The special functions
+(atan, erf, tanh ...) are polynomial fits accurate to float32; they compute half precision in float32.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
 from tiny.ir.uop import GroupOp, Ops, UOp
@@ -17,6 +26,18 @@ if TYPE_CHECKING:
 Scalar = int | float | bool
 
 
+def _float32_math(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """A composite math function computes in float32 at least and rounds once to the input's float dtype."""
+
+    @functools.wraps(fn)
+    def in_float32(self: ElementwiseOps, *args: Any, **kwargs: Any) -> Tensor:
+        x = self._float_input()
+        wide = x.cast(dtypes.float32) if x.dtype.itemsize < 4 else x
+        return fn(wide, *args, **kwargs).cast(x.dtype)
+
+    return in_float32
+
+
 class ElementwiseOps(TensorBase):
     __slots__ = ()
 
@@ -26,6 +47,11 @@ class ElementwiseOps(TensorBase):
         return self._new(UOp(op, out_dtype, srcs))
 
     def cast(self, dtype: DType | str) -> Tensor:
+        """The values converted to another dtype (floats to ints round toward zero).
+
+        >>> Tensor([1.7, -1.7]).cast("int32").tolist()
+        [1, -1]
+        """
         dt = to_dtype(dtype)
         if dt == self.dtype:
             return self
@@ -33,6 +59,11 @@ class ElementwiseOps(TensorBase):
         return self._new(UOp(Ops.CAST, dt, (self.uop,)))
 
     def bitcast(self, dtype: DType | str) -> Tensor:
+        """The same bits read as another dtype of the same size.
+
+        >>> Tensor([1.0]).bitcast("int32").tolist()
+        [1065353216]
+        """
         dt = to_dtype(dtype)
         if dt.itemsize != self.dtype.itemsize:
             raise ValueError(
@@ -43,9 +74,19 @@ class ElementwiseOps(TensorBase):
         return self._new(UOp(Ops.BITCAST, dt, (self.uop,)))
 
     def float(self) -> Tensor:
+        """Cast to float32.
+
+        >>> Tensor([1, 2]).float().tolist()
+        [1.0, 2.0]
+        """
         return self.cast(dtypes.float32)
 
     def int(self) -> Tensor:
+        """Cast to int32.
+
+        >>> Tensor([1.5, -2.5]).int().tolist()
+        [1, -2]
+        """
         return self.cast(dtypes.int32)
 
     def _float_input(self) -> Tensor:
@@ -80,26 +121,50 @@ class ElementwiseOps(TensorBase):
         return self.reshape(padded).expand(shape)
 
     def add(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """self + x, broadcast and promoted as in PyTorch.
+
+        >>> Tensor([[1], [2]]).add(Tensor([10, 20])).tolist()
+        [[11, 21], [12, 22]]
+        """
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.ADD, b)
 
     def mul(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """self * x.
+
+        >>> Tensor([1, 2]).mul(1.5).tolist()
+        [1.5, 3.0]
+        """
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.MUL, b)
 
     def sub(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """self - x (x - self with reverse=True).
+
+        >>> Tensor([5, 7]).sub(2).tolist()
+        [3, 5]
+        """
         a, b = self._broadcasted(x, reverse)
         if a.dtype.is_bool:
             raise TypeError("subtracting bool tensors is not supported; use logical_xor or ^")
         return a._alu(Ops.ADD, -b)
 
     def div(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        """True division; integers divide as floats."""
+        """True division; integers divide as floats.
+
+        >>> Tensor([1, 3]).div(2).tolist()
+        [0.5, 1.5]
+        """
         a, b = self._broadcasted(x, reverse)
         a, b = a._float_input(), b._float_input()
         return a._alu(Ops.FDIV, b)
 
     def floordiv(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """Division rounded down, as Python's //.
+
+        >>> Tensor([7, -7]).floordiv(2).tolist()
+        [3, -4]
+        """
         a, b = self._broadcasted(x, reverse)
         if a.dtype.is_float:  # as Python's float //: from the exact remainder, so that a == b*(a//b) + a%b
             r = a._alu(Ops.MOD, b)
@@ -114,7 +179,11 @@ class ElementwiseOps(TensorBase):
         return q - (inexact & ((a < 0) ^ (b < 0))).cast(q.dtype)
 
     def mod(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        """Remainder with the sign of the divisor, as Python and torch.remainder."""
+        """Remainder with the sign of the divisor, as Python and torch.remainder.
+
+        >>> Tensor([7, -7]).mod(3).tolist()
+        [1, 2]
+        """
         a, b = self._broadcasted(x, reverse)
         r = a._alu(Ops.MOD, b)  # C's remainder (fmod for floats): the sign of the dividend, exact
         if a.dtype.is_unsigned or a.dtype.is_bool:
@@ -122,7 +191,11 @@ class ElementwiseOps(TensorBase):
         return ((r != 0) & ((r < 0) ^ (b < 0))).where(r + b, r)
 
     def pow(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        """self ** x. Integers stay integers (wrapping like PyTorch); floats follow IEEE pow's signs."""
+        """self ** x. Integers stay integers (wrapping like PyTorch); floats follow IEEE pow's signs.
+
+        >>> Tensor([2.0, -2.0]).pow(3).tolist()
+        [8.0, -8.0]
+        """
         small_int = isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 8
         if not reverse and small_int and self.dtype.is_float:
             out = self.ones_like()
@@ -261,11 +334,12 @@ class ElementwiseOps(TensorBase):
             raise TypeError(f"~ takes integer or bool tensors, got {self.dtype.name}")
         return self.logical_not() if self.dtype.is_bool else self ^ -1
 
-    def logical_not(self) -> Tensor:
-        return self.cast(dtypes.bool)._alu(Ops.CMPNE, type(self)(True, device=self.device)._broadcast_to(self.shape))
-
     def where(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
-        """x where this (bool) tensor is true, else y."""
+        """x where this (bool) tensor is true, else y.
+
+        >>> Tensor([True, False]).where(1.0, Tensor([5.0, 6.0])).tolist()
+        [1.0, 6.0]
+        """
         cond = self.cast(dtypes.bool)
         if not isinstance(x, TensorBase) and isinstance(y, TensorBase):
             y_, x_ = y._broadcasted(x)
@@ -282,119 +356,94 @@ class ElementwiseOps(TensorBase):
         cond, x_, y_ = cond._broadcast_to(shape), x_._broadcast_to(shape), y_._broadcast_to(shape)
         return self._new(UOp(Ops.WHERE, x_.dtype, (cond.uop, x_.uop, y_.uop)))
 
-    def maximum(self, x: Tensor | Scalar) -> Tensor:
-        a, b = self._broadcasted(x)
-        return a._alu(Ops.MAX, b)
-
-    def minimum(self, x: Tensor | Scalar) -> Tensor:
-        a, b = self._broadcasted(x)
-        return a._order_flip()._alu(Ops.MAX, b._order_flip())._order_flip()
-
     def _order_flip(self) -> Tensor:
         """An order-reversing bijection, so that min(x) = flip(max(flip(x)))."""
         if self.dtype.is_float:
             return -self
         return self.logical_not() if self.dtype.is_bool else self ^ -1
 
-    # math
-    def exp(self) -> Tensor:
-        return (self._float_input() * (1 / math.log(2))).exp2()
+    # ---- logic and bits, by name
 
-    def exp2(self) -> Tensor:
-        return self._float_input()._alu(Ops.EXP2)
+    def logical_and(self, x: Tensor | Scalar) -> Tensor:
+        """True where both are nonzero; any dtypes, a bool result.
 
-    def log(self) -> Tensor:
-        return self.log2() * math.log(2)
+        >>> Tensor([0.0, 1.0, 2.0]).logical_and(Tensor([1, 1, 0])).tolist()
+        [False, True, False]
+        """
+        return self._logical(Ops.AND, x)
 
-    def log2(self) -> Tensor:
-        return self._float_input()._alu(Ops.LOG2)
+    def logical_or(self, x: Tensor | Scalar) -> Tensor:
+        """True where either is nonzero.
 
-    def sqrt(self) -> Tensor:
-        return self._float_input()._alu(Ops.SQRT)
+        >>> Tensor([0, 0, 3]).logical_or(Tensor([0, 1, 0])).tolist()
+        [False, True, True]
+        """
+        return self._logical(Ops.OR, x)
 
-    def rsqrt(self) -> Tensor:
-        return self.sqrt().reciprocal()
+    def logical_xor(self, x: Tensor | Scalar) -> Tensor:
+        """True where exactly one is nonzero.
 
-    def reciprocal(self) -> Tensor:
-        return self._float_input()._alu(Ops.RECIP)
+        >>> Tensor([0, 1, 1]).logical_xor(Tensor([0, 0, 2])).tolist()
+        [False, True, False]
+        """
+        return self._logical(Ops.XOR, x)
 
-    def sin(self) -> Tensor:
-        return self._float_input()._alu(Ops.SIN)
+    def logical_not(self) -> Tensor:
+        """True where zero.
 
-    def cos(self) -> Tensor:
-        return (math.pi / 2 - self._float_input()).sin()
+        >>> Tensor([0.0, 2.0]).logical_not().tolist()
+        [True, False]
+        """
+        return self.cast(dtypes.bool)._alu(Ops.CMPNE, type(self)(True, device=self.device)._broadcast_to(self.shape))
 
-    def tan(self) -> Tensor:
-        return self.sin() / self.cos()
+    def _logical(self, op: Ops, x: Tensor | Scalar) -> Tensor:
+        other = x if isinstance(x, TensorBase) else type(self)(x, device=self.device)
+        return self.cast(dtypes.bool)._bitwise(op, other.cast(dtypes.bool))
 
-    def trunc(self) -> Tensor:
-        return self._alu(Ops.TRUNC) if self.dtype.is_float else self
+    def bitwise_and(self, x: Tensor | Scalar) -> Tensor:
+        """Bitwise and of integers (logical and of bools), as `&`.
 
-    def floor(self) -> Tensor:
-        if not self.dtype.is_float:
-            return self
-        t = self.trunc()
-        return (t > self).where(t - 1, t)
+        >>> Tensor([12, 10]).bitwise_and(6).tolist()
+        [4, 2]
+        """
+        return self._bitwise(Ops.AND, x)
 
-    def ceil(self) -> Tensor:
-        if not self.dtype.is_float:
-            return self
-        t = self.trunc()
-        return (t < self).where(t + 1, t)
+    def bitwise_or(self, x: Tensor | Scalar) -> Tensor:
+        """Bitwise or, as `|`.
 
-    def abs(self) -> Tensor:
-        if self.dtype.is_bool or self.dtype.is_unsigned:
-            return self
-        if not self.dtype.is_float:
-            return self.maximum(-self)
-        # 0 where x is 0 (also -0.0, and the gradient there is 0, as PyTorch's); NaN stays NaN
-        return (self < 0).where(-self, (self == 0).where(0.0, self))
+        >>> Tensor([12, 10]).bitwise_or(1).tolist()
+        [13, 11]
+        """
+        return self._bitwise(Ops.OR, x)
 
-    def sign(self) -> Tensor:
-        if self.dtype.is_bool:
-            return self
-        return (
-            (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
-            if not self.dtype.is_unsigned
-            else (self != 0).cast(self.dtype)
-        )
+    def bitwise_xor(self, x: Tensor | Scalar) -> Tensor:
+        """Bitwise exclusive or, as `^`.
 
-    def relu(self) -> Tensor:
-        """max(x, 0); NaN stays NaN, and the gradient at 0 is 0, as in PyTorch."""
-        return (self <= 0).where(0, self)
+        >>> Tensor([12, 10]).bitwise_xor(6).tolist()
+        [10, 12]
+        """
+        return self._bitwise(Ops.XOR, x)
 
-    def sigmoid(self) -> Tensor:
-        return (1 + (-self._float_input()).exp()).reciprocal()
+    def bitwise_not(self) -> Tensor:
+        """Every bit flipped (logical not of bools), as `~`.
 
-    def tanh(self) -> Tensor:
-        return 2 * (2 * self._float_input()).sigmoid() - 1
+        >>> Tensor([0, 5, -1]).bitwise_not().tolist()
+        [-1, -6, 0]
+        """
+        return ~self
 
-    def gelu(self) -> Tensor:
-        x = self._float_input()
-        return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+    def bitwise_left_shift(self, x: Tensor | int) -> Tensor:
+        """Integers shifted left by x bits, as `<<`.
 
-    def silu(self) -> Tensor:
-        return self * self.sigmoid()
+        >>> Tensor([1, 3]).bitwise_left_shift(2).tolist()
+        [4, 12]
+        """
+        return self._bitwise(Ops.SHL, x)
 
-    def leaky_relu(self, neg_slope: float = 0.01) -> Tensor:
-        return (self < 0).where(self * neg_slope, self)
+    def bitwise_right_shift(self, x: Tensor | int) -> Tensor:
+        """Integers shifted right by x bits (arithmetic for signed types), as `>>`.
 
-    def square(self) -> Tensor:
-        return self * self
-
-    def clip(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Tensor:
-        """Values below min_ become min_, above max_ become max_; the gradient passes at the bounds, NaN stays."""
-        out = self
-        if min_ is not None:
-            out = (out < min_).where(min_, out)
-        if max_ is not None:
-            out = (out > max_).where(max_, out)
-        return out
-
-    clamp = clip
-
-    def isnan(self) -> Tensor:
-        return self != self if self.dtype.is_float else self.full_like(False, dtypes.bool)
-
-    def isinf(self) -> Tensor:
-        return (self.abs() == math.inf) if self.dtype.is_float else self.full_like(False, dtypes.bool)
+        >>> Tensor([16, -16]).bitwise_right_shift(2).tolist()
+        [4, -4]
+        """
+        return self._bitwise(Ops.SHR, x)

@@ -83,12 +83,34 @@ def _reduce_max_grad(node: UOp, g: UOp) -> Grads:
     return (_mul(share, UOp(Ops.EXPAND, g.dtype, (g,), src.shape)),)
 
 
+def _reduce_prod_grad(node: UOp, g: UOp) -> Grads:
+    """The product of the other elements, as torch.prod: without dividing by the element where it is 0, so an
+    input with one zero gives that zero the product of the rest, and one with two or more zeros gives all 0."""
+    src, axes = node.src[0], node.arg[1]
+
+    def reduced(op: Ops, x: UOp) -> UOp:
+        return UOp(Ops.EXPAND, x.dtype, (UOp(Ops.REDUCE_AXIS, x.dtype, (x,), (op, axes)),), src.shape)
+
+    zero = full_like(src, 0)
+    is_zero = _eq(src, zero)
+    rest = reduced(Ops.MUL, _where(is_zero, full_like(src, 1), src))  # the product of the nonzero elements
+    zeros = reduced(Ops.ADD, UOp(Ops.CAST, src.dtype, (is_zero,)))  # how many zeros
+    others = _where(
+        is_zero,
+        _where(_eq(zeros, full_like(zeros, 1)), rest, zero),  # the only zero: the product of the rest
+        _where(_eq(zeros, zero), _alu(Ops.FDIV, rest, src), zero),  # no zeros: the product over this element
+    )
+    return (_mul(others, UOp(Ops.EXPAND, g.dtype, (g,), src.shape)),)
+
+
 def _reduce_grad(node: UOp, g: UOp) -> Grads:
     op = node.arg[0]
     if op is Ops.ADD:
         return (UOp(Ops.EXPAND, g.dtype, (g,), node.src[0].shape),)
     if op is Ops.MAX:
         return _reduce_max_grad(node, g)
+    if op is Ops.MUL:
+        return _reduce_prod_grad(node, g)
     raise NotImplementedError(f"no gradient for a {op.name} reduction")
 
 
@@ -105,6 +127,14 @@ def _shrink_grad(node: UOp, g: UOp) -> Grads:
 def _cast_grad(node: UOp, g: UOp) -> Grads:
     src = node.src[0]
     return (UOp(Ops.CAST, src.dtype, (g,)) if src.dtype.is_float else None,)
+
+
+def _mod_grad(node: UOp, g: UOp) -> Grads:
+    """fmod(a, b) = a - b * trunc(a / b): 1 for a, -trunc(a / b) for b (integers have none)."""
+    if not node.dtype.is_float:
+        return (None, None)
+    a, b = node.src
+    return (g, _neg(_mul(g, _alu(Ops.TRUNC, _alu(Ops.FDIV, a, b)))))
 
 
 def _copy_grad(node: UOp, g: UOp) -> Grads:
@@ -136,12 +166,12 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.SHRINK: _shrink_grad,
     Ops.FLIP: lambda n, g: (UOp(Ops.FLIP, g.dtype, (g,), n.arg),),
     Ops.CONTIGUOUS: lambda n, g: (g,),
+    Ops.TRUNC: lambda n, g: (full_like(g, 0),),  # flat almost everywhere: zeros, as PyTorch's rounding ops give
+    Ops.MOD: _mod_grad,
     Ops.COPY: _copy_grad,
 }
 # no gradient flows through these: comparisons, integer and bit ops, rounding, bit casts, detach
-NO_GRADIENT = frozenset(
-    {Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD, Ops.TRUNC, Ops.BITCAST}
-)
+NO_GRADIENT = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.BITCAST})
 
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> list[UOp | None]:

@@ -1,5 +1,6 @@
-"""Movement ops: reshape, permute, expand, pad, shrink, flip, and what is built from them (indexing).
-They change how kernels index memory, never the memory."""
+"""Movement ops: reshape, permute, expand, pad, shrink, flip, and what is built from them (transpose, repeat, roll,
+padding modes, basic indexing). They change how kernels index memory, never the memory; the few that one View
+cannot say (repeat, repeat_interleave) cost a copy when something reads them through further ops."""
 
 from __future__ import annotations
 
@@ -23,7 +24,11 @@ class MovementOps(TensorBase):
         return self._new(UOp(op, self.dtype, (self.uop,), arg))
 
     def reshape(self, *shape: int | Sequence[int]) -> Tensor:
-        """Same elements, new shape; one dimension may be -1."""
+        """Same elements, new shape; one dimension may be -1.
+
+        >>> Tensor([1, 2, 3, 4]).reshape(2, -1).tolist()
+        [[1, 2], [3, 4]]
+        """
         new = list(shape_arg(shape, allow_neg=True))
         if new.count(-1) > 1:
             raise ValueError(f"reshape takes at most one -1, got {tuple(new)}")
@@ -39,12 +44,22 @@ class MovementOps(TensorBase):
     view = reshape
 
     def permute(self, *order: int | Sequence[int]) -> Tensor:
+        """The dims in a new order: dim i of the result is dim order[i] of this tensor.
+
+        >>> Tensor.zeros(2, 3, 4).permute(2, 0, 1).shape
+        (4, 2, 3)
+        """
         perm = tuple(normalize_axis(a, self.ndim) for a in shape_arg(order, allow_neg=True))
         if sorted(perm) != list(range(self.ndim)):
             raise ValueError(f"permute of a {self.ndim}-d tensor needs an order of all its axes, got {order}")
         return self if perm == tuple(range(self.ndim)) else self._movement(Ops.PERMUTE, perm)
 
     def expand(self, *shape: int | Sequence[int]) -> Tensor:
+        """Broadcast size-1 dims (and new leading dims) to a larger shape without copying; -1 keeps a size.
+
+        >>> Tensor([[1], [2]]).expand(-1, 3).tolist()
+        [[1, 1, 1], [2, 2, 2]]
+        """
         new = list(shape_arg(shape, allow_neg=True))
         if len(new) < self.ndim:
             raise ValueError(f"cannot expand shape {self.shape} to {tuple(new)}: fewer dimensions")
@@ -56,8 +71,31 @@ class MovementOps(TensorBase):
         x = self.reshape(base) if base != self.shape else self
         return x if tuple(new) == x.shape else x._movement(Ops.EXPAND, tuple(new))
 
-    def pad(self, padding: Sequence[tuple[int, int]] | Sequence[int], value: Scalar = 0) -> Tensor:
-        """Pad with `value`. padding: ((before, after), ...) per dim, or a flat torch-style tuple from the last dim."""
+    def pad(
+        self, padding: Sequence[tuple[int, int]] | Sequence[int], value: Scalar = 0, mode: str = "constant"
+    ) -> Tensor:
+        """Pad each dim; negative amounts crop. padding: ((before, after), ...) per dim, or a flat torch-style tuple
+        (last dim first, as torch.nn.functional.pad). mode: "constant" (fill with `value`), "reflect" (mirror without
+        the edge), "replicate" (repeat the edge) or "circular" (wrap around).
+
+        >>> Tensor([1, 2, 3]).pad((2, 1), mode="reflect").tolist()
+        [3, 2, 1, 2, 3, 2]
+        """
+        pairs = self._pad_pairs(padding)
+        if mode != "constant":
+            return self._pad_edges(pairs, value, mode)
+        if any(b < 0 or a < 0 for b, a in pairs):
+            return self._crop(pairs).pad([(max(b, 0), max(a, 0)) for b, a in pairs], value)
+        if all(b == 0 and a == 0 for b, a in pairs):
+            return self
+        out = self._movement(Ops.PAD, tuple(pairs))
+        if value == 0:
+            return out
+        mask = type(self)(True, device=self.device).reshape((1,) * self.ndim).expand(self.shape)
+        return mask._movement(Ops.PAD, tuple(pairs)).where(out, value)
+
+    def _pad_pairs(self, padding: Sequence[tuple[int, int]] | Sequence[int]) -> list[tuple[int, int]]:
+        """(before, after) for every dim, from either form of padding argument."""
         if padding and isinstance(padding[0], int):
             flat = list(padding)
             if len(flat) % 2 or len(flat) // 2 > self.ndim:
@@ -67,30 +105,75 @@ class MovementOps(TensorBase):
             ]
         else:
             pairs = [tuple(p) for p in padding]  # type: ignore[misc]
-        if len(pairs) != self.ndim:
-            raise ValueError(f"pad needs {self.ndim} (before, after) pairs, got {len(pairs)}")
-        if any(b < 0 or a < 0 for b, a in pairs):
-            neg = [(max(-b, 0), s - max(-a, 0)) for (b, a), s in zip(pairs, self.shape)]
-            return self.shrink(neg).pad([(max(b, 0), max(a, 0)) for b, a in pairs], value)
-        if all(b == 0 and a == 0 for b, a in pairs):
-            return self
-        out = self._movement(Ops.PAD, tuple(pairs))
-        if value == 0:
-            return out
-        mask = type(self)(True, device=self.device).reshape((1,) * self.ndim).expand(self.shape)
-        return mask._movement(Ops.PAD, tuple(pairs)).where(out, value)
+        if len(pairs) != self.ndim or any(len(p) != 2 for p in pairs):
+            raise ValueError(f"pad needs {self.ndim} (before, after) pairs, got {tuple(padding)}")
+        return pairs  # type: ignore[return-value]
+
+    def _crop(self, pairs: Sequence[tuple[int, int]]) -> Tensor:
+        """The negative parts of a padding: cut that much off each end."""
+        bounds = [(max(-b, 0), s - max(-a, 0)) for (b, a), s in zip(pairs, self.shape)]
+        if any(lo > hi for lo, hi in bounds):
+            raise ValueError(f"padding {tuple(pairs)} crops more than shape {self.shape} has")
+        return self.shrink(bounds)
+
+    def _pad_edges(self, pairs: list[tuple[int, int]], value: Scalar, mode: str) -> Tensor:
+        """reflect / replicate / circular padding: each dim in turn becomes (its edge pieces, itself) joined."""
+        if mode not in ("reflect", "replicate", "circular"):
+            raise ValueError(f"pad mode must be constant, reflect, replicate or circular, got {mode!r}")
+        if value != 0:
+            raise ValueError(f"pad mode {mode!r} takes no value (only mode 'constant' fills with one)")
+        x = self._crop(pairs) if any(b < 0 or a < 0 for b, a in pairs) else self
+        for d, (b, a) in enumerate(pairs):
+            b, a, n = max(b, 0), max(a, 0), x.shape[d]
+            if not b and not a:
+                continue
+            if mode == "reflect" and max(b, a) >= n:
+                raise ValueError(f"reflect padding ({b}, {a}) of dim {d} must be less than its size {n}")
+            if mode == "replicate" and n == 0:
+                raise ValueError(f"replicate padding of dim {d} needs a non-empty dim; shape {x.shape}")
+            if mode == "circular" and max(b, a) > n:
+                raise ValueError(f"circular padding ({b}, {a}) of dim {d} wraps around more than once (size {n})")
+            if mode == "reflect":
+                left, right = x._slice_dim(d, 1, b + 1).flip(d), x._slice_dim(d, n - 1 - a, n - 1).flip(d)
+            elif mode == "replicate":
+                edge = list(x.shape)
+                left = x._slice_dim(d, 0, 1).expand(edge[:d] + [b] + edge[d + 1 :])
+                right = x._slice_dim(d, n - 1, n).expand(edge[:d] + [a] + edge[d + 1 :])
+            else:
+                left, right = x._slice_dim(d, n - b, n), x._slice_dim(d, 0, a)
+            x = left.cat(x, right, dim=d)
+        return x
+
+    def _slice_dim(self, dim: int, lo: int, hi: int) -> Tensor:
+        """Elements lo..hi-1 of one dim (a shrink of that dim alone)."""
+        return self.shrink([None] * dim + [(lo, hi)] + [None] * (self.ndim - dim - 1))
 
     def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Tensor:
+        """The elements lo..hi-1 of each dim, for (lo, hi) (or None: all) per dim.
+
+        >>> Tensor([[1, 2, 3], [4, 5, 6]]).shrink((None, (1, 3))).tolist()
+        [[2, 3], [5, 6]]
+        """
         arg = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for b, s in zip(bounds, self.shape))
         if len(bounds) != self.ndim or any(not 0 <= lo <= hi <= s for (lo, hi), s in zip(arg, self.shape)):
             raise ValueError(f"shrink bounds {tuple(bounds)} do not fit shape {self.shape}")
         return self if all(b == (0, s) for b, s in zip(arg, self.shape)) else self._movement(Ops.SHRINK, arg)
 
     def flip(self, *axis: int | Sequence[int]) -> Tensor:
+        """Reverse the order of elements along the given dims.
+
+        >>> Tensor([[1, 2], [3, 4]]).flip(1).tolist()
+        [[2, 1], [4, 3]]
+        """
         axes = tuple(sorted({normalize_axis(a, self.ndim) for a in shape_arg(axis, allow_neg=True)}))
         return self._movement(Ops.FLIP, axes) if axes else self
 
     def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+        """Swap two dims.
+
+        >>> Tensor.zeros(2, 3, 4).transpose(0, -1).shape
+        (4, 3, 2)
+        """
         order = list(range(self.ndim))
         a, b = normalize_axis(dim0, self.ndim), normalize_axis(dim1, self.ndim)
         order[a], order[b] = order[b], order[a]
@@ -98,30 +181,112 @@ class MovementOps(TensorBase):
 
     @property
     def T(self) -> Tensor:  # noqa: N802
+        """All dims reversed (the matrix transpose of a 2-d tensor)."""
         return self.permute(tuple(reversed(range(self.ndim))))
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        """Merge dims start_dim..end_dim into one.
+
+        >>> Tensor.zeros(2, 3, 4).flatten(1).shape
+        (2, 12)
+        """
         if self.ndim == 0:
             return self.reshape(1)
         s, e = normalize_axis(start_dim, self.ndim), normalize_axis(end_dim, self.ndim)
+        if s > e:
+            raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} (shape {self.shape})")
         return self.reshape(*self.shape[:s], prod(self.shape[s : e + 1]), *self.shape[e + 1 :])
 
-    def squeeze(self, dim: int | None = None) -> Tensor:
+    def squeeze(self, dim: int | Sequence[int] | None = None) -> Tensor:
+        """Remove size-1 dims: all of them, or those of the dims given that have size 1 (others stay, as in torch).
+
+        >>> Tensor.zeros(1, 3, 1).squeeze().shape, Tensor.zeros(1, 3, 1).squeeze((0, 1)).shape
+        ((3,), (3, 1))
+        """
         if dim is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
-        d = normalize_axis(dim, self.ndim)
-        return self if self.ndim == 0 or self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1 :])
+        dims = {normalize_axis(d, self.ndim) for d in ((dim,) if isinstance(dim, int) else dim)}
+        return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in dims or s != 1))
 
     def unsqueeze(self, dim: int) -> Tensor:
+        """A new size-1 dim at position dim (negative counts from the end of the result).
+
+        >>> Tensor([1, 2]).unsqueeze(-1).tolist()
+        [[1], [2]]
+        """
         d = normalize_axis(dim, self.ndim + 1)
         return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
-    def __getitem__(self, index: Any) -> Tensor:
-        """Basic indexing: ints, slices (with steps), None and Ellipsis."""
-        idx = list(index) if isinstance(index, tuple) else [index]
-        for i in idx:
-            if not (i is None or i is Ellipsis or isinstance(i, (int, slice))) or isinstance(i, bool):
-                raise TypeError(f"this index is not supported yet: {i!r} (ints, slices, None and ... are)")
+    def unflatten(self, dim: int, sizes: Sequence[int]) -> Tensor:
+        """Split one dim into several; one of `sizes` may be -1.
+
+        >>> Tensor.zeros(2, 6).unflatten(1, (3, -1)).shape
+        (2, 3, 2)
+        """
+        d = normalize_axis(dim, self.ndim)
+        sizes = shape_arg(sizes, allow_neg=True)
+        known = prod(s for s in sizes if s != -1)
+        if -1 in sizes:
+            fits = sizes.count(-1) == 1 and known > 0 and self.shape[d] % known == 0
+        else:
+            fits = known == self.shape[d]
+        if not sizes or not fits:
+            raise ValueError(f"unflatten: sizes {sizes} do not make dim {dim} of size {self.shape[d]}")
+        return self.reshape(*self.shape[:d], *sizes, *self.shape[d + 1 :])
+
+    def repeat(self, *repeats: int | Sequence[int]) -> Tensor:
+        """Tile the tensor `repeats[i]` times along dim i, as torch.Tensor.repeat (extra leading repeats add dims).
+
+        >>> Tensor([1, 2]).repeat(2, 2).tolist()
+        [[1, 2, 1, 2], [1, 2, 1, 2]]
+        """
+        reps = shape_arg(repeats)
+        if len(reps) < self.ndim:
+            raise ValueError(f"repeat needs a count for each of the {self.ndim} dims, got {reps}")
+        shape = (1,) * (len(reps) - self.ndim) + self.shape
+        split = [n for s in shape for n in (1, s)]
+        tiled = [n for r, s in zip(reps, shape) for n in (r, s)]
+        return self.reshape(split).expand(tiled).reshape([r * s for r, s in zip(reps, shape)])
+
+    def repeat_interleave(self, repeats: int, dim: int | None = None) -> Tensor:
+        """Repeat each element `repeats` times along dim (over the flattened tensor when dim is None).
+
+        >>> Tensor([1, 2]).repeat_interleave(2).tolist()
+        [1, 1, 2, 2]
+        """
+        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 0:
+            raise TypeError(f"repeat_interleave takes a non-negative int count, got {repeats!r}")
+        x, d = (self.flatten(), 0) if dim is None else (self, normalize_axis(dim, self.ndim))
+        if x.ndim == 0:
+            x = x.reshape(1)
+        wide = x.unsqueeze(d + 1)
+        return wide.expand(*x.shape[: d + 1], repeats, *x.shape[d + 1 :]).flatten(d, d + 1)
+
+    def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Tensor:
+        """Shift elements along dims, wrapping around (over the flattened tensor when dims is None).
+
+        >>> Tensor([1, 2, 3, 4]).roll(1).tolist()
+        [4, 1, 2, 3]
+        """
+        if dims is None:
+            if not isinstance(shifts, int):
+                raise TypeError(f"roll without dims takes one int shift, got {shifts!r}")
+            return self.flatten().roll(shifts, 0).reshape(self.shape)
+        shift_list = [shifts] if isinstance(shifts, int) else list(shifts)
+        dim_list = [dims] if isinstance(dims, int) else list(dims)
+        if len(shift_list) != len(dim_list):
+            raise ValueError(f"roll needs one shift per dim, got shifts {shifts} and dims {dims}")
+        x = self
+        for s, dim in zip(shift_list, dim_list):
+            d = normalize_axis(dim, self.ndim)
+            n = x.shape[d]
+            if n and s % n:
+                k = s % n
+                x = x._slice_dim(d, n - k, n).cat(x._slice_dim(d, 0, n - k), dim=d)
+        return x
+
+    def _basic_index(self, idx: list[Any]) -> Tensor:
+        """Basic indexing as views: ints, slices (with steps), None and Ellipsis (indexing.py parses the index)."""
         if idx.count(Ellipsis) > 1:
             raise IndexError("an index can only have one ellipsis (...)")
         n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
@@ -180,7 +345,4 @@ class MovementOps(TensorBase):
         # the last element has no full row after it: take it on its own and join the two with padding
         head = columns(self.shrink(along((0, (n - 1) * step))), n - 1)
         last = self.shrink(along(((n - 1) * step, (n - 1) * step + 1)))
-        no_pad = [(0, 0)] * self.ndim
-        return head.pad(no_pad[:dim] + [(0, 1)] + no_pad[dim + 1 :]) + last.pad(
-            no_pad[:dim] + [(n - 1, 0)] + no_pad[dim + 1 :]
-        )
+        return head.cat(last, dim=dim)

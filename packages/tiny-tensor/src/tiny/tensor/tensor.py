@@ -12,6 +12,7 @@ from tiny.ir.device import Device, buffer_of, new_buffer
 from tiny.ir.dtypes import DType, dtypes, to_dtype
 from tiny.ir.schedule import ScheduleItem, create_schedule, is_realized
 from tiny.ir.uop import Ops, UOp, substitute
+from tiny.tensor.activations import ActivationOps
 from tiny.tensor.autograd import AutogradOps, no_grad_wrap, record_origins
 from tiny.tensor.checks import check_dtype, const
 from tiny.tensor.creation import CreationOps
@@ -19,6 +20,7 @@ from tiny.tensor.elementwise import ElementwiseOps
 from tiny.tensor.functional import FunctionalOps
 from tiny.tensor.indexing import IndexingOps
 from tiny.tensor.inplace import InplaceOps
+from tiny.tensor.mathfns import MathOps
 from tiny.tensor.movement import MovementOps
 from tiny.tensor.realize import run_schedule
 from tiny.tensor.reduce import ReduceOps
@@ -27,7 +29,18 @@ Scalar = int | float | bool
 _NP_TO_DTYPE = {np.dtype(d.fmt): d for d in dtypes.all() if d.fmt is not None}
 
 
-class Tensor(CreationOps, ElementwiseOps, ReduceOps, MovementOps, IndexingOps, FunctionalOps, InplaceOps, AutogradOps):
+class Tensor(
+    CreationOps,
+    ElementwiseOps,
+    MathOps,
+    ActivationOps,
+    ReduceOps,
+    MovementOps,
+    IndexingOps,
+    FunctionalOps,
+    InplaceOps,
+    AutogradOps,
+):
     """A lazily evaluated n-dimensional array on a device.
 
     >>> Tensor([[1.0, 2.0], [3.0, 4.0]]).sum(axis=1).tolist()

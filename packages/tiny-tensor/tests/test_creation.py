@@ -1,0 +1,268 @@
+"""Creating tensors: constants and ranges against PyTorch; random numbers that repeat under a seed, are the same
+on every device and have the right distribution; the weight initializers of torch.nn.init."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from tensor_helpers import small
+
+from tiny.tensor import Tensor, dtypes
+
+torch = pytest.importorskip("torch")
+
+
+# ---- constants and ranges
+
+
+def test_empty_is_zeros(device: str) -> None:
+    e = Tensor.empty(2, 3, device=device)
+    assert e.shape == (2, 3) and e.dtype == dtypes.float32 and e.device == device
+    assert e.tolist() == [[0.0] * 3] * 2  # documented: empty gives zeros
+    like = Tensor([[1, 2]], device=device).empty_like()
+    assert like.shape == (1, 2) and like.dtype == dtypes.int64 and like.tolist() == [[0, 0]]
+    assert Tensor.empty((4,), dtype="int8", device=device).dtype == dtypes.int8
+
+
+@pytest.mark.parametrize(
+    "start, end, steps", [(0, 1, 5), (-3.5, 10, 7), (2, -2, 9), (1, 1, 4), (0.1, 0.7, 1), (0, 5, 0), (-1, 1, 64)]
+)
+def test_linspace(device: str, start: float, end: float, steps: int) -> None:
+    out = Tensor.linspace(start, end, steps, device=device)
+    ref = torch.linspace(start, end, steps).numpy()
+    assert out.dtype == dtypes.float32 and out.shape == ref.shape
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-6, atol=1e-6)
+    if steps > 1:  # both ends exactly
+        assert out.numpy()[0] == np.float32(start) and out.numpy()[-1] == np.float32(end)
+
+
+def test_linspace_dtypes_and_errors(device: str) -> None:
+    out = Tensor.linspace(-3, 10, 5, dtype="int32", device=device)
+    assert out.dtype == dtypes.int32
+    assert out.tolist() == torch.linspace(-3, 10, 5, dtype=torch.int32).tolist()
+    half = Tensor.linspace(0, 1, 5, dtype="float16", device=device)
+    assert half.dtype == dtypes.float16 and half.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+    with pytest.raises(ValueError, match="steps"):
+        Tensor.linspace(0, 1, -1, device=device)
+    with pytest.raises(ValueError, match="steps"):
+        Tensor.linspace(0, 1, 2.5, device=device)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="end"):
+        Tensor.linspace(0, "1", 3, device=device)  # type: ignore[arg-type]
+
+
+def test_constants_and_ranges_match_torch(device: str) -> None:
+    assert Tensor.arange(5, device=device).tolist() == torch.arange(5).tolist()
+    assert Tensor.arange(1, 2, 0.25, device=device).tolist() == torch.arange(1, 2, 0.25).tolist()
+    assert Tensor.arange(10, 0, -3, device=device).tolist() == torch.arange(10, 0, -3).tolist()
+    assert Tensor.eye(2, 3, device=device).tolist() == torch.eye(2, 3).tolist()
+    assert Tensor.full((2, 2), 1.5, device=device).tolist() == torch.full((2, 2), 1.5).tolist()
+    assert Tensor.ones(2, dtype="int32", device=device).tolist() == [1, 1]
+    x = Tensor([[1.0, 2.0]], device=device)
+    for like in (x.zeros_like(), x.ones_like(), x.full_like(3.0), x.empty_like()):
+        assert like.shape == (1, 2) and like.dtype == dtypes.float32 and like.device == device
+
+
+# ---- random numbers: reproducible, and the same on every device
+
+
+def draws(device: str) -> dict[str, np.ndarray]:
+    """One of each random op, after seeding."""
+    Tensor.manual_seed(1234)
+    return {
+        "rand": Tensor.rand(5, 7, device=device).numpy(),
+        "rand_f16": Tensor.rand(9, dtype="float16", device=device).numpy(),
+        "randint": Tensor.randint(-50, 50, (4, 6), device=device).numpy(),
+        "randint_wide": Tensor.randint(-(2**40), 2**40, (5,), device=device).numpy(),
+        "randn": Tensor.randn(6, 8, device=device).numpy(),
+        "uniform": Tensor.uniform(12, low=-3.0, high=0.5, device=device).numpy(),
+        "normal": Tensor.normal(3, 4, mean=2.0, std=0.1, device=device).numpy(),
+        "kaiming": Tensor.kaiming_uniform(4, 3, device=device).numpy(),
+    }
+
+
+def test_manual_seed_repeats_the_numbers(device: str) -> None:
+    first, again = draws(device), draws(device)
+    for name in first:
+        np.testing.assert_array_equal(first[name], again[name], err_msg=name)
+    Tensor.manual_seed(1234)
+    a, b = Tensor.rand(8, device=device).numpy(), Tensor.rand(8, device=device).numpy()
+    assert not np.array_equal(a, b), "two draws after one seed gave the same numbers"
+    Tensor.manual_seed(1235)
+    assert not np.array_equal(Tensor.rand(8, device=device).numpy(), a), "another seed gave the same numbers"
+    Tensor.manual_seed(2**40 + 1234)  # seeds wider than 32 bits count too
+    assert not np.array_equal(Tensor.rand(8, device=device).numpy(), a)
+
+
+def test_same_numbers_on_every_device(device: str, python_device: str) -> None:
+    ours, reference = draws(device), draws(python_device)
+    for name in ("rand", "rand_f16", "randint", "randint_wide"):  # integer hashing and exact conversions
+        np.testing.assert_array_equal(ours[name], reference[name], err_msg=f"{name} on {device}")
+    # the rest uses only correctly rounded float ops (no device exp/log/sin), so it agrees to the bit where the
+    # compiler keeps a*b+c as two roundings; clang's default contraction into fma can move the last bit or two
+    for name in ("randn", "uniform", "normal", "kaiming"):
+        np.testing.assert_allclose(ours[name], reference[name], rtol=1e-6, atol=1e-6, err_msg=f"{name} on {device}")
+
+
+# ---- random numbers: ranges, dtypes and distributions
+
+
+def test_rand_dtypes(device: str) -> None:
+    for dt, bits in ((dtypes.float32, 24), (dtypes.float16, 11), (dtypes.bfloat16, 8), (dtypes.float64, 32)):
+        x = Tensor.rand(small(device, 2000, 48), dtype=dt, device=device)
+        assert x.dtype == dt
+        v = x.numpy().astype(np.float64)
+        assert v.min() >= 0 and v.max() < 1, dt.name
+        np.testing.assert_array_equal(v * 2.0**bits, np.floor(v * 2.0**bits), err_msg=f"{dt.name} off its grid")
+    with pytest.raises(TypeError, match="floats"):
+        Tensor.rand(3, dtype="int32", device=device)
+    with pytest.raises(TypeError, match="floats"):
+        Tensor.randn(3, dtype="bool", device=device)
+
+
+def test_uniform_and_normal_distributions(device: str) -> None:
+    n = small(device, 40000, 64)
+    Tensor.manual_seed(7)
+    u = Tensor.rand(n, device=device).numpy().astype(np.float64)
+    assert abs(u.mean() - 0.5) < 6 * math.sqrt(1 / 12 / n)
+    assert abs(u.var() - 1 / 12) < 6 * 0.0745 / math.sqrt(n)
+    z = Tensor.randn(n, device=device).numpy().astype(np.float64)
+    assert abs(z.mean()) < 6 / math.sqrt(n) and abs(z.std() - 1) < 6 / math.sqrt(2 * n)
+    if n >= 10000:  # the shape of the distribution: Kolmogorov-Smirnov against the normal CDF
+        zs = np.sort(z)
+        cdf = 0.5 * (1 + np.vectorize(math.erf)(zs / math.sqrt(2)))
+        assert np.abs(cdf - np.arange(1, n + 1) / n).max() < 1.95 / math.sqrt(n)
+        assert abs(((z - z.mean()) ** 4).mean() / z.var() ** 2 - 3) < 0.1  # normal kurtosis
+    w = Tensor.uniform(n, low=-3.0, high=0.5, device=device).numpy()
+    assert w.min() >= -3 and w.max() < 0.5 and abs(w.mean() + 1.25) < 6 * 3.5 / math.sqrt(12 * n)
+    g = Tensor.normal(n, mean=2.0, std=0.1, device=device).numpy().astype(np.float64)
+    assert abs(g.mean() - 2) < 0.6 / math.sqrt(n) and abs(g.std() - 0.1) < 0.6 / math.sqrt(2 * n)
+    assert Tensor.normal(4, std=0.0, device=device).tolist() == [0.0] * 4
+    with pytest.raises(ValueError, match="std"):
+        Tensor.normal(3, std=-1.0, device=device)
+
+
+def test_randint(device: str) -> None:
+    n = small(device, 5000, 60)
+    x = Tensor.randint(-3, 4, (n,), device=device)
+    assert x.dtype == dtypes.int64 and x.shape == (n,)
+    v = x.numpy()
+    assert v.min() >= -3 and v.max() <= 3
+    assert set(v.tolist()) == set(range(-3, 4)), "some values in [-3, 4) never came"
+    assert Tensor.randint(5, (2, 3), device=device).numpy().max() < 5  # torch.randint(high, size)
+    assert Tensor.randint(5, shape=(4,), device=device).numpy().min() >= 0
+    i8 = Tensor.randint(-128, 128, (n,), dtype="int8", device=device).numpy()
+    assert i8.dtype == np.int8 and i8.min() < -64 and i8.max() > 64  # spread over the whole range, wrapped right
+    f = Tensor.randint(0, 10, (n,), dtype="float32", device=device).numpy()
+    assert f.dtype == np.float32 and (f == np.floor(f)).all() and f.min() >= 0 and f.max() <= 9
+    wide = Tensor.randint(0, 2**40, (n,), device=device).numpy()
+    assert wide.min() >= 0 and wide.max() < 2**40 and wide.max() > 2**32  # the upper bits are drawn too
+    if n >= 1000:
+        assert abs(np.bincount(v + 3).astype(np.float64) / n - 1 / 7).max() < 6 * math.sqrt(1 / 7 / n)
+
+
+def test_randint_errors(device: str) -> None:
+    with pytest.raises(ValueError, match="low < high"):
+        Tensor.randint(5, 5, (2,), device=device)
+    with pytest.raises(ValueError, match="int8"):
+        Tensor.randint(0, 300, (2,), dtype="int8", device=device)
+    with pytest.raises(TypeError, match="high"):
+        Tensor.randint(0, 2.5, (2,), device=device)  # type: ignore[arg-type]
+
+
+def test_like_random(device: str) -> None:
+    x = Tensor.zeros(3, 4, dtype="float16", device=device)
+    for r in (x.rand_like(), x.randn_like()):
+        assert r.shape == (3, 4) and r.dtype == dtypes.float16 and r.device == device
+    assert x.rand_like(dtype="float32").dtype == dtypes.float32
+    with pytest.raises(TypeError, match="float dtype"):
+        Tensor([1, 2], device=device).randn_like()
+    assert Tensor([1, 2], device=device).rand_like(dtype="float32").dtype == dtypes.float32
+
+
+# ---- initializers: torch.nn.init's fans, gains and bounds
+
+
+def torch_fans(shape: tuple[int, ...]) -> tuple[int, int]:
+    return torch.nn.init._calculate_fan_in_and_fan_out(torch.empty(shape))
+
+
+INIT_SHAPES = {"CPU": [(256, 128), (64, 16, 3, 3)], "PYTHON": [(8, 6), (4, 2, 3)]}
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_uniform_initializers(device: str, which: int) -> None:
+    shape = small(device, INIT_SHAPES["CPU"], INIT_SHAPES["PYTHON"])[which]
+    fan_in, fan_out = torch_fans(shape)
+    gain_relu, gain_leaky = torch.nn.init.calculate_gain("relu"), torch.nn.init.calculate_gain("leaky_relu", 0.2)
+    cases = {  # name -> (tensor, torch's bound)
+        "xavier_uniform": (Tensor.xavier_uniform(*shape, device=device), math.sqrt(6 / (fan_in + fan_out))),
+        "glorot_uniform": (
+            Tensor.glorot_uniform(shape, gain=2.0, device=device),
+            2 * math.sqrt(6 / (fan_in + fan_out)),
+        ),
+        "kaiming_uniform": (Tensor.kaiming_uniform(*shape, device=device), gain_relu * math.sqrt(3 / fan_in)),
+        "kaiming_fan_out": (
+            Tensor.kaiming_uniform(*shape, a=0.2, mode="fan_out", device=device),
+            gain_leaky * math.sqrt(3 / fan_out),
+        ),
+        "kaiming_relu": (Tensor.kaiming_uniform(*shape, nonlinearity="relu", device=device), math.sqrt(6 / fan_in)),
+        "kaiming_tanh": (
+            Tensor.kaiming_uniform(*shape, nonlinearity="tanh", device=device),
+            5 / 3 * math.sqrt(3 / fan_in),
+        ),
+        "scaled_uniform": (Tensor.scaled_uniform(*shape, device=device), 1 / math.sqrt(math.prod(shape))),
+    }
+    # torch's own initializer on the same shape reaches the same bound
+    ref = torch.nn.init.kaiming_uniform_(torch.empty(shape)).abs().max().item()
+    assert ref <= cases["kaiming_uniform"][1] * (1 + 1e-6)
+    for name, (t, bound) in cases.items():
+        assert t.shape == shape and t.dtype == dtypes.float32, name
+        v = np.abs(t.numpy())
+        assert v.max() <= bound * (1 + 1e-6), f"{name}: {v.max()} beyond {bound}"
+        assert v.max() >= bound * small(device, 0.99, 0.6), f"{name}: {v.max()} far inside {bound}"
+        if v.size > 1000:  # uniform on [-b, b] has std b / sqrt(3)
+            assert abs(t.numpy().std() - bound / math.sqrt(3)) < 0.03 * bound, name
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_normal_initializers(device: str, which: int) -> None:
+    shape = small(device, INIT_SHAPES["CPU"], INIT_SHAPES["PYTHON"])[which]
+    fan_in, fan_out = torch_fans(shape)
+    cases = {  # name -> (tensor, torch's std)
+        "xavier_normal": (
+            Tensor.xavier_normal(*shape, gain=0.5, device=device),
+            0.5 * math.sqrt(2 / (fan_in + fan_out)),
+        ),
+        "kaiming_normal": (Tensor.kaiming_normal(*shape, device=device), math.sqrt(2 / fan_in)),
+        "kaiming_normal_selu": (
+            Tensor.kaiming_normal(*shape, mode="fan_out", nonlinearity="selu", device=device),
+            0.75 / math.sqrt(fan_out),
+        ),
+        "kaiming_normal_linear": (
+            Tensor.kaiming_normal(*shape, nonlinearity="linear", device=device),
+            1 / math.sqrt(fan_in),
+        ),
+    }
+    for name, (t, std) in cases.items():
+        assert t.shape == shape and t.dtype == dtypes.float32, name
+        v = t.numpy().astype(np.float64)
+        assert np.abs(v).max() < 7 * std, name
+        if v.size > 1000:
+            assert abs(v.std() - std) < 0.03 * std and abs(v.mean()) < 0.05 * std, name
+        else:
+            assert 0.4 * std < v.std() < 1.6 * std, name
+
+
+def test_initializer_errors(device: str) -> None:
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        Tensor.xavier_uniform(5, device=device)
+    with pytest.raises(ValueError, match="mode"):
+        Tensor.kaiming_uniform(3, 4, mode="fan_avg", device=device)
+    with pytest.raises(ValueError, match="nonlinearity"):
+        Tensor.kaiming_normal(3, 4, nonlinearity="swish", device=device)
+    with pytest.raises(ValueError, match="fan_in 0"):
+        Tensor.kaiming_normal(3, 0, device=device)
+    with pytest.raises(TypeError, match="int"):
+        Tensor.manual_seed(1.5)  # type: ignore[arg-type]
