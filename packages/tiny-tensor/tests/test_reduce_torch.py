@@ -56,9 +56,10 @@ def kernels(t: Tensor) -> int:
 )
 def test_sum_prod_mean(device: str, axis, keepdim: bool) -> None:
     compare(device, lambda x: x.sum(axis, keepdim=keepdim), (3, 4, 2))
-    compare(device, lambda x: x.mean(axis, keepdim=keepdim), (3, 4, 2))
     if isinstance(axis, int):  # torch.prod takes one dim
         compare(device, lambda x: x.prod(axis, keepdim=keepdim), (3, 4, 2), low=0.5, high=1.5)
+    else:
+        compare(device, lambda x: x.mean(axis, keepdim=keepdim), (3, 4, 2))
 
 
 def test_prod_of_all_and_of_axis_tuples(device: str) -> None:
@@ -84,12 +85,11 @@ def test_integer_sum_prod_are_int64(device: str, dtype: str) -> None:
     "fn",
     [
         lambda x: x.var(1),
-        lambda x: x.std((0, -1), correction=0),
         lambda x: x.var((0, 2), correction=2, keepdim=True),
         lambda x: x.std(-1, False, True),  # torch's positional (dim, unbiased, keepdim)
         lambda x: x.var(correction=1.5),
     ],
-    ids=["var", "std-correction0", "var-correction2-tuple", "std-positional", "var-all"],
+    ids=["var", "var-correction2-tuple", "std-positional", "var-all"],
 )
 def test_var_std(device: str, fn: Callable) -> None:
     compare(device, fn, (3, 5, 2))
@@ -122,10 +122,9 @@ def test_var_without_enough_elements(device: str) -> None:
         lambda x: x.amax(),
         lambda x: x.amin(1),
         lambda x: x.amax(-1, keepdim=True),
-        lambda x: x.amin((0, 2), keepdim=True),
-        lambda x: x.amax((-1, 0)),
+        lambda x: x.amin((-1, 0), keepdim=True),
     ],
-    ids=["max-all", "min-1", "max-neg-keepdim", "min-tuple-keepdim", "max-neg-tuple"],
+    ids=["max-all", "min-1", "max-neg-keepdim", "min-neg-tuple-keepdim"],
 )
 def test_max_min(device: str, fn: Callable) -> None:
     compare(device, fn, (3, 4, 2))
@@ -161,11 +160,23 @@ ARG_DATA = {
 }
 
 
-@pytest.mark.parametrize("data", ARG_DATA.values(), ids=ARG_DATA.keys())
 @pytest.mark.parametrize(
-    "name, axis, keepdim", [("argmax", 1, False), ("argmin", 0, True), ("argmax", -1, True), ("argmin", None, False)]
+    "data, name, axis, keepdim",
+    [
+        ("ties", "argmax", 1, False),
+        ("ties", "argmin", 0, True),
+        ("ties", "argmax", -1, True),
+        ("ties", "argmin", None, False),
+        ("nan-inf", "argmax", 1, False),
+        ("nan-inf", "argmin", None, False),
+        ("int", "argmin", 0, True),
+        ("int", "argmax", -1, True),
+        ("bool", "argmax", 1, False),
+        ("bool", "argmin", None, False),
+    ],
 )
-def test_argmax_argmin_first_index(device: str, data: np.ndarray, name: str, axis, keepdim: bool) -> None:
+def test_argmax_argmin_first_index(device: str, data: str, name: str, axis, keepdim: bool) -> None:
+    data = ARG_DATA[data]
     ints = data.dtype == np.bool_  # torch has no argmax for bool: compare with it on ints
     ours = lambda x: getattr(x, name)(axis, keepdim)  # noqa: E731
     theirs = lambda x: getattr(x.int() if ints else x, name)(axis, keepdim)  # noqa: E731
@@ -181,11 +192,17 @@ def test_argmax_of_size_1_and_0_d(device: str) -> None:
 # ---------------------------------------------------------------- any, all
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int32", "bool"])
 @pytest.mark.parametrize(
-    "fn",
-    [lambda x: x.any(), lambda x: x.all(), lambda x: x.any(1), lambda x: x.all(-1, keepdim=True)],
-    ids=["any", "all", "any-1", "all-neg-keepdim"],
+    "dtype, fn",
+    [
+        ("float32", lambda x: x.any()),
+        ("float32", lambda x: x.all(-1, keepdim=True)),
+        ("int32", lambda x: x.all()),
+        ("int32", lambda x: x.any(1)),
+        ("bool", lambda x: x.any(0)),
+        ("bool", lambda x: x.all(1)),
+    ],
+    ids=["float-any", "float-all-neg-keepdim", "int-all", "int-any-1", "bool-any-0", "bool-all-1"],
 )
 def test_any_all(device: str, dtype: str, fn: Callable) -> None:
     same(device, fn, fn, np.array([[0, 0, 0], [1, 0, 2], [3, 1, 1]]).astype(dtype))
@@ -269,10 +286,9 @@ def test_long_scans_run_in_blocks(device: str, monkeypatch: pytest.MonkeyPatch) 
     """Axes longer than SCAN_DIRECT_MAX scan blocks of about sqrt(n). With it lowered these take that path:
     blocks that divide the axis (30 = 5 * 6), that do not (29, padded), and blocks of blocks (50)."""
     monkeypatch.setattr(reduce_module, "SCAN_DIRECT_MAX", 8)
-    compare(device, lambda x: x.cumsum(-1), (2, 30))
     compare(device, lambda x: x.cumsum(0), (29,))
-    data = np.random.default_rng(0).uniform(0.8, 1.2, (29,)).astype(np.float32)
-    same(device, lambda x: x.cumprod(0), lambda x: x.cumprod(0), data)
+    data = np.random.default_rng(0).uniform(0.8, 1.2, (2, 30)).astype(np.float32)
+    same(device, lambda x: x.cumprod(-1), lambda x: x.cumprod(-1), data)
     data = np.array([1.0, 3.0, 2.0, 3.0, NAN, 1.0, 7.0, 2.0, 9.0, 9.0, 0.0], dtype=np.float32)
     same(device, lambda x: x.cummax(0, return_indices=True), lambda x: x.cummax(0), data)
     monkeypatch.setattr(reduce_module, "SCAN_DIRECT_MAX", 4)
@@ -282,8 +298,7 @@ def test_long_scans_run_in_blocks(device: str, monkeypatch: pytest.MonkeyPatch) 
 CUM_DATA = np.array([[1.0, 3.0, 3.0, 2.0, 5.0], [4.0, 4.0, 1.0, 4.0, 0.0], [2.0, -1.0, 2.0, 2.0, -3.0]], np.float32)
 
 
-@pytest.mark.parametrize("name", ["cummax", "cummin"])
-@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("name, axis", [("cummax", 1), ("cummin", 0)])
 def test_cummax_cummin(device: str, name: str, axis: int) -> None:
     """Ties: the index (and the gradient) goes to the last element equal to the running max, as in torch."""
     compare(device, both(lambda x: getattr(x, name)(axis), lambda x: getattr(x, name)(axis).values), data=[CUM_DATA])
@@ -336,8 +351,7 @@ def test_sort_gradient(device: str) -> None:
 NO_TIES = np.array([[3.0, -1.0, 2.5, 7.0, 0.0], [0.5, 4.0, -2.0, 1.0, 9.0], [6.0, 5.0, -3.0, 2.0, 1.5]], np.float32)
 
 
-@pytest.mark.parametrize("largest", [True, False])
-@pytest.mark.parametrize("k, axis", [(2, -1), (1, 0), (5, 1), (0, 1)], ids=str)
+@pytest.mark.parametrize("k, axis, largest", [(2, -1, True), (1, 0, False), (5, 1, False), (0, 1, True)], ids=str)
 def test_topk(device: str, largest: bool, k: int, axis: int) -> None:
     compare(device, lambda x: x.topk(k, axis, largest)[0], data=[NO_TIES])
     same(device, lambda x: x.topk(k, axis, largest), lambda x: x.topk(k, axis, largest), NO_TIES)

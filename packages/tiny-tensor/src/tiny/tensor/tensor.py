@@ -24,6 +24,7 @@ from tiny.tensor.mathfns import MathOps
 from tiny.tensor.movement import MovementOps
 from tiny.tensor.realize import run_schedule
 from tiny.tensor.reduce import ReduceOps
+from tiny.tensor.windows import WindowOps
 
 Scalar = int | float | bool
 _NP_TO_DTYPE = {np.dtype(d.fmt): d for d in dtypes.all() if d.fmt is not None}
@@ -38,6 +39,7 @@ class Tensor(
     MovementOps,
     IndexingOps,
     FunctionalOps,
+    WindowOps,
     InplaceOps,
     AutogradOps,
 ):
