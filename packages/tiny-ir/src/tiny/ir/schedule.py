@@ -33,6 +33,7 @@ class ScheduleItem:
 class Schedule:
     items: list[ScheduleItem]
     becomes: dict[UOp, UOp]  # each realized tensor-level node -> the view of its new buffer
+    renamed: dict[UOp, UOp]  # targets that need no kernel, being views of memory once written simply
 
 
 def is_realized(u: UOp) -> bool:
@@ -207,6 +208,9 @@ class _KernelBuilder:
 def _lift_reshape(alu: UOp, ctx: dict[UOp, bool]) -> UOp | None:
     """ALU(RESHAPE(r), y) -> RESHAPE(ALU(r, RESHAPE(y))) where r holds a reduction, so the reduction and
     this op stay in one kernel; the reshape rises to the kernel's output, whose view absorbs it."""
+    lifted = {s.src[0].shape for s in alu.src if s.op is Ops.RESHAPE and _reduces(s.src[0], ctx)}
+    if len(lifted) != 1:
+        return None  # reductions of different shapes would take turns being lifted: leave them
     for s in alu.src:
         if s.op is Ops.RESHAPE and _reduces(s.src[0], ctx) and s.src[0].shape != s.shape:
             inner = s.src[0].shape
@@ -215,6 +219,11 @@ def _lift_reshape(alu: UOp, ctx: dict[UOp, bool]) -> UOp | None:
             )
             return _reshape(alu.replace(src=srcs), alu.shape)
     return None
+
+
+def _merge_reshapes(outer: UOp, inner: UOp) -> UOp | None:
+    """Two reshapes are one, except over a buffer: a tensor's view of its memory keeps its identity for autograd."""
+    return None if inner.src[0].op is Ops.BUFFER else _reshape(inner.src[0], outer.arg)
 
 
 def _reduces(u: UOp, memo: dict[UOp, bool]) -> bool:
@@ -231,7 +240,13 @@ def _reshape(u: UOp, shape: tuple[int, ...]) -> UOp:
     return u if u.shape == shape else UOp(Ops.RESHAPE, u.dtype, (u,), shape)
 
 
-lift_reshapes = PatternMatcher([(UPat(GroupOp.Elementwise, name="alu"), _lift_reshape)], name="lift_reshapes")
+lift_reshapes = PatternMatcher(
+    [
+        (UPat(Ops.RESHAPE, src=(UPat(Ops.RESHAPE, name="inner"),), name="outer"), _merge_reshapes),  # one reshape
+        (UPat(GroupOp.Elementwise, name="alu"), _lift_reshape),  # reshapes of reductions rise to the kernel's output
+    ],
+    name="lift_reshapes",
+)
 
 
 def create_schedule(targets: list[UOp]) -> Schedule:
@@ -248,10 +263,13 @@ def create_schedule(targets: list[UOp]) -> Schedule:
         except _Unexpressible as e:
             forced.add(e.node)
     becomes = {u: u.src[0] if u.op is Ops.ASSIGN else _buffer_view(buffers[u], u.shape) for u in realize}
+    renamed: dict[UOp, UOp] = {}
     for original, rewritten in zip(targets, sink.src):
-        if rewritten in becomes:
-            becomes[original] = becomes[rewritten]
-    return Schedule(items, becomes)
+        if rewritten in becomes:  # the caller's node, not the rewritten one, is what its tensors hold
+            becomes[original] = becomes.pop(rewritten) if rewritten is not original else becomes[rewritten]
+        elif rewritten is not original and is_realized(rewritten):  # the rewrite alone made it a view of memory
+            renamed[original] = rewritten
+    return Schedule(items, becomes, renamed)
 
 
 def _item(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> ScheduleItem:

@@ -116,16 +116,19 @@ class AutogradOps(TensorBase):
 
 def _through_realized(root: UOp, keep: set[UOp]) -> UOp:
     """root with every buffer that realize() made replaced by the graph that computed it (but the targets)."""
-    while True:
-        swap = {u: ORIGINS[u] for u in root.toposort if u in ORIGINS and u not in keep}
+    expanded: set[UOp] = set()
+    while True:  # each buffer is expanded once: an origin never leads back to its own buffer
+        swap = {u: ORIGINS[u] for u in root.toposort if u in ORIGINS and u not in keep and u not in expanded}
         if not swap:
             return root
+        expanded.update(swap)
         root = substitute(root, swap)
 
 
 def record_origins(becomes: dict[UOp, UOp]) -> None:
     for node, view in becomes.items():
-        ORIGINS[view] = node
+        if view not in ORIGINS:  # the first graph that computed a buffer is where its gradient comes from
+            ORIGINS[view] = node
 
 
 def no_grad_wrap(uop: UOp) -> UOp:

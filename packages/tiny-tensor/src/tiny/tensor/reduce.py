@@ -1,9 +1,9 @@
 """Reductions (sum, prod, max, argmax, var, logsumexp, softmax ...), scans (cumsum ...), sorting, and matmul.
 
-Every op here is built from REDUCE_AXIS, elementwise ops and movement ops, so autograd needs no rule of its own
-for any of them. Scans and sorts along an axis of n elements compare every pair (i, j) inside one fused
-kernel: O(n^2) work but only O(n) memory, because the (n, n) grid is an expand, never a buffer. Long scans
-are split into blocks of about sqrt(n), which brings the work down to O(n sqrt(n)).
+Every op here is built from REDUCE_AXIS (with ADD, MUL or MAX), elementwise ops and movement ops, so autograd
+needs no rule beyond those primitives' own. Scans and sorts along an axis of n elements compare every pair
+(i, j) inside one fused kernel: O(n^2) work but only O(n) memory, because the (n, n) grid is an expand, never
+a buffer. Long scans are split into blocks of about sqrt(n), which brings the work down to O(n sqrt(n)).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 Scalar = int | float | bool
 Axis = int | Sequence[int] | None
 
-# a scan along an axis longer than this runs in blocks (see _scan_last); shorter ones compare all pairs at once
+# a scan along an axis longer than this runs in blocks (see _scan); shorter ones compare all pairs at once
 SCAN_DIRECT_MAX = 64
 
 
@@ -442,7 +442,11 @@ class ReduceOps(TensorBase):
     # ---- matmul
 
     def matmul(self, w: Tensor) -> Tensor:
-        """Matrix product with batching and broadcasting, as torch.matmul."""
+        """Matrix product with batching and broadcasting, as torch.matmul.
+
+        >>> (Tensor([[1.0, 2.0], [3.0, 4.0]]) @ Tensor([1.0, 1.0])).tolist()
+        [3.0, 7.0]
+        """
         if not isinstance(w, TensorBase):
             raise TypeError(f"matmul takes a Tensor, got {type(w).__name__}")
         if self.ndim == 0 or w.ndim == 0:

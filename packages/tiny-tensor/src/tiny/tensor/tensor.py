@@ -109,12 +109,13 @@ class Tensor(
             return self
         sched = create_schedule(targets)
         run_schedule(sched.items)
-        record_origins(sched.becomes)
+        record_origins(sched.becomes | sched.renamed)
+        done = sched.becomes | sched.renamed
         for t in list(Tensor._live):
-            if t.uop in sched.becomes:
-                t.uop = sched.becomes[t.uop]
+            if t.uop in done:
+                t.uop = done[t.uop]
             elif not is_realized(t.uop):
-                t.uop = substitute(t.uop, {k: v for k, v in sched.becomes.items()})
+                t.uop = substitute(t.uop, done)
         return self
 
     def _buffer(self):  # noqa: ANN202
