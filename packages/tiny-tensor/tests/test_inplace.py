@@ -89,3 +89,16 @@ def test_bad_writes_are_refused(device: str) -> None:
     with pytest.raises(ValueError, match="broadcast"):
         t[0:2] = Tensor([1.0, 2.0, 3.0], device=device)
     assert t.dtype == dtypes.float32
+
+
+def test_setitem_with_tensor_indices_matches_torch(device: str) -> None:
+    torch = pytest.importorskip("torch")
+    t, a = base(device)
+    ref = torch.tensor(a)
+    rows, cols = [0, 2, 2], [1, 3, 0]
+    t[Tensor(rows, device=device), Tensor(cols, device=device)] = Tensor([5.0, 6.0, 7.0], device=device)
+    ref[torch.tensor(rows), torch.tensor(cols)] = torch.tensor([5.0, 6.0, 7.0])
+    np.testing.assert_array_equal(t.numpy(), ref.numpy())
+    t[Tensor([1], device=device)] = 0.0
+    ref[torch.tensor([1])] = 0.0
+    np.testing.assert_array_equal(t.numpy(), ref.numpy())
