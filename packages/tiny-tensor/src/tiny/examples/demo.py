@@ -27,6 +27,7 @@ def main() -> None:
 
         section("a fused chain ((a*b+c).relu()*d).sum(): one kernel")
         x, y, c, d = (Tensor.randn(64, 64) for _ in range(4))
+        x.realize(y, c, d)  # the inputs first (one kernel each), so that the next line shows the fused one alone
         fused = ((x * y + c).relu() * d).sum()
         print(f"{fused.item():.4f}  (NumPy: {((x.numpy() * y.numpy() + c.numpy()).clip(0) * d.numpy()).sum():.4f})")
 
