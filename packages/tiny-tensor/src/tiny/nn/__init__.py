@@ -1,0 +1,43 @@
+"""Layers with torch.nn's names, arguments and initialization, built on tiny.tensor's functional ops.
+
+>>> from tiny import nn
+>>> from tiny.tensor import Tensor
+>>> nn.Linear(3, 2)(Tensor.ones(1, 3)).shape
+(1, 2)
+"""
+
+from tiny.nn.layers import (
+    BatchNorm1d,
+    BatchNorm2d,
+    Conv1d,
+    Conv2d,
+    ConvTranspose1d,
+    ConvTranspose2d,
+    Dropout,
+    Embedding,
+    GroupNorm,
+    InstanceNorm1d,
+    InstanceNorm2d,
+    LayerNorm,
+    Linear,
+    LSTMCell,
+    RMSNorm,
+)
+
+__all__ = [
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "Conv1d",
+    "Conv2d",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "Dropout",
+    "Embedding",
+    "GroupNorm",
+    "InstanceNorm1d",
+    "InstanceNorm2d",
+    "LSTMCell",
+    "LayerNorm",
+    "Linear",
+    "RMSNorm",
+]

@@ -1,0 +1,114 @@
+"""Datasets read from local files: MNIST and Fashion-MNIST in their IDX format.
+
+Nothing is downloaded. mnist() looks for the four IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte,
+t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each optionally gzipped) in, in order:
+
+1. the data_dir argument (the files directly in it);
+2. $TINY_DATA/mnist or $TINY_DATA/fashion-mnist (the environment variable TINY_DATA names a folder of datasets);
+3. ~/.cache/tiny/datasets/mnist or ~/.cache/tiny/datasets/fashion-mnist;
+4. /usr/share/datasets/fashion-mnist, where Debian's package installs Fashion-MNIST
+   (`apt-get install dataset-fashion-mnist`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+
+from tiny.tensor import Tensor
+
+_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
+_IMAGE_MAGIC, _LABEL_MAGIC = 0x00000803, 0x00000801  # IDX: unsigned bytes, 3 dimensions / 1 dimension
+
+
+def mnist(
+    data_dir: str | os.PathLike | None = None, fashion: bool | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(X_train, Y_train, X_test, Y_test): images uint8 of shape (N, 1, 28, 28), labels int64 of shape (N,).
+
+    fashion=False takes digit MNIST only, True Fashion-MNIST only, None the first found (digits first).
+    Raises FileNotFoundError saying where to put the files when none are found, ValueError for a corrupt file.
+    """
+    folder = _find(data_dir, fashion)
+    magics = (_IMAGE_MAGIC, _LABEL_MAGIC, _IMAGE_MAGIC, _LABEL_MAGIC)
+    x_train, y_train, x_test, y_test = (_read_idx(_path_of(folder, n), m) for n, m in zip(_FILES, magics, strict=True))
+    for images, labels, split in ((x_train, y_train, "train"), (x_test, y_test, "t10k")):
+        if images.shape[1:] != (28, 28):
+            raise ValueError(f"{folder}: {split} images are {images.shape[1:]}, expected 28x28")
+        if images.shape[0] != labels.shape[0]:
+            raise ValueError(f"{folder}: {split} has {images.shape[0]} images but {labels.shape[0]} labels")
+    return (
+        Tensor(x_train[:, None]),
+        Tensor(y_train.astype(np.int64)),
+        Tensor(x_test[:, None]),
+        Tensor(y_test.astype(np.int64)),
+    )
+
+
+def _candidates(data_dir: str | os.PathLike | None, fashion: bool | None) -> list[Path]:
+    """The folders to look in, in order."""
+    if data_dir is not None:
+        return [Path(data_dir)]
+    subdirs = {False: ["mnist"], True: ["fashion-mnist"], None: ["mnist", "fashion-mnist"]}[fashion]
+    bases = [Path(env)] if (env := os.environ.get("TINY_DATA")) else []
+    bases.append(Path.home() / ".cache" / "tiny" / "datasets")
+    out = [base / sub for base in bases for sub in subdirs]
+    if fashion is not False:
+        out.append(_DEBIAN_FASHION)
+    return out
+
+
+def _find(data_dir: str | os.PathLike | None, fashion: bool | None) -> Path:
+    tried = _candidates(data_dir, fashion)
+    for folder in tried:
+        if all(_path_of(folder, name) is not None for name in _FILES):
+            return folder
+    looked = "\n".join(f"  {p}" for p in tried)
+    raise FileNotFoundError(
+        "mnist: the MNIST IDX files were not found. Looked in:\n"
+        f"{looked}\n"
+        f"Each folder needs {', '.join(_FILES)} (optionally .gz). To get them: "
+        "`apt-get install dataset-fashion-mnist` (Debian/Ubuntu: Fashion-MNIST in /usr/share/datasets/fashion-mnist), "
+        "or put the four files in ~/.cache/tiny/datasets/mnist (or fashion-mnist), in $TINY_DATA/mnist, "
+        "or pass mnist(data_dir=...)."
+    )
+
+
+def _path_of(folder: Path, name: str) -> Path | None:
+    for candidate in (folder / name, folder / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_idx(path: Path | None, expected_magic: int) -> np.ndarray:
+    """The array of an IDX file of unsigned bytes (images: 3-D, labels: 1-D), its header and size checked."""
+    assert path is not None
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{path}: cannot be read as a gzip file: {e}") from None
+    if len(raw) < 4:
+        raise ValueError(f"{path}: {len(raw)} bytes, too short for an IDX header")
+    magic = int.from_bytes(raw[:4], "big")
+    if magic != expected_magic:
+        kind = "images" if expected_magic == _IMAGE_MAGIC else "labels"
+        raise ValueError(
+            f"{path}: magic number {magic:#010x}, expected {expected_magic:#010x} (an IDX file of {kind} as bytes)"
+        )
+    ndim = magic & 0xFF
+    head = 4 + 4 * ndim
+    if len(raw) < head:
+        raise ValueError(f"{path}: {len(raw)} bytes, too short for its {ndim}-D IDX header")
+    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    want = head + int(np.prod(shape))
+    if len(raw) != want:
+        raise ValueError(
+            f"{path}: the header says shape {shape} ({want} bytes with the header), the file has {len(raw)} bytes"
+            + (" (truncated)" if len(raw) < want else "")
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=head).reshape(shape)
