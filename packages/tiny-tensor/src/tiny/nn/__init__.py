@@ -1,4 +1,5 @@
-"""Layers with torch.nn's names, arguments and initialization, built on tiny.tensor's functional ops.
+"""Layers with torch.nn's names, arguments and initialization, built on tiny.tensor's functional ops; and the
+submodules optim (optimizers, schedules), state (state dicts, safetensors, torch checkpoints) and datasets.
 
 >>> from tiny import nn
 >>> from tiny.tensor import Tensor
@@ -6,6 +7,7 @@
 (1, 2)
 """
 
+from tiny.nn import datasets, optim, state
 from tiny.nn.layers import (
     BatchNorm1d,
     BatchNorm2d,
@@ -25,6 +27,9 @@ from tiny.nn.layers import (
 )
 
 __all__ = [
+    "datasets",
+    "optim",
+    "state",
     "BatchNorm1d",
     "BatchNorm2d",
     "Conv1d",
