@@ -38,7 +38,7 @@ class Schedule:
 
 def is_realized(u: UOp) -> bool:
     """A node that already is memory: a BUFFER, or a reshape of a whole BUFFER."""
-    return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+    return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.source.op is Ops.BUFFER)
 
 
 # ---------------------------------------------------------------- which nodes become buffers
@@ -72,8 +72,8 @@ def _realize_set(sink: UOp, forced: set[UOp]) -> set[UOp]:
     for u in sink.toposort:
         if u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN):
             realize.add(u)
-        if u.op is Ops.COPY and not is_realized(u.src[0]):
-            realize.add(u.src[0])
+        if u.op is Ops.COPY and not is_realized(u.source):
+            realize.add(u.source)
     paths: dict[UOp, set[_Path]] = {}
     for u in reversed(sink.toposort):
         if u.op is Ops.SINK or is_realized(u) or u.op is Ops.DEVICE:
@@ -101,7 +101,7 @@ class _Unexpressible(Exception):
 def _apply(view: View, m: UOp) -> View:
     if m.op is Ops.RESHAPE:
         if (out := view.reshape(m.arg)) is None:
-            raise _Unexpressible(m.src[0])
+            raise _Unexpressible(m.source)
         return out
     if m.op is Ops.PERMUTE:
         return view.permute(m.arg)
@@ -137,21 +137,21 @@ class _KernelBuilder:
             return self.build_assign()
         # reshapes and permutes at the root move into the output's view: the kernel computes what is below them
         value, store_view = self.root, View.create(self.root.shape)
-        while value.op in _PEELED and value.src[0] not in self.realize and not is_realized(value.src[0]):
+        while value.op in _PEELED and value.source not in self.realize and not is_realized(value.source):
             if value.op is Ops.PERMUTE:
                 store_view = store_view.permute(tuple(value.arg.index(i) for i in range(len(value.arg))))
-            elif (reshaped := store_view.reshape(value.src[0].shape)) is not None:
+            elif (reshaped := store_view.reshape(value.source.shape)) is not None:
                 store_view = reshaped
             else:
-                raise _Unexpressible(value.src[0])
-            value = value.src[0]
+                raise _Unexpressible(value.source)
+            value = value.source
         out = self.global_arg(self.buffers[self.root])
         ast = self.node(value, ())
         return UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, UOp(Ops.VIEW, arg=store_view), ast)),))
 
     def build_assign(self) -> UOp:
         """Write the value into the target's memory, through the target's view of its buffer."""
-        target, value = self.root.src
+        target, value = self.root.target, self.root.value
         base, path = memory_of(target)
         store_view = _view_through(View.create(base.shape), path)
         out = self.global_arg(base)
@@ -173,10 +173,10 @@ class _KernelBuilder:
         if self._is_leaf(u) or u.op is Ops.CONST:
             return []
         if u.op in GroupOp.Movement:
-            return [(u.src[0], path + (u,))]
+            return [(u.source, path + (u,))]
         if u.op is Ops.REDUCE_AXIS:
             assert not path, "a reduction seen through a movement op is realized by _realize_set"
-            return [(u.src[0], ())]
+            return [(u.source, ())]
         if u.op in GroupOp.Elementwise or u.op in (Ops.CONTIGUOUS, Ops.DETACH):
             return [(s, path) for s in u.src]
         raise NotImplementedError(f"the scheduler cannot put {u.op} in a kernel")
@@ -184,7 +184,7 @@ class _KernelBuilder:
     def _combine(self, key: tuple[UOp, tuple[UOp, ...]], srcs: list[UOp]) -> UOp:
         u, path = key
         if self._is_leaf(u):
-            buf = self.buffers[u] if u in self.realize else (u if u.op is Ops.BUFFER else u.src[0])
+            buf = self.buffers[u] if u in self.realize else (u if u.op is Ops.BUFFER else u.source)
             view = _view_through(View.create(u.shape), path)  # the buffer holds u contiguously
             return UOp(Ops.LOAD, u.dtype, (self.global_arg(buf), UOp(Ops.VIEW, arg=view)))
         if u.op is Ops.CONST:
@@ -193,7 +193,7 @@ class _KernelBuilder:
             inner = srcs[0]
             if u.op is not Ops.PAD or inner.op in (Ops.LOAD, Ops.CONST):
                 return inner  # loads and constants read padding as 0 by their view's mask
-            valid = _view_through(View.create(u.src[0].shape), path + (u,))
+            valid = _view_through(View.create(u.source.shape), path + (u,))
             zero = View.create(valid.shape, (0,) * len(valid.shape))
             cond = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, arg=valid),), True)
             return cond.where(inner, UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=zero),), truncate(u.dtype, 0)))
@@ -208,14 +208,14 @@ class _KernelBuilder:
 def _lift_reshape(alu: UOp, ctx: dict[UOp, bool]) -> UOp | None:
     """ALU(RESHAPE(r), y) -> RESHAPE(ALU(r, RESHAPE(y))) where r holds a reduction, so the reduction and
     this op stay in one kernel; the reshape rises to the kernel's output, whose view absorbs it."""
-    lifted = {s.src[0].shape for s in alu.src if s.op is Ops.RESHAPE and _reduces(s.src[0], ctx)}
+    lifted = {s.source.shape for s in alu.src if s.op is Ops.RESHAPE and _reduces(s.source, ctx)}
     if len(lifted) != 1:
         return None  # reductions of different shapes would take turns being lifted: leave them
     for s in alu.src:
-        if s.op is Ops.RESHAPE and _reduces(s.src[0], ctx) and s.src[0].shape != s.shape:
-            inner = s.src[0].shape
+        if s.op is Ops.RESHAPE and _reduces(s.source, ctx) and s.source.shape != s.shape:
+            inner = s.source.shape
             srcs = tuple(
-                x.src[0] if x.op is Ops.RESHAPE and x.src[0].shape == inner else _reshape(x, inner) for x in alu.src
+                x.source if x.op is Ops.RESHAPE and x.source.shape == inner else _reshape(x, inner) for x in alu.src
             )
             return _reshape(alu.replace(src=srcs), alu.shape)
     return None
@@ -223,7 +223,7 @@ def _lift_reshape(alu: UOp, ctx: dict[UOp, bool]) -> UOp | None:
 
 def _merge_reshapes(outer: UOp, inner: UOp) -> UOp | None:
     """Two reshapes are one, except over a buffer: a tensor's view of its memory keeps its identity for autograd."""
-    return None if inner.src[0].op is Ops.BUFFER else _reshape(inner.src[0], outer.arg)
+    return None if inner.source.op is Ops.BUFFER else _reshape(inner.source, outer.arg)
 
 
 def _reduces(u: UOp, memo: dict[UOp, bool]) -> bool:
@@ -256,13 +256,13 @@ def create_schedule(targets: list[UOp]) -> Schedule:
     forced: set[UOp] = set()
     while True:
         realize = _realize_set(sink, forced)
-        buffers = {u: memory_of(u.src[0])[0] if u.op is Ops.ASSIGN else _fresh(u) for u in realize}
+        buffers = {u: memory_of(u.target)[0] if u.op is Ops.ASSIGN else _fresh(u) for u in realize}
         try:
             items = [_item(u, realize, buffers) for u in sink.toposort if u in realize]
             break
         except _Unexpressible as e:
             forced.add(e.node)
-    becomes = {u: u.src[0] if u.op is Ops.ASSIGN else _buffer_view(buffers[u], u.shape) for u in realize}
+    becomes = {u: u.target if u.op is Ops.ASSIGN else _buffer_view(buffers[u], u.shape) for u in realize}
     renamed: dict[UOp, UOp] = {}
     for original, rewritten in zip(targets, sink.src):
         if rewritten in becomes:  # the caller's node, not the rewritten one, is what its tensors hold
@@ -274,8 +274,8 @@ def create_schedule(targets: list[UOp]) -> Schedule:
 
 def _item(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> ScheduleItem:
     if u.op is Ops.COPY:
-        src = u.src[0]
-        src_buf = buffers[src] if src in realize else (src if src.op is Ops.BUFFER else src.src[0])
+        src = u.source
+        src_buf = buffers[src] if src in realize else (src if src.op is Ops.BUFFER else src.source)
         return ScheduleItem(u, (buffer_of(buffers[u]), buffer_of(src_buf)))
     builder = _KernelBuilder(u, realize, buffers)
     ast = builder.build()
@@ -287,7 +287,7 @@ def memory_of(u: UOp) -> tuple[UOp, tuple[UOp, ...]]:
     path: list[UOp] = []
     while u.op in GroupOp.Movement:
         path.append(u)
-        u = u.src[0]
+        u = u.source
     if u.op is not Ops.BUFFER:
         raise ValueError(f"an assign needs a target that is memory (movement ops over a buffer), got {u.op.name}")
     return u, tuple(path)

@@ -108,6 +108,22 @@ class GroupOp:
     Reduce = frozenset({Ops.ADD, Ops.MUL, Ops.MAX})
 
 
+_ONE_INPUT = (
+    GroupOp.Movement
+    | GroupOp.Unary
+    | {
+        Ops.REDUCE_AXIS,
+        Ops.CAST,
+        Ops.BITCAST,
+        Ops.CONTIGUOUS,
+        Ops.DETACH,
+        Ops.COPY,
+        Ops.REDUCE,
+        Ops.ENDRANGE,
+    }
+)
+
+
 def _argkey(arg: Any) -> Any:
     """A hashing key that tells apart what == confuses: -0.0 and 0.0, NaNs, 1 and True and 1.0."""
     if isinstance(arg, float):
@@ -315,6 +331,18 @@ class UOp:
         if self.op in (Ops.STORE, Ops.ASSIGN):
             return self.src[1]
         assert self.op is Ops.REDUCE, self.op
+        return self.src[0]
+
+    @property
+    def source(self) -> UOp:
+        """The one value a one-input op reads: movement and unary ALU ops, REDUCE_AXIS, CAST, BITCAST, CONTIGUOUS ..."""
+        assert self.op in _ONE_INPUT, self.op
+        return self.src[0]
+
+    @property
+    def target(self) -> UOp:
+        """ASSIGN (tensor level): the view of memory it writes."""
+        assert self.op is Ops.ASSIGN, self.op
         return self.src[0]
 
     @property

@@ -75,7 +75,7 @@ def _max_grad(node: UOp, g: UOp) -> Grads:
 
 def _reduce_max_grad(node: UOp, g: UOp) -> Grads:
     """The gradient is shared equally by every element that equals the maximum, as torch.amax does."""
-    src = node.src[0]
+    src = node.source
     out = UOp(Ops.EXPAND, node.dtype, (node,), src.shape)
     hit = UOp(Ops.CAST, src.dtype, (_eq(src, out),))
     count = UOp(Ops.EXPAND, src.dtype, (UOp(Ops.REDUCE_AXIS, src.dtype, (hit,), (Ops.ADD, node.arg[1])),), src.shape)
@@ -86,7 +86,7 @@ def _reduce_max_grad(node: UOp, g: UOp) -> Grads:
 def _reduce_prod_grad(node: UOp, g: UOp) -> Grads:
     """The product of the other elements, as torch.prod: without dividing by the element where it is 0, so an
     input with one zero gives that zero the product of the rest, and one with two or more zeros gives all 0."""
-    src, axes = node.src[0], node.arg[1]
+    src, axes = node.source, node.arg[1]
 
     def reduced(op: Ops, x: UOp) -> UOp:
         return UOp(Ops.EXPAND, x.dtype, (UOp(Ops.REDUCE_AXIS, x.dtype, (x,), (op, axes)),), src.shape)
@@ -106,7 +106,7 @@ def _reduce_prod_grad(node: UOp, g: UOp) -> Grads:
 def _reduce_grad(node: UOp, g: UOp) -> Grads:
     op = node.arg[0]
     if op is Ops.ADD:
-        return (UOp(Ops.EXPAND, g.dtype, (g,), node.src[0].shape),)
+        return (UOp(Ops.EXPAND, g.dtype, (g,), node.source.shape),)
     if op is Ops.MAX:
         return _reduce_max_grad(node, g)
     if op is Ops.MUL:
@@ -115,17 +115,17 @@ def _reduce_grad(node: UOp, g: UOp) -> Grads:
 
 
 def _pad_grad(node: UOp, g: UOp) -> Grads:
-    bounds = tuple((b, b + s) for (b, _), s in zip(node.arg, node.src[0].shape))
+    bounds = tuple((b, b + s) for (b, _), s in zip(node.arg, node.source.shape))
     return (UOp(Ops.SHRINK, g.dtype, (g,), bounds),)
 
 
 def _shrink_grad(node: UOp, g: UOp) -> Grads:
-    padding = tuple((lo, s - hi) for (lo, hi), s in zip(node.arg, node.src[0].shape))
+    padding = tuple((lo, s - hi) for (lo, hi), s in zip(node.arg, node.source.shape))
     return (UOp(Ops.PAD, g.dtype, (g,), padding),)
 
 
 def _cast_grad(node: UOp, g: UOp) -> Grads:
-    src = node.src[0]
+    src = node.source
     return (UOp(Ops.CAST, src.dtype, (g,)) if src.dtype.is_float else None,)
 
 
@@ -138,7 +138,7 @@ def _mod_grad(node: UOp, g: UOp) -> Grads:
 
 
 def _copy_grad(node: UOp, g: UOp) -> Grads:
-    src = node.src[0]
+    src = node.source
     return (UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, arg=src.device))), None)
 
 
@@ -153,15 +153,15 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.RECIP: lambda n, g: (_neg(_mul(g, _mul(n, n))),),
     Ops.SQRT: lambda n, g: (_alu(Ops.FDIV, g, _scale(n, 2)),),
     Ops.EXP2: lambda n, g: (_mul(g, _scale(n, LN2)),),
-    Ops.LOG2: lambda n, g: (_alu(Ops.FDIV, g, _scale(n.src[0], LN2)),),
-    Ops.SIN: lambda n, g: (_mul(g, _alu(Ops.SIN, _alu(Ops.ADD, _neg(n.src[0]), full_like(n.src[0], math.pi / 2)))),),
+    Ops.LOG2: lambda n, g: (_alu(Ops.FDIV, g, _scale(n.source, LN2)),),
+    Ops.SIN: lambda n, g: (_mul(g, _alu(Ops.SIN, _alu(Ops.ADD, _neg(n.source), full_like(n.source, math.pi / 2)))),),
     Ops.MAX: _max_grad,
     Ops.WHERE: lambda n, g: (None, _where(n.src[0], g, full_like(g, 0)), _where(n.src[0], full_like(g, 0), g)),
     Ops.CAST: _cast_grad,
     Ops.REDUCE_AXIS: _reduce_grad,
-    Ops.RESHAPE: lambda n, g: (UOp(Ops.RESHAPE, g.dtype, (g,), n.src[0].shape),),
+    Ops.RESHAPE: lambda n, g: (UOp(Ops.RESHAPE, g.dtype, (g,), n.source.shape),),
     Ops.PERMUTE: lambda n, g: (UOp(Ops.PERMUTE, g.dtype, (g,), _inverse(n.arg)),),
-    Ops.EXPAND: lambda n, g: (_sum_to(g, n.src[0].shape),),
+    Ops.EXPAND: lambda n, g: (_sum_to(g, n.source.shape),),
     Ops.PAD: _pad_grad,
     Ops.SHRINK: _shrink_grad,
     Ops.FLIP: lambda n, g: (UOp(Ops.FLIP, g.dtype, (g,), n.arg),),
