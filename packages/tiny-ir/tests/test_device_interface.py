@@ -27,7 +27,6 @@ from tiny.ir.device import (
     RendererCaps,
     UnknownDevice,
     buffer_of,
-    launch_dims,
     new_buffer,
 )
 from tiny.ir.dtypes import dtypes
@@ -98,14 +97,6 @@ def test_interface_version() -> None:
     assert isinstance(INTERFACE_VERSION, tuple) and len(INTERFACE_VERSION) == 2
     assert all(isinstance(v, int) and v >= 0 for v in INTERFACE_VERSION)
     assert INTERFACE_VERSION >= (1, 0)
-
-
-def test_launch_dims() -> None:
-    assert launch_dims([]) == (1, 1, 1)
-    assert launch_dims([4]) == (4, 1, 1)
-    assert launch_dims((4, 5, 6)) == (4, 5, 6)
-    with pytest.raises(ValueError, match="at most 3"):
-        launch_dims([1, 2, 3, 4])
 
 
 def test_capabilities_are_frozen_data() -> None:

@@ -473,12 +473,5 @@ def buffer_of(node: UOp) -> Buffer:
     return _BUFFERS[node]
 
 
-def launch_dims(sizes: Sequence[int]) -> tuple[int, int, int]:
-    """Pad a list of at most 3 sizes to (x, y, z)."""
-    if len(sizes) > 3:
-        raise ValueError(f"at most 3 launch dimensions, got {len(sizes)}")
-    return tuple(list(sizes) + [1] * (3 - len(sizes)))  # type: ignore[return-value]
-
-
 def device_supports(device: str, dtype: DType) -> bool:
     return dtype.scalar in Device[device].renderer.caps.dtypes
