@@ -14,7 +14,6 @@ import itertools
 import re
 import weakref
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
