@@ -7,7 +7,7 @@ submodules optim (optimizers, schedules), state (state dicts, safetensors, torch
 (1, 2)
 """
 
-from tiny.nn import datasets, optim, state
+from tiny.nn import datasets, gguf, optim, state
 from tiny.nn.layers import (
     BatchNorm1d,
     BatchNorm2d,
@@ -28,6 +28,7 @@ from tiny.nn.layers import (
 
 __all__ = [
     "datasets",
+    "gguf",
     "optim",
     "state",
     "BatchNorm1d",

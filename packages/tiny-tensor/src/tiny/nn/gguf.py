@@ -1,0 +1,229 @@
+"""GGUF files (llama.cpp's model format): reading the metadata and the tensors, dequantized to float32.
+
+Layout (little-endian): "GGUF", uint32 version (2 or 3), uint64 tensor count, uint64 key/value count, the
+key/value pairs, one info record per tensor (name, dims innermost first, ggml type, offset into the data),
+padding to the alignment (`general.alignment`, 32 by default), then the tensor data.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from tiny.tensor import Tensor
+
+_MAGIC = b"GGUF"
+_VERSIONS = (2, 3)
+_DEFAULT_ALIGNMENT = 32
+
+# ---------------------------------------------------------------- metadata value types
+
+_STRING, _ARRAY, _BOOL = 8, 9, 7
+_SCALARS: dict[int, np.dtype] = {
+    0: np.dtype("<u1"),
+    1: np.dtype("<i1"),
+    2: np.dtype("<u2"),
+    3: np.dtype("<i2"),
+    4: np.dtype("<u4"),
+    5: np.dtype("<i4"),
+    6: np.dtype("<f4"),
+    10: np.dtype("<u8"),
+    11: np.dtype("<i8"),
+    12: np.dtype("<f8"),
+}
+
+# ---------------------------------------------------------------- ggml tensor types
+
+_GGML_NAMES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1", 10: "Q2_K",
+    11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS",
+    19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32",
+    27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16",
+}  # fmt: skip
+
+
+class _Reader:
+    """A cursor over the file's bytes that says where a truncated file ended."""
+
+    def __init__(self, data: np.ndarray, path: str) -> None:
+        self.data, self.path, self.pos = data, path, 0
+
+    def take(self, n: int, what: str) -> np.ndarray:
+        if self.pos + n > len(self.data):
+            raise ValueError(
+                f"GGUF file {self.path!r} is truncated: reading {what} needs {n} bytes at offset {self.pos}, "
+                f"but the file has {len(self.data)} bytes"
+            )
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    def scalar(self, dtype: np.dtype, what: str) -> int | float:
+        return self.take(dtype.itemsize, what).view(dtype)[0].item()
+
+    def u32(self, what: str) -> int:
+        return int(self.scalar(np.dtype("<u4"), what))
+
+    def u64(self, what: str) -> int:
+        return int(self.scalar(np.dtype("<u8"), what))
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"the length of {what}")
+        return self.take(n, what).tobytes().decode("utf-8")
+
+    def value(self, vtype: int, what: str) -> object:
+        if vtype in _SCALARS:
+            return self.scalar(_SCALARS[vtype], what)
+        if vtype == _BOOL:
+            return bool(self.take(1, what)[0])
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype == _ARRAY:
+            item_type = self.u32(f"the item type of {what}")
+            n = self.u64(f"the length of {what}")
+            if item_type in _SCALARS:  # read numeric arrays in one go
+                dtype = _SCALARS[item_type]
+                return self.take(n * dtype.itemsize, what).view(dtype).tolist()
+            return [self.value(item_type, f"{what}[{i}]") for i in range(n)]
+        raise ValueError(f"GGUF file {self.path!r}: {what} has unknown value type {vtype}")
+
+
+# ---------------------------------------------------------------- dequantization (raw bytes -> float32)
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    """Reinterpret (..., 2) bytes as float16 widened to float32, shape (..., 1)."""
+    return np.ascontiguousarray(raw).view("<f2").astype(np.float32)
+
+
+def _dequant_f32(raw: np.ndarray) -> np.ndarray:
+    return raw.view("<f4").astype(np.float32)
+
+
+def _dequant_f16(raw: np.ndarray) -> np.ndarray:
+    return raw.view("<f2").astype(np.float32)
+
+
+def _dequant_q8_0(raw: np.ndarray) -> np.ndarray:
+    """Blocks of 32: f16 scale d, 32 int8 q; value = d * q."""
+    blocks = raw.reshape(-1, 34)
+    d = _f16(blocks[:, :2])
+    q = blocks[:, 2:].view(np.int8).astype(np.float32)
+    return (d * q).reshape(-1)
+
+
+def _dequant_q4_0(raw: np.ndarray) -> np.ndarray:
+    """Blocks of 32: f16 scale d, 16 bytes whose low nibbles are elements 0..15, high 16..31; value = d*(q-8)."""
+    blocks = raw.reshape(-1, 18)
+    d = _f16(blocks[:, :2])
+    qs = blocks[:, 2:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32) - 8.0
+    return (d * q).reshape(-1)
+
+
+def _q4_k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 12 bytes of 6-bit scales and mins of a Q4_K super-block -> (n, 8) scales, (n, 8) mins.
+
+    Sub-blocks 0..3: scale = low 6 bits of byte j, min = low 6 bits of byte j+4.
+    Sub-blocks 4..7: scale = low nibble of byte j+4 | (top 2 bits of byte j-4) << 4,
+                     min = high nibble of byte j+4 | (top 2 bits of byte j) << 4.
+    """
+    p = packed.astype(np.uint8)
+    low_scales, low_mins, tail = p[:, 0:4], p[:, 4:8], p[:, 8:12]
+    scales = np.concatenate([low_scales & 63, (tail & 0x0F) | ((low_scales >> 6) << 4)], axis=1)
+    mins = np.concatenate([low_mins & 63, (tail >> 4) | ((low_mins >> 6) << 4)], axis=1)
+    return scales.astype(np.float32), mins.astype(np.float32)
+
+
+def _dequant_q4_k(raw: np.ndarray) -> np.ndarray:
+    """Super-blocks of 256: f16 d, f16 dmin, 12 bytes of scales/mins, 128 bytes of nibbles.
+
+    The nibbles come in 4 chunks of 32 bytes; chunk c's low nibbles are sub-block 2c, its high nibbles 2c+1.
+    value = d * scale * q - dmin * min, per sub-block of 32.
+    """
+    blocks = raw.reshape(-1, 144)
+    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    scales, mins = _q4_k_scales_mins(blocks[:, 4:16])
+    qs = blocks[:, 16:].reshape(-1, 4, 32)
+    q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float32)  # (n, sub-block, 32)
+    out = (d * scales)[:, :, None] * q - (dmin * mins)[:, :, None]
+    return out.reshape(-1)
+
+
+# ggml type -> (elements per block, bytes per block, dequantizer)
+_DEQUANT: dict[int, tuple[int, int, Callable[[np.ndarray], np.ndarray]]] = {
+    0: (1, 4, _dequant_f32),
+    1: (1, 2, _dequant_f16),
+    2: (32, 18, _dequant_q4_0),
+    8: (32, 34, _dequant_q8_0),
+    12: (256, 144, _dequant_q4_k),
+}
+
+# ---------------------------------------------------------------- loading
+
+
+def _align(offset: int, alignment: int) -> int:
+    return offset + (-offset) % alignment
+
+
+def gguf_load(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], dict[str, object]]:
+    """Read a GGUF file: its tensors by name (dequantized to float32) and its key/value metadata.
+
+    Shapes are in numpy/PyTorch order (GGUF stores dims innermost first). Supported tensor types:
+    F32, F16, Q8_0, Q4_0, Q4_K; others raise ValueError naming the type.
+
+    >>> import gguf, numpy as np, tempfile, os                                      # doctest: +SKIP
+    >>> p = os.path.join(tempfile.mkdtemp(), "m.gguf"); w = gguf.GGUFWriter(p, "llama")  # doctest: +SKIP
+    >>> w.add_tensor("w", np.ones((2, 3), np.float32)); w.write_header_to_file()    # doctest: +SKIP
+    >>> w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()             # doctest: +SKIP
+    >>> tensors, meta = gguf_load(p); tensors["w"].shape, meta["general.architecture"]  # doctest: +SKIP
+    ((2, 3), 'llama')
+    """
+    path = os.fspath(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r") if os.path.getsize(path) else np.zeros(0, np.uint8)
+    reader = _Reader(data, path)
+    magic = reader.take(4, "the magic").tobytes()
+    if magic != _MAGIC:
+        raise ValueError(f"{path!r} is not a GGUF file: magic is {magic!r}, expected {_MAGIC!r}")
+    version = reader.u32("the version")
+    if version not in _VERSIONS:
+        raise ValueError(f"GGUF file {path!r} has version {version}; only versions {_VERSIONS} are supported")
+    n_tensors = reader.u64("the tensor count")
+    n_kv = reader.u64("the key/value count")
+
+    metadata: dict[str, object] = {}
+    for i in range(n_kv):
+        key = reader.string(f"the key of metadata entry {i}")
+        metadata[key] = reader.value(reader.u32(f"the type of {key!r}"), repr(key))
+
+    infos: list[tuple[str, tuple[int, ...], int, int]] = []
+    for i in range(n_tensors):
+        name = reader.string(f"the name of tensor {i}")
+        n_dims = reader.u32(f"the rank of {name!r}")
+        dims = [reader.u64(f"a dimension of {name!r}") for _ in range(n_dims)]
+        ggml_type = reader.u32(f"the type of {name!r}")
+        offset = reader.u64(f"the offset of {name!r}")
+        infos.append((name, tuple(reversed(dims)), ggml_type, offset))
+
+    alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0:
+        raise ValueError(f"GGUF file {path!r}: general.alignment is {alignment!r}, expected a positive integer")
+    data_start = _align(reader.pos, alignment)
+
+    tensors: dict[str, Tensor] = {}
+    for name, shape, ggml_type, offset in infos:
+        if ggml_type not in _DEQUANT:
+            type_name = _GGML_NAMES.get(ggml_type, f"unknown type {ggml_type}")
+            supported = ", ".join(_GGML_NAMES[t] for t in _DEQUANT)
+            raise ValueError(f"GGUF tensor {name!r} has ggml type {type_name}, which is not supported ({supported})")
+        block_elems, block_bytes, dequant = _DEQUANT[ggml_type]
+        n = int(np.prod(shape, dtype=np.int64))
+        if n % block_elems:
+            raise ValueError(f"GGUF tensor {name!r}: {n} elements is not a whole number of {block_elems}-blocks")
+        reader.pos = data_start + offset
+        raw = reader.take(n // block_elems * block_bytes, f"the data of tensor {name!r}")
+        values = dequant(np.ascontiguousarray(raw))  # copies the memory-mapped bytes once
+        tensors[name] = Tensor(values.reshape(shape))
+    return tensors, metadata

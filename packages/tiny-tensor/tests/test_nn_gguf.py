@@ -1,0 +1,115 @@
+"""tiny.nn.gguf: GGUF files written by llama.cpp's `gguf` package, read back and dequantized."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tiny.nn.gguf import gguf_load
+
+gguf = pytest.importorskip("gguf")
+QT = gguf.GGMLQuantizationType
+quants = gguf.quants
+
+
+def _write(path: Path, tensors: dict[str, tuple[np.ndarray, QT | None]], kv: dict[str, object] | None = None) -> Path:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (kv or {}).items():
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, float):
+            writer.add_float64(key, value)
+        else:
+            writer.add_uint32(key, value)
+    for name, (array, raw_dtype) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=raw_dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_float_tensors_round_trip(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    f32 = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    f16 = rng.standard_normal((4, 6)).astype(np.float16)
+    vec = np.arange(10, dtype=np.float32)
+    path = _write(tmp_path / "f.gguf", {"a": (f32, None), "b": (f16, None), "v": (vec, None)})
+    tensors, _ = gguf_load(path)
+    assert tensors["a"].shape == (3, 5, 7) and tensors["b"].shape == (4, 6) and tensors["v"].shape == (10,)
+    np.testing.assert_array_equal(tensors["a"].numpy(), f32)
+    np.testing.assert_array_equal(tensors["b"].numpy(), f16.astype(np.float32))
+    np.testing.assert_array_equal(tensors["v"].numpy(), vec)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0])
+def test_quantized_matches_reference(tmp_path: Path, qtype: QT) -> None:
+    x = np.random.default_rng(1).standard_normal((6, 64)).astype(np.float32)
+    packed = quants.quantize(x, qtype)
+    path = _write(tmp_path / "q.gguf", {"w": (packed, qtype)})
+    tensors, _ = gguf_load(path)
+    reference = quants.dequantize(packed, qtype)
+    assert tensors["w"].shape == (6, 64)
+    np.testing.assert_array_equal(tensors["w"].numpy(), reference)
+    np.testing.assert_allclose(tensors["w"].numpy(), x, atol=0.5)  # and it is a quantization of x
+
+
+def test_q4_k_matches_reference(tmp_path: Path) -> None:
+    # the gguf package can dequantize Q4_K but not quantize it: random super-blocks with finite f16 scales
+    rng = np.random.default_rng(2)
+    n_blocks = 6
+    blocks = rng.integers(0, 256, size=(n_blocks, 144), dtype=np.uint8)
+    scales = rng.uniform(-0.1, 0.1, size=(n_blocks, 2)).astype("<f2")
+    blocks[:, 0:4] = scales.view(np.uint8)
+    packed = blocks.reshape(2, 3 * 144)
+    path = _write(tmp_path / "k.gguf", {"w": (packed, QT.Q4_K)})
+    tensors, _ = gguf_load(path)
+    reference = quants.dequantize(packed, QT.Q4_K)
+    assert tensors["w"].shape == (2, 768) == reference.shape
+    np.testing.assert_allclose(tensors["w"].numpy(), reference, rtol=1e-6, atol=1e-6)
+
+
+def test_metadata_round_trip(tmp_path: Path) -> None:
+    kv = {"tiny.count": 7, "tiny.name": "hello", "tiny.flag": True, "tiny.ratio": 0.25, "tiny.list": [1, 2, 3]}
+    kv["tiny.words"] = ["a", "bc"]
+    path = _write(tmp_path / "m.gguf", {"x": (np.zeros(4, np.float32), None)}, kv)
+    _, meta = gguf_load(path)
+    assert meta["general.architecture"] == "llama"
+    for key, value in kv.items():
+        assert meta[key] == value, key
+
+
+def test_alignment_is_honoured(tmp_path: Path) -> None:
+    a, b = np.arange(3, dtype=np.float32), np.arange(5, dtype=np.float32) + 10
+    path = _write(tmp_path / "al.gguf", {"a": (a, None), "b": (b, None)}, {"general.alignment": 64})
+    tensors, meta = gguf_load(path)
+    assert meta["general.alignment"] == 64
+    np.testing.assert_array_equal(tensors["b"].numpy(), b)
+
+
+def test_truncated_file_raises(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.gguf", {"w": (np.ones((8, 8), np.float32), None)})
+    data = path.read_bytes()
+    (tmp_path / "cut_data.gguf").write_bytes(data[:-16])
+    with pytest.raises(ValueError, match="truncated.*data of tensor 'w'"):
+        gguf_load(tmp_path / "cut_data.gguf")
+    (tmp_path / "cut_header.gguf").write_bytes(data[:30])
+    with pytest.raises(ValueError, match="truncated"):
+        gguf_load(tmp_path / "cut_header.gguf")
+
+
+def test_bad_magic_and_unsupported_type(tmp_path: Path) -> None:
+    (tmp_path / "bad.gguf").write_bytes(b"NOPE" + bytes(20))
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        gguf_load(tmp_path / "bad.gguf")
+    x = np.random.default_rng(3).standard_normal((2, 32)).astype(np.float32)
+    path = _write(tmp_path / "q41.gguf", {"w": (quants.quantize(x, QT.Q4_1), QT.Q4_1)})
+    with pytest.raises(ValueError, match="Q4_1"):
+        gguf_load(path)
