@@ -67,6 +67,9 @@ DEBUG = _flag(
 DEVICE = _flag("DEVICE", str, "", "default device, e.g. CPU, PYTHON, NULL, CUDA:1; empty picks the fastest present")
 CACHELEVEL = _flag("CACHELEVEL", int, 2, "0: no disk cache of compiled programs; 2: use it")
 CACHEDB = _flag("CACHEDB", str, "", "path of the disk cache database; empty means <user cache dir>/tiny/cache.db")
+TINY_DATA = _flag(
+    "TINY_DATA", str, "", "a folder of datasets (mnist/, fashion-mnist/) that tiny.nn.datasets reads first"
+)
 CC = _flag("CC", str, "", "the C compiler the CPU device uses; empty finds clang, then gcc, on PATH")
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tiny.ir.config import TINY_DATA
 from tiny.tensor import Tensor
 
 _FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -54,7 +55,7 @@ def _candidates(data_dir: str | os.PathLike | None, fashion: bool | None) -> lis
     if data_dir is not None:
         return [Path(data_dir)]
     subdirs = {False: ["mnist"], True: ["fashion-mnist"], None: ["mnist", "fashion-mnist"]}[fashion]
-    bases = [Path(env)] if (env := os.environ.get("TINY_DATA")) else []
+    bases = [Path(TINY_DATA.value)] if TINY_DATA.value else []
     bases.append(Path.home() / ".cache" / "tiny" / "datasets")
     out = [base / sub for base in bases for sub in subdirs]
     if fashion is not False:
