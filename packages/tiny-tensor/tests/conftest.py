@@ -36,3 +36,8 @@ def device(request: pytest.FixtureRequest) -> str:
 def python_device() -> str:
     """The PYTHON emulator, for tests that compare a device with it; skipped when it is not there yet."""
     return open_device("PYTHON")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--opt-fuzz", type=int, default=6, help="random action sequences per kernel in test_opt_fuzz")
+    parser.addoption("--opt-fuzz-seed", type=int, default=0, help="seed of test_opt_fuzz")

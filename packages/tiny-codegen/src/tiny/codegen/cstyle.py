@@ -56,6 +56,7 @@ class CStyleRenderer(Renderer):
         Ops.TRUNC: "trunc",
     }
 
+    special_params = False  # hardware indices arrive as arguments after the variables (a CPU thread's number)
     repeats_operands = frozenset({Ops.MAX, Ops.IDIV, Ops.MOD, Ops.CAST})  # their C text names an operand twice
     max_inline_depth = 32  # deeper expressions go through a variable: compilers limit nesting
 
@@ -76,7 +77,19 @@ class CStyleRenderer(Renderer):
             if self.emulate_bf16 and dt.base.scalar == dtypes.bfloat16:
                 return "unsigned short*"
             return self.type_name(dt.base) + "*"
+        if dt.count > 1:
+            return self.vector_type_name(dt)
         return self.type_names[dt.scalar.name]
+
+    def vector_type_name(self, dt: DType) -> str:
+        return f"{dt.scalar.name}x{dt.count}"
+
+    def vector_prelude(self, dt: DType) -> str:
+        """The declarations a vector type needs: the type, unaligned loads and stores, and a NaN-aware max."""
+        raise NotImplementedError(f"{type(self).__name__} has no vector types")
+
+    def vector_literal(self, dt: DType, lanes: list[str]) -> str:
+        return f"(({self.vector_type_name(dt)}){{{', '.join(lanes)}}})"
 
     def _bf16(self, dt: DType) -> bool:
         return self.emulate_bf16 and dt.scalar == dtypes.bfloat16
@@ -118,6 +131,8 @@ class CStyleRenderer(Renderer):
         return self.bit_cast(self.type_name(u.dtype), self.type_name(src_dt), x)
 
     def const(self, value: int | float | bool, dt: DType) -> str:
+        if dt.count > 1:
+            return self.vector_literal(dt, [self.const(value, dt.scalar)] * dt.count)
         if dt.is_bool:
             return "1" if value else "0"
         if dt.is_float:
@@ -155,6 +170,8 @@ class CStyleRenderer(Renderer):
             return f"({self.const(1, dt)}/{args[0]})"
         if op is Ops.MAX:
             a, b = args
+            if dt.count > 1:
+                return f"tiny_vmax_{self.vector_type_name(dt)}({a}, {b})"
             if dt.is_float:  # NaN wins, as torch.maximum
                 return f"((({a}!={a})|({a}>={b}))?{a}:{b})"
             return f"(({a}>={b})?{a}:{b})"
@@ -206,7 +223,10 @@ class CStyleRenderer(Renderer):
                 names[u] = self.const(u.arg, u.dtype)
             elif op is Ops.SPECIAL:
                 names[u] = u.arg[0]
-                line(f"int {u.arg[0]} = {self.special(u.arg[0])}; /* {u.arg[1]} */")
+                if self.special_params:
+                    var_params.append(f"{self.arg_int} {u.arg[0]}")
+                else:
+                    line(f"int {u.arg[0]} = {self.special(u.arg[0])}; /* {u.arg[1]} */")
             elif op is Ops.RANGE:
                 names[u] = fresh("ridx")
                 t = self.type_name(u.dtype)
@@ -222,13 +242,17 @@ class CStyleRenderer(Renderer):
                 names[u] = f"({src[0]}+{src[1]})"
             elif op is Ops.LOAD:
                 addr = u.address
-                raw = self.loaded(u, f"*{names[addr]}")
+                vload = f"tiny_vload_{self.vector_type_name(u.dtype)}({names[addr]})"
+                raw = vload if u.dtype.count > 1 else self.loaded(u, f"*{names[addr]}")
                 val = raw if addr.gate is None else f"({names[addr.gate]}?{raw}:{src[1]})"
                 names[u] = fresh("val")
                 line(f"{self.type_name(u.dtype)} {names[u]} = {val};")
             elif op is Ops.STORE:
                 addr = u.address
-                store = f"*{names[addr]} = {self.stored(u.value, src[1])};"
+                if u.value.dtype.count > 1:
+                    store = f"tiny_vstore_{self.vector_type_name(u.value.dtype)}({names[addr]}, {src[1]});"
+                else:
+                    store = f"*{names[addr]} = {self.stored(u.value, src[1])};"
                 line(store if addr.gate is None else f"if ({names[addr.gate]}) {store}")
             elif op is Ops.DEFINE_ACC:
                 names[u] = fresh("acc")
@@ -238,8 +262,12 @@ class CStyleRenderer(Renderer):
                 line(f"{src[0]} = {src[1]};")
             elif op is Ops.BARRIER:
                 line(self.barrier())
-            elif op in (Ops.CAST, Ops.BITCAST) or op in GroupOp.ALU:
-                if op is Ops.CAST:
+            elif op in (Ops.CAST, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP) or op in GroupOp.ALU:
+                if op is Ops.VECTORIZE:
+                    expr = self.vector_literal(u.dtype, src)
+                elif op is Ops.GEP:
+                    expr = f"({src[0]})[{u.arg}]"
+                elif op is Ops.CAST:
                     expr = self.cast(u, src[0])
                 elif op is Ops.BITCAST:
                     expr = self.bitcast(u, src[0])
@@ -257,6 +285,8 @@ class CStyleRenderer(Renderer):
                 raise NotImplementedError(f"{type(self).__name__} cannot render {op}")
         ordered = [p for _, p in sorted(params)] + var_params
         kernel = self.render_kernel(name, ordered, body)
+        vectors = sorted({u.dtype for u in uops if u.dtype.count > 1 and not isinstance(u.dtype, PtrDType)}, key=repr)
+        kernel = "".join(self.vector_prelude(dt) for dt in vectors) + kernel
         uses_bf16 = self.emulate_bf16 and any(
             u.dtype.scalar == dtypes.bfloat16
             or (isinstance(u.dtype, PtrDType) and u.dtype.base is not None and u.dtype.base.scalar == dtypes.bfloat16)
@@ -272,18 +302,36 @@ class CStyleRenderer(Renderer):
 
 
 class CRenderer(CStyleRenderer):
-    """C for the CPU device, compiled by clang or gcc."""
+    """C for the CPU device, compiled by clang or gcc: GNU vector types, one call per thread (gidx0 its number)."""
 
     caps = RendererCaps(language="C", vector_width=8)
+    special_params = True
+
+    def vector_prelude(self, dt: DType) -> str:
+        t, s, n = self.vector_type_name(dt), self.type_names[dt.scalar.name], dt.count
+        size = dt.scalar.itemsize * n
+        mask = {4: "int", 8: "long long"}[dt.scalar.itemsize]
+        pick = "(a != a) | (a >= b)" if dt.is_float else "a >= b"  # NaN wins, as torch.maximum
+        return (
+            f"typedef {s} {t} __attribute__((vector_size({size})));\n"
+            f"typedef {mask} {t}_mask __attribute__((vector_size({size})));\n"
+            f"static inline {t} tiny_vload_{t}(const {s}* p) {{ {t} v; __builtin_memcpy(&v, p, {size}); return v; }}\n"
+            f"static inline void tiny_vstore_{t}({s}* p, {t} v) {{ __builtin_memcpy(p, &v, {size}); }}\n"
+            f"static inline {t} tiny_vmax_{t}({t} a, {t} b) {{\n"
+            f"  {t}_mask m = ({t}_mask)({pick});\n"
+            f"  return ({t})((m & ({t}_mask)a) | (~m & ({t}_mask)b));\n}}\n"
+        )
 
     def __init__(self, target: str = "") -> None:
-        """target: 'machine;vector_width=N;features' as the CPU device reports it (features: f16, bf16)."""
+        """target: 'machine;vector_width=N;threads=T;features' as the CPU device reports it (features: f16)."""
         super().__init__(target)
         parts = target.split(";") if target else []
         width = next((int(p.split("=")[1]) for p in parts if p.startswith("vector_width=")), 8)
+        threads = next((int(p.split("=")[1]) for p in parts if p.startswith("threads=")), 1)
         features = set(parts[-1].split(",")) if parts else {"f16", "bf16"}
         missing = {dtypes.float16} if "f16" not in features else set()
-        self.caps = RendererCaps(language="C", vector_width=width, dtypes=frozenset(dtypes.all()) - missing)
+        all_ = frozenset(dtypes.all()) - missing
+        self.caps = RendererCaps(language="C", vector_width=width, threads=threads, dtypes=all_)
 
     def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
         return f"void {name}({', '.join(params)}) {{\n" + "\n".join(body) + "\n}\n"

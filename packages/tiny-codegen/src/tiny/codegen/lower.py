@@ -7,12 +7,23 @@ and, where it has padding, a gate that makes the load read 0 instead of memory.
 
 from __future__ import annotations
 
+import functools
+import itertools
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from tiny.codegen.opt import Kernel, Kind, Opt
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
-from tiny.ir.uop import GroupOp, Ops, UOp, evaluate
+from tiny.ir.pattern import graph_rewrite
+from tiny.ir.symbolic import symbolic
+from tiny.ir.uop import GroupOp, Ops, UOp, evaluate, substitute
 from tiny.ir.views import View
+
+# dtypes whose values the code generator packs into vectors, and the reductions that accumulate in one
+VECTOR_DTYPES = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
+VECTOR_REDUCE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX})
 
 INT32_MAX = 2**31 - 1
 
@@ -50,41 +61,124 @@ def kernel_name(ast: UOp) -> str:
 
 
 class _Lowerer:
-    def __init__(self, idx_dtype: DType) -> None:
-        self.idx_dtype = idx_dtype
-        self.reduce_ranges: dict[tuple[UOp, tuple[UOp, ...]], list[UOp]] = {}
+    """Lowers a kernel's AST by its plan (tiny.codegen.opt.Kernel)."""
+
+    def __init__(self, k: Kernel, idx_dtype: DType) -> None:
+        self.k, self.idx_dtype = k, idx_dtype
+        self.zero = UOp.const(idx_dtype, 0)
         self.next_range = 0
+        self.env: dict[int, UOp] = {}  # part index -> its loop counter or hardware index (lanes are added per value)
+        self.reduce_env: dict[UOp, dict[int, UOp]] = {}  # REDUCE_AXIS -> its reduce parts' loop counters
+        self.plain_ranges: dict[UOp, list[UOp]] = {}  # REDUCE_AXIS outside the plan -> one loop per reduced dim
+        self.global_size, self.local_size = [1, 1, 1], [1, 1, 1]
+        self.vector_unroll: tuple[int, int] | None = None  # (unroll part, lanes): reduce into a vector register
+        # grouped reductions: partials in local memory, read after a barrier (made once every partial is stored)
+        self.group_slots: dict[tuple[UOp, ...], int] = {}
+        self.temp: UOp | None = None
+        self.local_stores: list[UOp] = []
+        self.barrier = UOp(Ops.BARRIER, arg="pending")
+        self.group_gate: UOp | None = None
 
     def new_range(self, size: int) -> UOp:
         r = UOp.range(UOp.const(self.idx_dtype, size), self.next_range, self.idx_dtype)
         self.next_range += 1
         return r
 
+    def special(self, name: str, size: int) -> UOp:
+        return UOp(Ops.SPECIAL, self.idx_dtype, (), (name, size))
+
+    def place_outputs(self) -> None:
+        """Loop counters and hardware indices for the output parts."""
+        parts = self.k.parts
+        globals_ = [i for i, p in enumerate(parts) if p.kind is Kind.GLOBAL]
+        hw = globals_[-3:] if self.k.caps.has_local else []
+        for i in globals_:
+            if i not in hw:
+                self.env[i] = self.new_range(parts[i].size)
+        for n, i in enumerate(reversed(hw)):  # gidx0 is the innermost
+            self.env[i] = self.special(f"gidx{n}", parts[i].size)
+            self.global_size[n] = parts[i].size
+        for i, p in enumerate(parts):
+            if p.kind is Kind.THREAD:  # loop devices: one call per thread, the thread's number as gidx0
+                self.env[i] = self.special("gidx0", p.size)
+                self.global_size[0] = p.size
+        workgroup = [i for i, p in enumerate(parts) if p.kind in (Kind.LOCAL, Kind.GROUP)]
+        for n, i in enumerate(reversed(workgroup)):  # lidx0 is the innermost
+            self.env[i] = self.special(f"lidx{n}", parts[i].size)
+            self.local_size[n] = parts[i].size
+
+    def lane_combos(self, kind: Kind) -> list[dict[int, UOp]]:
+        """Every combination of values of the parts of this kind, as constants by part index."""
+        idx = [i for i, p in enumerate(self.k.parts) if p.kind is kind]
+        sizes = [range(self.k.parts[i].size) for i in idx]
+        return [{i: UOp.const(self.idx_dtype, v) for i, v in zip(idx, vals)} for vals in itertools.product(*sizes)]
+
+    def dim_index(self, d: int, env: dict[int, UOp]) -> UOp:
+        idx = self.zero
+        for i, p in enumerate(self.k.parts):
+            if p.dim == d:
+                idx = idx + env[i] * p.stride if p.stride != 1 else idx + env[i]
+        return idx
+
+    def out_idxs(self, env: dict[int, UOp]) -> tuple[UOp, ...]:
+        k = self.k
+        return tuple(
+            self.zero if d in k.reduce_dims or k.out_shape[d] == 1 else self.dim_index(d, env)
+            for d in range(len(k.out_shape))
+        )
+
+    def pad_valid(self, shape: tuple[int, ...], idxs: tuple[UOp, ...], dims: Iterable[int]) -> UOp | None:
+        """Where the padded dims among `dims` are inside their real size (None: no padding to mask)."""
+        valid = None
+        for d in dims:
+            if d in self.k.padded and shape[d] > 1:
+                c = idxs[d].lt(self.k.full_shape[d])
+                valid = c if valid is None else valid & c
+        return valid
+
     def access(self, buf: UOp, view: View, idxs: tuple[UOp, ...]) -> UOp:
         offset, valid = view.to_index(idxs)
+        pad = self.pad_valid(view.shape, idxs, range(len(view.shape)))
+        if pad is not None:
+            valid = pad if valid is None else valid & pad
         return UOp(Ops.INDEX, buf.dtype, (buf, offset) + ((valid,) if valid is not None else ()))
 
     def lower(self, u: UOp, idxs: tuple[UOp, ...]) -> UOp:
         """Kernel AST node u at the index idxs, as device ops."""
         return evaluate((u, idxs), self._children, self._combine)
 
+    def reduce_inner(self, u: UOp, idxs: tuple[UOp, ...]) -> list[tuple[UOp, ...]]:
+        """The indices a reduction reads at, one per combination of unrolled lanes."""
+        in_shape = u.src[0].shape
+        if not self.k.reduce_dims:  # outside the plan: a loop per reduced dim, shared by all output lanes
+            if u not in self.plain_ranges:
+                self.plain_ranges[u] = [self.new_range(in_shape[a]) for a in u.arg[1] if in_shape[a] != 1]
+            ranges = iter(self.plain_ranges[u])
+            inner = list(idxs)
+            for a in u.arg[1]:
+                inner[a] = self.zero if in_shape[a] == 1 else next(ranges)
+            return [tuple(inner)]
+        if u not in self.reduce_env:
+            self.reduce_env[u] = {
+                i: self.new_range(p.size) if p.kind is Kind.REDUCE else self.env[i]
+                for i, p in enumerate(self.k.parts)
+                if p.kind in (Kind.REDUCE, Kind.GROUP)
+            }
+        out = []
+        for lanes in self.lane_combos(Kind.UNROLL):
+            env = self.reduce_env[u] | lanes
+            out.append(tuple(self.dim_index(d, env) if d in self.k.reduce_dims else i for d, i in enumerate(idxs)))
+        return out
+
     def _children(self, key: tuple[UOp, tuple[UOp, ...]]) -> list[tuple[UOp, tuple[UOp, ...]]]:
         u, idxs = key
         if u.op in (Ops.LOAD, Ops.CONST):
             return []
-        if u.op is Ops.STORE:
-            return [(u.src[2], idxs)]
         if u.op is Ops.REDUCE_AXIS:
-            op, axes = u.arg
-            in_shape = u.src[0].shape
-            if any(in_shape[a] == 0 for a in axes):  # nothing to reduce over: no loop, no value
+            if any(u.src[0].shape[a] == 0 for a in u.arg[1]):  # nothing to reduce over: no loop, no value
                 return []
-            inner = list(idxs)
-            for a in axes:  # each reduction gets loops of its own
-                inner[a] = UOp.const(self.idx_dtype, 0) if in_shape[a] == 1 else self.new_range(in_shape[a])
-            self.reduce_ranges[key] = [inner[a] for a in axes if in_shape[a] != 1]
-            return [(u.src[0], tuple(inner))]
-        if u.op in GroupOp.Elementwise or u.op is Ops.SINK:
+            return [(u.src[0], inner) for inner in self.reduce_inner(u, idxs)]
+        if u.op in GroupOp.Elementwise:
             return [(s, idxs) for s in u.src]
         raise NotImplementedError(f"cannot lower {u.op} in a kernel")
 
@@ -98,14 +192,73 @@ class _Lowerer:
             value = UOp.const(u.dtype, u.arg)
             _, valid = u.src[0].arg.to_index(idxs) if u.src else (None, None)
             return value if valid is None else valid.where(value, UOp.const(u.dtype, 0))
-        if u.op is Ops.STORE:
-            return UOp(Ops.STORE, dtypes.void, (self.access(u.src[0], u.src[1].arg, idxs), srcs[0]))
         if u.op is Ops.REDUCE_AXIS:
-            if not srcs:
-                return UOp.const(u.dtype, identity(u.arg[0], u.dtype))
-            ranges = self.reduce_ranges[key]
-            return UOp(Ops.REDUCE, u.dtype, (srcs[0], *ranges), u.arg[0]) if ranges else srcs[0]
+            return self.reduce(u, idxs, srcs)
         return UOp(u.op, u.dtype, tuple(srcs), u.arg)
+
+    def reduce(self, u: UOp, idxs: tuple[UOp, ...], values: list[UOp]) -> UOp:
+        op = u.arg[0]
+        if not values:
+            return UOp.const(u.dtype, identity(op, u.dtype))
+        if not self.k.reduce_dims:
+            ranges = self.plain_ranges[u]
+            return UOp(Ops.REDUCE, u.dtype, (values[0], *ranges), op) if ranges else values[0]
+        inners = self.reduce_inner(u, idxs)
+        if self.k.padded.keys() & self.k.reduce_dims:  # padded iterations add the identity
+            values = [self._unpadded(u, inner, v) for inner, v in zip(inners, values)]
+        ranges = [self.reduce_env[u][i] for i, p in enumerate(self.k.parts) if p.kind is Kind.REDUCE]
+        if self.vector_unroll is not None:
+            partial = self._vector_reduce(u, values, ranges)
+        else:
+            total = functools.reduce(lambda a, b: a.alu(op, b), values)
+            partial = UOp(Ops.REDUCE, u.dtype, (total, *ranges), op) if ranges else total
+        return self._combine_group(u, idxs, partial) if self.k.of_kind(Kind.GROUP) else partial
+
+    def _combine_group(self, u: UOp, idxs: tuple[UOp, ...], partial: UOp) -> UOp:
+        """Each workgroup thread wrote its partial result to local memory; after the barrier, every thread adds
+        up the partials of its group (the first of them stores)."""
+        parts = self.k.parts
+        slot = self.group_slots.setdefault(idxs, len(self.group_slots))  # one slot per output lane
+        workgroup = [i for i, p in enumerate(parts) if p.kind in (Kind.LOCAL, Kind.GROUP)]
+        threads = math.prod(parts[i].size for i in workgroup)
+        group = next(i for i in workgroup if parts[i].kind is Kind.GROUP)
+        rg = self.new_range(parts[group].size)
+
+        def thread_index(env: dict[int, UOp]) -> UOp:
+            idx, mult = self.zero, 1
+            for i in reversed(workgroup):
+                idx = idx + env[i] * mult
+                mult *= parts[i].size
+            return idx
+
+        if self.temp is None:
+            size = threads * math.prod(p.size for p in parts if p.kind is Kind.UPCAST)
+            self.temp = UOp(Ops.DEFINE_LOCAL, u.dtype.ptr(size, local=True), (), ("temp0", size))
+        base = UOp.const(self.idx_dtype, slot * threads)
+        mine = UOp(Ops.INDEX, self.temp.dtype, (self.temp, base + thread_index(self.env)))
+        self.local_stores.append(UOp(Ops.STORE, dtypes.void, (mine, partial)))
+        addr = UOp(Ops.INDEX, self.temp.dtype, (self.temp, base + thread_index(self.env | {group: rg})))
+        loaded = UOp(Ops.LOAD, u.dtype, (addr, self.barrier))
+        self.group_gate = self.env[group].lt(1)
+        return UOp(Ops.REDUCE, u.dtype, (loaded, rg), u.arg[0])
+
+    def _unpadded(self, u: UOp, inner: tuple[UOp, ...], value: UOp) -> UOp:
+        valid = self.pad_valid(self.k.full_shape, inner, self.k.reduce_dims)
+        return value if valid is None else valid.where(value, UOp.const(u.dtype, identity(u.arg[0], u.dtype)))
+
+    def _vector_reduce(self, u: UOp, values: list[UOp], ranges: list[UOp]) -> UOp:
+        """Unrolled lanes of one part accumulate side by side in a vector register, combined after the loop."""
+        assert self.vector_unroll is not None
+        part, n = self.vector_unroll
+        op = u.arg[0]
+        groups: dict[tuple, list[UOp]] = {}
+        for lanes, v in zip(self.lane_combos(Kind.UNROLL), values):  # in each group the part's lanes come in order
+            key = tuple((i, c.arg // n if i == part else c.arg) for i, c in lanes.items())
+            groups.setdefault(key, []).append(v)
+        vectors = [UOp(Ops.VECTORIZE, u.dtype.vec(n), tuple(g)) for g in groups.values()]
+        total = functools.reduce(lambda a, b: a.alu(op, b), vectors)
+        red = UOp(Ops.REDUCE, total.dtype, (total, *ranges), op) if ranges else total
+        return functools.reduce(lambda a, b: a.alu(op, b), [UOp(Ops.GEP, u.dtype, (red,), lane) for lane in range(n)])
 
 
 def identity(op: Ops, dtype: DType) -> int | float | bool:
@@ -115,34 +268,97 @@ def identity(op: Ops, dtype: DType) -> int | float | bool:
     if op is Ops.MUL:
         return 1
     assert op is Ops.MAX, op
-    return dtype.min
+    return dtype.scalar.min
 
 
-def lower(ast: UOp, caps: RendererCaps) -> LoweredKernel:
-    """Lower a scheduled kernel AST (SINK of one STORE) for a renderer with these capabilities."""
-    idx_dtype = _index_dtype(ast)
-    lw = _Lowerer(idx_dtype)
-    out_shape = ast.src[0].shape
-    zero = UOp.const(idx_dtype, 0)
-    idxs: list[UOp] = [zero] * len(out_shape)
-    global_size = [1, 1, 1]
-    if caps.has_local:
-        # the innermost (up to three) output dims map to workgroups, gidx0 being the innermost
-        dims = [i for i, s in enumerate(out_shape) if s > 1]
-        hw, loops = dims[-3:], dims[:-3]
-        for d in loops:
-            idxs[d] = lw.new_range(out_shape[d])
-        for n, d in enumerate(reversed(hw)):
-            idxs[d] = UOp(Ops.SPECIAL, idx_dtype, (), (f"gidx{n}", out_shape[d]))
-            global_size[n] = out_shape[d]
-    else:
-        for d, s in enumerate(out_shape):
-            if s > 1:
-                idxs[d] = lw.new_range(s)
-    if any(s == 0 for s in out_shape):  # nothing to compute
+def vector_lanes(caps: RendererCaps, dtype: DType) -> int:
+    """How many values of dtype one hardware vector holds (1: this dtype is not vectorized)."""
+    if dtype not in VECTOR_DTYPES:
+        return 1
+    return max(1, caps.vector_width * 4 // dtype.itemsize)
+
+
+def contiguous(offsets: list[UOp]) -> bool:
+    """Whether offsets are first, first+1, first+2 ... for every value of the loop counters."""
+    first = offsets[0]
+    return all(graph_rewrite(o - first, symbolic) is UOp.const(first.dtype, i) for i, o in enumerate(offsets))
+
+
+Address = Callable[[dict[int, UOp]], UOp]
+
+
+def _vector_part(lw: _Lowerer, parts_of: list[int], addr: Address, lanes: int) -> tuple[int, int] | None:
+    """The lane part (and lanes per vector) whose consecutive values sit at consecutive addresses."""
+    for i in reversed(parts_of):
+        size = lw.k.parts[i].size
+        n = min(size, lanes)
+        if n < 2 or size % n or n & (n - 1):
+            continue
+        rest = {j: UOp.const(lw.idx_dtype, 0) for j in parts_of}
+        offsets = [addr(lw.env | rest | {i: UOp.const(lw.idx_dtype, v)}).offset for v in range(n)]
+        if contiguous(offsets):
+            return i, n
+    return None
+
+
+def _gated(store: UOp, gate: UOp) -> UOp:
+    addr = store.address
+    both = gate if addr.gate is None else addr.gate & gate
+    return store.replace(src=(addr.replace(src=(addr.pointer, addr.offset, both)), store.value))
+
+
+def lower(ast: UOp, caps: RendererCaps, opts: Sequence[Opt] = ()) -> LoweredKernel:
+    """Lower a scheduled kernel AST (SINK of one STORE) for a renderer with these capabilities, after `opts`."""
+    return lower_kernel(Kernel(ast, caps).apply_opts(list(opts)))
+
+
+def lower_kernel(k: Kernel) -> LoweredKernel:
+    """Lower a kernel by its plan: loops and hardware indices for its parts, lanes written out, vectors formed."""
+    ast, store = k.ast, k.store
+    if k.empty:  # nothing to compute
         return LoweredKernel(UOp(Ops.SINK), kernel_name(ast), (1, 1, 1), (1, 1, 1))
-    sink = lw.lower(ast, tuple(idxs))
+    lw = _Lowerer(k, _index_dtype(ast))
+    lw.place_outputs()
+    buf, view, value = store.src
+    upcasts = [i for i, p in enumerate(k.parts) if p.kind is Kind.UPCAST]
+    lanes = vector_lanes(k.caps, value.dtype)
+
+    def address(env: dict[int, UOp]) -> UOp:
+        return lw.access(buf, view.arg, lw.out_idxs(env))
+
+    out_vec = _vector_part(lw, upcasts, address, lanes)
+    unrolls = [i for i, p in enumerate(k.parts) if p.kind is Kind.UNROLL]
+    if out_vec is None and unrolls and len(k.reductions) == 1:
+        red = k.reductions[0]
+        part, size = unrolls[-1], k.parts[unrolls[-1]].size
+        n = min(size, vector_lanes(k.caps, red.dtype))
+        if n >= 2 and size % n == 0 and not n & (n - 1) and red.arg[0] in VECTOR_REDUCE:
+            lw.vector_unroll = (part, n)
+    stores: list[UOp] = []
+    combos = lw.lane_combos(Kind.UPCAST)
+    if out_vec is None:
+        for lanes_env in combos:
+            env = lw.env | lanes_env
+            stores.append(UOp(Ops.STORE, dtypes.void, (address(env), lw.lower(value, lw.out_idxs(env)))))
+    else:
+        part, n = out_vec
+        for lanes_env in combos:
+            if lanes_env[part].arg % n:
+                continue  # the first lane of each vector stores the whole vector
+            envs = [lw.env | lanes_env | {part: UOp.const(lw.idx_dtype, lanes_env[part].arg + j)} for j in range(n)]
+            addrs = [address(e) for e in envs]
+            values = [lw.lower(value, lw.out_idxs(e)) for e in envs]
+            if len({a.gate for a in addrs}) == 1 and contiguous([a.offset for a in addrs]):
+                vec = UOp(Ops.VECTORIZE, value.dtype.vec(n), tuple(values))
+                stores.append(UOp(Ops.STORE, dtypes.void, (addrs[0], vec)))
+            else:
+                stores += [UOp(Ops.STORE, dtypes.void, (a, v)) for a, v in zip(addrs, values)]
+    if lw.group_gate is not None:  # the first thread of each group writes its result
+        stores = [_gated(s, lw.group_gate) for s in stores]
     # every buffer stays an argument, also one whose reads simplification removes: launches pass them by position
     buffers = sorted({u for u in ast.toposort if u.op is Ops.DEFINE_GLOBAL}, key=lambda u: u.arg)
-    sink = UOp(Ops.SINK, dtypes.void, sink.src + tuple(buffers))
-    return LoweredKernel(sink, kernel_name(ast), (global_size[0], global_size[1], global_size[2]), (1, 1, 1))
+    sink = UOp(Ops.SINK, dtypes.void, tuple(stores) + tuple(buffers))
+    if lw.local_stores:
+        sink = substitute(sink, {lw.barrier: UOp(Ops.BARRIER, dtypes.void, tuple(lw.local_stores))})
+    gs, ls = lw.global_size, lw.local_size
+    return LoweredKernel(sink, kernel_name(ast), (gs[0], gs[1], gs[2]), (ls[0], ls[1], ls[2]))

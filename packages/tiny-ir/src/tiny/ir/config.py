@@ -62,7 +62,7 @@ DEBUG = _flag(
     int,
     0,
     "1: devices and schedule sizes; 2: one line per kernel (name, sizes, time, GFLOPS, GB/s); "
-    "4: generated source; 5: the kernel's linearized UOps",
+    "3: the optimizations applied; 4: generated source; 5: the kernel's linearized UOps",
 )
 DEVICE = _flag("DEVICE", str, "", "default device, e.g. CPU, PYTHON, NULL, CUDA:1; empty picks the fastest present")
 CACHELEVEL = _flag("CACHELEVEL", int, 2, "0: no disk cache of compiled programs; 2: use it")
@@ -70,6 +70,16 @@ CACHEDB = _flag("CACHEDB", str, "", "path of the disk cache database; empty mean
 TINY_DATA = _flag(
     "TINY_DATA", str, "", "a folder of datasets (mnist/, fashion-mnist/) that tiny.nn.datasets reads first"
 )
+THREADS = _flag("THREADS", int, 0, "CPU threads one kernel may use; 0: one per core this process may run on")
+NOOPT = _flag("NOOPT", int, 0, "1: no kernel optimizations, every kernel runs as its loops were lowered")
+BEAM = _flag(
+    "BEAM",
+    int,
+    0,
+    "n > 0: search each kernel's optimizations with a beam of width n, timing candidates on the device; "
+    "the winner is cached on disk",
+)
+BEAM_BUDGET = _flag("BEAM_BUDGET", int, 60, "seconds a BEAM search may spend on one kernel")
 CC = _flag("CC", str, "", "the C compiler the CPU device uses; empty finds clang, then gcc, on PATH")
 
 

@@ -10,7 +10,8 @@ The PYTHON runtime (tiny.runtime.python) executes exactly these semantics and is
                                 index inside the workgroup; n is the size of that dimension
   CONST          arg=value
   INDEX          (pointer, offset[, gate])   an address; a false gate makes loads and stores not happen
-  LOAD           (INDEX[, alt])  the value at the address, or alt where the gate is false
+  LOAD           (INDEX[, alt][, BARRIER])  the value at the address, or alt where the gate is false; a load
+                                of local memory names the BARRIER it must come after
   STORE          (INDEX, value)
   DEFINE_ACC     (init,) arg=id  a register, set to init where it stands
   ASSIGN         (DEFINE_ACC, value)  set the register; the ASSIGN's own value is the register's value

@@ -323,7 +323,8 @@ class UOp:
     def alternative(self) -> UOp | None:
         """LOAD: the value taken where the INDEX's gate is false."""
         assert self.op is Ops.LOAD, self.op
-        return self.src[1] if len(self.src) > 1 else None
+        alts = [s for s in self.src[1:] if s.op is not Ops.BARRIER]
+        return alts[0] if alts else None
 
     @property
     def value(self) -> UOp:

@@ -23,7 +23,7 @@ from tiny.ir.diskcache import cache_get, cache_put
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.uop import Ops, UOp
 
-INTERFACE_VERSION = (1, 0)  # (major, minor): runtimes pin a compatible major
+INTERFACE_VERSION = (1, 1)  # (major, minor): runtimes pin a compatible major
 
 
 class DeviceUnavailable(RuntimeError):
@@ -59,6 +59,7 @@ class RendererCaps:
     local_total_max: int = 0  # product limit of the local size
     shared_max: int = 0  # bytes of local memory a kernel may use
     vector_width: int = 1  # floats per hardware vector, for upcasting loads, stores and math
+    threads: int = 1  # CPU threads one kernel may use: its global dim 0, run as separate calls on a loop device
     dtypes: frozenset[DType] = frozenset(dtypes.all())  # dtypes it computes on
     tensor_cores: tuple[TensorCore, ...] = ()
     supports_float_div: bool = True

@@ -1,0 +1,107 @@
+"""Hand-written choice of optimization actions: fast by default, without timing anything.
+
+The rules read the kernel's views: which output dim is contiguous in memory (vectors go there), which dims
+some input is broadcast along (values loaded once serve several outputs: register tiling pays there), and how
+much work there is (enough to share across threads or workgroups).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from tiny.codegen.opt import Kernel, KernelOptError, Kind, Opt, OptOps
+from tiny.ir.uop import Ops
+from tiny.ir.views import View
+
+THREAD_MIN_WORK = 1 << 16  # iterations below which splitting across threads costs more than it saves
+
+
+def hand_opts(kernel: Kernel) -> list[Opt]:
+    """Actions for this kernel on its renderer, chosen by the rules of this module."""
+    if kernel.empty:
+        return []
+    k = kernel.copy()
+    chosen: list[Opt] = []
+
+    def attempt(op: OptOps, axis: int | None, amounts: tuple[int, ...]) -> bool:
+        if axis is None:
+            return False
+        for amt in amounts:
+            try:
+                k.apply(Opt(op, axis, amt))
+            except KernelOptError:
+                continue
+            chosen.append(Opt(op, axis, amt))
+            return True
+        return False
+
+    caps = k.caps
+    lanes = max(2, caps.vector_width)
+    loads = [u.src[1].arg for u in k.ast.toposort if u.op is Ops.LOAD]
+    store_view: View = k.store.src[1].arg
+    out_dim = _contiguous_dim(store_view, k)
+    reuse = {d for d in range(len(k.full_shape)) if any(_broadcast(v, d) for v in loads) and k.reduce_dims}
+    if k.reduce_dims and reuse:  # a matrix product or a convolution: tile outputs in registers
+        if out_dim is not None:
+            attempt(OptOps.UPCAST, _axis(k, out_dim), (2 * lanes, lanes, 4, 2))
+        others = [d for d in sorted(reuse) if d != out_dim and _axis(k, d) is not None]
+        if others:
+            attempt(OptOps.UPCAST, _axis(k, others[-1]), (4, 3, 2))
+        last_reduce = max(p.dim for p in k.of_kind(Kind.REDUCE)) if k.of_kind(Kind.REDUCE) else None
+        if last_reduce is not None:
+            attempt(OptOps.UNROLL, _axis(k, last_reduce), (4, 2))
+    elif k.reduce_dims:  # a plain reduction
+        red_dim = next((d for d in sorted(k.reduce_dims) if any(_stride(v, d) == 1 for v in loads)), None)
+        if red_dim is not None:  # reading along the reduction: accumulate lanes in a vector register
+            attempt(OptOps.UNROLL, _axis(k, red_dim), (2 * lanes, lanes, 4, 2))
+        elif out_dim is not None:  # reading across the outputs: vectors of outputs
+            attempt(OptOps.UPCAST, _axis(k, out_dim), (lanes, 4, 2))
+    elif out_dim is not None:  # elementwise: vector loads and stores along the contiguous dim
+        attempt(OptOps.UPCAST, _axis(k, out_dim), (lanes, 4, 2))
+    work = math.prod(k.full_shape)
+    if caps.threads > 1 and work >= THREAD_MIN_WORK:
+        counts = [t for t in range(caps.threads, 1, -1)]
+        for i, p in enumerate(k.axes):
+            if p.kind is Kind.GLOBAL and attempt(OptOps.THREAD, i, tuple(t for t in counts if p.size % t == 0)):
+                break
+    if caps.has_local:
+        _local_opts(k, attempt)
+    return chosen
+
+
+def _local_opts(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> None:
+    """Workgroups on GPUs: group up to 16 x 16 threads from the innermost global dims."""
+    budget = 256
+    for i in reversed(range(len(k.axes))):
+        p = k.axes[i]
+        if p.kind is not Kind.GLOBAL or budget < 2:
+            continue
+        for amt in (16, 8, 4, 2):
+            if amt <= budget and p.size % amt == 0 and attempt(OptOps.LOCAL, i, (amt,)):
+                budget //= amt
+                break
+
+
+def _axis(k: Kernel, dim: int) -> int | None:
+    """The place among k.axes of the (still whole) part of `dim`."""
+    for i, p in enumerate(k.axes):
+        if p.dim == dim:
+            return i
+    return None
+
+
+def _stride(view: View, dim: int) -> int | None:
+    return view.strides[dim] if dim < len(view.shape) and view.shape[dim] > 1 else None
+
+
+def _broadcast(view: View, dim: int) -> bool:
+    return dim < len(view.shape) and view.shape[dim] > 1 and view.strides[dim] == 0
+
+
+def _contiguous_dim(store: View, k: Kernel) -> int | None:
+    """The output dim the stored buffer is contiguous along, if any."""
+    for d, (s, st) in enumerate(zip(store.shape, store.strides)):
+        if s > 1 and st == 1 and d not in k.reduce_dims:
+            return d
+    return None

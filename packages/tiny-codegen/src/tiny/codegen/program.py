@@ -1,0 +1,104 @@
+"""Rendering and compiling one kernel with a given list of optimization actions: the stages in order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tiny.codegen.linearize import linearize
+from tiny.codegen.lower import LoweredKernel, lower
+from tiny.codegen.opt import Opt
+from tiny.codegen.vectorize import vectorize
+from tiny.ir.config import DEBUG
+from tiny.ir.device import Compiled, CompiledProgram
+from tiny.ir.dtypes import PtrDType
+from tiny.ir.pattern import graph_rewrite
+from tiny.ir.spec import validate
+from tiny.ir.symbolic import symbolic
+from tiny.ir.uop import GroupOp, Ops, UOp
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A kernel lowered, linearized and rendered, not compiled yet."""
+
+    kernel: LoweredKernel
+    uops: list[UOp]
+    src: str
+
+
+def render_kernel(ast: UOp, device: Compiled, opts: Sequence[Opt] = ()) -> Rendered:
+    """Lower (after the optimization actions `opts`), simplify, linearize, check and render a kernel; no compiling."""
+    renderer = device.renderer
+    kernel = lower(ast, renderer.caps, opts)  # loops or hardware ids, lanes, index math, REDUCEs
+    sink = graph_rewrite(kernel.sink, symbolic)  # simplify index math and fold constants
+    sink = graph_rewrite(sink, vectorize)  # lanes that do the same thing become vector ops
+    uops = linearize(sink)  # place each op in its loop, in execution order
+    validate(uops)  # only device ops, each well formed
+    if DEBUG >= 5:
+        print(format_uops(uops))
+    return Rendered(kernel, uops, renderer.render(kernel.name, uops))
+
+
+def format_uops(uops: list[UOp]) -> str:
+    """One line per op: position, op, dtype, the positions of its sources, and its arg."""
+    pos = {u: i for i, u in enumerate(uops)}
+    return "\n".join(
+        f"{i:4d} {u.op.name:<14} {u.dtype!r:<28} {str([pos[s] for s in u.src]):<16} {'' if u.arg is None else u.arg!r}"
+        for i, u in enumerate(uops)
+    )
+
+
+def build_program(ast: UOp, device: Compiled, opts: Sequence[Opt] = ()) -> CompiledProgram:
+    """The compiled program that runs kernel `ast` on `device`, after the optimization actions `opts`."""
+    r = render_kernel(ast, device, opts)
+    return to_program(r, device, device.compile(r.src))
+
+
+def to_program(r: Rendered, device: Compiled, binary: bytes) -> CompiledProgram:
+    """A rendered kernel and its binary, with what a launch needs to know."""
+    kernel, uops, src = r.kernel, r.uops, r.src
+    flops, mem = estimate(uops)
+    globals_ = sorted((u for u in uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
+    outs = tuple(
+        sorted({u.address.pointer.arg for u in uops if u.op is Ops.STORE and u.address.pointer.op is Ops.DEFINE_GLOBAL})
+    )
+    return CompiledProgram(
+        name=kernel.name,
+        device=device.name,
+        language=device.renderer.caps.language,
+        src=src,
+        binary=binary,
+        n_buffers=len(globals_),
+        outs=outs,
+        var_names=tuple(u.arg[0] for u in uops if u.op is Ops.DEFINE_VAR),
+        global_size=kernel.global_size,
+        local_size=kernel.local_size,
+        flops=flops,
+        mem_bytes=mem,
+    )
+
+
+def estimate(uops: list[UOp]) -> tuple[int, int]:
+    """Operations (not counting index math) and bytes of global memory touched, per launch."""
+    index_math: set[UOp] = set()
+    for u in uops:
+        if u.op is Ops.INDEX:
+            for s in u.src[1:]:
+                index_math.update(x for x in s.toposort if x.op is not Ops.LOAD)
+    flops, mult, stack = 0, 1, []
+    for u in uops:
+        if u.op is Ops.RANGE:
+            stack.append(mult)
+            mult *= u.end.arg if u.end.op is Ops.CONST else 1
+        elif u.op is Ops.ENDRANGE:
+            mult = stack.pop()
+        elif u.op is Ops.SPECIAL:
+            mult *= u.arg[1]
+        elif u.op in GroupOp.ALU and u not in index_math:
+            flops += mult * u.dtype.count
+    mem = 0
+    for u in uops:
+        if u.op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType) and u.dtype.base is not None:
+            mem += max(u.dtype.size, 0) * u.dtype.base.itemsize
+    return flops, mem

@@ -1,0 +1,61 @@
+"""Vectors: a VECTORIZE of lane values becomes vector math, vector loads and vector accumulators.
+
+Lowering writes upcast and unrolled lanes out as scalars and gathers the lanes that belong together into a
+VECTORIZE (at a store, or at a reduction that accumulates in a vector). These rules push each VECTORIZE down
+through its lanes while the lanes do the same thing: the same op on different values becomes one vector op;
+loads of consecutive addresses become one vector load. Where lanes differ, the VECTORIZE stays and gathers them.
+"""
+
+from __future__ import annotations
+
+from tiny.codegen.lower import VECTOR_DTYPES, contiguous
+from tiny.ir.pattern import PatternMatcher, UPat
+from tiny.ir.uop import Ops, UOp
+
+# ALU ops that C-like vector types (and every renderer that forms vectors) compute lane by lane
+VECTOR_ALU = frozenset({Ops.ADD, Ops.MUL, Ops.NEG, Ops.MAX, Ops.FDIV, Ops.RECIP, Ops.AND, Ops.OR, Ops.XOR})
+
+
+def _alike(lanes: tuple[UOp, ...]) -> bool:
+    first = lanes[0]
+    return all(s.op is first.op and s.dtype == first.dtype and s.arg == first.arg for s in lanes)
+
+
+def _gather(dtype_of: UOp, lanes: list[UOp]) -> UOp:
+    return UOp(Ops.VECTORIZE, dtype_of.dtype.vec(len(lanes)), tuple(lanes))
+
+
+def _push_down(vec: UOp) -> UOp | None:
+    """VECTORIZE(f(a0, b0), f(a1, b1), ...) -> f(VECTORIZE(a0, a1, ...), VECTORIZE(b0, b1, ...)) where f allows."""
+    lanes = vec.src
+    first = lanes[0]
+    if not _alike(lanes) or first.dtype not in VECTOR_DTYPES:
+        return None
+    if first.op is Ops.CONST:
+        return UOp.const(vec.dtype, first.arg)  # one value in every lane
+    if all(s is first for s in lanes):
+        return None  # a broadcast of one value stays as it is
+    if first.op in VECTOR_ALU:
+        return UOp(first.op, vec.dtype, tuple(_gather(x, [s.src[j] for s in lanes]) for j, x in enumerate(first.src)))
+    if first.op is Ops.REDUCE and all(s.src[1:] == first.src[1:] for s in lanes):
+        return UOp(Ops.REDUCE, vec.dtype, (_gather(first.value, [s.value for s in lanes]), *first.src[1:]), first.arg)
+    if first.op is Ops.LOAD:
+        return _vector_load(vec, lanes)
+    if first.op is Ops.GEP and all(s.src[0] is first.src[0] and s.arg == i for i, s in enumerate(lanes)):
+        return first.src[0] if first.src[0].dtype == vec.dtype else None
+    return None
+
+
+def _vector_load(vec: UOp, lanes: tuple[UOp, ...]) -> UOp | None:
+    """Loads of consecutive addresses, gated alike, are one vector load."""
+    addrs = [s.address for s in lanes]
+    first = addrs[0]
+    if any(a.pointer is not first.pointer or a.gate is not first.gate for a in addrs):
+        return None
+    if not contiguous([a.offset for a in addrs]):
+        return None
+    alt = () if first.gate is None else (_gather(lanes[0], [s.alternative for s in lanes]),)
+    return UOp(Ops.LOAD, vec.dtype, (first,) + alt)
+
+
+vectorize = PatternMatcher([(UPat(Ops.VECTORIZE, name="vec"), _push_down)], name="vectorize")

@@ -1,0 +1,76 @@
+"""Smoke test of the benchmark suite at the repository root: `python -m bench.run --quick` on a few fast workloads
+runs, prints its table and writes JSON with finite, positive figures for tiny and NumPy. It never checks a time:
+benchmarks measure, tests check."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+WORKLOADS = ("matmul512", "elementwise", "sum", "softmax", "overhead_each")
+FRAMEWORKS = ("tiny", "numpy", "torch", "tinygrad")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    """The JSON report and the printed table of one quick run (the jit_replay row is there for its n/a path)."""
+    out = tmp_path_factory.mktemp("bench") / "results.json"
+    only = ",".join((*WORKLOADS, "jit_replay"))
+    cmd = [sys.executable, "-m", "bench.run", "--quick", "--only", only, "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"bench.run exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return json.loads(out.read_text()), done.stdout
+
+
+def _finite_positive(x: object) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_report_names_the_machine_and_every_chosen_workload(run: tuple[dict, str]) -> None:
+    report, _ = run
+    assert set(report["workloads"]) == {*WORKLOADS, "jit_replay"}
+    for key in ("cpu", "cores", "python", "numpy", "torch", "tinygrad", "tiny_device", "date"):
+        assert key in report["machine"], key
+    assert report["options"]["quick"] is True
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_tiny_and_numpy_have_finite_positive_figures(run: tuple[dict, str], name: str) -> None:
+    entry = run[0]["workloads"][name]
+    assert set(entry["results"]) == set(FRAMEWORKS)
+    for framework in ("tiny", "numpy"):
+        side = entry["results"][framework]
+        assert side["status"] == "ok", side
+        assert entry["metrics"] and set(side["figures"]) == set(entry["metrics"])
+        assert all(_finite_positive(v) for v in side["figures"].values()), side["figures"]
+        assert side["samples_s"] and all(_finite_positive(s) for s in side["samples_s"])
+    assert _finite_positive(entry["ratios"]["numpy"])
+
+
+def test_ratio_means_times_as_fast_for_every_unit(run: tuple[dict, str]) -> None:
+    # sum reports GB/s (higher is better) and ms (lower is better): tiny's ratio must be the same number for both
+    sides = run[0]["workloads"]["sum"]["results"]
+    tiny, numpy = sides["tiny"]["figures"], sides["numpy"]["figures"]
+    assert tiny["GB/s"] / numpy["GB/s"] == pytest.approx(numpy["ms"] / tiny["ms"], rel=1e-6)
+    assert run[0]["workloads"]["sum"]["ratios"]["numpy"] == pytest.approx(tiny["GB/s"] / numpy["GB/s"], rel=1e-6)
+
+
+def test_a_side_that_cannot_run_is_reported_not_fatal(run: tuple[dict, str]) -> None:
+    sides = run[0]["workloads"]["jit_replay"]["results"]
+    assert sides["tiny"]["status"] in ("ok", "n/a")  # n/a until TinyJit exists
+    assert sides["numpy"]["status"] == "none"
+
+
+def test_table_has_a_row_per_workload_and_unit(run: tuple[dict, str]) -> None:
+    _, table = run
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["workload", "size", "unit"] and "met?" in lines[0]
+    for name in WORKLOADS:
+        assert any(line.startswith(name + " ") for line in lines), name
+    assert sum(line.startswith("sum ") for line in lines) == 2  # GB/s and ms

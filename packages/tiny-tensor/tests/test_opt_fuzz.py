@@ -1,0 +1,114 @@
+"""Random optimization actions on random kernels compute what the unoptimized kernel computes.
+
+Kernels come from real tensor programs (matrix products, convolutions, reductions with odd sizes, padded,
+flipped and strided views, several dtypes). For each, random sequences of legal actions (the ones BEAM
+tries) are applied; the optimized program runs on the same inputs and its output is compared with the
+unoptimized program's. The seed is fixed and the count bounded in CI; `pytest --opt-fuzz=N` runs N
+sequences per kernel (and a different seed with --opt-fuzz-seed).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from tiny.codegen import Kernel, KernelOptError, Opt, get_program
+from tiny.codegen.beam import actions
+from tiny.ir.device import Device
+from tiny.tensor import Tensor, dtypes
+from tiny.tensor.realize import run_schedule
+
+rng = np.random.default_rng(0)
+
+
+def _t(*shape: int, dtype=dtypes.float32, device: str = "CPU") -> Tensor:  # noqa: ANN001
+    if dtype.is_int:
+        return Tensor(rng.integers(-9, 9, size=shape).astype(dtype.fmt), device=device).realize()
+    return Tensor(rng.standard_normal(shape).astype(np.float32), device=device).cast(dtype).realize()
+
+
+# name -> (tensor program on a device); each makes one or more kernels, the last is fuzzed
+PROGRAMS: dict[str, Callable[[str], Tensor]] = {
+    "matmul": lambda d: _t(13, 17, device=d) @ _t(17, 24, device=d),
+    "matmul_relu_bias": lambda d: ((_t(16, 32, device=d) @ _t(32, 8, device=d)) + _t(8, device=d)).relu(),
+    "batched_matmul": lambda d: _t(3, 5, 7, device=d) @ _t(3, 7, 6, device=d),
+    "conv2d": lambda d: _t(2, 3, 9, 9, device=d).conv2d(_t(4, 3, 3, 3, device=d), padding=1, stride=2),
+    "conv2d_dilated": lambda d: _t(1, 2, 8, 7, device=d).conv2d(_t(3, 2, 2, 3, device=d), dilation=2, padding=(1, 0)),
+    "sum_rows_odd": lambda d: _t(7, 33, device=d).sum(1),
+    "sum_cols_odd": lambda d: _t(33, 7, device=d).sum(0),
+    "max_all": lambda d: _t(5, 11, 3, device=d).max(),
+    "mean_keepdim": lambda d: _t(6, 10, 4, device=d).mean((0, 2), keepdim=True),
+    "padded_sum": lambda d: _t(5, 6, device=d).pad(((1, 2), (3, 0))).sum(0),
+    "masked_view": lambda d: _t(9, 10, device=d)[::2, 1:-1].flip(0) * 2 + 1,
+    "broadcast_chain": lambda d: (_t(4, 1, 6, device=d) * _t(1, 5, 6, device=d)).exp2() - _t(6, device=d),
+    "int_sum": lambda d: _t(12, 20, dtype=dtypes.int32, device=d).sum(1),
+    "int64_matmul": lambda d: _t(6, 8, dtype=dtypes.int64, device=d) @ _t(8, 10, dtype=dtypes.int64, device=d),
+    "float64_reduce": lambda d: (_t(16, 24, dtype=dtypes.float64, device=d) ** 2).sum(1).sqrt(),
+    "half_add": lambda d: _t(8, 16, dtype=dtypes.float16, device=d) + _t(8, 16, dtype=dtypes.float16, device=d),
+    "two_reductions": lambda d: _t(8, 12, device=d).sum(1) + _t(8, 12, device=d).max(1),
+    "softmax_denominator": lambda d: (_t(10, 16, device=d) - 1).exp().sum(-1),
+    "where_compare": lambda d: (_t(8, 8, device=d) > 0).where(_t(8, 8, device=d), 0.5),
+}
+
+
+def _run(item, device, opts):  # noqa: ANN001, ANN202
+    dev = Device[device]
+    prog = get_program(item.ast, dev, opts)
+    runner = dev.load(prog)
+    runner(
+        *[b.ensure_allocated().opaque for b in item.buffers], global_size=prog.global_size, local_size=prog.local_size
+    )
+    out = item.buffers[0]
+    return np.frombuffer(out.as_bytes(), dtype=np.dtype(out.dtype.fmt or "u2")).copy()
+
+
+def _random_opts(kernel: Kernel, r: random.Random, steps: int) -> list[Opt]:
+    k = kernel.copy()
+    chosen: list[Opt] = []
+    for _ in range(steps):
+        options = actions(k)
+        r.shuffle(options)
+        for opt in options:
+            try:
+                k.apply(opt)
+            except KernelOptError:
+                continue
+            chosen.append(opt)
+            break
+    return chosen
+
+
+def _compare(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    if got.dtype.kind in "iub":
+        np.testing.assert_array_equal(got, want, err_msg=what)
+    else:
+        tol = 2e-2 if got.dtype.itemsize <= 2 else 1e-4
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=what)
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("target", ["CPU", "PYTHON"])
+def test_random_actions_keep_results(name: str, target: str, request: pytest.FixtureRequest) -> None:
+    count = request.config.getoption("--opt-fuzz")
+    seed = request.config.getoption("--opt-fuzz-seed")
+    if target == "PYTHON":
+        count = max(1, count // 4)  # the emulator is slow: fewer sequences
+    out = PROGRAMS[name](target)
+    items = out.schedule()
+    run_schedule(items[:-1])
+    item = items[-1]
+    want = _run(item, target, [])
+    kernel = Kernel(item.ast, Device[target].renderer.caps)
+    r = random.Random(f"{seed}:{name}:{target}")
+    tried = 0
+    for i in range(count):
+        opts = _random_opts(kernel, r, steps=1 + i % 4)
+        if not opts:
+            continue
+        tried += 1
+        _compare(_run(item, target, opts), want, f"{name} on {target} with {opts}")
+    if kernel.axes:
+        assert tried > 0, f"no legal action found for {name}"
