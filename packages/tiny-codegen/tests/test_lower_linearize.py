@@ -19,8 +19,8 @@ from kernel_helpers import (
     tensor,
 )
 
-from tiny.codegen import estimate, format_uops
 from tiny.codegen.lower import identity, kernel_name, lower
+from tiny.codegen.program import estimate, format_uops
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import create_schedule
