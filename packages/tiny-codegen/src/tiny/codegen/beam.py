@@ -96,7 +96,7 @@ def beam_search(ast: UOp, device: Compiled, width: int, budget_s: float | None =
     """The fastest action list found for this kernel on this device (cached on disk once found)."""
     key = _search_key(ast, device, width)
     if (hit := cache_get("beam", key)) is not None:
-        return list(pickle.loads(hit))
+        return list(hit)
     budget = BEAM_BUDGET.value if budget_s is None else budget_s
     base = Kernel(ast, device.renderer.caps)
     if base.empty:
@@ -130,7 +130,7 @@ def beam_search(ast: UOp, device: Compiled, width: int, budget_s: float | None =
         workers.shutdown()
         timer.close()
     print(file=sys.stderr)
-    cache_put("beam", key, pickle.dumps(best.opts))
+    cache_put("beam", key, best.opts)
     return list(best.opts)
 
 

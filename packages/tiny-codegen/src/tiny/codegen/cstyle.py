@@ -84,8 +84,11 @@ class CStyleRenderer(Renderer):
     def vector_type_name(self, dt: DType) -> str:
         return f"{dt.scalar.name}x{dt.count}"
 
+    def vector_typedef(self, dt: DType) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no vector types")
+
     def vector_prelude(self, dt: DType) -> str:
-        """The declarations a vector type needs: the type, unaligned loads and stores, and a NaN-aware max."""
+        """What a vector type needs after every type is declared: loads, stores, max, select, math."""
         raise NotImplementedError(f"{type(self).__name__} has no vector types")
 
     def vector_literal(self, dt: DType, lanes: list[str]) -> str:
@@ -131,8 +134,9 @@ class CStyleRenderer(Renderer):
         return self.bit_cast(self.type_name(u.dtype), self.type_name(src_dt), x)
 
     def const(self, value: int | float | bool, dt: DType) -> str:
-        if dt.count > 1:
-            return self.vector_literal(dt, [self.const(value, dt.scalar)] * dt.count)
+        if dt.count > 1:  # a true bool lane is all ones, as vector comparisons make it
+            lane = ("-1" if value else "0") if dt.is_bool else self.const(value, dt.scalar)
+            return self.vector_literal(dt, [lane] * dt.count)
         if dt.is_bool:
             return "1" if value else "0"
         if dt.is_float:
@@ -162,10 +166,16 @@ class CStyleRenderer(Renderer):
 
     def alu(self, u: UOp, args: list[str]) -> str:
         op, dt = u.op, u.dtype
+        if op in self.math_fns and dt.count > 1:
+            return f"tiny_v{self.math_fns[op]}_{self.vector_type_name(dt)}({args[0]})"
         if op in self.math_fns:
             return self.float_math(self.math_fns[op], args, dt)
+        if op is Ops.WHERE and dt.count > 1:
+            return f"tiny_vwhere_{self.vector_type_name(dt)}({', '.join(args)})"
         if op is Ops.NEG:
-            return f"(!{args[0]})" if dt.is_bool else f"(-{args[0]})"
+            if dt.is_bool:
+                return f"(~{args[0]})" if dt.count > 1 else f"(!{args[0]})"
+            return f"(-{args[0]})"
         if op is Ops.RECIP:
             return f"({self.const(1, dt)}/{args[0]})"
         if op is Ops.MAX:
@@ -264,9 +274,10 @@ class CStyleRenderer(Renderer):
                 line(self.barrier())
             elif op in (Ops.CAST, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP) or op in GroupOp.ALU:
                 if op is Ops.VECTORIZE:
-                    expr = self.vector_literal(u.dtype, src)
+                    lanes = [f"-({x})" for x in src] if u.dtype.is_bool else src  # a true lane is all ones
+                    expr = self.vector_literal(u.dtype, lanes)
                 elif op is Ops.GEP:
-                    expr = f"({src[0]})[{u.arg}]"
+                    expr = f"(({src[0]})[{u.arg}] != 0)" if u.dtype.is_bool else f"({src[0]})[{u.arg}]"
                 elif op is Ops.CAST:
                     expr = self.cast(u, src[0])
                 elif op is Ops.BITCAST:
@@ -286,7 +297,8 @@ class CStyleRenderer(Renderer):
         ordered = [p for _, p in sorted(params)] + var_params
         kernel = self.render_kernel(name, ordered, body)
         vectors = sorted({u.dtype for u in uops if u.dtype.count > 1 and not isinstance(u.dtype, PtrDType)}, key=repr)
-        kernel = "".join(self.vector_prelude(dt) for dt in vectors) + kernel
+        types = "".join(self.vector_typedef(dt) for dt in vectors)
+        kernel = types + "".join(self.vector_prelude(dt) for dt in vectors) + kernel
         uses_bf16 = self.emulate_bf16 and any(
             u.dtype.scalar == dtypes.bfloat16
             or (isinstance(u.dtype, PtrDType) and u.dtype.base is not None and u.dtype.base.scalar == dtypes.bfloat16)
@@ -301,25 +313,48 @@ class CStyleRenderer(Renderer):
         raise NotImplementedError(f"{type(self).__name__} has no barriers")
 
 
+_MASK_LANE = {1: "signed char", 2: "short", 4: "int", 8: "long long"}  # a vector mask's lanes, by their bytes
+
+# glibc's vector math library (libmvec) for AVX2: 8 floats or 4 doubles per call
+_MVEC = {
+    (Ops.EXP2, 8, "float32"): "_ZGVdN8v_exp2f",
+    (Ops.LOG2, 8, "float32"): "_ZGVdN8v_log2f",
+    (Ops.SIN, 8, "float32"): "_ZGVdN8v_sinf",
+    (Ops.EXP2, 4, "float64"): "_ZGVdN4v_exp2",
+    (Ops.LOG2, 4, "float64"): "_ZGVdN4v_log2",
+    (Ops.SIN, 4, "float64"): "_ZGVdN4v_sin",
+}
+
+
 class CRenderer(CStyleRenderer):
     """C for the CPU device, compiled by clang or gcc: GNU vector types, one call per thread (gidx0 its number)."""
 
     caps = RendererCaps(language="C", vector_width=8)
     special_params = True
 
+    def vector_typedef(self, dt: DType) -> str:
+        """GNU vector types; a bool vector is a mask of integers as wide as the lanes it was compared from."""
+        t, n = self.vector_type_name(dt), dt.count
+        size = self.caps.vector_width * 4 if dt.is_bool else dt.scalar.itemsize * n
+        lane = self.type_names[dt.scalar.name] if not dt.is_bool else _MASK_LANE[size // n]
+        text = f"typedef {lane} {t} __attribute__((vector_size({size})));\n"
+        if not dt.is_bool:
+            text += f"typedef {_MASK_LANE[dt.scalar.itemsize]} {t}_mask __attribute__((vector_size({size})));\n"
+        return text
+
     def vector_prelude(self, dt: DType) -> str:
+        if dt.is_bool:
+            return ""
         t, s, n = self.vector_type_name(dt), self.type_names[dt.scalar.name], dt.count
         size = dt.scalar.itemsize * n
-        mask = {4: "int", 8: "long long"}[dt.scalar.itemsize]
         pick = "(a != a) | (a >= b)" if dt.is_float else "a >= b"  # NaN wins, as torch.maximum
-        return (
-            f"typedef {s} {t} __attribute__((vector_size({size})));\n"
-            f"typedef {mask} {t}_mask __attribute__((vector_size({size})));\n"
+        math_fns = "".join(self.vector_math(dt, op, fn) for op, fn in self.math_fns.items()) if dt.is_float else ""
+        return math_fns + (
             f"static inline {t} tiny_vload_{t}(const {s}* p) {{ {t} v; __builtin_memcpy(&v, p, {size}); return v; }}\n"
             f"static inline void tiny_vstore_{t}({s}* p, {t} v) {{ __builtin_memcpy(p, &v, {size}); }}\n"
-            f"static inline {t} tiny_vmax_{t}({t} a, {t} b) {{\n"
-            f"  {t}_mask m = ({t}_mask)({pick});\n"
-            f"  return ({t})((m & ({t}_mask)a) | (~m & ({t}_mask)b));\n}}\n"
+            f"static inline {t} tiny_vwhere_{t}({t}_mask c, {t} a, {t} b) {{\n"
+            f"  return ({t})((c & ({t}_mask)a) | (~c & ({t}_mask)b));\n}}\n"
+            f"static inline {t} tiny_vmax_{t}({t} a, {t} b) {{ return tiny_vwhere_{t}(({t}_mask)({pick}), a, b); }}\n"
         )
 
     def __init__(self, target: str = "") -> None:
@@ -332,6 +367,16 @@ class CRenderer(CStyleRenderer):
         missing = {dtypes.float16} if "f16" not in features else set()
         all_ = frozenset(dtypes.all()) - missing
         self.caps = RendererCaps(language="C", vector_width=width, threads=threads, dtypes=all_)
+        self.mvec = "mvec" in features
+
+    def vector_math(self, dt: DType, op: Ops, fn: str) -> str:
+        """A math function on a vector: one libmvec call where the host has it, else lane by lane."""
+        t, n = self.vector_type_name(dt), dt.count
+        if self.mvec and (name := _MVEC.get((op, n, dt.scalar.name))):
+            return f"{t} {name}({t});\nstatic inline {t} tiny_v{fn}_{t}({t} x) {{ return {name}(x); }}\n"
+        lane = self.float_math(fn, ["x[i]"], dt.scalar)
+        loop = f"for (int i = 0; i < {n}; i++) r[i] = {lane};"
+        return f"static inline {t} tiny_v{fn}_{t}({t} x) {{ {t} r; {loop} return r; }}\n"
 
     def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
         return f"void {name}({', '.join(params)}) {{\n" + "\n".join(body) + "\n}\n"

@@ -14,7 +14,8 @@ from tiny.codegen.opt import Kernel, KernelOptError, Kind, Opt, OptOps
 from tiny.ir.uop import Ops
 from tiny.ir.views import View
 
-THREAD_MIN_WORK = 1 << 16  # iterations below which splitting across threads costs more than it saves
+THREAD_MIN_WORK = 1 << 20  # iterations below which splitting across threads costs more than it saves
+SMALL_REDUCE = 7  # reduce dims this small are unrolled whole, so their masks fold away
 
 
 def hand_opts(kernel: Kernel) -> list[Opt]:
@@ -41,8 +42,12 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
     loads = [u.src[1].arg for u in k.ast.toposort if u.op is Ops.LOAD]
     store_view: View = k.store.src[1].arg
     out_dim = _contiguous_dim(store_view, k)
-    reuse = {d for d in range(len(k.full_shape)) if any(_broadcast(v, d) for v in loads) and k.reduce_dims}
+    outputs = [d for d in range(len(k.full_shape)) if d not in k.reduce_dims]
+    reuse = {d for d in outputs if any(_broadcast(v, d) for v in loads) and k.reduce_dims}
     if k.reduce_dims and reuse:  # a matrix product or a convolution: tile outputs in registers
+        for p in list(k.of_kind(Kind.REDUCE)):  # small reduce dims (a convolution's window) written out in full
+            if p.size <= SMALL_REDUCE and len(k.of_kind(Kind.REDUCE)) > 1:
+                attempt(OptOps.UNROLL, k.axes.index(p), (0,))
         if out_dim is not None:
             attempt(OptOps.UPCAST, _axis(k, out_dim), (2 * lanes, lanes, 4, 2))
         others = [d for d in sorted(reuse) if d != out_dim and _axis(k, d) is not None]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from tiny.ir.device import RendererCaps
 from tiny.ir.uop import Ops, UOp
 
-MAX_LANES = 256  # upcast x unroll: values computed side by side in one thread
+MAX_LANES = 512  # upcast x unroll: values computed side by side in one thread
 MAX_THREADS = 64
 
 

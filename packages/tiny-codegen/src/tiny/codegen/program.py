@@ -32,7 +32,7 @@ def render_kernel(ast: UOp, device: Compiled, opts: Sequence[Opt] = ()) -> Rende
     renderer = device.renderer
     kernel = lower(ast, renderer.caps, opts)  # loops or hardware ids, lanes, index math, REDUCEs
     sink = graph_rewrite(kernel.sink, symbolic)  # simplify index math and fold constants
-    sink = graph_rewrite(sink, vectorize)  # lanes that do the same thing become vector ops
+    sink = graph_rewrite(sink, vectorize, ctx=renderer.caps.vector_width * 4)  # lanes doing one thing: vector ops
     uops = linearize(sink)  # place each op in its loop, in execution order
     validate(uops)  # only device ops, each well formed
     if DEBUG >= 5:

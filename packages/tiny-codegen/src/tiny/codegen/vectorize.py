@@ -8,12 +8,21 @@ loads of consecutive addresses become one vector load. Where lanes differ, the V
 
 from __future__ import annotations
 
-from tiny.codegen.lower import VECTOR_DTYPES, contiguous
+from tiny.codegen.lower import VECTOR_DTYPES, VECTOR_REDUCE, contiguous
+from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import PatternMatcher, UPat
 from tiny.ir.uop import Ops, UOp
 
-# ALU ops that C-like vector types (and every renderer that forms vectors) compute lane by lane
-VECTOR_ALU = frozenset({Ops.ADD, Ops.MUL, Ops.NEG, Ops.MAX, Ops.FDIV, Ops.RECIP, Ops.AND, Ops.OR, Ops.XOR})
+# ALU ops every renderer that forms vectors computes on them (math functions by a vector library or lane by lane)
+VECTOR_ALU = frozenset(
+    {Ops.ADD, Ops.MUL, Ops.NEG, Ops.MAX, Ops.FDIV, Ops.RECIP, Ops.AND, Ops.OR, Ops.XOR}
+    | {Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC}
+)
+
+
+def _fits(dt: DType, lanes: int, nbytes: int) -> bool:
+    """Whether `lanes` values of dt make one hardware vector of nbytes (bools: a mask of any lane width)."""
+    return dt.scalar == dtypes.bool or (dt.scalar in VECTOR_DTYPES and dt.scalar.itemsize * lanes == nbytes)
 
 
 def _alike(lanes: tuple[UOp, ...]) -> bool:
@@ -25,19 +34,25 @@ def _gather(dtype_of: UOp, lanes: list[UOp]) -> UOp:
     return UOp(Ops.VECTORIZE, dtype_of.dtype.vec(len(lanes)), tuple(lanes))
 
 
-def _push_down(vec: UOp) -> UOp | None:
-    """VECTORIZE(f(a0, b0), f(a1, b1), ...) -> f(VECTORIZE(a0, a1, ...), VECTORIZE(b0, b1, ...)) where f allows."""
+def _push_down(vec: UOp, ctx: int) -> UOp | None:
+    """VECTORIZE(f(a0, b0), f(a1, b1), ...) -> f(VECTORIZE(a0, a1, ...), VECTORIZE(b0, b1, ...)) where f allows.
+    ctx: the bytes of one hardware vector; lanes of other widths stay scalars."""
     lanes = vec.src
     first = lanes[0]
-    if not _alike(lanes) or first.dtype not in VECTOR_DTYPES:
+    n = len(lanes)
+    if not _alike(lanes) or not _fits(first.dtype, n, ctx):
         return None
     if first.op is Ops.CONST:
         return UOp.const(vec.dtype, first.arg)  # one value in every lane
     if all(s is first for s in lanes):
         return None  # a broadcast of one value stays as it is
-    if first.op in VECTOR_ALU:
+    if first.op in VECTOR_ALU or first.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE):
+        if not all(_fits(x.dtype, n, ctx) for x in first.src):
+            return None
         return UOp(first.op, vec.dtype, tuple(_gather(x, [s.src[j] for s in lanes]) for j, x in enumerate(first.src)))
-    if first.op is Ops.REDUCE and all(s.src[1:] == first.src[1:] for s in lanes):
+    if first.dtype == dtypes.bool:
+        return None  # bools live in vectors as comparison masks, never in memory or accumulators
+    if first.op is Ops.REDUCE and all(s.src[1:] == first.src[1:] for s in lanes) and first.arg in VECTOR_REDUCE:
         return UOp(Ops.REDUCE, vec.dtype, (_gather(first.value, [s.value for s in lanes]), *first.src[1:]), first.arg)
     if first.op is Ops.LOAD:
         return _vector_load(vec, lanes)

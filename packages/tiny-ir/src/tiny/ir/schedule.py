@@ -249,9 +249,36 @@ lift_reshapes = PatternMatcher(
 )
 
 
+# ---------------------------------------------------------------- splitting big reductions
+
+SPLIT_MIN = 1 << 15  # a reduction of at least this many elements into ...
+SPLIT_MAX_OUT = 16  # ... at most this many outputs runs as two kernels, the first with many outputs (cores, vectors)
+
+
+def _split_reduce(r: UOp) -> UOp | None:
+    """REDUCE(x over n) with few outputs -> REDUCE(REDUCE(x as (d, n/d) over n/d) over d): d partial results, each
+    over a contiguous stretch, then one small reduction of the partials (a reduction under a reduction realizes)."""
+    x, (op, axes) = r.source, r.arg
+    axes = tuple(sorted(axes))
+    n = _prod([x.shape[a] for a in axes])
+    if n < SPLIT_MIN or _prod(r.shape) > SPLIT_MAX_OUT or axes != tuple(range(axes[0], axes[-1] + 1)):
+        return None
+    d = next((d for d in (256, 128, 64, 32, 16, 8) if n % d == 0 and n // d >= 1024), None)
+    if d is None:
+        return None
+    a0, a1 = axes[0], axes[-1]
+    split = _reshape(x, x.shape[:a0] + (d, n // d) + x.shape[a1 + 1 :])
+    partial = UOp(Ops.REDUCE_AXIS, r.dtype, (split,), (op, (a0 + 1,)))
+    return _reshape(UOp(Ops.REDUCE_AXIS, r.dtype, (partial,), (op, (a0,))), r.shape)
+
+
+split_reductions = PatternMatcher([(UPat(Ops.REDUCE_AXIS, name="r"), _split_reduce)], name="split_reductions")
+
+
 def create_schedule(targets: list[UOp]) -> Schedule:
     """Schedule the kernels and copies that realize `targets` (tensor-level nodes), in execution order."""
-    lifted = graph_rewrite(UOp(Ops.SINK, src=tuple(targets)), lift_reshapes, ctx={})
+    split = graph_rewrite(UOp(Ops.SINK, src=tuple(targets)), split_reductions)  # big reductions into few outputs
+    lifted = graph_rewrite(split, lift_reshapes, ctx={})  # reshapes of reductions rise to the kernel's output
     sink = lifted
     forced: set[UOp] = set()
     while True:
@@ -301,7 +328,7 @@ def _buffer_view(buf: UOp, shape: tuple[int, ...]) -> UOp:
     return UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
 
 
-def _prod(shape: tuple[int, ...]) -> int:
+def _prod(shape: tuple[int, ...] | list[int]) -> int:
     out = 1
     for s in shape:
         out *= s

@@ -50,14 +50,24 @@ def find_compiler() -> str:
 
 @cache
 def compiler_features(cc: str) -> frozenset[str]:
-    """What this compiler can do on this host, found by compiling tiny probes: 'f16' (_Float16)."""
-    probes = {"f16": "_Float16 f(_Float16 a, _Float16 b) { return a * b + (_Float16)1; }"}
+    """What this compiler can do on this host, found by compiling tiny probes: 'f16' (_Float16), 'mvec' (glibc's
+    vector math library for AVX2, linked with -lmvec)."""
+    mvec = (
+        "typedef float v8 __attribute__((vector_size(32)));\nv8 _ZGVdN8v_exp2f(v8);\n"
+        "int main(void) { v8 x = {0}; return (int)_ZGVdN8v_exp2f(x)[0] - 1; }"
+    )
+    probes = {
+        "f16": (["-c"], "_Float16 f(_Float16 a, _Float16 b) { return a * b + (_Float16)1; }"),
+        "mvec": (["-march=native", "-lmvec"], mvec),
+    }
     out = set()
-    for name, src in probes.items():
+    for name, (flags, src) in probes.items():
         with tempfile.TemporaryDirectory() as d:
-            r = subprocess.run(
-                [cc, "-c", "-x", "c", "-", "-o", os.path.join(d, "p.o")], input=src.encode(), capture_output=True
-            )
+            exe = os.path.join(d, "p")
+            args = [cc, *flags[:1], "-x", "c", "-", *flags[1:], "-o", exe]
+            r = subprocess.run(args, input=src.encode(), capture_output=True)
+            if name == "mvec" and r.returncode == 0:  # it must run too: an AVX2 host
+                r = subprocess.run([exe], capture_output=True)
             if r.returncode == 0:
                 out.add(name)
     return frozenset(out)
@@ -117,6 +127,7 @@ class ClangCompiler(Compiler):
                 "-o",
                 out,
                 "-lm",
+                *(["-lmvec"] if "mvec" in compiler_features(self.cc) else []),
             ]
             r = subprocess.run(args, input=src.encode(), capture_output=True)
             if r.returncode != 0:

@@ -115,6 +115,12 @@ class WindowOps(TensorBase):
                 f"{name}(): kernel {tuple(kernel)} with dilation {dils} does not fit input {tuple(spatial)} padded by "
                 f"{pads}: output size would be {tuple(out)}"
             )
+        if any(lo > 0 or hi > 0 for lo, hi in pads):
+            # zeros written around the input once: the convolution then reads it without a mask per load,
+            # in whole vectors (a copy of the input costs far less than a gate on each of k*k reads)
+            grown = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
+            x = x.pad([(0, 0), (0, 0), *grown]).contiguous()
+            pads = [(lo - g, hi - h) for (lo, hi), (g, h) in zip(pads, grown)]
         starts = [[k * d - lo for k in range(ks)] for ks, d, (lo, _) in zip(kernel, dils, pads)]
         win = _windows(x, starts, strides, out)  # (N, C, *out, *kernel)
         win = win.reshape(n, groups, 1, c // groups, *out, *kernel)

@@ -1,0 +1,167 @@
+"""The optimizer's actions: what each does to a kernel's plan and its code, and that an illegal one is refused with
+the reason. Running optimized kernels against unoptimized ones is tiny-tensor's test_opt_fuzz (it needs devices)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from kernel_helpers import expand, move, reduce, tensor
+from test_cstyle import compilers
+
+from tiny.codegen import Kernel, KernelOptError, Opt, OptOps
+from tiny.codegen.beam import actions
+from tiny.codegen.cstyle import CRenderer
+from tiny.codegen.heuristic import hand_opts
+from tiny.codegen.linearize import linearize
+from tiny.codegen.lower import lower
+from tiny.codegen.opt import Kind
+from tiny.codegen.vectorize import vectorize
+from tiny.ir.device import RendererCaps
+from tiny.ir.dtypes import dtypes
+from tiny.ir.pattern import graph_rewrite
+from tiny.ir.schedule import create_schedule
+from tiny.ir.spec import validate
+from tiny.ir.symbolic import symbolic
+from tiny.ir.uop import Ops, UOp
+
+CPU = RendererCaps(language="C", vector_width=8, threads=4)
+GPU = RendererCaps(
+    language="PYTHON", has_local=True, has_shared=True, local_total_max=1024, shared_max=65536, vector_width=4
+)
+f32 = dtypes.float32
+
+
+def ast_of(target: UOp) -> UOp:
+    return create_schedule([target]).items[-1].ast
+
+
+def matmul(m: int, k: int, n: int) -> UOp:
+    a, b = tensor(m, k), tensor(k, n)
+    prod = expand(move(Ops.RESHAPE, a, (m, k, 1)), (m, k, n)) * expand(move(Ops.RESHAPE, b, (1, k, n)), (m, k, n))
+    return ast_of(move(Ops.RESHAPE, reduce(prod, (1,)), (m, n)))
+
+
+def uops_of(ast: UOp, caps: RendererCaps, opts: list[Opt]) -> list[UOp]:
+    sink = graph_rewrite(graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=caps.vector_width * 4)
+    uops = linearize(sink)
+    validate(uops)
+    return uops
+
+
+def test_the_plan_of_a_matmul() -> None:
+    k = Kernel(matmul(16, 32, 24), CPU)
+    assert k.full_shape == (16, 32, 24) and k.reduce_dims == {1}
+    assert [(p.dim, p.size, p.kind) for p in k.axes] == [
+        (0, 16, Kind.GLOBAL),
+        (2, 24, Kind.GLOBAL),
+        (1, 32, Kind.REDUCE),
+    ]
+    k.apply(Opt(OptOps.UPCAST, 1, 8))
+    k.apply(Opt(OptOps.UNROLL, 2, 4))
+    k.apply(Opt(OptOps.THREAD, 0, 2))
+    kinds = sorted((p.dim, p.size, p.stride, p.kind.value) for p in k.parts)
+    assert kinds == [
+        (0, 2, 8, "thread"),  # the outer piece of the rows: a contiguous block of rows per thread
+        (0, 8, 1, "global"),
+        (1, 4, 1, "unroll"),
+        (1, 8, 4, "reduce"),
+        (2, 3, 8, "global"),
+        (2, 8, 1, "upcast"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "opt, why",
+    [
+        (Opt(OptOps.UPCAST, 0, 5), "does not split"),
+        (Opt(OptOps.UPCAST, 2, 4), "needs a global axis"),
+        (Opt(OptOps.UNROLL, 0, 4), "needs a reduce axis"),
+        (Opt(OptOps.UPCAST, 7, 2), "does not exist"),
+        (Opt(OptOps.LOCAL, 0, 4), "no workgroups"),
+        (Opt(OptOps.GROUP, 2, 4), "no local memory"),
+        (Opt(OptOps.PADTO, 0, 16), "changes nothing"),
+        (Opt(OptOps.SWAP, 0, 0), "two different global axes"),
+        (Opt(OptOps.THREAD, 0, 3), "does not split"),
+        (Opt(OptOps.TC, 0, 0), "no tensor cores"),
+    ],
+)
+def test_illegal_actions_are_refused_with_the_reason(opt: Opt, why: str) -> None:
+    k = Kernel(matmul(16, 32, 24), CPU)
+    before = list(k.parts)
+    with pytest.raises(KernelOptError, match=why):
+        k.apply(opt)
+    assert k.parts == before and k.applied == []
+
+
+def test_limits_on_lanes_and_threads() -> None:
+    k = Kernel(matmul(64, 64, 64), CPU)
+    k.apply(Opt(OptOps.UPCAST, 0, 32))
+    with pytest.raises(KernelOptError, match="values per thread"):
+        k.apply(Opt(OptOps.UPCAST, 1, 32))
+    k.apply(Opt(OptOps.THREAD, 0, 2))
+    with pytest.raises(KernelOptError, match="across threads already"):
+        k.apply(Opt(OptOps.THREAD, 0, 2))
+    assert not any(o.op is OptOps.THREAD for o in actions(Kernel(matmul(8, 8, 8), GPU)))
+
+
+def test_padto_masks_the_extra() -> None:
+    k = Kernel(matmul(13, 17, 9), CPU)
+    k.apply(Opt(OptOps.PADTO, 0, 8))
+    assert k.padded == {0: 16} and k.axes[0].size == 16
+    uops = uops_of(matmul(13, 17, 9), CPU, [Opt(OptOps.PADTO, 0, 8), Opt(OptOps.PADTO, 2, 8)])
+    stores = [u for u in uops if u.op is Ops.STORE]
+    assert all(s.address.gate is not None for s in stores), "padded rows are not written"
+    assert any(u.op is Ops.WHERE for u in uops), "padded reduce iterations add the identity"
+
+
+def test_upcast_on_the_contiguous_dim_makes_vectors() -> None:
+    uops = uops_of(matmul(16, 32, 24), CPU, [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 4)])
+    vec = f32.vec(8)
+    assert any(u.op is Ops.STORE and u.value.dtype == vec for u in uops)
+    assert any(u.op is Ops.LOAD and u.dtype == vec for u in uops), "rows of b load as vectors"
+    assert sum(1 for u in uops if u.op is Ops.DEFINE_ACC and u.dtype == vec) == 4, "4 rows x 1 vector of accumulators"
+    assert sum(1 for u in uops if u.op is Ops.RANGE) == 3, "one reduce loop shared by every lane"
+
+
+def test_unrolled_reduction_accumulates_in_a_vector() -> None:
+    x = tensor(4, 64)
+    uops = uops_of(ast_of(reduce(x, (1,))), CPU, [Opt(OptOps.UNROLL, 1, 8)])
+    accs = [u for u in uops if u.op is Ops.DEFINE_ACC]
+    assert [a.dtype for a in accs] == [f32.vec(8)]
+    assert sum(1 for u in uops if u.op is Ops.GEP) == 8, "the lanes are added up after the loop"
+
+
+def test_group_reduces_through_local_memory() -> None:
+    x = tensor(4, 64)
+    uops = uops_of(ast_of(reduce(x, (1,))), GPU, [Opt(OptOps.GROUP, 1, 16)])
+    ops = [u.op for u in uops]
+    assert Ops.DEFINE_LOCAL in ops and Ops.BARRIER in ops
+    assert ops.index(Ops.BARRIER) < max(
+        i for i, u in enumerate(uops) if u.op is Ops.LOAD and u.address.pointer.op is Ops.DEFINE_LOCAL
+    )
+    (store,) = [u for u in uops if u.op is Ops.STORE and u.address.pointer.op is Ops.DEFINE_GLOBAL]
+    assert store.address.gate is not None, "the first thread of each group writes the result"
+    lidx = [u.arg for u in uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx")]
+    assert lidx == [("lidx0", 16)]
+
+
+def test_heuristics_tile_a_matmul_and_vectorize_elementwise() -> None:
+    opts = hand_opts(Kernel(matmul(128, 128, 128), CPU))
+    assert Opt(OptOps.UPCAST, 1, 16) in opts and any(o.op is OptOps.UNROLL for o in opts)
+    assert any(o.op is OptOps.THREAD for o in opts)
+    a = tensor(64, 64)
+    ew = hand_opts(Kernel(ast_of(a * a), CPU))
+    assert ew[0] == Opt(OptOps.UPCAST, 1, 8)
+    assert hand_opts(Kernel(ast_of(tensor(3) * tensor(3)), RendererCaps(language="C"))) == []
+
+
+@pytest.mark.skipif(not compilers(), reason="no C compiler on PATH")
+def test_vector_c_compiles() -> None:
+    opts = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.THREAD, 0, 2)]
+    r = CRenderer("x86_64;vector_width=8;threads=2;")
+    src = r.render("mm", uops_of(matmul(16, 32, 24), r.caps, opts))
+    assert "float32x8" in src and "tiny_vload_float32x8" in src and "int gidx0" in src
+    cc = compilers()[0]
+    out = subprocess.run([cc, "-c", "-x", "c", "-", "-o", "/dev/null"], input=src.encode(), capture_output=True)
+    assert out.returncode == 0, out.stderr.decode()

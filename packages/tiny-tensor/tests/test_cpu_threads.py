@@ -1,0 +1,71 @@
+"""The CPU device on all cores: a kernel split across threads computes bit for bit what one thread computes, the
+thread count comes from the machine or THREADS, and every kernel shares one pool (no oversubscription)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+
+from tiny.codegen import Opt, OptOps, get_program
+from tiny.ir.device import Device
+from tiny.runtime.cpu import _pool
+from tiny.tensor import Tensor
+
+
+def _run(item, opts):  # noqa: ANN001, ANN202
+    dev = Device["CPU"]
+    prog = get_program(item.ast, dev, opts)
+    dev.load(prog)(*[b.ensure_allocated().opaque for b in item.buffers], global_size=prog.global_size)
+    return item.buffers[0].as_bytes(), prog.global_size
+
+
+def test_threads_give_the_same_bits_as_one_thread() -> None:
+    rng = np.random.default_rng(1)
+    a = Tensor(rng.standard_normal((96, 80)).astype(np.float32), device="CPU").realize()
+    b = Tensor(rng.standard_normal((80, 64)).astype(np.float32), device="CPU").realize()
+    (item,) = (a @ b).schedule()
+    base = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 2, 4)]
+    one, gs1 = _run(item, base)
+    for n in (2, 3, 4):
+        many, gs = _run(item, base + [Opt(OptOps.THREAD, 0, n)])
+        assert gs == (n, 1, 1) and gs1 == (1, 1, 1)
+        assert many == one, f"{n} threads changed the result"
+    np.testing.assert_allclose(np.frombuffer(one, np.float32).reshape(96, 64), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_one_pool_for_every_kernel_and_thread() -> None:
+    dev = Device["CPU"]
+    assert _pool(dev.threads) is _pool(dev.threads)
+    assert _pool(dev.threads)._max_workers == dev.threads  # at most this many threads compute, whoever launches
+    x = np.arange(1 << 18, dtype=np.float32)
+    results, errors = {}, []
+
+    def work(i: int) -> None:
+        try:
+            results[i] = (Tensor(x, device="CPU") * i).sum().item()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    exact = x.astype(np.float64).sum()
+    for i in range(4):
+        assert abs(results[i] - exact * i) <= 1e-5 * exact * i, (i, results[i])
+
+
+def test_thread_count_from_the_machine_or_threads() -> None:
+    code = "from tiny.ir.device import Device; d = Device['CPU']; print(d.threads, d.renderer.caps.threads)"
+    env = dict(os.environ, THREADS="3")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["3", "3"]
+    env.pop("THREADS")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(len(os.sched_getaffinity(0)))] * 2
