@@ -34,7 +34,9 @@ def test_threads_give_the_same_bits_as_one_thread() -> None:
         many, gs = _run(item, base + [Opt(OptOps.THREAD, 0, n)])
         assert gs == (n, 1, 1) and gs1 == (1, 1, 1)
         assert many == one, f"{n} threads changed the result"
-    np.testing.assert_allclose(np.frombuffer(one, np.float32).reshape(96, 64), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        np.frombuffer(one, np.float32).reshape(96, 64), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_one_pool_for_every_kernel_and_thread() -> None:

@@ -15,7 +15,9 @@ from tiny.ir.uop import Ops
 from tiny.ir.views import View
 
 THREAD_MIN_WORK = 1 << 20  # iterations below which splitting across threads costs more than it saves
-SMALL_REDUCE = 7  # reduce dims this small are unrolled whole, so their masks fold away
+SMALL_DIM = 7  # dims this small are written out whole where that lets masks fold away
+MASKED_LANES = 64  # ... up to this many values per thread
+TILE_LANES = 32  # register tiles of a matrix product or convolution grow until they hold this many outputs
 
 
 def hand_opts(kernel: Kernel) -> list[Opt]:
@@ -42,17 +44,22 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
     loads = [u.src[1].arg for u in k.ast.toposort if u.op is Ops.LOAD]
     store_view: View = k.store.src[1].arg
     out_dim = _contiguous_dim(store_view, k)
+    masked = {d for v in loads if v.mask for d, (lo, hi) in enumerate(v.mask) if (lo, hi) != (0, v.shape[d])}
+    for p in list(k.axes):  # small dims that masks depend on (a window's offsets): written out, the masks fold away
+        if p.dim in masked and p.size <= SMALL_DIM and k.lanes() * p.size <= MASKED_LANES:
+            attempt(OptOps.UPCAST if p.kind is Kind.GLOBAL else OptOps.UNROLL, k.axes.index(p), (0,))
     outputs = [d for d in range(len(k.full_shape)) if d not in k.reduce_dims]
     reuse = {d for d in outputs if any(_broadcast(v, d) for v in loads) and k.reduce_dims}
     if k.reduce_dims and reuse:  # a matrix product or a convolution: tile outputs in registers
         for p in list(k.of_kind(Kind.REDUCE)):  # small reduce dims (a convolution's window) written out in full
-            if p.size <= SMALL_REDUCE and len(k.of_kind(Kind.REDUCE)) > 1:
+            if p.size <= SMALL_DIM and len(k.of_kind(Kind.REDUCE)) > 1:
                 attempt(OptOps.UNROLL, k.axes.index(p), (0,))
         if out_dim is not None:
-            attempt(OptOps.UPCAST, _axis(k, out_dim), (2 * lanes, lanes, 4, 2))
-        others = [d for d in sorted(reuse) if d != out_dim and _axis(k, d) is not None]
-        if others:
-            attempt(OptOps.UPCAST, _axis(k, others[-1]), (4, 3, 2))
+            attempt(OptOps.UPCAST, _axis(k, out_dim), (2 * lanes, lanes, 4, 2) + _whole(k, out_dim))
+        for d in reversed([d for d in sorted(reuse) if d != out_dim]):  # more outputs per loaded value
+            if math.prod(p.size for p in k.of_kind(Kind.UPCAST)) >= TILE_LANES:
+                break
+            attempt(OptOps.UPCAST, _axis(k, d), (4, 3, 2) + _whole(k, d))
         last_reduce = max(p.dim for p in k.of_kind(Kind.REDUCE)) if k.of_kind(Kind.REDUCE) else None
         if last_reduce is not None:
             attempt(OptOps.UNROLL, _axis(k, last_reduce), (4, 2))
@@ -86,6 +93,12 @@ def _local_opts(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...
             if amt <= budget and p.size % amt == 0 and attempt(OptOps.LOCAL, i, (amt,)):
                 budget //= amt
                 break
+
+
+def _whole(k: Kernel, dim: int) -> tuple[int, ...]:
+    """(0,): upcast all of a small dim whose size no power of two divides well; () otherwise."""
+    axis = _axis(k, dim)
+    return (0,) if axis is not None and k.axes[axis].size <= SMALL_DIM else ()
 
 
 def _axis(k: Kernel, dim: int) -> int | None:

@@ -1,0 +1,95 @@
+"""`python -m bench.run`: time every workload on tiny and on the references in one run, print the table of figures
+and tiny's ratios, and write the JSON (and, with --markdown, the results file).
+
+    python -m bench.run                         # everything, full sizes
+    python -m bench.run --quick --only sum,softmax --json /tmp/r.json
+    python -m bench.run --markdown bench/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from bench import report
+from bench.core import FRAMEWORKS, Result, Workload, guarded
+from bench.frameworks import installed
+from bench.workloads import WORKLOADS, select
+from tiny.tensor import Device
+
+DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
+    names = ", ".join(w.name for w in WORKLOADS)
+    p.add_argument("--quick", action="store_true", help="small sizes and 1-2 timed runs (the smoke test's mode)")
+    p.add_argument("--only", metavar="NAME[,NAME]", help=f"workloads or groups to run, of: {names}")
+    p.add_argument("--device", metavar="DEV", help="tiny's device (default: the default device)")
+    p.add_argument("--budget", type=float, default=120.0, metavar="SECONDS", help="time per workload and framework")
+    p.add_argument("--reps", type=int, metavar="N", help="timed runs per workload (default: each workload's own)")
+    p.add_argument(
+        "--min-time",
+        type=float,
+        metavar="SECONDS",
+        help="keep timing a short workload until its runs add up to this (default 1, 0 with --quick)",
+    )
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON, metavar="PATH", help="where the JSON goes")
+    p.add_argument("--markdown", type=Path, metavar="PATH", help="also write the table as markdown, with a header")
+    return p
+
+
+def run_workload(workload: Workload, args: argparse.Namespace, device: str) -> dict[str, Result]:
+    """Each framework's side of one workload; a side that fails is an error result, the others still run."""
+    params = workload.params(args.quick)
+    reps = args.reps or (workload.quick_reps if args.quick else workload.reps)
+    results = {}
+    for fw in FRAMEWORKS:
+        if not installed(fw):
+            results[fw] = Result("not installed")
+        elif fw not in workload.setups:
+            results[fw] = Result("none")
+        else:
+            setup = workload.setups[fw]
+            result = guarded(setup, params, device, workload.warmup, reps, args.budget, args.min_time)
+            results[fw] = result
+            gc.collect()  # drop this side's inputs before the next side makes its own
+            shown = f"{result.best():.6f} s" if result.ok else result.status
+            print(f"  {workload.name:<14} {fw:<9} {shown}", file=sys.stderr, flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.min_time is None:
+        args.min_time = 0.0 if args.quick else 1.0
+    try:
+        workloads = select(args.only)
+        device = Device.canonicalize(args.device) if args.device else Device.DEFAULT
+    except Exception as exc:  # an unknown workload or device name
+        p.error(str(exc))
+    command = shlex.join(["python", "-m", "bench.run", *(sys.argv[1:] if argv is None else argv)])
+    options = {"quick": args.quick, "budget_s": args.budget, "min_time_s": args.min_time, "reps": args.reps}
+    options["command"] = command
+    meta = {"machine": report.machine(device), "options": options}
+    print(f"bench: {len(workloads)} workload(s), tiny on {device}", file=sys.stderr, flush=True)
+    results = {w.name: run_workload(w, args, device) for w in workloads}
+    full = report.build(workloads, results, meta)
+    print(report.text(full))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(full, indent=2) + "\n")
+    print(f"\nJSON written to {args.json}")
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(report.markdown(full))
+        print(f"markdown written to {args.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
