@@ -2,7 +2,8 @@
 
 from tiny.ir.device import Device
 from tiny.ir.dtypes import DType, dtypes
-from tiny.tensor.realize import GlobalCounters
+from tiny.tensor.jit import TinyJit
+from tiny.tensor.realize import GlobalCounters, JitError
 from tiny.tensor.tensor import Tensor
 
-__all__ = ["Tensor", "dtypes", "DType", "Device", "GlobalCounters"]
+__all__ = ["Tensor", "TinyJit", "JitError", "dtypes", "DType", "Device", "GlobalCounters"]

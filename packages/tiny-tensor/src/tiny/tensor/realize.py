@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tiny.codegen import get_program
 from tiny.ir.config import DEBUG
-from tiny.ir.device import CompiledProgram, Device, Program
+from tiny.ir.device import Buffer, CompiledProgram, Device, Program
 from tiny.ir.schedule import ScheduleItem
 from tiny.ir.uop import Ops, UOp
 
@@ -28,6 +30,38 @@ class _Counters:
 
 
 GlobalCounters = _Counters()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel or copy that ran, as TinyJit records it: replaying it runs the same program on the same buffers."""
+
+    buffers: tuple[Buffer, ...]
+    program: CompiledProgram | None = None  # None: a copy from buffers[1] into buffers[0]
+    runner: Program | None = None
+
+
+class JitError(RuntimeError):
+    """Something TinyJit cannot replay correctly, said at the call that would go wrong."""
+
+
+_captures: list[list[Launch]] = []  # the recordings open now (TinyJit captures); every run is added to the innermost
+
+
+def capturing() -> bool:
+    return bool(_captures)
+
+
+@contextmanager
+def capture() -> Iterator[list[Launch]]:
+    """Record every kernel and copy that runs inside the with-block."""
+    launches: list[Launch] = []
+    _captures.append(launches)
+    try:
+        yield launches
+    finally:
+        _captures.pop()
+
 
 _programs: dict[tuple[UOp, str], tuple[CompiledProgram, Program]] = {}
 
@@ -54,6 +88,8 @@ def run_schedule(items: list[ScheduleItem]) -> None:
             start = time.perf_counter()
             out.copy_from(src)
             GlobalCounters.copies += 1
+            if _captures:
+                _captures[-1].append(Launch((out, src)))
             if DEBUG >= 2:
                 ms = (time.perf_counter() - start) * 1e3
                 print(f"*** copy {src.device} -> {out.device} {out.nbytes / 1e6:9.3f} MB {ms:8.3f} ms")
@@ -62,6 +98,8 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         prog, runner = compiled(item.ast, device)
         bufs = [b.ensure_allocated().opaque for b in item.buffers]
         elapsed = runner(*bufs, global_size=prog.global_size, local_size=prog.local_size, wait=DEBUG >= 2)
+        if _captures:
+            _captures[-1].append(Launch(item.buffers, prog, runner))
         GlobalCounters.kernels += 1
         GlobalCounters.flops += prog.flops
         GlobalCounters.mem_bytes += prog.mem_bytes

@@ -22,7 +22,7 @@ from tiny.tensor.indexing import IndexingOps
 from tiny.tensor.inplace import InplaceOps
 from tiny.tensor.mathfns import MathOps
 from tiny.tensor.movement import MovementOps
-from tiny.tensor.realize import run_schedule
+from tiny.tensor.realize import JitError, capturing, run_schedule
 from tiny.tensor.reduce import ReduceOps
 from tiny.tensor.windows import WindowOps
 
@@ -125,6 +125,12 @@ class Tensor(
 
     def numpy(self) -> np.ndarray:
         """The values as a NumPy array (bfloat16 comes back as float32)."""
+        if capturing():
+            raise JitError(
+                "reading a tensor's values (.numpy(), .item(), .tolist(), bool(), float() ...) inside a function that "
+                "TinyJit captures: a replay would not read them again, and Python code that depends on them would "
+                "not run again. Return the tensor from the function and read it outside."
+            )
         buf = self._buffer()
         if self.dtype == dtypes.bfloat16:
             raw = np.frombuffer(buf.as_bytes(), dtype=np.uint16).astype(np.uint32) << 16
@@ -141,6 +147,17 @@ class Tensor(
         if self.numel() != 1:
             raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
         return self.numpy().reshape(()).item()
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise RuntimeError(f"the truth value of a tensor of shape {self.shape} is ambiguous: use .any() or .all()")
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
 
     def to(self, device: str) -> Tensor:
         """This tensor on another device."""

@@ -1,0 +1,256 @@
+"""TinyJit: capture the kernels a function runs, then replay them on new inputs without Python in between.
+
+The first call of a function with a given signature runs it as usual (it compiles its kernels and makes any
+state it needs); the second call records every kernel and copy it runs; later calls replay that recording with
+the new inputs' buffers in place of the recorded ones. Buffers that live only inside the function are planned:
+two whose lifetimes do not overlap share one allocation.
+
+Never silently wrong: the signature (each tensor argument's shape, dtype and device, which arguments are the same
+tensor, and every non-tensor argument) picks the recording, so a change captures again; reading values inside a
+captured function (.numpy(), .item(), bool(t) ... and so Python control flow that depends on data) raises
+JitError; drawing random numbers inside raises JitError (a replay would repeat them); an input that is a buffer the
+function writes (an earlier output, or state it updates) raises JitError.
+
+What a replay cannot see: tensors the function reads from outside (closures, attributes) are the recorded ones;
+replace their values in place (assign) rather than rebinding the name. Outputs are the recorded buffers: the
+next call overwrites them, so copy an output you want to keep.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from tiny.ir.device import Buffer, buffer_of
+from tiny.ir.schedule import is_realized
+from tiny.ir.uop import Ops, UOp
+from tiny.tensor.creation import RNG
+from tiny.tensor.realize import JitError, Launch, capture
+from tiny.tensor.tensor import Tensor
+
+R = TypeVar("R")
+
+
+@dataclass
+class _Recording:
+    launches: list[Launch]  # with planned buffers
+    inputs: list[Buffer]  # the recorded input buffers, by input position
+    written: set[Buffer]  # buffers the launches write, inputs excluded
+    outputs: Any  # the function's result, with realized tensors as their UOps
+    args: list[list[Any]]  # per launch: the argument handles, with inputs to patch in
+    patches: list[list[tuple[int, int]]]  # per launch: (argument position, input position)
+    planned_bytes: tuple[int, int]  # bytes of internal buffers before and after planning
+
+
+class TinyJit(Generic[R]):
+    """Wrap a function of tensors: `step = TinyJit(step)`, then call `step(x, y)` as before.
+
+    >>> double = TinyJit(lambda x: (x * 2).realize())
+    >>> [double(Tensor([i, i])).tolist() for i in range(3)]
+    [[0, 0], [2, 2], [4, 4]]
+    """
+
+    def __init__(self, fn: Callable[..., R]) -> None:
+        self.fn = fn
+        self.calls: dict[Hashable, int] = {}
+        self.recordings: dict[Hashable, _Recording] = {}
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    def reset(self) -> None:
+        """Forget every recording: the next calls warm up and capture again."""
+        self.calls.clear()
+        self.recordings.clear()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        args, kwargs, tensors = _prepare(args, kwargs)
+        key = _signature(args, kwargs, tensors)
+        rec = self.recordings.get(key)
+        if rec is not None:
+            return _replay(rec, tensors)
+        self.calls[key] = self.calls.get(key, 0) + 1
+        if self.calls[key] == 1:  # warm up: compile, and let the function make its state
+            return self.fn(*args, **kwargs)
+        rec, out = self._capture(args, kwargs, tensors)
+        self.recordings[key] = rec
+        return out
+
+    def _capture(self, args: tuple, kwargs: dict, tensors: list[Tensor]) -> tuple[_Recording, R]:
+        inputs = [_buffer(t) for t in tensors]
+        rng = (RNG.seed, RNG.counter)
+        with capture() as launches:
+            out = self.fn(*args, **kwargs)
+            results = [t for t in _leaves(out) if isinstance(t, Tensor)]
+            if results:
+                results[0].realize(*results[1:])
+        if (RNG.seed, RNG.counter) != rng:
+            raise JitError(
+                "the function drew random numbers (Tensor.rand, dropout ...) while TinyJit captured it: every replay "
+                "would repeat the same numbers. Draw them outside and pass them in as an argument."
+            )
+        rec = _record(launches, inputs, out)
+        return rec, out
+
+
+def _prepare(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Tensor]]:
+    """The arguments with each tensor realized into a whole buffer of its own, and the tensors in order."""
+    tensors: list[Tensor] = []
+
+    def whole(x: Any) -> Any:
+        if not isinstance(x, Tensor):
+            return x
+        x.realize()
+        if not _is_whole_buffer(x.uop):
+            x = x.contiguous().realize()
+        tensors.append(x)
+        return x
+
+    new_args = tuple(whole(a) for a in args)
+    new_kwargs = {k: whole(v) for k, v in sorted(kwargs.items())}
+    return new_args, new_kwargs, tensors
+
+
+def _is_whole_buffer(u: UOp) -> bool:
+    base = u if u.op is Ops.BUFFER else u.src[0] if u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER else None
+    return base is not None and buffer_of(base).size == _numel(u.shape)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _buffer(t: Tensor) -> Buffer:
+    u = t.uop
+    return buffer_of(u if u.op is Ops.BUFFER else u.src[0])
+
+
+def _signature(args: tuple, kwargs: dict, tensors: list[Tensor]) -> Hashable:
+    """What a recording is valid for: tensor shapes, dtypes, devices and sharing, and the other arguments' values."""
+    first: dict[Buffer, int] = {}
+    shapes = tuple((t.shape, t.dtype, t.device, first.setdefault(_buffer(t), i)) for i, t in enumerate(tensors))
+    others = tuple(_static(a) for a in args) + tuple((k, _static(v)) for k, v in kwargs.items())
+    return shapes, others
+
+
+def _static(x: Any) -> Hashable:
+    if isinstance(x, Tensor):
+        return Tensor
+    if isinstance(x, (list, tuple)):
+        return (type(x), tuple(_static(v) for v in x))
+    if isinstance(x, dict):
+        return (dict, tuple((k, _static(v)) for k, v in sorted(x.items())))
+    try:
+        hash(x)
+    except TypeError:
+        raise JitError(
+            f"TinyJit keys its recordings by the non-tensor arguments, and a {type(x).__name__} cannot be a key: "
+            "pass tensors, numbers, strings or tuples"
+        ) from None
+    return (type(x), x)
+
+
+def _leaves(x: Any) -> list[Any]:
+    if isinstance(x, (list, tuple)):
+        return [leaf for v in x for leaf in _leaves(v)]
+    if isinstance(x, dict):
+        return [leaf for v in x.values() for leaf in _leaves(v)]
+    return [x]
+
+
+def _rebuild(x: Any, inputs: dict[Buffer, Tensor]) -> Any:
+    """The function's result with each tensor a new Tensor on the recorded (now overwritten) buffer, or the new
+    input where the function returned an input."""
+    if isinstance(x, Tensor):
+        given = inputs.get(_buffer(x))
+        return given if given is not None else Tensor(x.uop)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_rebuild(v, inputs) for v in x)
+    if isinstance(x, dict):
+        return {k: _rebuild(v, inputs) for k, v in x.items()}
+    return x
+
+
+def _record(launches: list[Launch], inputs: list[Buffer], out: Any) -> _Recording:
+    """Plan the internal buffers of a capture and precompute each launch's arguments."""
+    kept = {_buffer(t) for t in Tensor._live if is_realized(t.uop)}  # buffers a live tensor holds stay as they are
+    internal = _internal(launches, set(inputs) | kept)
+    before = sum(b.nbytes for b in internal)
+    plan = _plan(launches, internal)
+    launches = [Launch(tuple(plan.get(b, b) for b in ln.buffers), ln.program, ln.runner) for ln in launches]
+    after = sum(b.nbytes for b in set(plan.values()))
+    position = {b: i for i, b in enumerate(inputs)}
+    args, patches = [], []
+    for ln in launches:
+        args.append([b.ensure_allocated().opaque for b in ln.buffers])
+        patches.append([(j, position[b]) for j, b in enumerate(ln.buffers) if b in position])
+    written = {b for ln in launches for j, b in enumerate(ln.buffers) if _writes(ln, j)} - set(inputs)
+    return _Recording(launches, inputs, written, out, args, patches, (before, after))
+
+
+def _writes(launch: Launch, j: int) -> bool:
+    return j in launch.program.outs if launch.program is not None else j == 0
+
+
+def _internal(launches: list[Launch], kept: set[Buffer]) -> list[Buffer]:
+    """Buffers first written by the capture and held by nothing outside it."""
+    seen: set[Buffer] = set()
+    out: list[Buffer] = []
+    for ln in launches:
+        for j, b in enumerate(ln.buffers):
+            if b not in seen:
+                seen.add(b)
+                if _writes(ln, j) and b not in kept:
+                    out.append(b)
+    return out
+
+
+def _plan(launches: list[Launch], internal: list[Buffer]) -> dict[Buffer, Buffer]:
+    """Map each internal buffer to one that is free over its lifetime (same device and size), reusing greedily."""
+    wanted = set(internal)
+    first: dict[Buffer, int] = {}
+    last: dict[Buffer, int] = {}
+    for i, ln in enumerate(launches):
+        for b in ln.buffers:
+            if b in wanted:
+                first.setdefault(b, i)
+                last[b] = i
+    free: dict[tuple[str, int], list[Buffer]] = {}
+    ending: dict[int, list[Buffer]] = {}
+    plan: dict[Buffer, Buffer] = {}
+    for i in range(len(launches)):
+        for b in internal:
+            if first.get(b) == i:
+                pool = free.get((b.device, b.nbytes), [])
+                plan[b] = pool.pop() if pool else b
+                ending.setdefault(last[b], []).append(plan[b])
+        for rep in ending.pop(i, []):  # free after this launch: a later launch may write it
+            free.setdefault((rep.device, rep.nbytes), []).append(rep)
+    return plan
+
+
+def _replay(rec: _Recording, tensors: list[Tensor]) -> Any:
+    new = [_buffer(t) for t in tensors]
+    for i, b in enumerate(new):
+        if b in rec.written:
+            raise JitError(
+                f"TinyJit input {i} is a buffer the jitted function writes (an earlier output, or state it updates): "
+                "the replay would read it while overwriting it. Pass a copy (t.contiguous()) or a new tensor."
+            )
+    handles = [b.ensure_allocated().opaque for b in new]
+    swap = dict(zip(rec.inputs, new))
+    for ln, args, patches in zip(rec.launches, rec.args, rec.patches):
+        if ln.program is None:  # a copy between devices
+            dest, src = (swap.get(b, b) for b in ln.buffers)
+            dest.copy_from(src)
+            continue
+        if patches:
+            args = list(args)
+            for j, k in patches:
+                args[j] = handles[k]
+        prog = ln.program
+        ln.runner(*args, global_size=prog.global_size, local_size=prog.local_size)
+    return _rebuild(rec.outputs, dict(zip(rec.inputs, tensors)))
