@@ -154,3 +154,18 @@ def test_jitted_training_matches_eager() -> None:
         return losses
 
     np.testing.assert_allclose(run(jit=True), run(jit=False), rtol=1e-4, atol=1e-5)
+
+
+def test_lazy_state_writes_happen_in_every_replay() -> None:
+    """A function that updates state with assign and never reads it (batch norm's running statistics) still
+    updates it on every replay, once per call."""
+    state = Tensor([0.0]).contiguous().realize()
+
+    def count(x: Tensor) -> Tensor:
+        state.assign(state + 1)  # lazy: nothing inside reads it
+        return (x * 2).realize()
+
+    jf = TinyJit(count)
+    for _ in range(5):
+        jf(Tensor([1.0]))
+    assert state.item() == 5.0

@@ -79,11 +79,13 @@ class TinyJit(Generic[R]):
     def _capture(self, args: tuple, kwargs: dict, tensors: list[Tensor]) -> tuple[_Recording, R]:
         inputs = [_buffer(t) for t in tensors]
         rng = (RNG.seed, RNG.counter)
+        _write_pending()  # state writes the warm-up left lazy happen now, not inside every replay
         with capture() as launches:
             out = self.fn(*args, **kwargs)
             results = [t for t in _leaves(out) if isinstance(t, Tensor)]
             if results:
                 results[0].realize(*results[1:])
+            _write_pending()  # state the function wrote lazily (running statistics ...) is part of each step
         if (RNG.seed, RNG.counter) != rng:
             raise JitError(
                 "the function drew random numbers (Tensor.rand, dropout ...) while TinyJit captured it: every replay "
@@ -91,6 +93,17 @@ class TinyJit(Generic[R]):
             )
         rec = _record(launches, inputs, out)
         return rec, out
+
+
+def _write_pending() -> None:
+    """Realize every live tensor that holds a write into memory (an ASSIGN) not done yet."""
+    pending = [t for t in list(Tensor._live) if not is_realized(t.uop) and _assigns(t.uop)]
+    if pending:
+        pending[0].realize(*pending[1:])
+
+
+def _assigns(u: UOp) -> bool:
+    return any(x.op is Ops.ASSIGN for x in u.toposort)
 
 
 def _prepare(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Tensor]]:

@@ -1,0 +1,35 @@
+"""The MNIST training job on a short run of real data: the loss falls, the test accuracy passes a bar, and the saved
+checkpoint evaluates to the same accuracy. Skips, saying why, where no MNIST or Fashion-MNIST files are found."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tiny.examples import mnist as job
+from tiny.nn.datasets import mnist
+
+
+@pytest.fixture(scope="module")
+def have_data() -> None:
+    try:
+        mnist()
+    except FileNotFoundError as e:
+        pytest.skip(f"no MNIST data here: {e}")
+
+
+def test_a_short_training_run_learns(have_data, tmp_path, capsys) -> None:  # noqa: ANN001
+    ckpt = str(tmp_path / "cnn.safetensors")
+    args = ["--steps", "30", "--batch", "32", "--eval-limit", "1000", "--checkpoint", ckpt]
+    out = job.main(args)
+    assert out is not None
+    losses = out["losses"]
+    assert len(losses) == 30 and np.mean(losses[-5:]) < 0.75 * np.mean(losses[:5]), losses
+    assert out["test_accuracy"] >= 0.6, out["test_accuracy"]
+    printed = capsys.readouterr().out
+    assert "steps/s" in printed and "loss" in printed
+    job.main(["--eval", ckpt, "--eval-limit", "1000"])
+    evaluated = re.search(r"test accuracy of .*: ([0-9.]+)%", capsys.readouterr().out)
+    assert evaluated is not None and abs(float(evaluated.group(1)) / 100 - out["test_accuracy"]) < 1e-9
