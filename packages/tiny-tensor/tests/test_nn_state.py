@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gzip
+import http.server
 import json
 import os
 import pickle
+import threading
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -267,6 +272,9 @@ def test_mnist_missing_says_how_to_get_files(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("TINY_DATA", str(tmp_path))
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        mnist(fashion=False, download=False)
+    monkeypatch.setitem(datasets.MIRRORS, "mnist", ("http://127.0.0.1:9/",))  # nothing listens there
+    with pytest.raises(FileNotFoundError, match=r"(?s)apt-get install dataset-fashion-mnist.*Downloading mnist failed"):
         mnist(fashion=False)
     with pytest.raises(FileNotFoundError, match="not found"):
         mnist(tmp_path / "nowhere")
@@ -277,3 +285,42 @@ def test_mnist_debian_fashion() -> None:
     x_train, y_train, x_test, y_test = mnist(datasets._DEBIAN_FASHION)
     assert x_train.shape == (60000, 1, 28, 28) and x_test.shape == (10000, 1, 28, 28)
     assert y_train.shape == (60000,) and sorted(set(y_test.numpy().tolist())) == list(range(10))
+
+
+@contextlib.contextmanager
+def _serve(folder: Path) -> Iterator[str]:
+    """An HTTP server on localhost serving `folder`, as a dataset mirror."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.skipif(not datasets._DEBIAN_FASHION.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
+def test_mnist_downloads_and_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = datasets._DEBIAN_FASHION  # served as a mirror; not found where mnist() looks
+    monkeypatch.setattr(datasets, "_DEBIAN_FASHION", tmp_path / "not-installed")
+    monkeypatch.setenv("TINY_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with _serve(source) as url:
+        monkeypatch.setitem(datasets.MIRRORS, "fashion-mnist", ("http://127.0.0.1:9/", url))  # the first is down
+        x_train, _, x_test, y_test = mnist(fashion=True)
+    assert x_train.shape == (60000, 1, 28, 28) and x_test.shape == (10000, 1, 28, 28)
+    kept = sorted(p.name for p in (tmp_path / "data" / "fashion-mnist").iterdir())
+    assert kept == sorted(f"{f}.gz" for f in datasets._FILES)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in datasets._FILES:  # a mirror whose test labels are cut short
+        data = (source / f"{f}.gz").read_bytes()
+        (bad / f"{f}.gz").write_bytes(gzip.compress(gzip.decompress(data)[:-100]) if f.startswith("t10k-l") else data)
+    monkeypatch.setenv("TINY_DATA", str(tmp_path / "other"))
+    with _serve(bad) as url:
+        monkeypatch.setitem(datasets.MIRRORS, "fashion-mnist", (url,))
+        with pytest.raises(ValueError, match="truncated"):
+            mnist(fashion=True)
+    left = sorted(p.name for p in (tmp_path / "other" / "fashion-mnist").iterdir())
+    assert "t10k-labels-idx1-ubyte.gz" not in left and not any(n.endswith(".part") for n in left)

@@ -1,6 +1,6 @@
-"""Datasets read from local files: MNIST and Fashion-MNIST in their IDX format.
+"""Datasets: MNIST and Fashion-MNIST in their IDX format, from local files or downloaded once.
 
-Nothing is downloaded. mnist() looks for the four IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte,
+mnist() looks for the four IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte,
 t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each optionally gzipped) in, in order:
 
 1. the data_dir argument (the files directly in it);
@@ -8,12 +8,19 @@ t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each optionally gzipped) in, in 
 3. ~/.cache/tiny/datasets/mnist or ~/.cache/tiny/datasets/fashion-mnist;
 4. /usr/share/datasets/fashion-mnist, where Debian's package installs Fashion-MNIST
    (`apt-get install dataset-fashion-mnist`).
+
+When none has them and download is allowed (the default), it downloads them from the dataset's mirrors into
+~/.cache/tiny/datasets/<name> (or $TINY_DATA/<name>), each file to a temporary name first and checked (gzip,
+IDX header, sizes, 60000/10000 images of 28x28 with as many labels) before it takes its real name; where the
+network does not allow, it stops with a message that says how to get the files.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -26,15 +33,29 @@ _DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
 _IMAGE_MAGIC, _LABEL_MAGIC = 0x00000803, 0x00000801  # IDX: unsigned bytes, 3 dimensions / 1 dimension
 
 
+# where each dataset is published; the first mirror that answers is used
+MIRRORS: dict[str, tuple[str, ...]] = {
+    "mnist": ("https://storage.googleapis.com/cvdf-datasets/mnist/", "https://ossci-datasets.s3.amazonaws.com/mnist/"),
+    "fashion-mnist": ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
+}
+_COUNTS = {"train": 60000, "t10k": 10000}
+
+
 def mnist(
-    data_dir: str | os.PathLike | None = None, fashion: bool | None = None
+    data_dir: str | os.PathLike | None = None, fashion: bool | None = None, download: bool = True
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(X_train, Y_train, X_test, Y_test): images uint8 of shape (N, 1, 28, 28), labels int64 of shape (N,).
 
     fashion=False takes digit MNIST only, True Fashion-MNIST only, None the first found (digits first).
-    Raises FileNotFoundError saying where to put the files when none are found, ValueError for a corrupt file.
+    Raises FileNotFoundError saying where to put the files when none are found and none can be downloaded,
+    ValueError for a corrupt file.
     """
-    folder = _find(data_dir, fashion)
+    try:
+        folder = _find(data_dir, fashion)
+    except FileNotFoundError as missing:
+        if not download or data_dir is not None:
+            raise
+        folder = _download("fashion-mnist" if fashion else "mnist", missing)
     magics = (_IMAGE_MAGIC, _LABEL_MAGIC, _IMAGE_MAGIC, _LABEL_MAGIC)
     x_train, y_train, x_test, y_test = (_read_idx(_path_of(folder, n), m) for n, m in zip(_FILES, magics, strict=True))
     for images, labels, split in ((x_train, y_train, "train"), (x_test, y_test, "t10k")):
@@ -79,6 +100,41 @@ def _find(data_dir: str | os.PathLike | None, fashion: bool | None) -> Path:
     )
 
 
+def _download(name: str, missing: FileNotFoundError) -> Path:
+    """Fetch the four files of dataset `name` into the cache, each checked before it is kept."""
+    base = Path(TINY_DATA.value) if TINY_DATA.value else Path.home() / ".cache" / "tiny" / "datasets"
+    folder = base / name
+    folder.mkdir(parents=True, exist_ok=True)
+    failures = []
+    for mirror in MIRRORS[name]:
+        try:
+            for file in _FILES:
+                target = folder / f"{file}.gz"
+                if target.is_file():
+                    continue
+                partial = target.with_suffix(".gz.part")
+                with urllib.request.urlopen(mirror + f"{file}.gz", timeout=30) as response:
+                    partial.write_bytes(response.read())
+                try:
+                    _check_download(partial, file)
+                except ValueError:
+                    partial.unlink()
+                    raise
+                partial.rename(target)
+            return folder
+        except (OSError, urllib.error.URLError) as e:
+            failures.append(f"  {mirror}: {e}")
+    raise FileNotFoundError(f"{missing}\nDownloading {name} failed:\n" + "\n".join(failures)) from None
+
+
+def _check_download(path: Path, file: str) -> None:
+    magic = _IMAGE_MAGIC if "images" in file else _LABEL_MAGIC
+    data = _read_idx(path, magic, gz=True)
+    count = _COUNTS[file.split("-")[0]]
+    if data.shape[0] != count or (magic == _IMAGE_MAGIC and data.shape[1:] != (28, 28)):
+        raise ValueError(f"{path}: downloaded {file} has shape {data.shape}, expected {count} items")
+
+
 def _path_of(folder: Path, name: str) -> Path | None:
     for candidate in (folder / name, folder / f"{name}.gz"):
         if candidate.is_file():
@@ -86,11 +142,15 @@ def _path_of(folder: Path, name: str) -> Path | None:
     return None
 
 
-def _read_idx(path: Path | None, expected_magic: int) -> np.ndarray:
+def _read_idx(path: Path | None, expected_magic: int, gz: bool | None = None) -> np.ndarray:
     """The array of an IDX file of unsigned bytes (images: 3-D, labels: 1-D), its header and size checked."""
     assert path is not None
     try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        raw = (
+            gzip.decompress(path.read_bytes())
+            if (gz if gz is not None else path.suffix == ".gz")
+            else path.read_bytes()
+        )
     except (OSError, EOFError) as e:
         raise ValueError(f"{path}: cannot be read as a gzip file: {e}") from None
     if len(raw) < 4:
