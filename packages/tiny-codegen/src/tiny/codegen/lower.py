@@ -1,8 +1,11 @@
 """Lowering: a kernel AST (views over the kernel's shape) -> loops, index math, loads, stores and REDUCEs.
 
-Every output dimension becomes a loop (RANGE) or, where the renderer indexes with hardware ids, a
-SPECIAL; every reduced dimension becomes a loop inside its REDUCE. A View becomes an offset expression
-and, where it has padding, a gate that makes the load read 0 instead of memory.
+The kernel's plan (tiny.codegen.opt.Kernel) says how: each global part becomes a loop (RANGE) or, where the
+renderer indexes with hardware ids, a SPECIAL; a thread part the CPU thread's number; local and group parts
+workgroup ids; each reduce part a loop inside its REDUCE; upcast and unrolled parts are written out, one value
+per lane, with the lanes of a vector gathered in a VECTORIZE (at the store, or in a vector accumulator) for
+tiny.codegen.vectorize to turn into vector ops. A View becomes an offset expression and, where it has padding,
+a gate that makes the load read 0 instead of memory; padded dims add gates of their own.
 """
 
 from __future__ import annotations
