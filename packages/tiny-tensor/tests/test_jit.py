@@ -169,3 +169,11 @@ def test_lazy_state_writes_happen_in_every_replay() -> None:
     for _ in range(5):
         jf(Tensor([1.0]))
     assert state.item() == 5.0
+
+
+def test_state_assigned_between_calls_is_seen_by_the_replay() -> None:
+    scale = Tensor([1.0]).contiguous().realize()
+    jf = TinyJit(lambda x: (x * scale).realize())
+    for i in range(1, 6):
+        scale.assign(Tensor([float(i)]))  # lazy: nothing realizes it before the call
+        assert jf(Tensor([2.0])).tolist() == [2.0 * i]

@@ -1,7 +1,7 @@
 """Train the classic small MNIST CNN with Adam, save a safetensors checkpoint, and evaluate checkpoints.
 
 Train (on the CPU by default, on any device with DEVICE=...):
-    python -m tiny.examples.mnist [--epochs 1] [--batch 128] [--checkpoint mnist.safetensors]
+    python -m tiny.examples.mnist [--epochs 3] [--batch 128] [--checkpoint mnist.safetensors]
 Evaluate a checkpoint on the test set:
     python -m tiny.examples.mnist --eval mnist.safetensors
 
@@ -82,6 +82,7 @@ def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
     rng = np.random.default_rng(args.seed)
     steps_per_epoch = len(x_train) // args.batch
     total = args.steps or args.epochs * steps_per_epoch
+    schedule = nn.optim.CosineAnnealingLR(opt, T_max=total)  # the lr falls to 0 over the run
     print(f"training on {Device.DEFAULT}: {len(x_train)} images, {total} steps of {args.batch}")
     start = time.perf_counter()
     order = rng.permutation(len(x_train))
@@ -92,6 +93,7 @@ def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
         idx = order[(i % steps_per_epoch) * args.batch : (i % steps_per_epoch + 1) * args.batch]
         loss, acc = step(Tensor(normalize(x_train[idx])), Tensor(y_train[idx]))
         losses.append(loss.item())
+        schedule.step()
         if i % 10 == 0 or i == total - 1:
             rate = (i + 1) / (time.perf_counter() - start)
             bar = "#" * (30 * (i + 1) // total)
@@ -119,7 +121,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, float | list[float]] | None:
     parser = argparse.ArgumentParser(prog="python -m tiny.examples.mnist", description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=0, help="train this many steps instead of whole epochs")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-3)

@@ -50,7 +50,7 @@ class Optimizer:
 
     def set_lr(self, value: float) -> None:
         """Overwrite the learning rate on the device (the step's kernels read it; nothing recompiles)."""
-        self.lr.assign(Tensor([float(value)], device=self.device, dtype=dtypes.float32).reshape(()))
+        self.lr.assign(Tensor([float(value)], device=self.device, dtype=dtypes.float32).reshape(())).realize()
 
     def zero_grad(self) -> None:
         """Forget the gradients (set them to None, as torch does by default)."""

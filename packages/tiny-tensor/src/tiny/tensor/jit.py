@@ -68,6 +68,7 @@ class TinyJit(Generic[R]):
         key = _signature(args, kwargs, tensors)
         rec = self.recordings.get(key)
         if rec is not None:
+            _write_pending()  # state assigned since the last call (a new learning rate ...) is what the replay reads
             return _replay(rec, tensors)
         self.calls[key] = self.calls.get(key, 0) + 1
         if self.calls[key] == 1:  # warm up: compile, and let the function make its state
