@@ -28,6 +28,7 @@ from tiny.ir.schedule import is_realized
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.creation import RNG
 from tiny.tensor.realize import JitError, Launch, capture
+from tiny.tensor.shapes import prod
 from tiny.tensor.tensor import Tensor
 
 R = TypeVar("R")
@@ -78,7 +79,7 @@ class TinyJit(Generic[R]):
         return out
 
     def _capture(self, args: tuple, kwargs: dict, tensors: list[Tensor]) -> tuple[_Recording, R]:
-        inputs = [_buffer(t) for t in tensors]
+        inputs = [t._buffer() for t in tensors]
         rng = (RNG.seed, RNG.counter)
         _write_pending()  # state writes the warm-up left lazy happen now, not inside every replay
         with capture() as launches:
@@ -127,25 +128,13 @@ def _prepare(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Tensor]]:
 
 def _is_whole_buffer(u: UOp) -> bool:
     base = u if u.op is Ops.BUFFER else u.src[0] if u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER else None
-    return base is not None and buffer_of(base).size == _numel(u.shape)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _buffer(t: Tensor) -> Buffer:
-    u = t.uop
-    return buffer_of(u if u.op is Ops.BUFFER else u.src[0])
+    return base is not None and buffer_of(base).size == prod(u.shape)
 
 
 def _signature(args: tuple, kwargs: dict, tensors: list[Tensor]) -> Hashable:
     """What a recording is valid for: tensor shapes, dtypes, devices and sharing, and the other arguments' values."""
     first: dict[Buffer, int] = {}
-    shapes = tuple((t.shape, t.dtype, t.device, first.setdefault(_buffer(t), i)) for i, t in enumerate(tensors))
+    shapes = tuple((t.shape, t.dtype, t.device, first.setdefault(t._buffer(), i)) for i, t in enumerate(tensors))
     others = tuple(_static(a) for a in args) + tuple((k, _static(v)) for k, v in kwargs.items())
     return shapes, others
 
@@ -179,7 +168,7 @@ def _rebuild(x: Any, inputs: dict[Buffer, Tensor]) -> Any:
     """The function's result with each tensor a new Tensor on the recorded (now overwritten) buffer, or the new
     input where the function returned an input."""
     if isinstance(x, Tensor):
-        given = inputs.get(_buffer(x))
+        given = inputs.get(x._buffer())
         return given if given is not None else Tensor(x.uop)
     if isinstance(x, (list, tuple)):
         return type(x)(_rebuild(v, inputs) for v in x)
@@ -190,7 +179,7 @@ def _rebuild(x: Any, inputs: dict[Buffer, Tensor]) -> Any:
 
 def _record(launches: list[Launch], inputs: list[Buffer], out: Any) -> _Recording:
     """Plan the internal buffers of a capture and precompute each launch's arguments."""
-    kept = {_buffer(t) for t in Tensor._live if is_realized(t.uop)}  # buffers a live tensor holds stay as they are
+    kept = {t._buffer() for t in Tensor._live if is_realized(t.uop)}  # buffers a live tensor holds stay as they are
     internal = _internal(launches, set(inputs) | kept)
     before = sum(b.nbytes for b in internal)
     plan = _plan(launches, internal)
@@ -247,7 +236,7 @@ def _plan(launches: list[Launch], internal: list[Buffer]) -> dict[Buffer, Buffer
 
 
 def _replay(rec: _Recording, tensors: list[Tensor]) -> Any:
-    new = [_buffer(t) for t in tensors]
+    new = [t._buffer() for t in tensors]
     for i, b in enumerate(new):
         if b in rec.written:
             raise JitError(
