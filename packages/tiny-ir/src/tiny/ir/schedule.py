@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiny.ir.device import Buffer, buffer_of, new_buffer
+from tiny.ir.device import Buffer, buffer_of, device_computes, new_buffer, new_buffer_view
 from tiny.ir.dtypes import dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
 from tiny.ir.uop import GroupOp, Ops, UOp, evaluate
-from tiny.ir.views import View
+from tiny.ir.views import View, strides_for_shape
 
 
 @dataclass(frozen=True)
@@ -275,9 +275,48 @@ def _split_reduce(r: UOp) -> UOp | None:
 split_reductions = PatternMatcher([(UPat(Ops.REDUCE_AXIS, name="r"), _split_reduce)], name="split_reductions")
 
 
+# ---------------------------------------------------------------- devices that only hold data (DISK)
+
+
+def data_view(u: UOp) -> UOp:
+    """`u`, a chain of movement ops and bitcasts over a buffer of a device that runs no kernels, as a view of
+    that buffer's memory (a BUFFER sharing it, reshaped): no kernel and no copy. ValueError when `u` is not one
+    contiguous range of the buffer."""
+    node, path = u, []
+    while node.op in GroupOp.Movement or node.op is Ops.BITCAST:
+        if node.op is not Ops.BITCAST:
+            path.append(node)
+        node = node.source
+    why = f"{u.device} only holds data: a tensor there can be reshaped, sliced to one contiguous range and bitcast"
+    if node.op is not Ops.BUFFER:
+        raise ValueError(f"{why}, then copied with .to(); computing {node.op.name} on it needs .to() first")
+    try:
+        view: View | None = _view_through(View.create(node.shape), tuple(path))
+    except _Unexpressible:
+        view = None
+    if view is None or view.mask is not None or view.strides != strides_for_shape(view.shape):
+        raise ValueError(f"{why}; this view (strided, padded, flipped or expanded) is not one range: use .to() first")
+    offset = view.offset * node.dtype.itemsize
+    return _buffer_view(new_buffer_view(node, _prod(u.shape), u.dtype, offset), u.shape)
+
+
+def _copy_from_data(c: UOp) -> UOp | None:
+    if is_realized(c.source) or device_computes(c.source.device):
+        return None
+    return c.replace(src=(data_view(c.source), *c.src[1:]))
+
+
+data_views = PatternMatcher([(UPat(Ops.COPY, name="c"), _copy_from_data)], name="data_views")
+
+
+def _as_data_view(u: UOp) -> UOp:
+    return u if is_realized(u) or u.op is Ops.COPY or device_computes(u.device) else data_view(u)
+
+
 def create_schedule(targets: list[UOp]) -> Schedule:
     """Schedule the kernels and copies that realize `targets` (tensor-level nodes), in execution order."""
-    split = graph_rewrite(UOp(Ops.SINK, src=tuple(targets)), split_reductions)  # big reductions into few outputs
+    viewed = graph_rewrite(UOp(Ops.SINK, src=tuple(_as_data_view(t) for t in targets)), data_views)
+    split = graph_rewrite(viewed, split_reductions)  # big reductions into few outputs
     lifted = graph_rewrite(split, lift_reshapes, ctx={})  # reshapes of reductions rise to the kernel's output
     sink = lifted
     forced: set[UOp] = set()
@@ -304,6 +343,11 @@ def _item(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> ScheduleItem:
         src = u.source
         src_buf = buffers[src] if src in realize else (src if src.op is Ops.BUFFER else src.source)
         return ScheduleItem(u, (buffer_of(buffers[u]), buffer_of(src_buf)))
+    if not device_computes(u.device):
+        raise ValueError(
+            f"no kernels run on {u.device}, which only holds data; copy the tensor to a compute device with .to() "
+            f"before computing {u.op.name} on it"
+        )
     builder = _KernelBuilder(u, realize, buffers)
     ast = builder.build()
     return ScheduleItem(ast, tuple(buffer_of(b) for b in builder.args))

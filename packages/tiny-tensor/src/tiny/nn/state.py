@@ -1,8 +1,9 @@
 """Model state: finding a model's tensors, naming them, and reading and writing them to files.
 
 A model is any Python object; its tensors are found by walking its attributes, lists, tuples and dicts.
-Files: safetensors (read and written here, loaded through a memory map) and PyTorch .pt/.pth checkpoints
-(read only, without torch and without running the pickle's code: only the names checkpoints use are allowed).
+Files: safetensors (read and written here, loaded lazily from the file mapped on the DISK device) and PyTorch
+.pt/.pth checkpoints (read only, without torch and without running the pickle's code: only the names checkpoints
+use are allowed).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pathlib
 import pickle
 import types
 import zipfile
@@ -20,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tiny.ir.device import Device
 from tiny.tensor import DType, Tensor, dtypes
 
 # ---------------------------------------------------------------- walking a model
@@ -207,8 +210,10 @@ def safe_load_metadata(path: str | os.PathLike) -> dict[str, str]:
     return header.get("__metadata__") or {}
 
 
-def safe_load(path: str | os.PathLike) -> dict[str, Tensor]:
-    """The tensors of a .safetensors file, read through a memory map (each tensor's bytes are read once).
+def safe_load(path: str | os.PathLike, device: str | None = None) -> dict[str, Tensor]:
+    """The tensors of a .safetensors file, loaded lazily: each is a view of the file, mapped on the DISK device,
+    and is read when first used, straight from the file's pages into the memory of `device` (the default device
+    when None) with no copy in between. `device="DISK"` keeps them on the file (copy them with `.to()`).
 
     >>> import tempfile; p = tempfile.mktemp(suffix=".safetensors")
     >>> safe_save({"n": Tensor([1, 2])}, p); safe_load(p)["n"].dtype
@@ -216,15 +221,16 @@ def safe_load(path: str | os.PathLike) -> dict[str, Tensor]:
     """
     header, data_start = _safe_header(path)
     size = os.path.getsize(path) - data_start
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start) if size else np.zeros(0, np.uint8)
+    raw = Tensor(pathlib.Path(path))
+    keep = device is not None and device.upper() == "DISK"
     out = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        dt, npdt = _safe_entry(path, name, entry, size)
+        dt, _ = _safe_entry(path, name, entry, size)
         begin, end = entry["data_offsets"]
-        arr = data[begin:end].view(npdt).reshape(entry["shape"])
-        out[name] = _from_numpy(arr.astype(npdt.newbyteorder("="), copy=False), dt)
+        t = raw[data_start + begin : data_start + end].bitcast(dt).reshape(entry["shape"])
+        out[name] = t if keep else t.to(device if device is not None else Device.DEFAULT)
     return out
 
 

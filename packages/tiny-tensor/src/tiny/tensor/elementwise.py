@@ -14,7 +14,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tiny.ir.device import device_computes, new_buffer_view
 from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
+from tiny.ir.schedule import data_view
 from tiny.ir.uop import GroupOp, Ops, UOp
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import check_dtype
@@ -59,16 +61,18 @@ class ElementwiseOps(TensorBase):
         return self._new(UOp(Ops.CAST, dt, (self.uop,)))
 
     def bitcast(self, dtype: DType | str) -> Tensor:
-        """The same bits read as another dtype of the same size.
+        """The same bits read as another dtype of the same size; on DISK, of any size (the last dim scales).
 
         >>> Tensor([1.0]).bitcast("int32").tolist()
         [1065353216]
         """
         dt = to_dtype(dtype)
         if dt.itemsize != self.dtype.itemsize:
+            if not device_computes(self.device):
+                return self._new(_bitcast_memory(self.uop, dt))
             raise ValueError(
-                f"bitcast needs dtypes of one size; {self.dtype.name} is {self.dtype.itemsize} bytes "
-                f"and {dt.name} is {dt.itemsize}"
+                f"bitcast needs dtypes of one size (any sizes on DISK); {self.dtype.name} is {self.dtype.itemsize} "
+                f"bytes and {dt.name} is {dt.itemsize}"
             )
         check_dtype(self.device, dt)
         return self._new(UOp(Ops.BITCAST, dt, (self.uop,)))
@@ -447,3 +451,19 @@ class ElementwiseOps(TensorBase):
         [4, -4]
         """
         return self._bitwise(Ops.SHR, x)
+
+
+def _bitcast_memory(u: UOp, dt: DType) -> UOp:
+    """A tensor of a device that only holds data (DISK), its bytes read as `dt`: the last dim scales by the ratio
+    of the item sizes. No kernel: the result is a view of the same memory."""
+    shape = u.shape or (1,)
+    last = shape[-1] * u.dtype.itemsize
+    if last % dt.itemsize:
+        raise ValueError(
+            f"bitcast from {u.dtype.name} to {dt.name} needs a last dim of a whole number of {dt.name} items; "
+            f"the last dim holds {last} bytes"
+        )
+    viewed = data_view(u)  # ValueError unless u is one contiguous range
+    base = viewed.source
+    out = new_buffer_view(base, base.arg[1] * u.dtype.itemsize // dt.itemsize, dt, 0)
+    return UOp(Ops.RESHAPE, dt, (out,), (*shape[:-1], last // dt.itemsize))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -54,7 +55,7 @@ class Tensor(
 
     def __init__(
         self,
-        data: Scalar | Sequence | np.ndarray | UOp | Tensor,
+        data: Scalar | Sequence | np.ndarray | UOp | Tensor | os.PathLike,
         device: str | None = None,
         dtype: DType | str | None = None,
         requires_grad: bool | None = None,
@@ -62,6 +63,10 @@ class Tensor(
         self._requires_grad, self.grad = None, None
         if isinstance(data, UOp):  # made by an op: device and dtype are the graph's
             self.uop = no_grad_wrap(data)
+            Tensor._live.add(self)
+            return
+        if isinstance(data, os.PathLike):  # a file's bytes on DISK, mapped lazily
+            self.uop = _map_file(data, dtype, device).uop
             Tensor._live.add(self)
             return
         dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
@@ -176,6 +181,18 @@ class Tensor(
 
 def _np_dtype(dt: DType) -> np.dtype:
     return np.dtype(np.float32) if dt == dtypes.bfloat16 else np.dtype(dt.fmt)
+
+
+def _map_file(path: os.PathLike, dtype: DType | str | None, device: str | None) -> Tensor:
+    """The bytes of a file as a uint8 tensor on DISK:<path> (read as `dtype` and copied to `device` if given)."""
+    name = os.fspath(path)
+    if not os.path.isfile(name):
+        raise FileNotFoundError(f"Tensor(Path) maps a file's bytes; {name!r} is not a file")
+    node = new_buffer(Device.canonicalize(f"DISK:{name}"), os.path.getsize(name), dtypes.uint8)
+    t = Tensor(UOp(Ops.RESHAPE, dtypes.uint8, (node,), (node.arg[1],)))
+    if dtype is not None:
+        t = t.bitcast(dtype)
+    return t.to(device) if device is not None else t
 
 
 def _upload(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:

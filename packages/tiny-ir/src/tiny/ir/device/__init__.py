@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import os
 import re
 import weakref
 from collections import defaultdict
@@ -147,6 +148,7 @@ class AllocatorCaps:
     host_visible: bool = False  # as_memoryview gives the device memory itself (no copy)
     transfer: bool = False  # transfer() copies between two devices of this kind without the host
     aligned: int = 16  # alignment of every allocation, bytes
+    views: bool = False  # offset() gives a sub-range of an allocation that shares its memory
 
 
 class Allocator:
@@ -168,6 +170,10 @@ class Allocator:
 
     def as_memoryview(self, opaque: Any, size: int) -> memoryview:
         raise NotImplementedError(f"{type(self).__name__} memory is not host visible")
+
+    def offset(self, opaque: Any, offset: int, size: int) -> Any:
+        """The `size` bytes of an allocation that start `offset` bytes in, sharing its memory."""
+        raise NotImplementedError(f"{type(self).__name__} has no views into its allocations")
 
     def transfer(self, dest: Any, src: Any, size: int, src_device: Compiled, dest_device: Compiled) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no device-to-device transfer")
@@ -213,6 +219,8 @@ class Compiled:
 
     priority: ClassVar[int] = 0  # higher is tried first when DEVICE is unset
     renderers: ClassVar[tuple[str, ...]] = ()  # names in the tiny.renderers group, default first
+    computes: ClassVar[bool] = True  # False: a device that only holds data (DISK): no kernels run on it
+    file_backed: ClassVar[bool] = False  # its names are BASE:<file path> (DISK:/data/model.safetensors)
 
     def __init__(self, name: str, allocator: Allocator, program: type[Program], renderer: str) -> None:
         self.name = name
@@ -305,7 +313,10 @@ class _Registry:
         self._default: str | None = None
 
     def canonicalize(self, name: str) -> str:
-        """'cuda:1' -> 'CUDA:1'; a device's default renderer is left out ('CPU:C' -> 'CPU')."""
+        """'cuda:1' -> 'CUDA:1'; a device's default renderer is left out ('CPU:C' -> 'CPU'); a file-backed
+        device's path is made absolute ('disk:w.bin' -> 'DISK:/home/me/w.bin')."""
+        if (path := _file_path(name)) is not None:
+            return path
         parsed = DeviceName.parse(name)
         if parsed.base not in device_entry_points():
             known = ", ".join(sorted(device_entry_points())) or "none (is a tiny runtime package installed?)"
@@ -319,6 +330,9 @@ class _Registry:
     def __getitem__(self, name: str) -> Compiled:
         canon = self.canonicalize(name)
         if canon not in self._open:
+            if _file_path(canon) is not None:
+                self._open[canon] = device_entry_points()[canon.split(":", 1)[0]].load()(canon, "")
+                return self._open[canon]
             parsed = DeviceName.parse(canon)
             cls = device_entry_points()[parsed.base].load()
             renderer = parsed.renderer or (cls.renderers[0] if cls.renderers else "")
@@ -343,6 +357,31 @@ class _Registry:
 
 
 Device = _Registry()
+
+
+def _file_path(name: str) -> str | None:
+    """'disk:w.bin' -> 'DISK:/abs/w.bin' when the base names a file-backed device; None for every other name."""
+    if not isinstance(name, str) or ":" not in name:
+        return None
+    base, path = name.split(":", 1)
+    ep = device_entry_points().get(base.upper())
+    if ep is None or not getattr(ep.load(), "file_backed", False):
+        return None
+    if not path:
+        raise UnknownDevice(f"device {name!r} needs a file path after the colon, e.g. 'DISK:/data/model.safetensors'")
+    return f"{base.upper()}:{os.path.abspath(os.path.expanduser(path))}"
+
+
+def device_computes(name: str) -> bool:
+    """Whether kernels run on the device (False for DISK, which only holds data); a name no runtime provides
+    is taken to compute (the scheduler plans for devices it cannot open)."""
+    return _class_computes(name.split(":", 1)[0].upper())
+
+
+@functools.cache
+def _class_computes(base: str) -> bool:
+    ep = device_entry_points().get(base)
+    return ep is None or bool(getattr(ep.load(), "computes", True))
 
 
 def _fastest_present() -> str:
@@ -377,6 +416,9 @@ def available() -> list[DeviceStatus]:
     for name, ep in sorted(device_entry_points().items()):
         try:
             cls = ep.load()
+            if cls.file_backed:
+                out.append(DeviceStatus(name, True, f"{cls.__name__}, one device per file: {name}:/path/to/file"))
+                continue
             dev = Device[name]
             out.append(DeviceStatus(name, True, f"{type(dev).__name__}, renderer {dev.renderer_name}", cls.renderers))
         except Exception as e:  # noqa: BLE001
@@ -388,15 +430,29 @@ def available() -> list[DeviceStatus]:
 
 
 class Buffer:
-    """Memory on a device for `size` elements of `dtype`, allocated when first needed."""
+    """Memory on a device for `size` elements of `dtype`, allocated when first needed; or a view of another
+    buffer's memory, `offset` bytes in (`base` is then that buffer)."""
 
-    def __init__(self, device: str, size: int, dtype: DType) -> None:
+    def __init__(self, device: str, size: int, dtype: DType, base: Buffer | None = None, offset: int = 0) -> None:
         self.device, self.size, self.dtype = device, size, dtype
+        self.base, self.offset = base, offset
         self._opaque: Any = None
 
     def __repr__(self) -> str:
         state = "allocated" if self._opaque is not None else "lazy"
-        return f"<Buffer {self.device} {self.size} x {self.dtype.name} {state}>"
+        at = f" at byte {self.offset} of {self.base!r}" if self.base is not None else ""
+        return f"<Buffer {self.device} {self.size} x {self.dtype.name} {state}{at}>"
+
+    def view(self, size: int, dtype: DType, offset: int) -> Buffer:
+        """`size` elements of `dtype` starting `offset` bytes into this buffer, sharing its memory."""
+        if not self.allocator.caps.views:
+            raise NotImplementedError(f"{self.device} has no views into its buffers")
+        if offset < 0 or offset + size * dtype.itemsize > self.nbytes:
+            raise ValueError(
+                f"a view of {size} x {dtype.name} at byte {offset} does not fit a buffer of {self.nbytes} bytes"
+            )
+        base = self.base if self.base is not None else self
+        return Buffer(self.device, size, dtype, base, self.offset + offset)
 
     @property
     def nbytes(self) -> int:
@@ -412,7 +468,10 @@ class Buffer:
 
     def ensure_allocated(self) -> Buffer:
         if self._opaque is None:
-            self._opaque = self.allocator.alloc(max(self.nbytes, 1))
+            if self.base is not None:
+                self._opaque = self.allocator.offset(self.base.opaque, self.offset, self.nbytes)
+            else:
+                self._opaque = self.allocator.alloc(max(self.nbytes, 1))
         return self
 
     @property
@@ -443,14 +502,22 @@ class Buffer:
         """Copy another buffer's contents here, through the host unless both allocators can transfer."""
         if src.nbytes != self.nbytes:
             raise ValueError(f"copy of {src.nbytes} bytes into a buffer of {self.nbytes} bytes")
+        if not self.nbytes:
+            return
         same_kind = type(Device[src.device]) is type(Device[self.device])
         if same_kind and self.allocator.caps.transfer:
             self.allocator.transfer(self.opaque, src.opaque, self.nbytes, Device[src.device], Device[self.device])
+        elif src.allocator.caps.host_visible:  # one copy, straight out of the source's memory (a file's pages)
+            Device[src.device].synchronize()
+            self.copyin(src.allocator.as_memoryview(src.opaque, src.nbytes))
+        elif self.allocator.caps.host_visible:  # one copy, straight into this buffer's memory
+            Device[self.device].synchronize()
+            src.copyout(self.allocator.as_memoryview(self.opaque, self.nbytes))
         else:
-            self.copyin(memoryview(bytearray(src.as_bytes())))
+            self.copyin(src.copyout(memoryview(bytearray(src.nbytes))))
 
     def __del__(self) -> None:
-        if self._opaque is not None:
+        if self._opaque is not None and self.base is None:
             try:
                 self.allocator.free(self._opaque, max(self.nbytes, 1))
             except Exception:  # noqa: BLE001  (interpreter shutdown)
@@ -468,10 +535,18 @@ def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     return node
 
 
+def new_buffer_view(base: UOp, size: int, dtype: DType, offset: int) -> UOp:
+    """A BUFFER node for `size` elements of `dtype` that start `offset` bytes into the memory of BUFFER `base`."""
+    node = UOp(Ops.BUFFER, dtype, base.src, (next(_buffer_ids), size))
+    _BUFFERS[node] = buffer_of(base).view(size, dtype, offset)
+    return node
+
+
 def buffer_of(node: UOp) -> Buffer:
     """The Buffer behind a BUFFER node."""
     return _BUFFERS[node]
 
 
 def device_supports(device: str, dtype: DType) -> bool:
-    return dtype.scalar in Device[device].renderer.caps.dtypes
+    dev = Device[device]
+    return not dev.computes or dtype.scalar in dev.renderer.caps.dtypes  # memory of a data-only device holds any
