@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tiny.ir.device import buffer_of
+from tiny.ir.device import Device, buffer_of
 from tiny.nn.state import load_state_dict, safe_load, safe_save
 from tiny.tensor import Tensor, dtypes
 from tiny.tensor.realize import GlobalCounters
@@ -115,5 +115,5 @@ def test_safe_load_on_disk_and_into_a_model(tmp_path: Path) -> None:
 
     model = Model()
     load_state_dict(model, on_disk)  # DISK values are copied to each parameter's device
-    assert model.weight.device == "CPU" and model.weight.numpy().tolist() == [[1.0] * 3] * 2
+    assert model.weight.device == Device.DEFAULT and model.weight.numpy().tolist() == [[1.0] * 3] * 2
     assert model.half.tolist() == [1.0, 2.0]

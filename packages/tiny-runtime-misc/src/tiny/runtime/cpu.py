@@ -1,4 +1,5 @@
-"""The CPU device: C from the C renderer, compiled by clang or gcc for the host's vector ISA, run in-process."""
+"""The CPU device: C from the C renderer compiled by clang or gcc, or (CPU:LLVM) LLVM IR from the LLVM renderer
+compiled in-process by llvmlite; either way for the host's vector ISA, and run in-process on one pool of threads."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tiny.ir.device import (
     LRUAllocator,
     Program,
 )
+from tiny.runtime.llvm import LLVMCompiler, LoadedObject, host, require_llvmlite
 
 ALIGN = 64  # bytes; one cache line, enough for any vector ISA
 
@@ -163,8 +165,14 @@ class CPUAllocator(LRUAllocator):
 
 
 class CPUProgram(Program):
+    """A kernel of a shared library (what the C compiler makes), run by the calling thread or the pool."""
+
     def __init__(self, device: Compiled, name: str, binary: bytes) -> None:
         super().__init__(device, name, binary)
+        self.fn = self.load_function(name, binary)
+        self.fn.restype = None
+
+    def load_function(self, name: str, binary: bytes) -> Any:
         # a file of its own name each time: the dynamic loader would hand back an earlier library by name
         with tempfile.NamedTemporaryFile(prefix=f"tiny_{name}_", suffix=".so", delete=False) as f:
             f.write(binary)
@@ -172,8 +180,7 @@ class CPUProgram(Program):
             self.lib = ctypes.CDLL(f.name)
         finally:
             os.unlink(f.name)
-        self.fn = getattr(self.lib, name)
-        self.fn.restype = None
+        return getattr(self.lib, name)
 
     def __call__(self, *bufs: Any, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False) -> float | None:
         args = [ctypes.c_void_p(b[1]) for b in bufs] + [ctypes.c_int(v) for v in vals]
@@ -188,18 +195,35 @@ class CPUProgram(Program):
         return time.perf_counter() - start if wait else None
 
 
+class LLVMProgram(CPUProgram):
+    """A kernel of an object file (what llvmlite makes), linked into the process; called as CPUProgram calls."""
+
+    def load_function(self, name: str, binary: bytes) -> Any:
+        self.lib = LoadedObject(binary)
+        return self.lib.function(name)
+
+
 class CPUDevice(Compiled):
+    """C (the default) compiled by clang or gcc, or LLVM IR (CPU:LLVM) compiled by llvmlite: no C compiler needed."""
+
     priority = 10
-    renderers = ("C",)
+    renderers = ("C", "LLVM")
 
     def __init__(self, name: str, renderer: str) -> None:
-        self.cc = find_compiler()
+        if renderer == "LLVM":
+            require_llvmlite()
+            self.cc = ""
+        else:
+            self.cc = find_compiler()
         self.threads = thread_count()
-        super().__init__(name, CPUAllocator(), CPUProgram, renderer)
+        super().__init__(name, CPUAllocator(), LLVMProgram if renderer == "LLVM" else CPUProgram, renderer)
 
     def compiler(self) -> Compiler:
-        return ClangCompiler(self.cc)
+        return LLVMCompiler() if self.renderer_name == "LLVM" else ClangCompiler(self.cc)
 
     def renderer_target(self) -> str:
-        features = sorted(compiler_features(self.cc))
+        if self.renderer_name == "LLVM":
+            features = ["f16"] if host().has_f16_conversions else []
+        else:
+            features = sorted(compiler_features(self.cc))
         return f"{platform.machine()};vector_width={host_vector_width()};threads={self.threads};" + ",".join(features)

@@ -1,0 +1,107 @@
+"""LLVM IR compiled in-process with llvmlite for the host CPU, and its machine code loaded into this process.
+
+The compiler parses and verifies the IR, optimizes it for the host CPU and its features (the new pass manager at
+O3), and emits an object file: that is the binary the disk cache keeps. Loading an object file links it into the
+process with LLVM's MCJIT, resolving the few functions it calls (libm's sinf, exp2f ...) in the process. No C
+compiler and no linker are needed. llvmlite is an optional dependency: `pip install tiny-runtime-misc[llvm]`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from tiny.ir.device import CompileError, Compiler, DeviceUnavailable
+
+try:
+    import llvmlite
+    import llvmlite.binding as llvm
+except ImportError:  # the CPU device's LLVM renderer says so when it is chosen
+    llvmlite = None
+    llvm = None
+
+INSTALL_HINT = "pip install 'tiny-runtime-misc[llvm]' (or tiny-tensor[llvm])"
+OPT_LEVEL = 3
+
+
+def require_llvmlite() -> None:
+    """Raise DeviceUnavailable, saying how to install it, where llvmlite cannot be imported."""
+    if llvm is None:
+        raise DeviceUnavailable(f"CPU:LLVM compiles with llvmlite, which is not installed: {INSTALL_HINT}")
+
+
+@dataclass(frozen=True)
+class Host:
+    """The machine LLVM generates code for: what the compiler cache key and the renderer's target depend on."""
+
+    triple: str
+    cpu: str
+    features: str
+    llvm_version: str
+
+    @property
+    def has_f16_conversions(self) -> bool:
+        """float <-> half in hardware (x86 F16C; every AArch64): float16 needs no runtime library calls."""
+        return "+f16c" in self.features.split(",") or not platform.machine().lower().startswith(("x86", "amd64"))
+
+
+@cache
+def host() -> Host:
+    require_llvmlite()
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    version = ".".join(str(v) for v in llvm.llvm_version_info)
+    return Host(
+        llvm.get_process_triple(),
+        llvm.get_host_cpu_name(),
+        llvm.get_host_cpu_features().flatten(),
+        f"llvmlite {llvmlite.__version__}, LLVM {version}",
+    )
+
+
+@cache
+def target_machine() -> Any:
+    h = host()
+    target = llvm.Target.from_triple(h.triple)
+    return target.create_target_machine(cpu=h.cpu, features=h.features, opt=OPT_LEVEL, reloc="pic", jit=True)
+
+
+class LLVMCompiler(Compiler):
+    """LLVM IR -> an object file for the host CPU."""
+
+    def __init__(self) -> None:
+        h = host()
+        super().__init__(cachekey=f"llvm:{h.llvm_version}:{h.triple}:{h.cpu}:{h.features}:O{OPT_LEVEL}")
+
+    def compile(self, src: str) -> bytes:
+        tm = target_machine()
+        try:
+            mod = llvm.parse_assembly(src)
+            mod.verify()
+        except RuntimeError as e:
+            raise CompileError(f"LLVM rejected generated IR: {e}\n--- source ---\n{src}") from None
+        mod.triple = tm.triple
+        mod.data_layout = str(tm.target_data)
+        passes = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=OPT_LEVEL))
+        passes.getModulePassManager().run(mod, passes)
+        return tm.emit_object(mod)
+
+
+class LoadedObject:
+    """An object file linked into this process, its functions callable through ctypes."""
+
+    def __init__(self, binary: bytes) -> None:
+        # an engine of its own: kernels of the same name in different objects must not meet
+        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine())
+        self.engine.add_object_file(llvm.ObjectFileRef.from_data(binary))
+        self.engine.finalize_object()
+
+    def function(self, name: str) -> Any:
+        """The function `name` as a ctypes function; it takes the arguments the call passes (c_void_p, c_int)."""
+        address = self.engine.get_function_address(name)
+        if not address:
+            raise CompileError(f"the object file has no function {name!r}")
+        return ctypes.CFUNCTYPE(None)(address)
