@@ -1,5 +1,6 @@
 """Renderers for C-like languages. `CStyleRenderer` holds what C, OpenCL C, CUDA C and HIP share;
-`CRenderer` is plain C for the CPU device (loops, no hardware indices)."""
+`GPUCStyleRenderer` adds what the GPU dialects share (hardware indices, workgroup memory, barriers, limits
+reported by the device); `CRenderer` is plain C for the CPU device (loops, no hardware indices)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ class CStyleRenderer(Renderer):
         Ops.TRUNC: "trunc",
     }
 
+    int_suffix: dict[str, str] = {"int64": "ll", "uint64": "ull", "uint32": "u"}  # integer literals, by dtype
+    nan_text = '__builtin_nanf("")'
+    inf_text = "__builtin_inff()"
+
     special_params = False  # hardware indices arrive as arguments after the variables (a CPU thread's number)
     repeats_operands = frozenset({Ops.MAX, Ops.IDIV, Ops.MOD, Ops.CAST})  # their C text names an operand twice
     max_inline_depth = 32  # deeper expressions go through a variable: compilers limit nesting
@@ -74,12 +79,14 @@ class CStyleRenderer(Renderer):
     def type_name(self, dt: DType) -> str:
         if isinstance(dt, PtrDType):
             assert dt.base is not None
-            if self.emulate_bf16 and dt.base.scalar == dtypes.bfloat16:
-                return "unsigned short*"
-            return self.type_name(dt.base) + "*"
+            return self.memory_type(dt.base) + "*"
         if dt.count > 1:
             return self.vector_type_name(dt)
         return self.type_names[dt.scalar.name]
+
+    def memory_type(self, dt: DType) -> str:
+        """The type of an element in memory (emulated bfloat16 is its 16 bits there)."""
+        return self.type_names["uint16"] if self._bf16(dt) and dt.count == 1 else self.type_name(dt)
 
     def vector_type_name(self, dt: DType) -> str:
         return f"{dt.scalar.name}x{dt.count}"
@@ -93,6 +100,17 @@ class CStyleRenderer(Renderer):
 
     def vector_literal(self, dt: DType, lanes: list[str]) -> str:
         return f"(({self.vector_type_name(dt)}){{{', '.join(lanes)}}})"
+
+    def vector_load(self, dt: DType, addr: str) -> str:
+        """A vector of dt read from the scalars at addr on (no alignment beyond the scalar's is assumed)."""
+        return f"tiny_vload_{self.vector_type_name(dt)}({addr})"
+
+    def vector_store(self, dt: DType, addr: str, value: str) -> str:
+        return f"tiny_vstore_{self.vector_type_name(dt)}({addr}, {value});"
+
+    def gep(self, vector: str, lane: int) -> str:
+        """One lane of a vector."""
+        return f"({vector})[{lane}]"
 
     def _bf16(self, dt: DType) -> bool:
         return self.emulate_bf16 and dt.scalar == dtypes.bfloat16
@@ -116,10 +134,12 @@ class CStyleRenderer(Renderer):
         if not (frm.is_float and to.is_int):
             return f"(({self.type_name(to)})({x}))"
         f = "double" if frm.scalar == dtypes.float64 else "float"
-        lo = "(-0x1p63)" if to.kind != "i" or to.itemsize != 4 else "(-0x1p31)"
+        narrow = to.kind == "i" and to.itemsize == 4
+        lo = "(-0x1p31)" if narrow else "(-0x1p63)"
         fits = f"(({f}){x} >= {lo} && ({f}){x} < -{lo})"  # false for NaN too
-        low = "(-9223372036854775807ll-1)" if lo == "(-0x1p63)" else "(-2147483647-1)"
-        return f"(({self.type_name(to)})({fits} ? (long long)({f}){x} : {low}))"
+        low = self.const(dtypes.int32.min, dtypes.int32) if narrow else self.const(dtypes.int64.min, dtypes.int64)
+        wide = self.type_names["int64"]
+        return f"(({self.type_name(to)})({fits} ? ({wide})({f}){x} : {low}))"
 
     def bit_cast(self, to: str, frm: str, x: str) -> str:
         """Reinterpret the bits of x (of C type frm) as C type to: a union, which C compilers all take."""
@@ -127,10 +147,11 @@ class CStyleRenderer(Renderer):
 
     def bitcast(self, u: UOp, x: str) -> str:
         src_dt = u.src[0].dtype
+        bits = self.type_names["uint16"]
         if self._bf16(u.dtype):
-            return f"tiny_bf16_to_f32({self.bit_cast('unsigned short', self.type_name(src_dt), x)})"
+            return f"tiny_bf16_to_f32({self.bit_cast(bits, self.type_name(src_dt), x)})"
         if self._bf16(src_dt):
-            return self.bit_cast(self.type_name(u.dtype), "unsigned short", f"tiny_f32_to_bf16({x})")
+            return self.bit_cast(self.type_name(u.dtype), bits, f"tiny_f32_to_bf16({x})")
         return self.bit_cast(self.type_name(u.dtype), self.type_name(src_dt), x)
 
     def const(self, value: int | float | bool, dt: DType) -> str:
@@ -142,15 +163,15 @@ class CStyleRenderer(Renderer):
         if dt.is_float:
             assert isinstance(value, (int, float))
             if math.isnan(value):
-                text = '__builtin_nanf("")'
+                text = self.nan_text
             elif math.isinf(value):
-                text = ("-" if value < 0 else "") + "__builtin_inff()"
+                text = ("-" if value < 0 else "") + self.inf_text
             else:
                 text = repr(float(value)) + ("" if dt.scalar == dtypes.float64 else "f")
             return text if dt.scalar in (dtypes.float32, dtypes.float64) else f"(({self.type_name(dt)}){text})"
-        suffix = {"int64": "ll", "uint64": "ull", "uint32": "u"}.get(dt.scalar.name, "")
+        suffix = self.int_suffix.get(dt.scalar.name, "")
         if dt.scalar.name == "int64" and value == dt.min:
-            return f"({value + 1}ll-1)"  # the literal itself would overflow
+            return f"({value + 1}{suffix}-1)"  # the literal itself would overflow
         if dt.scalar.name == "int32" and value == dt.min:
             return f"({value + 1}-1)"
         text = f"{value}{suffix}"
@@ -236,7 +257,11 @@ class CStyleRenderer(Renderer):
                 if self.special_params:
                     var_params.append(f"{self.arg_int} {u.arg[0]}")
                 else:
-                    line(f"int {u.arg[0]} = {self.special(u.arg[0])}; /* {u.arg[1]} */")
+                    line(f"{self.type_name(u.dtype)} {u.arg[0]} = {self.special(u.arg[0])}; /* {u.arg[1]} */")
+            elif op is Ops.DEFINE_LOCAL:
+                assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
+                names[u] = u.arg[0]
+                line(self.define_local(u.arg[0], u.dtype.base, u.arg[1]))
             elif op is Ops.RANGE:
                 names[u] = fresh("ridx")
                 t = self.type_name(u.dtype)
@@ -252,15 +277,16 @@ class CStyleRenderer(Renderer):
                 names[u] = f"({src[0]}+{src[1]})"
             elif op is Ops.LOAD:
                 addr = u.address
-                vload = f"tiny_vload_{self.vector_type_name(u.dtype)}({names[addr]})"
-                raw = vload if u.dtype.count > 1 else self.loaded(u, f"*{names[addr]}")
-                val = raw if addr.gate is None else f"({names[addr.gate]}?{raw}:{src[1]})"
+                through_scalars = u.dtype.count > 1 and _element(addr.pointer.dtype).count == 1
+                raw = self.vector_load(u.dtype, names[addr]) if through_scalars else self.loaded(u, f"*{names[addr]}")
+                alt = u.alternative
+                val = raw if addr.gate is None or alt is None else f"({names[addr.gate]}?{raw}:{names[alt]})"
                 names[u] = fresh("val")
                 line(f"{self.type_name(u.dtype)} {names[u]} = {val};")
             elif op is Ops.STORE:
                 addr = u.address
-                if u.value.dtype.count > 1:
-                    store = f"tiny_vstore_{self.vector_type_name(u.value.dtype)}({names[addr]}, {src[1]});"
+                if u.value.dtype.count > 1 and _element(addr.pointer.dtype).count == 1:
+                    store = self.vector_store(u.value.dtype, names[addr], src[1])
                 else:
                     store = f"*{names[addr]} = {self.stored(u.value, src[1])};"
                 line(store if addr.gate is None else f"if ({names[addr.gate]}) {store}")
@@ -277,7 +303,7 @@ class CStyleRenderer(Renderer):
                     lanes = [f"-({x})" for x in src] if u.dtype.is_bool else src  # a true lane is all ones
                     expr = self.vector_literal(u.dtype, lanes)
                 elif op is Ops.GEP:
-                    expr = f"(({src[0]})[{u.arg}] != 0)" if u.dtype.is_bool else f"({src[0]})[{u.arg}]"
+                    expr = f"({self.gep(src[0], u.arg)} != 0)" if u.dtype.is_bool else self.gep(src[0], u.arg)
                 elif op is Ops.CAST:
                     expr = self.cast(u, src[0])
                 elif op is Ops.BITCAST:
@@ -299,18 +325,92 @@ class CStyleRenderer(Renderer):
         vectors = sorted({u.dtype for u in uops if u.dtype.count > 1 and not isinstance(u.dtype, PtrDType)}, key=repr)
         types = "".join(self.vector_typedef(dt) for dt in vectors)
         kernel = types + "".join(self.vector_prelude(dt) for dt in vectors) + kernel
-        uses_bf16 = self.emulate_bf16 and any(
-            u.dtype.scalar == dtypes.bfloat16
-            or (isinstance(u.dtype, PtrDType) and u.dtype.base is not None and u.dtype.base.scalar == dtypes.bfloat16)
-            for u in uops
-        )
-        return (self.bf16_prelude + kernel) if uses_bf16 else kernel
+        scalars = {_element(u.dtype).scalar for u in uops}
+        uses_bf16 = self.emulate_bf16 and dtypes.bfloat16 in scalars
+        return self.preamble(scalars) + (self.bf16_prelude if uses_bf16 else "") + kernel
+
+    def preamble(self, scalars: set[DType]) -> str:
+        """What the source starts with, given the scalar dtypes the kernel uses (extensions to enable ...)."""
+        return ""
 
     def special(self, name: str) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no hardware indices")
 
+    def define_local(self, name: str, dt: DType, size: int) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no local memory")
+
     def barrier(self) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no barriers")
+
+
+def _element(dt: DType) -> DType:
+    """A value's dtype, or the dtype a pointer points to."""
+    return dt.base if isinstance(dt, PtrDType) and dt.base is not None else dt
+
+
+def target_fields(target: str) -> dict[str, str]:
+    """'key=value;key=value' (a GPU device's renderer target) -> {key: value}."""
+    fields = {}
+    for item in target.split(";") if target else []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"a renderer target is 'key=value;key=value...', got the item {item!r} in {target!r}")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+class GPUCStyleRenderer(CStyleRenderer):
+    """What the GPU dialects of C share (OpenCL C; CUDA C and HIP to come): hardware indices from builtins,
+    workgroup memory and barriers, and the limits of the device, which reports them in the renderer target:
+
+      vector_width=4;local_max=1024,1024,64;local_total_max=1024;shared_max=49152;features=fp16,fp64
+
+    `features` names what the device has beyond the core of the language; `optional_dtypes` says which dtypes
+    need which feature (a dtype whose feature is missing is left out of the caps, so Tensor ops refuse it).
+    An empty target (rendering with no device) assumes every feature and the limits below.
+    """
+
+    language = "GPU"
+    group_id = ""  # the workgroup index in dim {dim}, as an expression
+    local_id = ""  # the thread's index inside its workgroup in dim {dim}
+    local_qualifier = ""  # how workgroup memory is declared
+    barrier_text = ""  # the statement that waits for the whole workgroup
+    optional_dtypes: dict[str, DType] = {}
+    default_limits = {
+        "vector_width": "4",
+        "local_max": "1024,1024,64",
+        "local_total_max": "1024",
+        "shared_max": "32768",
+    }
+
+    def __init__(self, target: str = "") -> None:
+        super().__init__(target)
+        fields = self.default_limits | target_fields(target)
+        features = set(fields["features"].split(",")) if "features" in fields else set(self.optional_dtypes)
+        local_max = tuple(int(x) for x in fields["local_max"].split(","))
+        if len(local_max) != 3:
+            raise ValueError(f"local_max in the renderer target has 3 sizes, got {fields['local_max']!r}")
+        self.features = frozenset(features)
+        self.caps = RendererCaps(
+            language=self.language,
+            has_local=True,
+            has_shared=True,
+            global_max=(2**31 - 1,) * 3,
+            local_max=local_max,
+            local_total_max=int(fields["local_total_max"]),
+            shared_max=int(fields["shared_max"]),
+            vector_width=int(fields["vector_width"]),
+            dtypes=frozenset(dtypes.all()) - {dt for f, dt in self.optional_dtypes.items() if f not in features},
+        )
+
+    def special(self, name: str) -> str:
+        return (self.local_id if name.startswith("lidx") else self.group_id).format(dim=int(name[4:]))
+
+    def define_local(self, name: str, dt: DType, size: int) -> str:
+        return f"{self.local_qualifier}{self.memory_type(dt)} {name}[{size}];"
+
+    def barrier(self) -> str:
+        return self.barrier_text
 
 
 _MASK_LANE = {1: "signed char", 2: "short", 4: "int", 8: "long long"}  # a vector mask's lanes, by their bytes
