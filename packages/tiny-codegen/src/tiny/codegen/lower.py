@@ -318,8 +318,10 @@ def lower(ast: UOp, caps: RendererCaps, opts: Sequence[Opt] = ()) -> LoweredKern
 def lower_kernel(k: Kernel) -> LoweredKernel:
     """Lower a kernel by its plan: loops and hardware indices for its parts, lanes written out, vectors formed."""
     ast, store = k.ast, k.store
+    # every buffer stays an argument, also one whose reads simplification removes: launches pass them by position
+    buffers = sorted({u for u in ast.toposort if u.op is Ops.DEFINE_GLOBAL}, key=lambda u: u.arg)
     if k.empty:  # nothing to compute
-        return LoweredKernel(UOp(Ops.SINK), kernel_name(ast), (1, 1, 1), (1, 1, 1))
+        return LoweredKernel(UOp(Ops.SINK, dtypes.void, tuple(buffers)), kernel_name(ast), (1, 1, 1), (1, 1, 1))
     lw = _Lowerer(k, _index_dtype(ast))
     lw.place_outputs()
     buf, view, value = store.src
@@ -358,8 +360,6 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
                 stores += [UOp(Ops.STORE, dtypes.void, (a, v)) for a, v in zip(addrs, values)]
     if lw.group_gate is not None:  # the first thread of each group writes its result
         stores = [_gated(s, lw.group_gate) for s in stores]
-    # every buffer stays an argument, also one whose reads simplification removes: launches pass them by position
-    buffers = sorted({u for u in ast.toposort if u.op is Ops.DEFINE_GLOBAL}, key=lambda u: u.arg)
     sink = UOp(Ops.SINK, dtypes.void, tuple(stores) + tuple(buffers))
     if lw.local_stores:
         sink = substitute(sink, {lw.barrier: UOp(Ops.BARRIER, dtypes.void, tuple(lw.local_stores))})
