@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from tensor_helpers import open_device
+from tensor_helpers import missing_dtype, open_device
+
+from tiny.tensor import Device
 
 DEFAULT_DEVICES = ("CPU", "PYTHON")
 # devices that open but compute nothing: the op tests compare values, so they skip there
@@ -36,6 +38,20 @@ def device(request: pytest.FixtureRequest) -> str:
 def python_device() -> str:
     """The PYTHON emulator, for tests that compare a device with it; skipped when it is not there yet."""
     return open_device("PYTHON")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> object:
+    """A test on a device whose renderer lacks a dtype the test computes in (WEBGPU has no float64 or int64;
+    Python ints are int64) is skipped when the op refuses that dtype with the clear error at the call."""
+    try:
+        return (yield)
+    except Exception as e:  # noqa: BLE001  (a TypeError, or pytest.raises failing on one)
+        device = pyfuncitem.funcargs.get("device", Device.DEFAULT)  # tests without the fixture: the default device
+        dtype = missing_dtype(device, e)
+        if dtype is None:
+            raise
+        pytest.skip(f"device {device} does not compute in {dtype} (the test needs it): {e}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

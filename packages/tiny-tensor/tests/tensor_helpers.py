@@ -11,6 +11,7 @@ integer inputs stay in their own dtype, so wrap-around and floor division match 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,6 +39,21 @@ def open_device(name: str) -> str:
     except Exception as e:  # noqa: BLE001  (any failure to open means "skip, and say why")
         pytest.skip(f"device {name} cannot open here: {type(e).__name__}: {e}")
     return canon
+
+
+def missing_dtype(device: object, error: BaseException | None) -> str | None:
+    """The dtype that `error` (or an error it was raised from, as a failed pytest.raises is) says `device` cannot
+    compute in, when its renderer's caps really leave that dtype out."""
+    if not isinstance(device, str) or not Device[device].computes:
+        return None
+    claimed = {d.name for d in Device[device].renderer.caps.dtypes}
+    seen = 0
+    while error is not None and seen < 8:
+        match = re.search(r"cannot compute in (\w+)", str(error)) if isinstance(error, TypeError) else None
+        if match is not None and match.group(1) not in claimed:
+            return match.group(1)
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
 
 
 def is_slow(device: str) -> bool:

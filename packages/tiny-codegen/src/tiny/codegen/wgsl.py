@@ -1,0 +1,437 @@
+"""The WGSL renderer: a linearized kernel as a WebGPU compute shader.
+
+A kernel is one `@compute` entry point. Buffers are storage bindings 0, 1, ... in argument order; the integer
+variables, when there are any, follow as one more read-only binding of i32s. Hardware indices come from the
+`workgroup_id` and `local_invocation_id` builtins, local memory is `var<workgroup>`, barriers are
+`workgroupBarrier()`.
+
+WGSL has 32-bit integers and floats, f16 behind an extension, and nothing else, so:
+
+- float64, int64 and uint64 are left out of the caps' dtypes (Tensor ops refuse them where they are called);
+  float16 is in only when the target says the adapter has 'shader-f16'.
+- bool, int8, uint8, int16, uint16 and bfloat16 live in registers as bool, i32, u32 and f32 (narrow integers are
+  wrapped to their width after each op that can leave it, bfloat16 is rounded after each inexact op). In memory
+  they are packed 4 or 2 to a u32 word: loads shift the element out of its word; a buffer that the kernel writes
+  is an `array<atomic<u32>>` and a store clears its bits with atomicAnd and sets them with atomicOr, so threads
+  writing neighbouring elements of one word never lose each other's writes.
+- Integer division and remainder truncate as C does, and give 0 where the divisor is 0 (tiny.ir.alu).
+- Floats: NaN is tested on the bits, as drivers (Mesa's lavapipe among them) compile float comparisons as if
+  no NaN existed, and x * 0.0 is made of bits too, as they fold it to 0 where IEEE says NaN; MAX lets NaN win
+  as torch.maximum does. Float remainder is a - b * trunc(a / b). Other float math is the builtins' (exp2, log2,
+  sin, sqrt, trunc), whose results at infinities and NaN the driver decides.
+
+A grid with more workgroups in some dimension than the adapter allows (`max_workgroups`) is launched folded
+into up to three dimensions; the shader unfolds its workgroup number again (the WebGPU runtime folds the same
+way: `fold_grid`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tiny.ir.device import Renderer, RendererCaps
+from tiny.ir.dtypes import DType, PtrDType, dtypes
+from tiny.ir.uop import GroupOp, Ops, UOp
+
+INT32_MAX = 2**31 - 1
+
+# the type a value of each dtype has in registers
+_REGISTER = {
+    "bool": "bool",
+    "int8": "i32",
+    "int16": "i32",
+    "int32": "i32",
+    "uint8": "u32",
+    "uint16": "u32",
+    "uint32": "u32",
+    "float16": "f16",
+    "bfloat16": "f32",
+    "float32": "f32",
+}
+# dtypes kept several to a u32 word in memory: their width in bits
+_PACKED_BITS = {"bool": 8, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "bfloat16": 16}
+# narrow integers: the ops whose result can leave the dtype's range (wrapped after them)
+_WRAPPING = frozenset({Ops.ADD, Ops.MUL, Ops.NEG, Ops.SHL, Ops.IDIV})
+# float ops whose result is exactly representable in the operands' dtype (no bfloat16 rounding after them)
+_EXACT = frozenset({Ops.WHERE, Ops.MAX, Ops.NEG, Ops.TRUNC})
+_MATH = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}
+_INFIX = {Ops.ADD: "+", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
+
+_HELPERS = """fn tiny_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn tiny_f32_to_bf16(x: f32) -> u32 {
+  let u = bitcast<u32>(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) { return 0x7fc0u; }
+  return (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;
+}
+fn tiny_bf16_round(x: f32) -> f32 { return bitcast<f32>(tiny_f32_to_bf16(x) << 16u); }
+// the low 32 bits of trunc(x) as a 64-bit integer; 0 where x does not fit one (NaN, infinities, |x| >= 2**63)
+fn tiny_f32_low_bits(x: f32) -> u32 {
+  let b = bitcast<u32>(x);
+  let e = i32((b >> 23u) & 0xffu) - 127;
+  if (e < 0 || e >= 63) { return 0u; }
+  let m = (b & 0x7fffffu) | 0x800000u;
+  var mag = 0u;
+  if (e >= 23) {
+    if (e - 23 < 32) { mag = m << u32(e - 23); }
+  } else {
+    mag = m >> u32(23 - e);
+  }
+  return select(mag, 0u - mag, (b >> 31u) == 1u);
+}
+"""
+
+
+def parse_target(target: str) -> dict[str, str]:
+    """'f16;max_workgroups=65535;local=256,256,64' -> {'f16': '', 'max_workgroups': '65535', ...}."""
+    out = {}
+    for part in filter(None, target.split(";")):
+        key, _, value = part.partition("=")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def fold_grid(global_size: tuple[int, int, int], max_workgroups: int) -> tuple[int, int, int] | None:
+    """The folded launch of a grid with a dimension over max_workgroups (None: launch it as it is)."""
+    if max(global_size) <= max_workgroups:
+        return None
+    total = math.prod(global_size)
+    x = min(total, max_workgroups)
+    y = min(-(-total // x), max_workgroups)
+    z = -(-total // (x * y))
+    if z > max_workgroups:
+        raise ValueError(f"a grid of {global_size} workgroups is more than WebGPU can launch ({max_workgroups}**3)")
+    return (x, y, z)
+
+
+def _storage_type(dt: DType, written: bool) -> str:
+    """The element type of a buffer of dt in a storage binding."""
+    if dt.name in _PACKED_BITS:
+        return "atomic<u32>" if written else "u32"
+    return _REGISTER[dt.name]
+
+
+class WGSLRenderer(Renderer):
+    """WGSL for the WEBGPU device. target: 'f16;max_workgroups=N;local=X,Y,Z;local_total=N;shared=BYTES', as the
+    device reads them from its adapter; without one, WebGPU's default limits and no float16."""
+
+    def __init__(self, target: str = "") -> None:
+        super().__init__(target)
+        t = parse_target(target)
+        self.max_workgroups = int(t.get("max_workgroups", 65535))
+        local = tuple(int(x) for x in t["local"].split(",")) if "local" in t else (256, 256, 64)
+        left_out = {dtypes.float64, dtypes.int64, dtypes.uint64} | (set() if "f16" in t else {dtypes.float16})
+        self.caps = RendererCaps(
+            language="WGSL",
+            has_local=True,
+            has_shared=True,
+            global_max=(INT32_MAX, self.max_workgroups, self.max_workgroups),
+            local_max=local,
+            local_total_max=int(t.get("local_total", 256)),
+            shared_max=int(t.get("shared", 16384)),
+            vector_width=1,
+            dtypes=frozenset(dtypes.all()) - left_out,
+        )
+
+    # ---- values
+
+    def const(self, value: int | float | bool, dt: DType) -> str:
+        if dt.is_bool:
+            return "true" if value else "false"
+        reg = _REGISTER[dt.name]
+        if reg == "i32":
+            return "(-2147483647i - 1i)" if value == -(2**31) else f"{int(value)}i"
+        if reg == "u32":
+            return f"{int(value)}u"
+        assert isinstance(value, (int, float))
+        if math.isnan(value) or math.isinf(value):
+            bits = 0x7FC00000 if math.isnan(value) else 0x7F800000 | (0x80000000 if value < 0 else 0)
+            return f"bitcast<f32>({bits:#x}u)" if reg == "f32" else f"f16(bitcast<f32>({bits:#x}u))"
+        return f"{float(value)!r}{'f' if reg == 'f32' else 'h'}"
+
+    def bits_of(self, x: str, dt: DType) -> str:
+        """The bits of register value x of dt, as a u32 (narrow dtypes in the low bits)."""
+        name = dt.name
+        if name == "bool":
+            return f"select(0u, 1u, {x})"
+        if name == "float16":
+            return f"(bitcast<u32>(vec2<f16>({x}, 0.0h)) & 0xffffu)"
+        if name == "bfloat16":
+            return f"tiny_f32_to_bf16({x})"
+        if name in ("int8", "int16", "uint8", "uint16"):
+            return f"(u32({x}) & {(1 << dt.bits) - 1:#x}u)"
+        return f"bitcast<u32>({x})"
+
+    def from_bits(self, bits: str, dt: DType) -> str:
+        """A register value of dt from its bits in the low bits of a u32."""
+        name = dt.name
+        if name == "bool":
+            return f"({bits} != 0u)"
+        if name == "float16":
+            return f"bitcast<vec2<f16>>({bits}).x"
+        if name == "bfloat16":
+            return f"bitcast<f32>({bits} << 16u)"
+        if name in ("int8", "int16"):
+            return f"(bitcast<i32>({bits} << {32 - dt.bits}u) >> {32 - dt.bits}u)"
+        if name in ("uint8", "uint16"):
+            return f"({bits} & {(1 << dt.bits) - 1:#x}u)"
+        return f"bitcast<{_REGISTER[name]}>({bits})"
+
+    def wrap(self, x: str, dt: DType) -> str:
+        """A 32-bit integer value (i32 or u32) brought into integer dtype dt's range, as storing it would."""
+        if dt.bits < 32:
+            return self.from_bits(f"(u32({x}) & {(1 << dt.bits) - 1:#x}u)", dt)
+        return f"{_REGISTER[dt.name]}({x})"  # i32(u32) and u32(i32) keep the bits
+
+    def isnan(self, x: str, dt: DType) -> str:
+        return f"tiny_isnan({x})" if _REGISTER[dt.name] == "f32" else f"tiny_isnan(f32({x}))"
+
+    def cast(self, x: str, frm: DType, to: DType) -> str:
+        if frm == to:
+            return x
+        reg = _REGISTER[to.name]
+        if to.is_bool:
+            zero = self.const(0, frm)
+            return f"(({x} != {zero}) | {self.isnan(x, frm)})" if frm.is_float else f"({x} != {zero})"
+        if frm.is_bool:
+            return f"select({self.const(0, to)}, {self.const(1, to)}, {x})"
+        if to.is_float:
+            value = f"{reg}({x})"
+            return f"tiny_bf16_round({value})" if to == dtypes.bfloat16 else value
+        if frm.is_int:
+            return self.wrap(x, to)
+        f = x if _REGISTER[frm.name] == "f32" else f"f32({x})"
+        if to == dtypes.int32:  # where it does not fit: int32's minimum (tiny.ir.dtypes.truncate)
+            return f"select((-2147483647i - 1i), i32({f}), {f} >= -2147483648.0f && {f} < 2147483648.0f)"
+        return self.wrap(f"tiny_f32_low_bits({f})", to)
+
+    def alu(self, u: UOp, a: list[str]) -> str:
+        op, dt = u.op, u.dtype
+        operand = u.src[0].dtype
+        if op is Ops.WHERE:
+            return f"select({a[2]}, {a[1]}, {a[0]})"
+        if op in _MATH:
+            return f"{_MATH[op]}({a[0]})"
+        if op is Ops.RECIP:
+            return f"({self.const(1, dt)} / {a[0]})"
+        if dt.is_bool and op in (Ops.ADD, Ops.MAX, Ops.OR):
+            return f"({a[0]} | {a[1]})"
+        if dt.is_bool and op in (Ops.MUL, Ops.AND):
+            return f"({a[0]} & {a[1]})"
+        if op is Ops.NEG:
+            if dt.is_bool:
+                return f"(!{a[0]})"
+            return f"(0u - {a[0]})" if _REGISTER[dt.name] == "u32" else f"(-{a[0]})"
+        if op is Ops.CMPNE:
+            if operand.is_float:
+                nans = [self.isnan(x, operand) for x, s in zip(a, u.src) if s.op is not Ops.CONST or s.arg != s.arg]
+                return "(" + " | ".join([f"({a[0]} != {a[1]})", *nans]) + ")"
+            return f"({a[0]} != {a[1]})"
+        if op is Ops.XOR and dt.is_bool:
+            return f"({a[0]} != {a[1]})"
+        if op is Ops.CMPLT and operand.is_bool:
+            return f"((!{a[0]}) & {a[1]})"
+        if op is Ops.MAX:
+            if dt.is_float:  # NaN wins, as torch.maximum
+                return f"select({a[1]}, {a[0]}, {self.isnan(a[0], dt)} | ({a[0]} >= {a[1]}))"
+            return f"max({a[0]}, {a[1]})"
+        if op is Ops.MUL and dt.is_float and (zero := _zero_operand(u)) is not None:
+            return self.times_zero(a[1 - zero], u.src[zero].arg, dt)
+        if op in (Ops.IDIV, Ops.MOD):
+            if dt.is_float:
+                return f"({a[0]} - {a[1]} * trunc({a[0]} / {a[1]}))"
+            sym, divisor, zero = "/" if op is Ops.IDIV else "%", u.src[1], self.const(0, dt)
+            if divisor.op is Ops.CONST:
+                return zero if divisor.arg == 0 else f"({a[0]} {sym} {a[1]})"
+            return f"select({a[0]} {sym} {a[1]}, {zero}, {a[1]} == {zero})"
+        if op in (Ops.SHL, Ops.SHR):
+            shift = u.src[1]
+            if shift.op is Ops.CONST and 0 <= shift.arg < 32:
+                return f"({a[0]} {'<<' if op is Ops.SHL else '>>'} {shift.arg}u)"
+            if op is Ops.SHR and _REGISTER[dt.name] == "i32":  # past the width: the sign bit everywhere
+                return f"({a[0]} >> min(u32({a[1]}), 31u))"
+            sym = "<<" if op is Ops.SHL else ">>"
+            return f"select({self.const(0, dt)}, {a[0]} {sym} (u32({a[1]}) & 31u), u32({a[1]}) < 32u)"
+        return f"({a[0]} {_INFIX[op]} {a[1]})"
+
+    def times_zero(self, x: str, zero: float, dt: DType) -> str:
+        """x * 0.0 made of bits: drivers fold it to 0 where IEEE says NaN (x infinite or NaN)."""
+        f = x if _REGISTER[dt.name] == "f32" else f"f32({x})"
+        sign = "^ 0x80000000u" if math.copysign(1.0, zero) < 0 else ""
+        finite = f"((bitcast<u32>({f}) & 0x7f800000u) != 0x7f800000u)"
+        bits = f"select(0x7fc00000u, (bitcast<u32>({f}) & 0x80000000u) {sign}, {finite})"
+        return f"bitcast<f32>({bits})" if _REGISTER[dt.name] == "f32" else f"f16(bitcast<f32>({bits}))"
+
+    def finish(self, u: UOp, expr: str) -> str:
+        """An op's result brought to its dtype where registers are wider: narrow integers wrapped, bfloat16
+        rounded."""
+        dt = u.dtype
+        if dt.is_int and dt.bits < 32 and u.op in _WRAPPING:
+            return self.wrap(expr, dt)
+        if dt == dtypes.bfloat16 and u.op in GroupOp.ALU and u.op not in _EXACT:
+            return f"tiny_bf16_round({expr})"
+        return expr
+
+    # ---- memory
+
+    def load(self, buf: str, offset: str, dt: DType, atomic: bool) -> str:
+        if dt.name not in _PACKED_BITS:
+            return f"{buf}[{offset}]"
+        bits = _PACKED_BITS[dt.name]
+        per_word = 32 // bits
+        word = f"{buf}[{offset} >> {per_word.bit_length() - 1}u]"
+        word = f"atomicLoad(&{word})" if atomic else word
+        shift = f"(u32({offset} & {per_word - 1}) * {bits}u)"
+        return self.from_bits(f"(({word} >> {shift}) & {(1 << bits) - 1:#x}u)", dt)
+
+    def store(self, buf: str, offset: str, value: str, dt: DType, fresh: str) -> list[str]:
+        """Statements that store value at element offset; `fresh` is a prefix for their temporaries."""
+        if dt.name not in _PACKED_BITS:
+            return [f"{buf}[{offset}] = {value};"]
+        bits = _PACKED_BITS[dt.name]
+        per_word, mask = 32 // bits, (1 << bits) - 1
+        word, shift = f"{fresh}_word", f"{fresh}_shift"
+        return [
+            f"let {word} = {offset} >> {per_word.bit_length() - 1}u;",
+            f"let {shift} = u32({offset} & {per_word - 1}) * {bits}u;",
+            f"atomicAnd(&{buf}[{word}], ~({mask:#x}u << {shift}));",
+            f"atomicOr(&{buf}[{word}], ({self.bits_of(value, dt)} & {mask:#x}u) << {shift});",
+        ]
+
+    # ---- the kernel
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        names: dict[UOp, str] = {}
+        decls: list[str] = []
+        body: list[str] = []
+        depth = 1
+        counters: dict[str, int] = {}
+        written = {u.address.pointer for u in uops if u.op is Ops.STORE}
+        globals_ = sorted((u for u in uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
+        variables = [u for u in uops if u.op is Ops.DEFINE_VAR]
+        specials = {u.arg[0]: u.arg[1] for u in uops if u.op is Ops.SPECIAL}
+        grid = (specials.get("gidx0", 1), specials.get("gidx1", 1), specials.get("gidx2", 1))
+        local = (specials.get("lidx0", 1), specials.get("lidx1", 1), specials.get("lidx2", 1))
+        folded = max(grid) > self.max_workgroups
+
+        def fresh(prefix: str) -> str:
+            counters[prefix] = counters.get(prefix, -1) + 1
+            return f"{prefix}{counters[prefix]}"
+
+        def line(text: str) -> None:
+            body.append("  " * depth + text)
+
+        for u in uops:
+            if u.dtype.count > 1 or u.op is Ops.WMMA:
+                raise NotImplementedError(f"WGSL renderer: {u.op.name} of {u.dtype!r}: its caps declare no vectors")
+            if u.op in (Ops.SPECIAL, Ops.DEFINE_VAR, Ops.RANGE) and u.dtype != dtypes.int32:
+                raise NotImplementedError(f"WGSL renderer: {u.op.name} of {u.dtype!r}: WGSL indexes with 32 bits")
+
+        n_bindings = 1 + max((u.arg for u in globals_), default=-1)
+        for u in globals_:
+            assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
+            access = "read_write" if u in written else "read"
+            element = _storage_type(u.dtype.base.scalar, u in written)
+            decls.append(f"@group(0) @binding({u.arg}) var<storage, {access}> data{u.arg}: array<{element}>;")
+        if variables:
+            decls.append(f"@group(0) @binding({n_bindings}) var<storage, read> tiny_vars: array<i32>;")
+        if folded:
+            line("let tiny_flat = wid.x + nwg.x * (wid.y + nwg.y * wid.z);")
+            line(f"if (tiny_flat >= {math.prod(grid)}u) {{ return; }}")
+
+        for u in uops:
+            src = [names.get(s, "") for s in u.src]
+            op = u.op
+            if op is Ops.DEFINE_GLOBAL:
+                names[u] = f"data{u.arg}"
+            elif op is Ops.DEFINE_LOCAL:
+                assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
+                names[u] = u.arg[0]
+                decls.append(f"var<workgroup> {u.arg[0]}: array<{_REGISTER[u.dtype.base.scalar.name]}, {u.arg[1]}>;")
+            elif op is Ops.DEFINE_VAR:
+                names[u] = f"var_{u.arg[0]}"
+                line(f"let {names[u]} = tiny_vars[{variables.index(u)}];")
+            elif op is Ops.CONST:
+                names[u] = self.const(u.arg, u.dtype)
+            elif op is Ops.SPECIAL:
+                names[u] = u.arg[0]
+                line(f"let {u.arg[0]} = {self.special(u.arg[0], grid, folded)};")
+            elif op is Ops.RANGE:
+                names[u] = fresh("ridx")
+                line(f"for (var {names[u]} = 0i; {names[u]} < {src[0]}; {names[u]}++) {{")
+                depth += 1
+            elif op in (Ops.ENDRANGE, Ops.ENDIF):
+                depth -= 1
+                line("}")
+            elif op is Ops.IF:
+                line(f"if ({src[0]}) {{")
+                depth += 1
+            elif op is Ops.INDEX:  # gated: element 0 where the gate is false, so no address is out of bounds
+                names[u] = src[1] if u.gate is None else f"select(0i, {src[1]}, {names[u.gate]})"
+            elif op is Ops.LOAD:
+                addr = u.address
+                ptr = addr.pointer
+                raw = self.load(names[ptr], names[addr], u.dtype, ptr in written and ptr.op is Ops.DEFINE_GLOBAL)
+                if ptr.op is Ops.DEFINE_LOCAL:
+                    raw = f"{names[ptr]}[{names[addr]}]"
+                alt = u.alternative
+                value = raw if addr.gate is None or alt is None else f"select({names[alt]}, {raw}, {names[addr.gate]})"
+                names[u] = fresh("val")
+                line(f"let {names[u]} = {value};")
+            elif op is Ops.STORE:
+                addr = u.address
+                ptr = addr.pointer
+                if ptr.op is Ops.DEFINE_LOCAL:
+                    stmts = [f"{names[ptr]}[{names[addr]}] = {src[1]};"]
+                else:
+                    stmts = self.store(names[ptr], names[addr], src[1], u.value.dtype, fresh("st"))
+                if addr.gate is not None:
+                    line(f"if ({names[addr.gate]}) {{")
+                    body.extend("  " * (depth + 1) + s for s in stmts)
+                    line("}")
+                else:
+                    body.extend("  " * depth + s for s in stmts)
+            elif op is Ops.DEFINE_ACC:
+                names[u] = fresh("acc")
+                line(f"var {names[u]}: {_REGISTER[u.dtype.name]} = {src[0]};")
+            elif op is Ops.ASSIGN:
+                names[u] = src[0]
+                line(f"{src[0]} = {src[1]};")
+            elif op is Ops.BARRIER:
+                line("workgroupBarrier();")
+            elif op in (Ops.CAST, Ops.BITCAST) or op in GroupOp.ALU:
+                if op is Ops.CAST:
+                    expr = self.cast(src[0], u.src[0].dtype, u.dtype)
+                elif op is Ops.BITCAST:
+                    expr = self.from_bits(self.bits_of(src[0], u.src[0].dtype), u.dtype)
+                else:
+                    expr = self.finish(u, self.alu(u, src))
+                names[u] = fresh("alu")
+                line(f"let {names[u]} = {expr};")
+            else:
+                raise NotImplementedError(f"WGSL renderer cannot render {op.name}")
+
+        uses_f16 = any(u.dtype.scalar == dtypes.float16 or _pointee(u) == dtypes.float16 for u in uops)
+        head = ("enable f16;\n" if uses_f16 else "") + _HELPERS + "\n".join(decls) + "\n"
+        builtins = "@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>"
+        builtins += ", @builtin(num_workgroups) nwg: vec3<u32>"
+        size = ", ".join(str(s) for s in local)
+        return f"{head}@compute @workgroup_size({size})\nfn {name}({builtins}) {{\n" + "\n".join(body) + "\n}\n"
+
+    def special(self, name: str, grid: tuple[int, int, int], folded: bool) -> str:
+        dim = int(name[4:])
+        if name.startswith("lidx"):
+            return f"i32(lid.{'xyz'[dim]})"
+        if not folded:
+            return f"i32(wid.{'xyz'[dim]})"
+        below = math.prod(grid[:dim])
+        flat = "tiny_flat" if below == 1 else f"(tiny_flat / {below}u)"
+        return f"i32({flat})" if dim == 2 else f"i32({flat} % {grid[dim]}u)"
+
+
+def _zero_operand(u: UOp) -> int | None:
+    """Which operand of a MUL is the constant 0.0 (or -0.0), if one is."""
+    return next((i for i, s in enumerate(u.src) if s.op is Ops.CONST and s.arg == 0), None)
+
+
+def _pointee(u: UOp) -> DType | None:
+    return u.dtype.base.scalar if isinstance(u.dtype, PtrDType) and u.dtype.base is not None else None
