@@ -11,6 +11,7 @@ that command fails the install instead of being fetched from PyPI, where those n
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import tomllib
 from pathlib import Path
@@ -25,7 +26,7 @@ PACKAGES = ROOT / "packages"
 nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["ir", "codegen", "runtime_misc", "nv", "amd", "tensor", "lint"]
+nox.options.sessions = ["ir", "codegen", "runtime_misc", "nv", "amd", "tensor", "cl", "lint"]
 
 
 def _project(pyproject: Path) -> dict:
@@ -142,6 +143,44 @@ def tensor(session: nox.Session) -> None:
     """tiny-tensor: Tensor, autograd, nn; numerics checked against NumPy and PyTorch (CPU build, pinned)."""
     _install_local(session, "tiny-tensor", tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"]))
     _pytest(session, "tiny-tensor")
+
+
+# the tiny-tensor tests the cl session runs by default: every kind of kernel (elementwise, reductions, matmul,
+# movement, grouped reductions in local memory, every dtype the device has) in a few minutes of PoCL compiles
+CL_SUBSET = [
+    "test_tensor_basics.py",
+    "test_errors.py",
+    "test_creation.py",
+    "test_fusion.py",
+    "test_ops.py::test_matmul_shapes",
+]
+CL_PROBE = """
+from tiny.ir.device import Device
+try:
+    print("CL ok:", Device["CL"].info)
+except Exception as e:
+    print("CL missing:", type(e).__name__, e)
+"""
+
+
+@nox.session
+def cl(session: nox.Session) -> None:
+    """The CL device (OpenCL on PoCL, or whatever driver the machine has): the runtime's CL tests, then tiny-tensor's
+    tests with DEVICE=CL. PoCL spends about a second building each new kernel, so the whole tensor suite takes
+    far longer on CL than on CPU; by default it runs CL_SUBSET, and `nox -s cl -- --full` runs all of it.
+    Skips, saying why, where no OpenCL device opens."""
+    if ctypes.util.find_library("OpenCL") is None:
+        session.skip("no libOpenCL here (apt install ocl-icd-libopencl1 pocl-opencl-icd)")
+    _install_local(session, "tiny-tensor", tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"]))
+    probe = session.run("python", "-c", CL_PROBE, silent=True)
+    if probe is not None and "CL ok:" not in probe:
+        session.skip(f"no OpenCL device opens here: {probe.strip()}")
+    session.env["DEVICE"] = "CL"  # the tensor tests' `device` fixture runs them on CL alone
+    args = [a for a in session.posargs if a != "--full"]
+    session.run("pytest", str(PACKAGES / "tiny-runtime-misc" / "tests" / "test_cl_device.py"), *args)
+    tests = PACKAGES / "tiny-tensor" / "tests"
+    paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in CL_SUBSET]
+    session.run("pytest", *paths, *args)
 
 
 @nox.session
