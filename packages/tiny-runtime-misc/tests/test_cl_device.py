@@ -134,6 +134,16 @@ def test_launch_without_waiting_returns_none_and_synchronize_finishes_it(dev: CL
     assert download(out) == [3.0] * 16
 
 
+@needs_cl
+def test_a_cached_binary_loads_without_its_source(dev: CLDevice) -> None:
+    binary = CLCompiler(dev).compile(REVERSE)
+    cl.library().clReleaseProgram(dev.built.pop(binary))  # as in a new process: only the binary is left
+    prog = CLProgram(dev, "reverse", binary)
+    out, a = Buffer("CL", 8, f32), upload("CL", f32, [float(v) for v in range(8)])
+    prog(out.opaque, a.opaque, vals=(1,), local_size=(8, 1, 1))
+    assert download(out) == [7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
+
+
 def _grouped_sum(rows: int, cols: int) -> tuple[UOp, Buffer]:
     """The kernel AST of x.sum(axis=1) for a (rows, cols) buffer on CL, and the buffer."""
     node = new_buffer("CL", rows * cols, f32)

@@ -262,14 +262,15 @@ def _build_log(program: int, device: int) -> str:
     return _info_str("clGetProgramBuildInfo", program, CL_PROGRAM_BUILD_LOG, device)
 
 
-def _build(dev: CLDevice, program: int, what: str) -> None:
-    """Build a program for the device; a CompileError with the driver's build log when it fails."""
+def _build(dev: CLDevice, program: int, what: str, src: str = "") -> None:
+    """Build a program for the device; a CompileError with the driver's build log (and the source) when it fails."""
     device = _handle(dev.info.device)
     code = library().clBuildProgram(program, 1, ctypes.byref(device), b"", None, None)
     if code != 0:
         log = _build_log(program, dev.info.device)
         library().clReleaseProgram(program)
-        raise CompileError(f"{dev.info.name} did not build {what} ({_ERRORS.get(code, code)}):\n{log}")
+        source = f"\n--- source ---\n{src}" if src else ""
+        raise CompileError(f"{dev.info.name} did not build {what} ({_ERRORS.get(code, code)}):\n{log}{source}")
 
 
 class CLCompiler(Compiler):
@@ -283,10 +284,7 @@ class CLCompiler(Compiler):
     def compile(self, src: str) -> bytes:
         text, length = ctypes.c_char_p(src.encode()), _size(len(src.encode()))
         program = _create("clCreateProgramWithSource", self.dev.context, 1, ctypes.byref(text), ctypes.byref(length))
-        try:
-            _build(self.dev, program, f"generated code:\n--- source ---\n{src}\n--- build log ---")
-        except CompileError as e:
-            raise CompileError(str(e)) from None
+        _build(self.dev, program, "generated code", src)
         try:
             (size,) = ctypes.cast(_info_bytes("clGetProgramInfo", program, CL_PROGRAM_BINARY_SIZES), _ptr(_size))[:1]
             binary = ctypes.create_string_buffer(size)
@@ -295,9 +293,15 @@ class CLCompiler(Compiler):
                 "clGetProgramInfo",
                 library().clGetProgramInfo(program, CL_PROGRAM_BINARIES, ctypes.sizeof(pointers), pointers, None),
             )
-            return binary.raw
-        finally:
+        except BaseException:
             library().clReleaseProgram(program)
+            raise
+        # loading this binary in this process takes the program built here instead of building it again
+        if binary.raw in self.dev.built:  # the same kernel compiled twice
+            library().clReleaseProgram(program)
+        else:
+            self.dev.built[binary.raw] = program
+        return binary.raw
 
 
 class CLProgram(Program):
@@ -307,24 +311,28 @@ class CLProgram(Program):
         super().__init__(device, name, binary)
         assert isinstance(device, CLDevice)
         self.dev = device
-        dev_handle = _handle(device.info.device)
-        blob, length, status = ctypes.c_char_p(binary), _size(len(binary)), _int(0)
-        self.program = _create(
-            "clCreateProgramWithBinary",
-            device.context,
-            1,
-            ctypes.byref(dev_handle),
-            ctypes.byref(length),
-            ctypes.byref(blob),
-            ctypes.byref(status),
-        )
-        _build(device, self.program, f"the binary of kernel {name}")
+        self.program = device.built.pop(binary, None) or self._from_binary(binary)
         try:
             self.kernel = _create("clCreateKernel", self.program, name.encode())
         except CLError as e:
             library().clReleaseProgram(self.program)
             raise CompileError(f"the OpenCL program has no kernel named {name!r}: {e}") from None
         self.n_args = _info_int("clGetKernelInfo", self.kernel, CL_KERNEL_NUM_ARGS, _uint)
+
+    def _from_binary(self, binary: bytes) -> int:
+        dev_handle = _handle(self.dev.info.device)
+        blob, length, status = ctypes.c_char_p(binary), _size(len(binary)), _int(0)
+        program = _create(
+            "clCreateProgramWithBinary",
+            self.dev.context,
+            1,
+            ctypes.byref(dev_handle),
+            ctypes.byref(length),
+            ctypes.byref(blob),
+            ctypes.byref(status),
+        )
+        _build(self.dev, program, f"the binary of kernel {self.name}")
+        return program
 
     def __call__(
         self,
@@ -416,6 +424,7 @@ class CLDevice(Compiled):
         device = _handle(self.info.device)
         self.context = _create("clCreateContext", None, 1, ctypes.byref(device), None, None)
         self.queue = _create("clCreateCommandQueue", self.context, self.info.device, CL_QUEUE_PROFILING_ENABLE)
+        self.built: dict[bytes, int] = {}  # binary -> its program, built by this process's compiler, not loaded yet
         super().__init__(name, CLAllocator(self), CLProgram, renderer)
 
     def compiler(self) -> Compiler:
