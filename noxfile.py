@@ -26,7 +26,7 @@ PACKAGES = ROOT / "packages"
 nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["ir", "codegen", "runtime_misc", "nv", "amd", "tensor", "cl", "lint"]
+nox.options.sessions = ["ir", "codegen", "runtime_misc", "nv", "amd", "tensor", "cl", "llvm", "lint"]
 
 
 def _project(pyproject: Path) -> dict:
@@ -180,6 +180,37 @@ def cl(session: nox.Session) -> None:
     session.run("pytest", str(PACKAGES / "tiny-runtime-misc" / "tests" / "test_cl_device.py"), *args)
     tests = PACKAGES / "tiny-tensor" / "tests"
     paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in CL_SUBSET]
+    session.run("pytest", *paths, *args)
+
+
+# the tiny-tensor tests CPU:LLVM runs by default: every op and dtype against NumPy and PyTorch, autograd and nn, without
+# the end-to-end jobs (MNIST training, BEAM search, optimizer fuzzing) that take most of the whole suite's time
+LLVM_SUBSET = [
+    "test_ops.py",
+    "test_elementwise_torch.py",
+    "test_reduce_torch.py",
+    "test_functional_torch.py",
+    "test_indexing_torch.py",
+    "test_autograd.py",
+    "test_nn_layers.py",
+    "test_big_index.py",
+    "test_jit.py",
+]
+
+
+@nox.session
+def llvm(session: nox.Session) -> None:
+    """CPU:LLVM (LLVM IR compiled in-process by llvmlite, which comes from PyPI through the [llvm] extra): the runtime's
+    tests, then tiny-tensor's tests with DEVICE=CPU:LLVM. LLVM at O3 takes longer per kernel than clang, so the whole
+    tensor suite takes several times the subset; by default it runs LLVM_SUBSET (every op and dtype, autograd, nn,
+    64-bit indexing, the JIT), and `nox -s llvm -- --full` runs all of it."""
+    llvmlite = LOCAL["tiny-runtime-misc"]["optional-dependencies"]["llvm"]  # an extra of a local dependency
+    _install_local(session, "tiny-tensor", tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"], *llvmlite))
+    session.env["DEVICE"] = "CPU:LLVM"  # the tensor tests' `device` fixture runs them on CPU:LLVM alone
+    args = [a for a in session.posargs if a != "--full"]
+    session.run("pytest", str(PACKAGES / "tiny-runtime-misc" / "tests" / "test_cpu_llvm.py"), *args)
+    tests = PACKAGES / "tiny-tensor" / "tests"
+    paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in LLVM_SUBSET]
     session.run("pytest", *paths, *args)
 
 

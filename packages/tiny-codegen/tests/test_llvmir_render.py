@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -35,8 +34,8 @@ R = LLVMRenderer()
 CASES = make_cases()
 
 
-@cache
 def target_machine() -> Any:
+    """A new one each time: an execution engine frees the target machine it is given."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     target = llvm.Target.from_triple(llvm.get_process_triple())

@@ -162,9 +162,11 @@ class LLVMRenderer(Renderer):
     def signature(self, name: str, params: list[str]) -> str:
         return f'define void @"{name}"({", ".join(params)}) nounwind'
 
+    arg_int = "i32"  # the type of integer arguments (variables, the CPU's thread number): C's int
+
     def special_param(self, u: UOp) -> str | None:
         """The parameter a hardware index arrives in, or None when the target reads it in the body (special())."""
-        return f"i32 %{u.arg[0]}"
+        return f"{self.arg_int} %{_local_name(u.arg[0])}"
 
     def special(self, f: _Function, u: UOp) -> str:
         """The value of a hardware index the target reads in the body (a GPU's workitem id)."""
@@ -235,8 +237,9 @@ class LLVMRenderer(Renderer):
                 names[u] = f"%data{u.arg}"
                 buffers.append((u.arg, f"{self.ltype(u.dtype)} noalias {names[u]}"))
             elif op is Ops.DEFINE_VAR:
-                names[u] = "%" + _local_name(u.arg[0])
-                variables.append(f"{self.ltype(u.dtype)} {names[u]}")
+                arg = "%" + _local_name(u.arg[0])
+                variables.append(f"{self.arg_int} {arg}")
+                names[u] = self._widened(f, arg, u.dtype)
             elif op is Ops.DEFINE_LOCAL:
                 names[u] = f"@{_local_name(u.arg[0])}"
                 assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
@@ -248,8 +251,8 @@ class LLVMRenderer(Renderer):
             elif op is Ops.SPECIAL:
                 param = self.special_param(u)
                 if param is not None:
-                    names[u] = param.split()[-1]
                     specials.append(param)
+                    names[u] = self._widened(f, param.split()[-1], u.dtype)
                 else:
                     names[u] = self.special(f, u)
             elif op is Ops.CONST:
@@ -313,6 +316,12 @@ class LLVMRenderer(Renderer):
         body = "\n".join([self.signature(name, params) + " {", "entry:", *f.lines, "  ret void", "}"])
         parts = ["\n".join(header), "\n".join(module), "".join(_HELPERS[h] for h in helpers), body, "\n".join(declares)]
         return "\n\n".join(p for p in parts if p) + "\n"
+
+    def _widened(self, f: _Function, arg: str, dt: DType) -> str:
+        """An integer argument (arg_int) as a value of dt, sign-extended as C's int converts."""
+        if self.ltype(dt) == self.arg_int:
+            return arg
+        return f.value(f"sext {self.arg_int} {arg} to {self.ltype(dt)}")
 
     # ---------------------------------------------------------------- loops and ifs
 

@@ -62,8 +62,8 @@ def host() -> Host:
     )
 
 
-@cache
 def target_machine() -> Any:
+    """A new target machine for the host: an execution engine takes the one it is given and frees it with itself."""
     h = host()
     target = llvm.Target.from_triple(h.triple)
     return target.create_target_machine(cpu=h.cpu, features=h.features, opt=OPT_LEVEL, reloc="pic", jit=True)
@@ -77,9 +77,10 @@ class LLVMCompiler(Compiler):
         super().__init__(cachekey=f"llvm:{h.llvm_version}:{h.triple}:{h.cpu}:{h.features}:O{OPT_LEVEL}")
 
     def compile(self, src: str) -> bytes:
+        # a context and a target machine of its own: BEAM compiles on several threads at once
         tm = target_machine()
         try:
-            mod = llvm.parse_assembly(src)
+            mod = llvm.parse_assembly(src, context=llvm.create_context())
             mod.verify()
         except RuntimeError as e:
             raise CompileError(f"LLVM rejected generated IR: {e}\n--- source ---\n{src}") from None
