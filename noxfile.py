@@ -26,7 +26,7 @@ PACKAGES = ROOT / "packages"
 nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["ir", "codegen", "runtime_misc", "nv", "amd", "tensor", "cl", "llvm", "lint"]
+nox.options.sessions = ["ir", "codegen", "runtime_misc", "nv", "amd", "tensor", "cl", "llvm", "webgpu", "lint"]
 
 
 def _project(pyproject: Path) -> dict:
@@ -211,6 +211,52 @@ def llvm(session: nox.Session) -> None:
     session.run("pytest", str(PACKAGES / "tiny-runtime-misc" / "tests" / "test_cpu_llvm.py"), *args)
     tests = PACKAGES / "tiny-tensor" / "tests"
     paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in LLVM_SUBSET]
+    session.run("pytest", *paths, *args)
+
+
+# the tiny-tensor tests the webgpu session runs by default: every op and dtype against NumPy and PyTorch, reductions,
+# autograd, fusion, the JIT and a BEAM search (workgroups, local memory, timing), in about five minutes on lavapipe;
+# the convolution, nn and training tests (which take most of the whole suite's quarter of an hour there) run with --full
+WEBGPU_SUBSET = [
+    "test_ops.py",
+    "test_elementwise_torch.py",
+    "test_reduce_torch.py",
+    "test_tensor_basics.py",
+    "test_errors.py",
+    "test_creation.py",
+    "test_fusion.py",
+    "test_autograd.py",
+    "test_jit.py",
+    "test_beam_search.py",
+]
+WEBGPU_PROBE = """
+from tiny.ir.device import Device
+try:
+    print("WEBGPU ok:", Device["WEBGPU"].gpu.adapter.info["device"])
+except Exception as e:
+    print("WEBGPU missing:", type(e).__name__, e)
+"""
+
+
+@nox.session
+def webgpu(session: nox.Session) -> None:
+    """WEBGPU (WGSL through wgpu-native, which comes from PyPI through the [webgpu] extra; tested on Mesa's lavapipe,
+    apt install mesa-vulkan-drivers): the WGSL renderer's and the runtime's tests, then tiny-tensor's tests with
+    DEVICE=WEBGPU. lavapipe builds each new pipeline slowly and runs kernels on the CPU, so the whole tensor suite
+    takes about three times the subset; by default it runs WEBGPU_SUBSET, and `nox -s webgpu -- --full` runs all of
+    it. Skips, saying why, where no adapter is found."""
+    wgpu = LOCAL["tiny-runtime-misc"]["optional-dependencies"]["webgpu"]  # an extra of a local dependency
+    _install_local(session, "tiny-tensor", tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"], *wgpu))
+    probe = session.run("python", "-c", WEBGPU_PROBE, silent=True)
+    if probe is not None and "WEBGPU ok:" not in probe:
+        session.skip(f"no WebGPU adapter here: {probe.strip()}")
+    session.env["DEVICE"] = "WEBGPU"  # the tensor tests' `device` fixture runs them on WEBGPU alone
+    args = [a for a in session.posargs if a != "--full"]
+    renderer_tests = str(PACKAGES / "tiny-codegen" / "tests" / "test_wgsl_render.py")
+    session.run("pytest", str(PACKAGES / "tiny-runtime-misc" / "tests" / "test_webgpu_device.py"), *args)
+    session.run("pytest", renderer_tests, *args)
+    tests = PACKAGES / "tiny-tensor" / "tests"
+    paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in WEBGPU_SUBSET]
     session.run("pytest", *paths, *args)
 
 

@@ -47,11 +47,24 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> object:
     try:
         return (yield)
     except Exception as e:  # noqa: BLE001  (a TypeError, or pytest.raises failing on one)
-        device = pyfuncitem.funcargs.get("device", Device.DEFAULT)  # tests without the fixture: the default device
-        dtype = missing_dtype(device, e)
-        if dtype is None:
-            raise
-        pytest.skip(f"device {device} does not compute in {dtype} (the test needs it): {e}")
+        skip_for_missing_dtype(pyfuncitem.funcargs.get("device", Device.DEFAULT), e)
+        raise
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest) -> object:
+    """The same for a fixture that computes (on the default device: the fixtures here take no device)."""
+    try:
+        return (yield)
+    except Exception as e:  # noqa: BLE001
+        skip_for_missing_dtype(Device.DEFAULT, e)
+        raise
+
+
+def skip_for_missing_dtype(device: str, error: BaseException) -> None:
+    dtype = missing_dtype(device, error)
+    if dtype is not None:
+        pytest.skip(f"device {device} does not compute in {dtype} (the test needs it): {error}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

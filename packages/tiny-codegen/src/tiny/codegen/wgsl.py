@@ -15,10 +15,11 @@ WGSL has 32-bit integers and floats, f16 behind an extension, and nothing else, 
   is an `array<atomic<u32>>` and a store clears its bits with atomicAnd and sets them with atomicOr, so threads
   writing neighbouring elements of one word never lose each other's writes.
 - Integer division and remainder truncate as C does, and give 0 where the divisor is 0 (tiny.ir.alu).
-- Floats: NaN is tested on the bits, as drivers (Mesa's lavapipe among them) compile float comparisons as if
-  no NaN existed, and x * 0.0 is made of bits too, as they fold it to 0 where IEEE says NaN; MAX lets NaN win
-  as torch.maximum does. Float remainder is a - b * trunc(a / b). Other float math is the builtins' (exp2, log2,
-  sin, sqrt, trunc), whose results at infinities and NaN the driver decides.
+- Floats: drivers (Mesa's lavapipe among them) compile float math as if there were no NaN or infinities, so
+  NaN is tested on the bits, x * 0.0 is made of bits (they fold it to 0 where IEEE says NaN) and exp2's argument
+  goes through a select (they fold exp2(log2(x) * y) into a pow that loses infinities). MAX lets NaN win as
+  torch.maximum does. Float remainder is C's fmod, exact (tiny.ir.alu). The other float math is the builtins'
+  (log2, sin, sqrt, trunc), whose results at infinities and NaN the driver decides.
 
 A grid with more workgroups in some dimension than the adapter allows (`max_workgroups`) is launched folded
 into up to three dimensions; the shader unfolds its workgroup number again (the WebGPU runtime folds the same
@@ -64,6 +65,23 @@ fn tiny_f32_to_bf16(x: f32) -> u32 {
   return (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;
 }
 fn tiny_bf16_round(x: f32) -> f32 { return bitcast<f32>(tiny_f32_to_bf16(x) << 16u); }
+// C's fmod, exact: the sign of a; NaN where b is 0, a is infinite or either is NaN. Each step takes away the
+// largest b * 2**k that fits, which floating point does without rounding.
+fn tiny_fmod(a: f32, b: f32) -> f32 {
+  let ua = bitcast<u32>(a) & 0x7fffffffu;
+  let ub = bitcast<u32>(b) & 0x7fffffffu;
+  if (ua >= 0x7f800000u || ub > 0x7f800000u || ub == 0u) { return bitcast<f32>(0x7fc00000u); }
+  if (ub == 0x7f800000u) { return a; }
+  var r = bitcast<f32>(ua);
+  let m = bitcast<f32>(ub);
+  let fm = frexp(m);
+  for (var i = 0; i < 300 && r >= m; i++) {
+    let fr = frexp(r);
+    let k = fr.exp - fm.exp - select(0, 1, fm.fract > fr.fract);
+    r = r - ldexp(m, k);
+  }
+  return bitcast<f32>(bitcast<u32>(r) | (bitcast<u32>(a) & 0x80000000u));
+}
 // the low 32 bits of trunc(x) as a 64-bit integer; 0 where x does not fit one (NaN, infinities, |x| >= 2**63)
 fn tiny_f32_low_bits(x: f32) -> u32 {
   let b = bitcast<u32>(x);
@@ -154,7 +172,7 @@ class WGSLRenderer(Renderer):
         if name == "bool":
             return f"select(0u, 1u, {x})"
         if name == "float16":
-            return f"(bitcast<u32>(vec2<f16>({x}, 0.0h)) & 0xffffu)"
+            return f"(pack2x16float(vec2<f32>(f32({x}), 0.0f)) & 0xffffu)"
         if name == "bfloat16":
             return f"tiny_f32_to_bf16({x})"
         if name in ("int8", "int16", "uint8", "uint16"):
@@ -167,7 +185,7 @@ class WGSLRenderer(Renderer):
         if name == "bool":
             return f"({bits} != 0u)"
         if name == "float16":
-            return f"bitcast<vec2<f16>>({bits}).x"
+            return f"f16(unpack2x16float({bits}).x)"
         if name == "bfloat16":
             return f"bitcast<f32>({bits} << 16u)"
         if name in ("int8", "int16"):
@@ -209,6 +227,9 @@ class WGSLRenderer(Renderer):
         operand = u.src[0].dtype
         if op is Ops.WHERE:
             return f"select({a[2]}, {a[1]}, {a[0]})"
+        if op is Ops.EXP2:  # the select keeps drivers from folding exp2(log2(x) * y) into a pow that loses infinities
+            big = self.const(128.0, dt)
+            return f"exp2(select({a[0]}, {big}, {a[0]} > {big}))"
         if op in _MATH:
             return f"{_MATH[op]}({a[0]})"
         if op is Ops.RECIP:
@@ -237,8 +258,9 @@ class WGSLRenderer(Renderer):
         if op is Ops.MUL and dt.is_float and (zero := _zero_operand(u)) is not None:
             return self.times_zero(a[1 - zero], u.src[zero].arg, dt)
         if op in (Ops.IDIV, Ops.MOD):
-            if dt.is_float:
-                return f"({a[0]} - {a[1]} * trunc({a[0]} / {a[1]}))"
+            if dt.is_float and op is Ops.MOD:
+                reg = _REGISTER[dt.name]
+                return f"{reg}(tiny_fmod(f32({a[0]}), f32({a[1]})))"
             sym, divisor, zero = "/" if op is Ops.IDIV else "%", u.src[1], self.const(0, dt)
             if divisor.op is Ops.CONST:
                 return zero if divisor.arg == 0 else f"({a[0]} {sym} {a[1]})"
