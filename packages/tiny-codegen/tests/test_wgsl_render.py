@@ -157,8 +157,26 @@ def test_workgroups_local_memory_and_barriers() -> None:
     np.testing.assert_allclose(out, xv.sum(1), rtol=1e-5, atol=1e-5)
 
 
-def reduce_rows(x: UOp) -> UOp:
-    return UOp(Ops.RESHAPE, f32, (UOp(Ops.REDUCE_AXIS, f32, (x,), (Ops.ADD, (1,))),), (8,))
+def reduce_rows(x: UOp, op: Ops = Ops.ADD) -> UOp:
+    return UOp(Ops.RESHAPE, x.dtype, (UOp(Ops.REDUCE_AXIS, x.dtype, (x,), (op, (1,))),), (8,))
+
+
+@pytest.mark.parametrize("dtype", [dtypes.int8, dtypes.bool, dtypes.bfloat16], ids=lambda d: d.name)
+def test_narrow_dtypes_in_local_memory(dtype: DType) -> None:
+    x = tensor(8, 64, dtype=dtype)
+    (item,) = create_schedule([reduce_rows(x, Ops.MAX)]).items
+    rng = np.random.default_rng(3)
+    xv = rng.integers(-100, 100, (8, 64)) if dtype != dtypes.bool else rng.random((8, 64)) < 0.02
+    if dtype == dtypes.bfloat16:  # 16-bit patterns of small integers, which bfloat16 holds exactly
+        arr = (xv.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        out = np.zeros(8, np.uint16)
+    else:
+        arr = xv.astype(NUMPY[dtype.name])
+        out = np.zeros(8, NUMPY[dtype.name])
+    src = run_kernel(item.ast, [out, arr.reshape(-1)], [Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.GROUP, 1, 8)])
+    assert "var<workgroup> temp0" in src
+    got = (out.astype(np.uint32) << 16).view(np.float32) if dtype == dtypes.bfloat16 else out
+    np.testing.assert_array_equal(got, xv.max(1).astype(got.dtype))
 
 
 def test_variables_follow_the_buffers() -> None:

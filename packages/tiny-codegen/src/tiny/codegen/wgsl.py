@@ -392,9 +392,10 @@ class WGSLRenderer(Renderer):
             elif op is Ops.LOAD:
                 addr = u.address
                 ptr = addr.pointer
-                raw = self.load(names[ptr], names[addr], u.dtype, ptr in written and ptr.op is Ops.DEFINE_GLOBAL)
-                if ptr.op is Ops.DEFINE_LOCAL:
+                if ptr.op is Ops.DEFINE_LOCAL:  # local memory holds register types: nothing is packed
                     raw = f"{names[ptr]}[{names[addr]}]"
+                else:
+                    raw = self.load(names[ptr], names[addr], u.dtype, ptr in written)
                 alt = u.alternative
                 value = raw if addr.gate is None or alt is None else f"select({names[alt]}, {raw}, {names[addr.gate]})"
                 names[u] = fresh("val")
