@@ -53,6 +53,20 @@ def test_missing_wgpu_is_a_clear_reason(monkeypatch: pytest.MonkeyPatch) -> None
         webgpu._wgpu.cache_clear()
 
 
+def test_no_adapter_is_a_clear_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        wgpu = webgpu._wgpu()
+    except DeviceUnavailable as e:
+        pytest.skip(str(e))
+    webgpu._gpu_device.cache_clear()
+    monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kwargs: None)
+    try:
+        with pytest.raises(DeviceUnavailable, match="wgpu found no adapter .*mesa-vulkan-drivers"):
+            webgpu._gpu_device()
+    finally:
+        monkeypatch.undo()
+
+
 def test_renderer_target_reads_the_adapter(dev: WebGPUDevice) -> None:
     caps = dev.renderer.caps
     assert caps.language == "WGSL" and caps.has_local and caps.has_shared
