@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from tiny import nn
+from tiny.ir.device import Device
 from tiny.nn.state import get_state_dict
 from tiny.tensor import Tensor
 
 torch = pytest.importorskip("torch")
-DEVICE = "CPU"
+DEVICE = Device.DEFAULT  # where the layers make their parameters: CPU, or what DEVICE names
 
 
 def copy_weights(ours: object, ref: torch.nn.Module) -> None:
