@@ -144,3 +144,11 @@ def test_a_buffer_over_the_adapter_limit_is_refused(dev: WebGPUDevice) -> None:
     too_big = dev.allocator.max_size + 1
     with pytest.raises(MemoryError, match="over the adapter's limit"):
         Buffer("WEBGPU", too_big, dtypes.uint8).ensure_allocated()
+
+
+def test_too_many_buffers_for_the_adapter_is_a_clear_compile_error(dev: WebGPUDevice) -> None:
+    limit = dev.gpu.limits["max-storage-buffers-per-shader-stage"]
+    decls = "".join(f"@group(0) @binding({i}) var<storage, read> b{i}: array<f32>;\n" for i in range(limit + 1))
+    src = decls + "@compute @workgroup_size(1) fn k() { }\n"
+    with pytest.raises(CompileError, match=f"binds {limit + 1} storage buffers.*allows {limit}"):
+        dev.compile(src)

@@ -95,6 +95,12 @@ class WebGPUCompiler(Compiler):
         self.device = device
 
     def compile(self, src: str) -> bytes:
+        bindings, limit = len(_BINDING.findall(src)), self.device.limits["max-storage-buffers-per-shader-stage"]
+        if bindings > limit:
+            raise CompileError(
+                f"the kernel binds {bindings} storage buffers (its buffers and variables); this adapter allows {limit}"
+                " per shader: a fused kernel that reads this many tensors has to be split before it reaches WEBGPU"
+            )
         try:
             self.device.create_shader_module(code=src)
         except Exception as e:  # noqa: BLE001  (wgpu raises GPUValidationError and others)
