@@ -86,7 +86,9 @@ class LLVMCompiler(Compiler):
             raise CompileError(f"LLVM rejected generated IR: {e}\n--- source ---\n{src}") from None
         mod.triple = tm.triple
         mod.data_layout = str(tm.target_data)
-        passes = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=OPT_LEVEL))
+        tuning = llvm.create_pipeline_tuning_options(speed_level=OPT_LEVEL)
+        tuning.slp_vectorization = True  # as clang's -O2 and up: straight-line lanes into vectors, not only loops
+        passes = llvm.create_pass_builder(tm, tuning)
         passes.getModulePassManager().run(mod, passes)
         return tm.emit_object(mod)
 
