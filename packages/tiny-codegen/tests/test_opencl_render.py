@@ -17,7 +17,7 @@ from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower_kernel
 from tiny.codegen.opencl import OpenCLRenderer
-from tiny.codegen.opt import Kernel, Opt, OptOps
+from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from tiny.codegen.vectorize import vectorize
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
@@ -94,6 +94,17 @@ def test_caps_come_from_the_target_string() -> None:
 def test_bad_target_strings_are_refused(target: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         OpenCLRenderer(target)
+
+
+def test_workgroup_dims_stay_within_the_device_limits() -> None:
+    small = OpenCLRenderer("vector_width=4;local_max=8,8,2;local_total_max=256;shared_max=4096;features=")
+    k = Kernel(kernel_of(tensor(16, 16, 16) * 2.0), small.caps)
+    with pytest.raises(KernelOptError, match=r"workgroup dims \[16\] exceed the renderer's limits \[8, 8, 2\]"):
+        k.apply(Opt(OptOps.LOCAL, 2, 16))
+    k.apply(Opt(OptOps.LOCAL, 2, 4))
+    k.apply(Opt(OptOps.LOCAL, 1, 4))  # lidx0 now; the first moves to lidx1
+    with pytest.raises(KernelOptError, match=r"workgroup dims \[2, 4, 4\]"):
+        k.apply(Opt(OptOps.LOCAL, 0, 2))  # would put the first (4 threads) in lidx2, which holds 2
 
 
 # ---------------------------------------------------------------- the text

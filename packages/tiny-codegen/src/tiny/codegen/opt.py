@@ -205,7 +205,15 @@ class Kernel:
         total = math.prod(p.size for p in workgroup) * amt
         if len(workgroup) >= 3 or (self.caps.local_total_max and total > self.caps.local_total_max):
             raise KernelOptError(f"{opt}: a workgroup of {total} threads in {len(workgroup) + 1} dims is too big")
+        self._check_local_max(opt, amt)
         self._split(part, amt, Kind.LOCAL, top=False)
+
+    def _check_local_max(self, opt: Opt, amt: int) -> None:
+        """A new workgroup part of amt threads becomes lidx0 (the others move out by one): each dim within its limit."""
+        sizes = [amt] + [p.size for p in reversed(self.parts) if p.kind in (Kind.LOCAL, Kind.GROUP)]
+        limits = self.caps.local_max or ()
+        if any(size > limit for size, limit in zip(sizes, limits)):
+            raise KernelOptError(f"{opt}: workgroup dims {sizes} exceed the renderer's limits {list(limits)}")
 
     def _group(self, opt: Opt, part: Part) -> None:
         if not self.caps.has_shared:
@@ -222,6 +230,7 @@ class Kernel:
         threads = math.prod(p.size for p in self.of_kind(Kind.LOCAL)) * amt
         if self.caps.local_total_max and threads > self.caps.local_total_max:
             raise KernelOptError(f"{opt}: a workgroup of {threads} threads is too big")
+        self._check_local_max(opt, amt)
         itemsize = self.reductions[0].dtype.itemsize
         if threads * self.lanes() * itemsize > self.caps.shared_max:
             raise KernelOptError(f"{opt}: {threads * self.lanes() * itemsize} bytes of local memory is too much")
