@@ -22,13 +22,19 @@ class _Linearizer:
         self.topo = [u for u in sink.toposort if u.op is not Ops.SINK]
         self.order = {u: i for i, u in enumerate(self.topo)}
         self.reduces = [u for u in self.topo if u.op is Ops.REDUCE]
-        self.scope: dict[UOp, frozenset[UOp]] = {}
-        for u in self.topo:
-            if u.op is Ops.RANGE:
-                self.scope[u] = frozenset((u,))
-            else:
-                inner = frozenset().union(*(self.scope[s] for s in u.src))
-                self.scope[u] = inner - set(u.ranges) if u.op is Ops.REDUCE else inner
+        # the loops each node depends on. Reduces that share loops (the lanes of one reduction) are placed
+        # together: each takes the loops any of them depends on (a lane whose value folded to a constant must
+        # not pull the shared loops out of the output loops the other lanes need)
+        shared: dict[UOp, frozenset[UOp]] = {}
+        while True:
+            self.scope = self._scopes(shared)
+            grown = dict(shared)
+            for red in self.reduces:
+                for r in red.ranges:
+                    grown[r] = grown.get(r, frozenset()) | self.scope[red]
+            if grown == shared:
+                break
+            shared = grown
         self.parent: dict[UOp, Block] = {}
         self.depth: dict[Block, int] = {None: 0}
         owned = {r for red in self.reduces for r in red.ranges}
@@ -50,6 +56,18 @@ class _Linearizer:
         self.new: dict[UOp, UOp] = {}
         self.acc_ids = itertools.count()
         self.accs: dict[UOp, UOp] = {}
+
+    def _scopes(self, shared: dict[UOp, frozenset[UOp]]) -> dict[UOp, frozenset[UOp]]:
+        scope: dict[UOp, frozenset[UOp]] = {}
+        for u in self.topo:
+            if u.op is Ops.RANGE:
+                scope[u] = frozenset((u,))
+                continue
+            inner = frozenset().union(*(scope[s] for s in u.src))
+            if u.op is Ops.REDUCE:
+                inner = inner.union(*(shared.get(r, frozenset()) for r in u.ranges)) - set(u.ranges)
+            scope[u] = inner
+        return scope
 
     def _attach(self, r: UOp, parent: Block) -> UOp:
         self.parent[r] = parent

@@ -181,9 +181,10 @@ class PatternMatcher:
         return None
 
 
-def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None) -> UOp:
-    """Rewrite bottom-up until no rule applies anywhere: sources first, then the node, again and again."""
-    done: dict[UOp, UOp] = {}
+def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, memo: dict[UOp, UOp] | None = None) -> UOp:
+    """Rewrite bottom-up until no rule applies anywhere: sources first, then the node, again and again.
+    memo, when given, is filled with what each node of the graph became."""
+    done: dict[UOp, UOp] = {} if memo is None else memo
     # stack entries: (node, stage, rewritten form); stage 0 = visit sources, 1 = rewrite, 2 = adopt result
     stack: list[tuple[UOp, int, UOp | None]] = [(root, 0, None)]
     while stack:

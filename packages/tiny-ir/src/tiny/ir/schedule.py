@@ -315,9 +315,11 @@ def _as_data_view(u: UOp) -> UOp:
 
 def create_schedule(targets: list[UOp]) -> Schedule:
     """Schedule the kernels and copies that realize `targets` (tensor-level nodes), in execution order."""
-    viewed = graph_rewrite(UOp(Ops.SINK, src=tuple(_as_data_view(t) for t in targets)), data_views)
-    split = graph_rewrite(viewed, split_reductions)  # big reductions into few outputs
-    lifted = graph_rewrite(split, lift_reshapes, ctx={})  # reshapes of reductions rise to the kernel's output
+    given = UOp(Ops.SINK, src=tuple(_as_data_view(t) for t in targets))
+    memos: list[dict[UOp, UOp]] = [{}, {}, {}]
+    viewed = graph_rewrite(given, data_views, memo=memos[0])  # data-only devices' values become buffer views
+    split = graph_rewrite(viewed, split_reductions, memo=memos[1])  # big reductions into few outputs
+    lifted = graph_rewrite(split, lift_reshapes, ctx={}, memo=memos[2])  # reshapes of reductions rise to the root
     sink = lifted
     forced: set[UOp] = set()
     while True:
@@ -328,11 +330,26 @@ def create_schedule(targets: list[UOp]) -> Schedule:
             break
         except _Unexpressible as e:
             forced.add(e.node)
-    becomes = {u: u.target if u.op is Ops.ASSIGN else _buffer_view(buffers[u], u.shape) for u in realize}
+    # each realized node under the names it had before the rewrites: tensors hold those, and gradients expand a
+    # buffer back into the graph it came from
+    originals: dict[UOp, list[UOp]] = {}
+    for node in given.toposort:
+        final = memos[0][node]
+        for memo in memos[1:]:  # (a node a rewrite cut out of the graph is not in the later passes' memos)
+            final = memo.get(final, final)
+        if final in realize:
+            originals.setdefault(final, []).append(node)
+    becomes: dict[UOp, UOp] = {}
+    for u in realize:
+        view = u.target if u.op is Ops.ASSIGN else _buffer_view(buffers[u], u.shape)
+        for name in originals.get(u, [u]):
+            becomes[name] = view
     renamed: dict[UOp, UOp] = {}
     for original, rewritten in zip(targets, sink.src):
+        if original in becomes:
+            continue
         if rewritten in becomes:  # the caller's node, not the rewritten one, is what its tensors hold
-            becomes[original] = becomes.pop(rewritten) if rewritten is not original else becomes[rewritten]
+            becomes[original] = becomes.pop(rewritten)
         elif rewritten is not original and is_realized(rewritten):  # the rewrite alone made it a view of memory
             renamed[original] = rewritten
     return Schedule(items, becomes, renamed)

@@ -6,9 +6,9 @@ import contextlib
 import weakref
 from typing import TYPE_CHECKING
 
-from tiny.ir.uop import Ops, UOp, substitute
+from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
-from tiny.tensor.gradient import compute_gradient
+from tiny.tensor.gradient import compute_gradient, substitute_keeping_rules
 
 if TYPE_CHECKING:
     from tiny.tensor.tensor import Tensor
@@ -122,7 +122,7 @@ def _through_realized(root: UOp, keep: set[UOp]) -> UOp:
         if not swap:
             return root
         expanded.update(swap)
-        root = substitute(root, swap)
+        root = substitute_keeping_rules(root, swap)
 
 
 def record_origins(becomes: dict[UOp, UOp]) -> None:

@@ -9,6 +9,7 @@ so forward and backward schedule and fuse together.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 
 from tiny.ir.dtypes import dtypes, truncate
@@ -174,8 +175,37 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
 NO_GRADIENT = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.BITCAST})
 
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> list[UOp | None]:
-    """d(root)/d(target) for each target, with root's gradient root_grad; None where root does not depend on it."""
+# a composite op's own derivative (a convolution's input gradient is a transposed convolution, not the window
+# gradient its primitives would give): node -> (its inputs, rule from the node's gradient to one per input)
+CompositeRule = Callable[[UOp, tuple[bool, ...]], Grads]
+COMPOSITE: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], CompositeRule]] = weakref.WeakKeyDictionary()
+
+
+def set_composite_rule(node: UOp, inputs: tuple[UOp, ...], rule: CompositeRule) -> None:
+    """Give `node`, built from `inputs` by primitives, a derivative of its own: rule(grad of node, which inputs
+    need one) gives one gradient per input (None where none is needed). Gradients skip the primitives between."""
+    COMPOSITE[node] = (inputs, rule)
+
+
+def substitute_keeping_rules(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """Replace nodes by the mapping, rebuilding everything above them; a rebuilt node keeps its composite rule
+    (with its inputs replaced the same way)."""
+    done: dict[UOp, UOp] = {}
+    for u in root.toposort:
+        if u in mapping:
+            done[u] = mapping[u]
+            continue
+        src = tuple(done[s] for s in u.src)
+        done[u] = u if src == u.src else u.replace(src=src)
+        if done[u] is not u and (composite := COMPOSITE.get(u)) is not None:
+            inputs, rule = composite
+            COMPOSITE[done[u]] = (tuple(done[i] for i in inputs), rule)
+    return done[root]
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp], primitive_root: bool = False) -> list[UOp | None]:
+    """d(root)/d(target) for each target, with root's gradient root_grad; None where root does not depend on it.
+    primitive_root: derive root through its primitives even where it has a composite rule (the rule's own use)."""
     topo = root.toposort
     wanted = set(targets)
     on_path: set[UOp] = set()
@@ -187,9 +217,15 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> list[UOp 
         g = grads.get(node)
         if g is None or node.op in NO_GRADIENT or node.op is Ops.DETACH or not any(s in on_path for s in node.src):
             continue
-        if node.op not in RULES:
+        composite = None if (primitive_root and node is root) else COMPOSITE.get(node)
+        if composite is not None:
+            srcs = composite[0]
+            grads_of = composite[1](g, tuple(s in on_path for s in srcs))
+        elif node.op in RULES:
+            srcs, grads_of = node.src, RULES[node.op](node, g)
+        else:
             raise NotImplementedError(f"no gradient rule for {node.op.name}")
-        for s, sg in zip(node.src, RULES[node.op](node, g)):
+        for s, sg in zip(srcs, grads_of):
             if sg is not None and s in on_path:
                 grads[s] = _alu(Ops.ADD, grads[s], sg) if s in grads else sg
     return [grads.get(t) for t in targets]

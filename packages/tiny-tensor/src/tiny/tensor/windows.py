@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tiny.ir.dtypes import dtypes
+from tiny.ir.schedule import is_realized
+from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
+from tiny.tensor.gradient import Grads, compute_gradient, set_composite_rule
 
 if TYPE_CHECKING:
     from tiny.tensor.tensor import Tensor
@@ -115,17 +118,41 @@ class WindowOps(TensorBase):
                 f"{name}(): kernel {tuple(kernel)} with dilation {dils} does not fit input {tuple(spatial)} padded by "
                 f"{pads}: output size would be {tuple(out)}"
             )
+        given_pads = pads
         if any(lo > 0 or hi > 0 for lo, hi in pads):
             # zeros written around the input once: the convolution then reads it without a mask per load,
             # in whole vectors (a copy of the input costs far less than a gate on each of k*k reads)
             grown = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
             x = x.pad([(0, 0), (0, 0), *grown]).contiguous()
             pads = [(lo - g, hi - h) for (lo, hi), (g, h) in zip(pads, grown)]
+        x = _in_memory(x)
         starts = [[k * d - lo for k in range(ks)] for ks, d, (lo, _) in zip(kernel, dils, pads)]
         win = _windows(x, starts, strides, out)  # (N, C, *out, *kernel)
         win = win.reshape(n, groups, 1, c // groups, *out, *kernel)
         w = weight.reshape(1, groups, cout // groups, cin_g, *([1] * nd), *kernel)
         y = (win * w).sum(axis=(3, *range(4 + nd, 4 + 2 * nd)), keepdim=True).reshape(n, cout, *out)
+
+        node, x_node, w_node, tensor = y.uop, self.uop, weight.uop, type(self)  # (tensors' uops change on realize)
+
+        def conv_grads(g: UOp, needed: tuple[bool, ...]) -> Grads:
+            """The input's gradient is a transposed convolution of g (not the window gradient the primitives give,
+            a buffer kernel-size times the input); the weight's comes through the primitives."""
+            gm = _in_memory(tensor(g))  # both gradients read each element of g many times
+            dx = None
+            if needed[0]:
+                if all(st == 1 for st in strides):  # a plain convolution of g, zero-padded, with the flipped weight
+                    flipped = _transposed_weight(tensor(w_node), groups).flip(tuple(range(2, 2 + nd)))
+                    reach = [d * (k - 1) for d, k in zip(dils, kernel)]
+                    full = gm._conv(flipped, None, 1, reach, dils, groups, nd, name)
+                else:
+                    full = gm._conv_transpose(tensor(w_node), None, strides, 0, 0, groups, dils, nd, name)
+                for j, (size, (lo, _)) in enumerate(zip(spatial, given_pads)):
+                    full = _take(full, 2 + j, lo, size)  # full[.., i, ..] is padded position i: the input starts at lo
+                dx = full.uop if batched else full.reshape(x_node.shape).uop
+            dw = compute_gradient(node, gm.uop, [w_node], primitive_root=True)[0] if needed[1] else None
+            return (dx, dw)
+
+        set_composite_rule(node, (x_node, w_node), conv_grads)
         if bias is not None:
             y = y + bias.reshape(1, cout, *([1] * nd))
         return y if batched else y.reshape(y.shape[1:])
@@ -211,6 +238,7 @@ class WindowOps(TensorBase):
         # output position o = q*stride + r. Input i with kernel offset k lands on o = i*stride + k*dilation - pad,
         # so with k*dilation - pad = a*stride + b it is phase r = b, row q = i + a: a shifted view of x per phase.
         rows = [-(-o // st) for o, st in zip(out, strides)]
+        x = _in_memory(x)
         terms = []
         for ks in itertools.product(*(range(k) for k in kernel)):
             shifts = [divmod(k * d - p, st) for k, d, p, st in zip(ks, dils, pads, strides)]
@@ -230,6 +258,20 @@ class WindowOps(TensorBase):
         y = y.reshape(n, cout, *(q * st for q, st in zip(rows, strides)))
         if list(y.shape[2:]) != out:  # the last row of phases runs past the output (a shrink: one more kernel)
             y = y.shrink([None, None, *((0, o) for o in out)])
+
+        node, x_node, w_node, tensor = y.uop, self.uop, weight.uop, type(self)  # (tensors' uops change on realize)
+
+        def conv_transpose_grads(g: UOp, needed: tuple[bool, ...]) -> Grads:
+            """The input's gradient is a convolution of g with the same weight; the weight's, the primitives'."""
+            gm = _in_memory(tensor(g))  # both gradients read each element of g many times
+            dx = None
+            if needed[0]:
+                conv = gm._conv(tensor(w_node), None, strides, pads, dils, groups, nd, name)
+                dx = conv.uop if batched else conv.reshape(x_node.shape).uop
+            dw = compute_gradient(node, gm.uop, [w_node], primitive_root=True)[0] if needed[1] else None
+            return (dx, dw)
+
+        set_composite_rule(node, (x_node, w_node), conv_transpose_grads)
         if bias is not None:
             y = y + bias.reshape(1, cout, *([1] * nd))
         return y if batched else y.reshape(y.shape[1:])
@@ -580,6 +622,28 @@ def _split_region(size: int, starts: Sequence[int], stride: int, out: int) -> tu
         if first + rows * stride <= size:
             return first, rows
     return None
+
+
+def _transposed_weight(w: Tensor, groups: int) -> Tensor:
+    """A convolution's weight (C_out, C_in/groups, *k) as the weight of its transpose (C_in, C_out/groups, *k)."""
+    cout, cin_g, *kernel = w.shape
+    w = w.reshape(groups, cout // groups, cin_g, *kernel).transpose(1, 2)
+    return w.reshape(groups * cin_g, cout // groups, *kernel)
+
+
+def _in_memory(x: Tensor) -> Tensor:
+    """x as a buffer: a convolution reads each input element kernel-size times output-channels times, so an input
+    still to be computed (a gradient's elementwise chain, an activation) is written once rather than recomputed."""
+    return x if is_realized(x.uop) or x.uop.op is Ops.CONTIGUOUS else x.contiguous()
+
+
+def _take(t: Tensor, dim: int, start: int, size: int) -> Tensor:
+    """t[start : start + size] along dim, reading 0 where that runs outside t (a shrink and a pad: views)."""
+    full = t.shape[dim]
+    a, b = min(max(start, 0), full), max(min(start + size, full), 0)
+    if b <= a:
+        return t.shrink(_along(t.ndim, dim, (0, 0))).pad(_along(t.ndim, dim, (0, size), (0, 0)))
+    return t.shrink(_along(t.ndim, dim, (a, b))).pad(_along(t.ndim, dim, (a - start, start + size - b), (0, 0)))
 
 
 def _tree_sum(terms: list[Tensor]) -> Tensor:

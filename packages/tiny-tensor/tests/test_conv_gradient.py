@@ -1,0 +1,96 @@
+"""A convolution's input gradient is a convolution too (of the gradient, with the flipped weight), never the
+window gradient of its primitives: a buffer kernel-size times the input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tiny.tensor import Tensor
+
+
+def _rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _largest_buffer(t: Tensor) -> int:
+    return max(b.size for item in t.schedule() for b in item.buffers)
+
+
+CASES = [
+    dict(),
+    dict(padding=2),
+    dict(padding="same", dilation=2),
+    dict(stride=2, padding=1),
+    dict(stride=(2, 1), dilation=(1, 2), groups=2),
+]
+
+
+@pytest.mark.parametrize("kw", CASES, ids=str)
+def test_input_gradient_is_a_convolution(device: str, kw: dict) -> None:
+    xs, ws = (2, 4, 9, 8), (6, 4 // kw.get("groups", 1), 3, 3)
+    x = Tensor(_rand(*xs), device=device, requires_grad=True)
+    w = Tensor(_rand(*ws, seed=1), device=device, requires_grad=True)
+    y = x.conv2d(w, **kw)
+    g = Tensor(_rand(*y.shape, seed=2), device=device)
+    dx, dw = y.gradient(x, w, gradient=g)
+    assert _largest_buffer(dx) < 9 * x.numel()  # no (N, C, OH, OW, 3, 3) window gradient
+    tx, tw = torch.tensor(_rand(*xs), requires_grad=True), torch.tensor(_rand(*ws, seed=1), requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tw, **kw)
+    ty.backward(torch.tensor(_rand(*y.shape, seed=2)))
+    np.testing.assert_allclose(dx.numpy(), tx.grad.numpy(), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(dw.numpy(), tw.grad.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_the_rule_survives_a_realize_in_the_middle(device: str) -> None:
+    """Batch norm's running statistics realize the forward half-way; the gradient still takes the rule."""
+    x = Tensor(_rand(2, 3, 10, 10), device=device, requires_grad=True)
+    w1 = Tensor(_rand(4, 3, 3, 3, seed=1), device=device, requires_grad=True)
+    w2 = Tensor(_rand(5, 4, 3, 3, seed=2), device=device, requires_grad=True)
+    h = x.conv2d(w1).relu()
+    h.mean().realize()  # a reader of h computed now: h's reduction becomes a buffer
+    h.realize()
+    loss = h.conv2d(w2).square().sum()
+    dx, dw1 = loss.gradient(x, w1)
+    assert _largest_buffer(dx) < 9 * 4 * 8 * 8 * 2
+    tx = torch.tensor(_rand(2, 3, 10, 10), requires_grad=True)
+    tw1 = torch.tensor(_rand(4, 3, 3, 3, seed=1), requires_grad=True)
+    tw2 = torch.tensor(_rand(5, 4, 3, 3, seed=2))
+    torch.nn.functional.conv2d(torch.nn.functional.conv2d(tx, tw1).relu(), tw2).square().sum().backward()
+    np.testing.assert_allclose(dx.numpy(), tx.grad.numpy(), atol=1e-3, rtol=1e-4)
+    np.testing.assert_allclose(dw1.numpy(), tw1.grad.numpy(), atol=1e-3, rtol=1e-4)
+
+
+def test_transposed_convolution_gradients(device: str) -> None:
+    x = Tensor(_rand(2, 4, 5, 6), device=device, requires_grad=True)
+    w = Tensor(_rand(4, 3, 3, 3, seed=1), device=device, requires_grad=True)
+    y = x.conv_transpose2d(w, stride=2, padding=1, output_padding=1)
+    dx, dw = y.square().sum().gradient(x, w)
+    assert _largest_buffer(dx) < 9 * y.numel()
+    tx = torch.tensor(_rand(2, 4, 5, 6), requires_grad=True)
+    tw = torch.tensor(_rand(4, 3, 3, 3, seed=1), requires_grad=True)
+    torch.nn.functional.conv_transpose2d(tx, tw, stride=2, padding=1, output_padding=1).square().sum().backward()
+    np.testing.assert_allclose(dx.numpy(), tx.grad.numpy(), atol=1e-3, rtol=1e-4)
+    np.testing.assert_allclose(dw.numpy(), tw.grad.numpy(), atol=1e-3, rtol=1e-4)
+
+
+def test_second_derivative_through_the_rule(device: str) -> None:
+    x = Tensor(_rand(1, 2, 6, 6), device=device, requires_grad=True)
+    w = Tensor(_rand(3, 2, 3, 3, seed=1), device=device, requires_grad=True)
+    (dx,) = x.conv2d(w, padding=1).square().sum().gradient(x)
+    (dw,) = dx.square().sum().gradient(w)
+    tx = torch.tensor(_rand(1, 2, 6, 6), requires_grad=True)
+    tw = torch.tensor(_rand(3, 2, 3, 3, seed=1), requires_grad=True)
+    (tdx,) = torch.autograd.grad(torch.nn.functional.conv2d(tx, tw, padding=1).square().sum(), tx, create_graph=True)
+    tdx.square().sum().backward()
+    np.testing.assert_allclose(dw.numpy(), tw.grad.numpy(), atol=1e-2, rtol=1e-3)
+
+
+def test_transposed_convolution_whose_lanes_fold_to_constants(device: str) -> None:
+    """Stride-2 phases written out as lanes: some lanes' sums fold to 0, and must still share the loops of the
+    others (the linearizer once pulled the shared loops out of the output loops)."""
+    g, w = _rand(2, 6, 5, 4), _rand(6, 4, 3, 3, seed=1)
+    y = Tensor(g, device=device).conv_transpose2d(Tensor(w, device=device), stride=2)
+    want = torch.nn.functional.conv_transpose2d(torch.tensor(g), torch.tensor(w), stride=2)
+    np.testing.assert_allclose(y.numpy(), want.numpy(), atol=1e-4, rtol=1e-4)
