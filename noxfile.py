@@ -216,18 +216,23 @@ def llvm(session: nox.Session) -> None:
 
 
 # the tiny-tensor tests the webgpu session runs by default: every op and dtype against NumPy and PyTorch, reductions,
-# autograd, fusion, the JIT and a BEAM search (workgroups, local memory, timing), in about five minutes on lavapipe;
-# the convolution, nn and training tests (which take most of the whole suite's quarter of an hour there) run with --full
+# convolutions and pooling, indexing, in-place updates, autograd, fusion, the JIT, random optimization actions and
+# a BEAM search (workgroups, local memory, timing); the nn layers (LSTMs), MNIST training and the benchmark suite,
+# which take most of the rest of the time, run with --full
 WEBGPU_SUBSET = [
     "test_ops.py",
     "test_elementwise_torch.py",
     "test_reduce_torch.py",
+    "test_functional_torch.py",
+    "test_indexing_torch.py",
+    "test_inplace.py",
     "test_tensor_basics.py",
     "test_errors.py",
     "test_creation.py",
     "test_fusion.py",
     "test_autograd.py",
     "test_jit.py",
+    "test_opt_fuzz.py",
     "test_beam_search.py",
 ]
 WEBGPU_PROBE = """
@@ -243,9 +248,10 @@ except Exception as e:
 def webgpu(session: nox.Session) -> None:
     """WEBGPU (WGSL through wgpu-native, which comes from PyPI through the [webgpu] extra; tested on Mesa's lavapipe,
     apt install mesa-vulkan-drivers): the WGSL renderer's and the runtime's tests, then tiny-tensor's tests with
-    DEVICE=WEBGPU. lavapipe builds each new pipeline slowly and runs kernels on the CPU, so the whole tensor suite
-    takes about three times the subset; by default it runs WEBGPU_SUBSET, and `nox -s webgpu -- --full` runs all of
-    it. Skips, saying why, where no adapter is found."""
+    DEVICE=WEBGPU. lavapipe runs kernels on the CPU and the nn layers' LSTM and convolution tests are slow there: on a
+    2-core machine the whole tensor suite took 6 to 11 minutes (by the load), WEBGPU_SUBSET a minute and a half. By
+    default it runs WEBGPU_SUBSET, and `nox -s webgpu -- --full` runs all of it. Skips, saying why, where no adapter
+    is found."""
     wgpu = LOCAL["tiny-runtime-misc"]["optional-dependencies"]["webgpu"]  # an extra of a local dependency
     _install_local(session, "tiny-tensor", tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"], *wgpu))
     probe = session.run("python", "-c", WEBGPU_PROBE, silent=True)
