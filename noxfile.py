@@ -249,7 +249,7 @@ def webgpu(session: nox.Session) -> None:
     """WEBGPU (WGSL through wgpu-native, which comes from PyPI through the [webgpu] extra; tested on Mesa's lavapipe,
     apt install mesa-vulkan-drivers): the WGSL renderer's and the runtime's tests, then tiny-tensor's tests with
     DEVICE=WEBGPU. lavapipe runs kernels on the CPU and the nn layers' LSTM and convolution tests are slow there: on a
-    2-core machine the whole tensor suite took 6 to 11 minutes (by the load), WEBGPU_SUBSET a minute and a half. By
+    2-core machine the whole tensor suite took 5 to 11 minutes (by the load), WEBGPU_SUBSET a minute and a half. By
     default it runs WEBGPU_SUBSET, and `nox -s webgpu -- --full` runs all of it. Skips, saying why, where no adapter
     is found."""
     wgpu = LOCAL["tiny-runtime-misc"]["optional-dependencies"]["webgpu"]  # an extra of a local dependency
