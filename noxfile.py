@@ -201,15 +201,17 @@ LLVM_SUBSET = [
 
 @nox.session
 def llvm(session: nox.Session) -> None:
-    """CPU:LLVM (LLVM IR compiled in-process by llvmlite, which comes from PyPI through the [llvm] extra): the runtime's
-    tests, then tiny-tensor's tests with DEVICE=CPU:LLVM. The whole tensor suite takes about 16 minutes on a busy
-    2-core machine (6 of CPU), a quarter of it the MNIST job; by default the session runs LLVM_SUBSET (about 5
-    minutes there), and `nox -s llvm -- --full` runs all of it."""
+    """CPU:LLVM (LLVM IR compiled in-process by llvmlite, which comes from PyPI through the [llvm] extra): the LLVM
+    IR renderer's and the runtime's tests, then tiny-tensor's tests with DEVICE=CPU:LLVM. The whole tensor suite takes
+    about 16 minutes on a busy 2-core machine (6 of CPU), a quarter of it the MNIST job; by default the session runs
+    LLVM_SUBSET (about 5 minutes there), and `nox -s llvm -- --full` runs all of it."""
     llvmlite = LOCAL["tiny-runtime-misc"]["optional-dependencies"]["llvm"]  # an extra of a local dependency
     _install_local(session, "tiny-tensor", tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"], *llvmlite))
     session.env["DEVICE"] = "CPU:LLVM"  # the tensor tests' `device` fixture runs them on CPU:LLVM alone
     args = [a for a in session.posargs if a != "--full"]
-    session.run("pytest", str(PACKAGES / "tiny-runtime-misc" / "tests" / "test_cpu_llvm.py"), *args)
+    renderer_tests = PACKAGES / "tiny-codegen" / "tests" / "test_llvmir_render.py"  # (skipped without llvmlite)
+    runtime_tests = PACKAGES / "tiny-runtime-misc" / "tests" / "test_cpu_llvm.py"
+    session.run("pytest", str(renderer_tests), str(runtime_tests), *args)
     tests = PACKAGES / "tiny-tensor" / "tests"
     paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in LLVM_SUBSET]
     session.run("pytest", *paths, *args)

@@ -67,9 +67,9 @@ def validate(src: str) -> None:
 
 def run_wgsl(name: str, src: str, buffers: list[np.ndarray], grid: tuple[int, int, int]) -> None:
     """Run a shader on flat NumPy arrays (copied back into them); buffers are bound in order."""
+    dev = need_gpu()  # skips where wgpu is not installed, before importing it
     import wgpu
 
-    dev = need_gpu()
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
     bufs = []
     for a in buffers:
