@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from tiny import nn
 from tiny.tensor import Tensor
 
 
@@ -94,3 +95,22 @@ def test_transposed_convolution_whose_lanes_fold_to_constants(device: str) -> No
     y = Tensor(g, device=device).conv_transpose2d(Tensor(w, device=device), stride=2)
     want = torch.nn.functional.conv_transpose2d(torch.tensor(g), torch.tensor(w), stride=2)
     np.testing.assert_allclose(y.numpy(), want.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_gradients_through_batch_norm_statistics_realized_in_training(device: str) -> None:
+    """Batch norm's running statistics realize the convolution, the mean and then the variance (built on the
+    realized convolution) half-way through the forward; every buffer must expand back into the graph that made
+    it wherever it appears, or the gradient stops at the variance's copy of the convolution."""
+
+    x, w1, w2, seed = _rand(2, 3, 8, 8), _rand(4, 3, 3, 3, seed=1), _rand(5, 4, 3, 3, seed=2), _rand(2, 5, 4, 4, seed=3)
+    bn = nn.BatchNorm2d(5, device=device)
+    t1, t2 = Tensor(w1, device=device, requires_grad=True), Tensor(w2, device=device, requires_grad=True)
+    with Tensor.train():
+        (bn(Tensor(x, device=device).conv2d(t1).relu().conv2d(t2)) * Tensor(seed, device=device)).sum().backward()
+    r1, r2 = torch.tensor(w1, requires_grad=True), torch.tensor(w2, requires_grad=True)
+    tbn = torch.nn.BatchNorm2d(5).train()
+    conv = torch.nn.functional.conv2d
+    (tbn(conv(conv(torch.tensor(x), r1).relu(), r2)) * torch.tensor(seed)).sum().backward()
+    np.testing.assert_allclose(t2.grad.numpy(), r2.grad.numpy(), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(t1.grad.numpy(), r1.grad.numpy(), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(bn.running_var.numpy(), tbn.running_var.numpy(), atol=1e-5, rtol=1e-5)

@@ -115,14 +115,19 @@ class AutogradOps(TensorBase):
 
 
 def _through_realized(root: UOp, keep: set[UOp]) -> UOp:
-    """root with every buffer that realize() made replaced by the graph that computed it (but the targets)."""
-    expanded: set[UOp] = set()
-    while True:  # each buffer is expanded once: an origin never leads back to its own buffer
-        swap = {u: ORIGINS[u] for u in root.toposort if u in ORIGINS and u not in keep and u not in expanded}
-        if not swap:
-            return root
-        expanded.update(swap)
-        root = substitute_keeping_rules(root, swap)
+    """root with every buffer that realize() made replaced by the graph that computed it (but the targets), and the
+    buffers in those graphs likewise: each buffer's graph is expanded once and used wherever the buffer appears. A
+    buffer met again inside its own graph (a write that read what it overwrote) stays a buffer there."""
+    full: dict[UOp, UOp] = {}
+
+    def expand(graph: UOp, inside: tuple[UOp, ...]) -> UOp:
+        views = [u for u in graph.toposort if u in ORIGINS and u not in keep and u not in inside]
+        for v in views:
+            if v not in full:
+                full[v] = expand(ORIGINS[v], (*inside, v))
+        return substitute_keeping_rules(graph, {v: full[v] for v in views}) if views else graph
+
+    return expand(root, ())
 
 
 def record_origins(becomes: dict[UOp, UOp]) -> None:
