@@ -313,14 +313,16 @@ def _as_data_view(u: UOp) -> UOp:
     return u if is_realized(u) or u.op is Ops.COPY or device_computes(u.device) else data_view(u)
 
 
+prepare = data_views + split_reductions
+
+
 def create_schedule(targets: list[UOp]) -> Schedule:
     """Schedule the kernels and copies that realize `targets` (tensor-level nodes), in execution order."""
     given = UOp(Ops.SINK, src=tuple(_as_data_view(t) for t in targets))
-    memos: list[dict[UOp, UOp]] = [{}, {}, {}]
-    viewed = graph_rewrite(given, data_views, memo=memos[0])  # data-only devices' values become buffer views
-    split = graph_rewrite(viewed, split_reductions, memo=memos[1])  # big reductions into few outputs
-    lifted = graph_rewrite(split, lift_reshapes, ctx={}, memo=memos[2])  # reshapes of reductions rise to the root
-    sink = lifted
+    memos: list[dict[UOp, UOp]] = [{}, {}]
+    # values on data-only devices become buffer views; big reductions into few outputs split in two
+    prepared = graph_rewrite(given, prepare, memo=memos[0])
+    sink = graph_rewrite(prepared, lift_reshapes, ctx={}, memo=memos[1])  # reshapes of reductions rise to the root
     forced: set[UOp] = set()
     while True:
         realize = _realize_set(sink, forced)

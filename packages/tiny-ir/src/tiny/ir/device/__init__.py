@@ -328,6 +328,8 @@ class _Registry:
         return str(parsed)
 
     def __getitem__(self, name: str) -> Compiled:
+        if (opened := self._open.get(name)) is not None:  # a canonical name, as buffers and tensors hold
+            return opened
         canon = self.canonicalize(name)
         if canon not in self._open:
             if _file_path(canon) is not None:
