@@ -145,6 +145,17 @@ def tensor(session: nox.Session) -> None:
     _pytest(session, "tiny-tensor")
 
 
+def _device_suite(session: nox.Session, device: str, own_tests: list[Path], subset: list[str]) -> None:
+    """A device's own tests, then tiny-tensor's with DEVICE=device (its `device` fixture then runs them there alone):
+    the files in `subset` by default, all of them with `nox -s NAME -- --full`."""
+    session.env["DEVICE"] = device
+    args = [a for a in session.posargs if a != "--full"]
+    session.run("pytest", *map(str, own_tests), *args)
+    tests = PACKAGES / "tiny-tensor" / "tests"
+    paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in subset]
+    session.run("pytest", *paths, *args)
+
+
 # the tiny-tensor tests the cl session runs by default: elementwise ops, reductions, matmuls, movement, fusion,
 # creation, every dtype the device has and the dtype errors where it lacks one (float16 on PoCL), ~200 tests in
 # about 5 minutes from cold caches on a 2-core machine; the whole suite (~1300 tests) takes over an hour there
@@ -176,12 +187,7 @@ def cl(session: nox.Session) -> None:
     probe = session.run("python", "-c", CL_PROBE, silent=True)
     if probe is not None and "CL ok:" not in probe:
         session.skip(f"no OpenCL device opens here: {probe.strip()}")
-    session.env["DEVICE"] = "CL"  # the tensor tests' `device` fixture runs them on CL alone
-    args = [a for a in session.posargs if a != "--full"]
-    session.run("pytest", str(PACKAGES / "tiny-runtime-misc" / "tests" / "test_cl_device.py"), *args)
-    tests = PACKAGES / "tiny-tensor" / "tests"
-    paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in CL_SUBSET]
-    session.run("pytest", *paths, *args)
+    _device_suite(session, "CL", [PACKAGES / "tiny-runtime-misc" / "tests" / "test_cl_device.py"], CL_SUBSET)
 
 
 # the tiny-tensor tests CPU:LLVM runs by default: every op and dtype against NumPy and PyTorch (convolutions and pooling
@@ -207,14 +213,11 @@ def llvm(session: nox.Session) -> None:
     LLVM_SUBSET (about 5 minutes there), and `nox -s llvm -- --full` runs all of it."""
     llvmlite = LOCAL["tiny-runtime-misc"]["optional-dependencies"]["llvm"]  # an extra of a local dependency
     _install_local(session, "tiny-tensor", tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"], *llvmlite))
-    session.env["DEVICE"] = "CPU:LLVM"  # the tensor tests' `device` fixture runs them on CPU:LLVM alone
-    args = [a for a in session.posargs if a != "--full"]
-    renderer_tests = PACKAGES / "tiny-codegen" / "tests" / "test_llvmir_render.py"  # (skipped without llvmlite)
-    runtime_tests = PACKAGES / "tiny-runtime-misc" / "tests" / "test_cpu_llvm.py"
-    session.run("pytest", str(renderer_tests), str(runtime_tests), *args)
-    tests = PACKAGES / "tiny-tensor" / "tests"
-    paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in LLVM_SUBSET]
-    session.run("pytest", *paths, *args)
+    own = [
+        PACKAGES / "tiny-codegen" / "tests" / "test_llvmir_render.py",
+        PACKAGES / "tiny-runtime-misc" / "tests" / "test_cpu_llvm.py",
+    ]
+    _device_suite(session, "CPU:LLVM", own, LLVM_SUBSET)
 
 
 # the tiny-tensor tests the webgpu session runs by default: every op and dtype against NumPy and PyTorch, reductions,
@@ -259,14 +262,11 @@ def webgpu(session: nox.Session) -> None:
     probe = session.run("python", "-c", WEBGPU_PROBE, silent=True)
     if probe is not None and "WEBGPU ok:" not in probe:
         session.skip(f"no WebGPU adapter here: {probe.strip()}")
-    session.env["DEVICE"] = "WEBGPU"  # the tensor tests' `device` fixture runs them on WEBGPU alone
-    args = [a for a in session.posargs if a != "--full"]
-    renderer_tests = str(PACKAGES / "tiny-codegen" / "tests" / "test_wgsl_render.py")
-    session.run("pytest", str(PACKAGES / "tiny-runtime-misc" / "tests" / "test_webgpu_device.py"), *args)
-    session.run("pytest", renderer_tests, *args)
-    tests = PACKAGES / "tiny-tensor" / "tests"
-    paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in WEBGPU_SUBSET]
-    session.run("pytest", *paths, *args)
+    own = [
+        PACKAGES / "tiny-runtime-misc" / "tests" / "test_webgpu_device.py",
+        PACKAGES / "tiny-codegen" / "tests" / "test_wgsl_render.py",
+    ]
+    _device_suite(session, "WEBGPU", own, WEBGPU_SUBSET)
 
 
 @nox.session

@@ -22,8 +22,8 @@ WGSL has 32-bit integers and floats, f16 behind an extension, and nothing else, 
   (log2, sin, sqrt, trunc), whose results at infinities and NaN the driver decides.
 
 A grid with more workgroups in some dimension than the adapter allows (`max_workgroups`) is launched folded
-into up to three dimensions; the shader unfolds its workgroup number again (the WebGPU runtime folds the same
-way: `fold_grid`).
+into up to three dimensions; the shader unfolds its workgroup number again (the WebGPU runtime folds it with
+`tiny.ir.device.fold_grid`).
 """
 
 from __future__ import annotations
@@ -106,19 +106,6 @@ def parse_target(target: str) -> dict[str, str]:
         key, _, value = part.partition("=")
         out[key.strip()] = value.strip()
     return out
-
-
-def fold_grid(global_size: tuple[int, int, int], max_workgroups: int) -> tuple[int, int, int] | None:
-    """The folded launch of a grid with a dimension over max_workgroups (None: launch it as it is)."""
-    if max(global_size) <= max_workgroups:
-        return None
-    total = math.prod(global_size)
-    x = min(total, max_workgroups)
-    y = min(-(-total // x), max_workgroups)
-    z = -(-total // (x * y))
-    if z > max_workgroups:
-        raise ValueError(f"a grid of {global_size} workgroups is more than WebGPU can launch ({max_workgroups}**3)")
-    return (x, y, z)
 
 
 def _storage_type(dt: DType, written: bool) -> str:

@@ -9,7 +9,6 @@ per buffer argument, read-only where the shader only reads it, and one more for 
 from __future__ import annotations
 
 import functools
-import math
 import os
 import re
 import struct
@@ -25,6 +24,7 @@ from tiny.ir.device import (
     DeviceUnavailable,
     LRUAllocator,
     Program,
+    fold_grid,
 )
 
 _BINDING = re.compile(r"@group\(0\) @binding\((\d+)\) var<storage, (read|read_write)>")
@@ -32,20 +32,6 @@ _BINDING = re.compile(r"@group\(0\) @binding\((\d+)\) var<storage, (read|read_wr
 
 def _round_up(n: int) -> int:
     return max(4, (n + 3) // 4 * 4)
-
-
-def fold_grid(global_size: tuple[int, int, int], max_workgroups: int) -> tuple[int, int, int]:
-    """The workgroup counts to dispatch: the grid itself, or, where a dimension is over the adapter's limit,
-    the grid folded into up to three dimensions, as the WGSL renderer unfolds it (tiny.codegen.wgsl.fold_grid)."""
-    if max(global_size) <= max_workgroups:
-        return global_size
-    total = math.prod(global_size)
-    x = min(total, max_workgroups)
-    y = min(-(-total // x), max_workgroups)
-    z = -(-total // (x * y))
-    if z > max_workgroups:
-        raise ValueError(f"a grid of {global_size} workgroups is more than WebGPU can launch ({max_workgroups}**3)")
-    return (x, y, z)
 
 
 @functools.cache

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import math
 import os
 import re
 import weakref
@@ -547,6 +548,21 @@ def new_buffer_view(base: UOp, size: int, dtype: DType, offset: int) -> UOp:
 def buffer_of(node: UOp) -> Buffer:
     """The Buffer behind a BUFFER node."""
     return _BUFFERS[node]
+
+
+def fold_grid(global_size: tuple[int, int, int], max_per_dim: int) -> tuple[int, int, int]:
+    """The workgroup counts to launch a grid on a device that allows at most max_per_dim in each dimension: the
+    grid itself where it fits, else its workgroups folded into up to three dimensions (x fastest), for a kernel that
+    unfolds its flat workgroup number again (the WGSL renderer's do)."""
+    if max(global_size) <= max_per_dim:
+        return global_size
+    total = math.prod(global_size)
+    x = min(total, max_per_dim)
+    y = min(-(-total // x), max_per_dim)
+    z = -(-total // (x * y))
+    if z > max_per_dim:
+        raise ValueError(f"a grid of {global_size} workgroups is more than a device can launch ({max_per_dim}**3)")
+    return (x, y, z)
 
 
 def device_supports(device: str, dtype: DType) -> bool:
