@@ -465,5 +465,5 @@ def _bitcast_memory(u: UOp, dt: DType) -> UOp:
         )
     viewed = data_view(u)  # ValueError unless u is one contiguous range
     base = viewed.source
-    out = new_buffer_view(base, base.arg[1] * u.dtype.itemsize // dt.itemsize, dt, 0)
+    out = new_buffer_view(base, base.shape[0] * u.dtype.itemsize // dt.itemsize, dt, 0)
     return UOp(Ops.RESHAPE, dt, (out,), (*shape[:-1], last // dt.itemsize))

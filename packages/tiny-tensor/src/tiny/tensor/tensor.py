@@ -189,7 +189,7 @@ def _map_file(path: os.PathLike, dtype: DType | str | None, device: str | None) 
     if not os.path.isfile(name):
         raise FileNotFoundError(f"Tensor(Path) maps a file's bytes; {name!r} is not a file")
     node = new_buffer(Device.canonicalize(f"DISK:{name}"), os.path.getsize(name), dtypes.uint8)
-    t = Tensor(UOp(Ops.RESHAPE, dtypes.uint8, (node,), (node.arg[1],)))
+    t = Tensor(UOp(Ops.RESHAPE, dtypes.uint8, (node,), node.shape))
     if dtype is not None:
         t = t.bitcast(dtype)
     return t.to(device) if device is not None else t
