@@ -1,0 +1,219 @@
+"""CUDA C: kernels for the CUDA device, compiled by NVRTC. Workgroups are blocks (blockIdx), their threads
+threadIdx; local memory is `__shared__` and the barrier `__syncthreads()`. Each kernel is `extern "C"` (its name
+is not mangled) with `__launch_bounds__` of its block size.
+
+The source needs no header: NVRTC brings the builtins (vector types, math functions) but cuda_fp16.h and
+cuda_bf16.h come only with a CUDA toolkit, which a machine with the driver and the NVRTC wheel does not have. So
+float16 and bfloat16 are 16 bits in memory and float in registers, converted with PTX's own `cvt` (round to nearest
+even) and rounded after each op: what half arithmetic gives, since float holds the exact result of a half op
+before its one rounding. Vectors (float4 ...) are a small template with the operators the code generator uses;
+a vector load or store is one `ld.global.v4` where the address is aligned, lane by lane where it is not.
+
+The renderer target is the device's: 'arch=sm_90;local_max=1024,1024,64;local_total_max=1024;shared_max=49152'.
+"""
+
+from __future__ import annotations
+
+from tiny.codegen.cstyle import GPUCStyleRenderer
+from tiny.ir.device import RendererCaps
+from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.uop import Ops, UOp
+
+_HALF_BITS = frozenset({dtypes.float16, dtypes.bfloat16})
+
+# what every kernel may use: restrict, bit casts, 16-bit floats, vectors
+_PRELUDE = r"""#define restrict __restrict__
+#define TINY_F __device__ __forceinline__
+template <typename To, typename From> TINY_F To tiny_bitcast(From x) { To r; memcpy(&r, &x, sizeof(To)); return r; }
+TINY_F float tiny_f16_to_f32(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+TINY_F unsigned short tiny_f32_to_f16(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+TINY_F unsigned short tiny_f64_to_f16(double d) {
+  unsigned short h; asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(d)); return h; }
+TINY_F float tiny_f16_round(float f) { return tiny_f16_to_f32(tiny_f32_to_f16(f)); }
+TINY_F float tiny_bf16_to_f32(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
+TINY_F unsigned short tiny_f32_to_bf16(float f) {
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16);
+}
+TINY_F float tiny_bf16_round(float f) { return tiny_bf16_to_f32(tiny_f32_to_bf16(f)); }
+"""
+
+_VECTORS = r"""template <typename T, int N> struct __align__(sizeof(T) * N) tiny_vec {
+  T v[N];
+  TINY_F T& operator[](int i) { return v[i]; }
+  TINY_F const T& operator[](int i) const { return v[i]; }
+};
+#define TINY_LANES(R, EXPR) tiny_vec<R, N> r; _Pragma("unroll") for (int i = 0; i < N; i++) r.v[i] = EXPR; return r;
+#define TINY_BINARY(OP) template <typename T, int N> \
+  TINY_F tiny_vec<T, N> operator OP(tiny_vec<T, N> a, tiny_vec<T, N> b) { TINY_LANES(T, a.v[i] OP b.v[i]) }
+TINY_BINARY(+) TINY_BINARY(*) TINY_BINARY(/) TINY_BINARY(&) TINY_BINARY(|) TINY_BINARY(^)
+#define TINY_COMPARE(OP) template <typename T, int N> \
+  TINY_F tiny_vec<bool, N> operator OP(tiny_vec<T, N> a, tiny_vec<T, N> b) { TINY_LANES(bool, a.v[i] OP b.v[i]) }
+TINY_COMPARE(<) TINY_COMPARE(!=)
+template <typename T, int N> TINY_F tiny_vec<T, N> operator-(tiny_vec<T, N> a) { TINY_LANES(T, -a.v[i]) }
+template <int N> TINY_F tiny_vec<bool, N> operator~(tiny_vec<bool, N> a) { TINY_LANES(bool, !a.v[i]) }
+template <typename T, int N>
+TINY_F tiny_vec<T, N> tiny_vwhere(tiny_vec<bool, N> c, tiny_vec<T, N> a, tiny_vec<T, N> b) {
+  TINY_LANES(T, c.v[i] ? a.v[i] : b.v[i]) }
+template <typename T, int N> TINY_F tiny_vec<T, N> tiny_vmax(tiny_vec<T, N> a, tiny_vec<T, N> b) {
+  TINY_LANES(T, (a.v[i] != a.v[i] || a.v[i] >= b.v[i]) ? a.v[i] : b.v[i]) }
+TINY_F float tiny_sqrt(float x) { return sqrtf(x); }
+TINY_F double tiny_sqrt(double x) { return sqrt(x); }
+TINY_F float tiny_exp2(float x) { return exp2f(x); }
+TINY_F double tiny_exp2(double x) { return exp2(x); }
+TINY_F float tiny_log2(float x) { return log2f(x); }
+TINY_F double tiny_log2(double x) { return log2(x); }
+TINY_F float tiny_sin(float x) { return sinf(x); }
+TINY_F double tiny_sin(double x) { return sin(x); }
+TINY_F float tiny_trunc(float x) { return truncf(x); }
+TINY_F double tiny_trunc(double x) { return trunc(x); }
+#define TINY_MATH(FN) template <typename T, int N> TINY_F tiny_vec<T, N> tiny_v##FN(tiny_vec<T, N> a) { \
+  TINY_LANES(T, tiny_##FN(a.v[i])) }
+TINY_MATH(sqrt) TINY_MATH(exp2) TINY_MATH(log2) TINY_MATH(sin) TINY_MATH(trunc)
+template <typename T, int N> TINY_F tiny_vec<T, N> tiny_vload(const T* p) {
+  if (((unsigned long long)p & (sizeof(T) * N - 1)) == 0) return *(const tiny_vec<T, N>*)p;
+  TINY_LANES(T, p[i])
+}
+template <typename T, int N> TINY_F void tiny_vstore(T* p, tiny_vec<T, N> x) {
+  if (((unsigned long long)p & (sizeof(T) * N - 1)) == 0) { *(tiny_vec<T, N>*)p = x; return; }
+  _Pragma("unroll") for (int i = 0; i < N; i++) p[i] = x.v[i];
+}
+"""
+
+
+class CUDARenderer(GPUCStyleRenderer):
+    """CUDA C for NVRTC; `target` is the device's 'arch=sm_XY;...' (sm_90 and the limits below when empty)."""
+
+    caps = RendererCaps(language="CUDA")
+    language = "CUDA"
+    kernel_prefix = 'extern "C" __global__ void'
+    local_qualifier = "__shared__ "
+    barrier_text = "__syncthreads();"
+    type_names = {
+        "bool": "bool",
+        "int8": "signed char",
+        "int16": "short",
+        "int32": "int",
+        "int64": "long long",
+        "uint8": "unsigned char",
+        "uint16": "unsigned short",
+        "uint32": "unsigned int",
+        "uint64": "unsigned long long",
+        "float16": "float",  # 16 bits in memory, float in registers, rounded after each op
+        "bfloat16": "float",
+        "float32": "float",
+        "float64": "double",
+    }
+    default_limits = GPUCStyleRenderer.default_limits | {"shared_max": "49152", "arch": "sm_90"}
+    nan_text = "__int_as_float(0x7fc00000)"
+    inf_text = "__int_as_float(0x7f800000)"
+    bf16_prelude = ""  # the helpers are in every kernel's prelude, with float16's
+
+    def __init__(self, target: str = "") -> None:
+        super().__init__(";".join(p for p in target.split(";") if p and not p.startswith("arch=")))
+        arch = next((p.split("=", 1)[1] for p in target.split(";") if p.startswith("arch=")), "sm_90")
+        if not arch.startswith("sm_") or not arch[3:].rstrip("af").isdigit():
+            raise ValueError(f"arch in the renderer target is a CUDA architecture like 'sm_90', got {arch!r}")
+        self.arch = arch
+        self.target = target
+        self._block = 1
+
+    # ---------------------------------------------------------------- 16-bit floats: memory bits, float registers
+
+    def _bf16(self, dt: DType) -> bool:
+        return dt.scalar in _HALF_BITS
+
+    def _tag(self, dt: DType) -> str:
+        return "f16" if dt.scalar == dtypes.float16 else "bf16"
+
+    def loaded(self, u: UOp, raw: str) -> str:
+        return f"tiny_{self._tag(u.dtype)}_to_f32({raw})" if self._bf16(u.dtype) else raw
+
+    def stored(self, value: UOp, expr: str) -> str:
+        return f"tiny_f32_to_{self._tag(value.dtype)}({expr})" if self._bf16(value.dtype) else expr
+
+    def rounded(self, u: UOp, expr: str) -> str:
+        exact = u.op in (Ops.WHERE, Ops.MAX, Ops.NEG, Ops.TRUNC, Ops.BITCAST)
+        if u.op is Ops.CAST and u.src[0].dtype.scalar == u.dtype.scalar:
+            exact = True
+        return f"tiny_{self._tag(u.dtype)}_round({expr})" if self._bf16(u.dtype) and not exact else expr
+
+    def cast(self, u: UOp, x: str) -> str:
+        if u.dtype.scalar == dtypes.float16 and u.src[0].dtype.scalar == dtypes.float64:
+            return f"tiny_f16_to_f32(tiny_f64_to_f16({x}))"  # one rounding, not two through float
+        return super().cast(u, x)
+
+    def bitcast(self, u: UOp, x: str) -> str:
+        frm, to = u.src[0].dtype, u.dtype
+        if self._bf16(frm):
+            x, frm_name = f"tiny_f32_to_{self._tag(frm)}({x})", "unsigned short"
+        else:
+            frm_name = self.type_name(frm)
+        if self._bf16(to):
+            return f"tiny_{self._tag(to)}_to_f32(tiny_bitcast<unsigned short, {frm_name}>({x}))"
+        return f"tiny_bitcast<{self.type_name(to)}, {frm_name}>({x})"
+
+    # ---------------------------------------------------------------- vectors and math
+
+    def vector_type_name(self, dt: DType) -> str:
+        return f"tiny_vec<{self.type_names[dt.scalar.name]}, {dt.count}>"
+
+    def vector_typedef(self, dt: DType) -> str:
+        return ""  # one template for every vector type, in the prelude
+
+    def vector_prelude(self, dt: DType) -> str:
+        return ""
+
+    def vector_literal(self, dt: DType, lanes: list[str]) -> str:
+        if dt.is_bool:  # lanes come as all-ones integers; braces refuse narrowing them to bool
+            lanes = [f"(bool)({x})" for x in lanes]
+        return f"{self.vector_type_name(dt)}{{{{{', '.join(lanes)}}}}}"
+
+    def vector_load(self, dt: DType, addr: str) -> str:
+        return f"tiny_vload<{self.type_names[dt.scalar.name]}, {dt.count}>({addr})"
+
+    def vector_store(self, dt: DType, addr: str, value: str) -> str:
+        return f"tiny_vstore<{self.type_names[dt.scalar.name]}, {dt.count}>({addr}, {value});"
+
+    def float_math(self, fn: str, args: list[str], dt: DType) -> str:
+        """CUDA's math library: fn for double, fnf for float and the 16-bit floats (float in registers)."""
+        return f"{fn}{'' if dt.scalar == dtypes.float64 else 'f'}({', '.join(args)})"
+
+    def alu(self, u: UOp, args: list[str]) -> str:
+        op, dt = u.op, u.dtype
+        if dt.count > 1 and op in self.math_fns:
+            return f"tiny_v{self.math_fns[op]}({args[0]})"
+        if dt.count > 1 and op is Ops.WHERE:
+            return f"tiny_vwhere({', '.join(args)})"
+        if dt.count > 1 and op is Ops.MAX:
+            return f"tiny_vmax({args[0]}, {args[1]})"
+        return super().alu(u, args)
+
+    # ---------------------------------------------------------------- the kernel
+
+    def special(self, name: str) -> str:
+        axis = "xyz"[int(name[4:])]
+        return f"threadIdx.{axis}" if name.startswith("lidx") else f"blockIdx.{axis}"
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        self._block = 1
+        for u in uops:
+            if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"):
+                self._block *= u.arg[1]
+        if any(u.op is Ops.WMMA for u in uops):
+            return self.render_wmma(name, uops)
+        return super().render(name, uops)
+
+    def render_wmma(self, name: str, uops: list[UOp]) -> str:
+        """Tensor-core kernels (Ops.WMMA: mma.sync through inline PTX) come with the tensor-core opt action; until
+        then a kernel that has one is refused here, by name."""
+        raise NotImplementedError(f"kernel {name}: the CUDA renderer does not render WMMA (tensor cores) yet")
+
+    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+        head = f"{self.kernel_prefix} __launch_bounds__({self._block}) {name}({', '.join(params)})"
+        return head + " {\n" + "\n".join(body) + "\n}\n"
+
+    def preamble(self, scalars: set[DType]) -> str:
+        return _PRELUDE + _VECTORS
