@@ -533,7 +533,7 @@ def test_render_then_compile_gives_back_the_same_program() -> None:
         ("%0 = CONST int32 arg=1\n%0 = CONST int32 arg=2\n", "defined twice"),
         ("%0 = CONST int32 arg=1\n%1 = CONST float32 arg=1.0\n%2 = ADD int32 (%0, %1)\n", "operands must have"),
         ("%0 = CONST int32 arg=4\n%1 = RANGE int32 (%0) arg=0\n", "never closed"),
-        ("%0 = CONST float32 arg=1.0\n%1 = WMMA float32 (%0, %0, %0) arg='m16n8k16'\n", "no tensor cores"),
+        ("%0 = CONST float32 arg=1.0\n%1 = WMMA float32 (%0, %0, %0) arg='m16n8k16'\n", "names a tensor core"),
         (
             "%0 = DEFINE_GLOBAL ptr<float32> arg=0\n%1 = CONST int32 arg=0\n%2 = INDEX ptr<float32> (%0, %1)\n"
             "%3 = LOAD int32 (%2)\n",

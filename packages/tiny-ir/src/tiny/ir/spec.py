@@ -20,13 +20,16 @@ The PYTHON runtime (tiny.runtime.python) executes exactly these semantics and is
   IF / ENDIF     (cond,) / (IF,) run what is between only where cond is true
   BARRIER        wait until every thread of the workgroup has reached it
   VECTORIZE / GEP  build a vector from scalars / take lane arg of a vector
-  WMMA           a tensor-core multiply-accumulate (optional)
+  WMMA           (A, B, C) arg=name  a tensor-core multiply-accumulate (optional): the warp's lanes together
+                                compute D = A @ B + C for the tile of tiny.ir.tensorcore.TENSOR_CORES[name]; each
+                                lane gives its fragments of A, B and C (vectors) and gets its fragment of D
   CAST, BITCAST and the ALU ops, computing as tiny.ir.alu.exec_alu does.
 """
 
 from __future__ import annotations
 
 from tiny.ir.dtypes import PtrDType, dtypes
+from tiny.ir.tensorcore import TENSOR_CORES
 from tiny.ir.uop import GroupOp, Ops, UOp
 
 DEVICE_OPS: frozenset[Ops] = frozenset(
@@ -82,6 +85,16 @@ def _check_alu(u: UOp) -> None:
         _check(u.dtype.scalar.is_float, u, "float op on a non-float dtype")
 
 
+def _check_wmma(u: UOp) -> None:
+    tc = TENSOR_CORES.get(u.arg) if isinstance(u.arg, str) else None
+    _check(tc is not None, u, f"arg names a tensor core, one of {sorted(TENSOR_CORES)}")
+    assert tc is not None
+    _check(len(u.src) == 3, u, "takes the A, B and C fragments")
+    want = (tc.a_dtype, tc.b_dtype, tc.c_dtype)
+    _check(tuple(s.dtype for s in u.src) == want, u, f"fragments A, B, C of {tc.name} are {want}")
+    _check(u.dtype == tc.c_dtype, u, f"gives the D fragment, {tc.c_dtype!r}")
+
+
 def _element(index: UOp) -> object:
     ptr = index.pointer.dtype
     return ptr.base.scalar if isinstance(ptr, PtrDType) and ptr.base is not None else None
@@ -111,6 +124,8 @@ def validate(uops: list[UOp]) -> None:
             _check(ok and u.arg[0][:4] in ("gidx", "lidx") and u.arg[0][4:] in ("0", "1", "2"), u, "bad index")
         elif u.op is Ops.DEFINE_VAR:
             _check(isinstance(u.arg, tuple) and len(u.arg) == 3 and u.dtype.is_int, u, "a variable is (name, lo, hi)")
+        elif u.op is Ops.WMMA:
+            _check_wmma(u)
         elif u.op is Ops.BITCAST:
             _check(u.dtype.nbytes == u.src[0].dtype.nbytes, u, "a bitcast keeps the size")
         elif u.op is Ops.INDEX:

@@ -34,6 +34,7 @@ from tiny.ir.device import (
 )
 from tiny.ir.dtypes import DType, bf16_to_float, dtypes, float_to_bf16, truncate
 from tiny.ir.spec import SpecError, validate
+from tiny.ir.tensorcore import TensorCore, tensor_core, tensor_cores_for
 from tiny.ir.uop import GroupOp, Ops, UOp
 from tiny.runtime.python_text import parse, render_text
 
@@ -56,6 +57,17 @@ class PythonRenderer(Renderer):
         vector_width=4,
         dtypes=frozenset(dtypes.all()),
     )
+
+    def __init__(self, target: str = "") -> None:
+        """target: a GPU architecture ('sm_80', 'gfx1100', 'gfx1201', 'gfx942' ...) whose tensor cores this
+        renderer declares and the emulator runs; '' for none."""
+        super().__init__(target)
+        cores = tensor_cores_for(target)
+        if target and not cores:
+            raise ValueError(
+                f"the PYTHON renderer emulates tensor cores of sm_80+, gfx11, gfx12 or gfx942/gfx950, got {target!r}"
+            )
+        self.caps = replace(PythonRenderer.caps, tensor_cores=cores)
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return render_text(name, uops)
@@ -208,8 +220,6 @@ class _Kernel:
 
     def _check(self, u: UOp) -> None:
         """What the interpreter needs beyond tiny.ir.spec.validate."""
-        if u.op is Ops.WMMA:
-            raise self._fail(u, "the PYTHON device has no tensor cores (its renderer declares none)")
         if any(s.op is Ops.INDEX for s in u.src) and u.op not in (Ops.LOAD, Ops.STORE):
             raise self._fail(u, "an INDEX is used only by LOAD and STORE")
         if u.op is Ops.INDEX:
@@ -347,6 +357,7 @@ class _Launch:
             Ops.ENDRANGE: self._endrange,
             Ops.IF: self._if,
             Ops.ENDIF: self._endif,
+            Ops.WMMA: self._wmma,
         }
 
     def run(self) -> None:
@@ -480,6 +491,29 @@ class _Launch:
             for lane, v in enumerate(values[t]):
                 data[a + lane] = v
 
+    def _wmma(self, step: _Step) -> None:
+        """Each warp's lanes (consecutive threads of a workgroup) give their fragments of A, B and C; the warp
+        computes D = A @ B + C (products exact, each sum rounded once to dtype_out) and each lane gets its part."""
+        tc = tensor_core(step.uop.arg)
+        if self.group_threads % tc.threads:
+            raise RuntimeError(
+                f"kernel {self.kernel.name}: {tc.name} needs workgroups of whole warps of {tc.threads} threads,"
+                f" launched with {self.group_threads} threads per workgroup"
+            )
+        a, b, c = (self._lanes(self.vals[s]) for s in step.src)
+        out = list(c)
+        for w in range(0, self.n, tc.threads):
+            warp = range(w, w + tc.threads)
+            if self.mask is not None and not all(self.mask[t] for t in warp):
+                if any(self.mask[t] for t in warp):
+                    raise RuntimeError(
+                        f"kernel {self.kernel.name}: {tc.name} runs on part of a warp ({self._thread(w)})"
+                    )
+                continue
+            d = _warp_mma(tc, [a[t] for t in warp], [b[t] for t in warp], [c[t] for t in warp], self.kernel.name)
+            out[w : w + tc.threads] = d
+        self.vals[step.out] = out
+
     def _define_acc(self, step: _Step) -> None:
         self.vals[step.out] = self.vals[step.src[0]]
 
@@ -518,6 +552,36 @@ class _Launch:
 
     def _endif(self, step: _Step) -> None:
         self.mask = self.masks.pop()
+
+
+# ---------------------------------------------------------------- tensor cores
+
+
+def _gather(tc: TensorCore, operand: str, frags: list[tuple], kernel: str) -> dict[tuple[int, int], float]:
+    """An operand's tile from the fragments of a warp's lanes; lanes holding one element must agree on it."""
+    layout = tc.fragments()[operand]
+    tile: dict[tuple[int, int], float] = {}
+    for lane, frag in enumerate(frags):
+        for elem, value in enumerate(frag):
+            pos = layout.position(lane, elem)
+            if tile.setdefault(pos, value) != value and not (value != value and tile[pos] != tile[pos]):
+                raise RuntimeError(
+                    f"kernel {kernel}: {tc.name}: lanes that hold element {pos} of {operand} give different values"
+                    f" ({tile[pos]} and {value} at lane {lane})"
+                )
+    return tile
+
+
+def _warp_mma(tc: TensorCore, a: list[tuple], b: list[tuple], c: list[tuple], kernel: str) -> list[tuple]:
+    """One warp's WMMA: D = A @ B + C on the tiles the lanes' fragments make, scattered back into D fragments."""
+    m, n, k = tc.dims
+    ta, tb, tcc = _gather(tc, "A", a, kernel), _gather(tc, "B", b, kernel), _gather(tc, "C", c, kernel)
+    d = {
+        (i, j): truncate(tc.dtype_out, tcc[i, j] + sum(ta[i, x] * tb[x, j] for x in range(k)))
+        for i in range(m)
+        for j in range(n)
+    }
+    return [tuple(d[tc.c.position(lane, e)] for e in range(tc.c.elements)) for lane in range(tc.threads)]
 
 
 # ---------------------------------------------------------------- the device
@@ -574,8 +638,13 @@ class PythonDevice(Compiled):
     priority = -10  # never the default while any other device starts
     renderers = ("PYTHON",)
 
-    def __init__(self, name: str, renderer: str = "PYTHON") -> None:
+    def __init__(self, name: str, renderer: str = "PYTHON", tensor_cores_of: str = "") -> None:
+        """tensor_cores_of: a GPU architecture whose tensor cores the device emulates (see PythonRenderer)."""
         super().__init__(name, PythonAllocator(), PythonProgram, renderer)
+        self.tensor_cores_of = tensor_cores_of
+
+    def renderer_target(self) -> str:
+        return self.tensor_cores_of
 
     def compiler(self) -> Compiler:
         return PythonCompiler()

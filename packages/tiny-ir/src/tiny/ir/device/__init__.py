@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from tiny.ir.config import DEBUG, DEVICE
 from tiny.ir.diskcache import cache_get, cache_put
 from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.tensorcore import TensorCore  # noqa: F401  (re-exported: renderers declare theirs)
 from tiny.ir.uop import Ops, UOp
 
 INTERFACE_VERSION = (1, 1)  # (major, minor): runtimes pin a compatible major
@@ -37,16 +38,6 @@ class UnknownDevice(ValueError):
 
 
 # ---------------------------------------------------------------- renderers
-
-
-@dataclass(frozen=True)
-class TensorCore:
-    """A matrix-multiply-accumulate the hardware offers: (M, N, K) tile of dtype_in -> dtype_out."""
-
-    dims: tuple[int, int, int]
-    dtype_in: DType
-    dtype_out: DType
-    threads: int
 
 
 @dataclass(frozen=True)
