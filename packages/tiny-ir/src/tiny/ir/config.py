@@ -81,6 +81,13 @@ BEAM = _flag(
 )
 BEAM_BUDGET = _flag("BEAM_BUDGET", int, 60, "seconds a BEAM search may spend on one kernel")
 CC = _flag("CC", str, "", "the C compiler the CPU device uses; empty finds clang, then gcc, on PATH")
+AMD_MOCK = _flag(
+    "AMD_MOCK",
+    str,
+    "",
+    "a gfx target (gfx1100, gfx942 ...): the AMD device talks to a mock kernel driver (tiny.runtime.amd.mock) that "
+    "checks every call and AQL packet and runs kernels on the PYTHON emulator; empty: the real /dev/kfd",
+)
 
 
 @contextlib.contextmanager
