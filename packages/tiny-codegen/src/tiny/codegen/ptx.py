@@ -1,0 +1,781 @@
+"""The PTX renderer: a linearized kernel as NVIDIA's PTX assembly, which the CUDA driver assembles (`CUDA:PTX`).
+
+Every value gets registers of its size (.pred, .b16, .b32, .b64: a bit-size register serves any instruction type
+of that size); a vector is a list of scalar registers, one per lane, so vector math is lane by lane and only loads
+and stores are vector instructions (ld.global.v4.f32 where the address is aligned, lane by lane where not: both
+are emitted, under complementary predicates). Registers are mutable, so a loop is a counter and two branches and an
+accumulator is one register that ASSIGN overwrites; an IF branches around its body; a gated load or store is an
+instruction under a predicate.
+
+Numbers follow tiny.ir.alu as the C and LLVM IR renderers do: integer division and remainder truncate toward zero
+and give 0 for a zero divisor; shifts by the width or more give 0 (or the sign); MAX lets NaN win; float -> integer
+casts give the minimum where the value does not fit. 8- and 16-bit integers live in 32-bit registers, sign- or
+zero-extended, brought back to their width after each op that can leave it. float16 uses PTX's f16 instructions
+for add, mul, neg, compares and selects and float32 for the rest; bfloat16 computes in float32, rounded to bfloat16
+after each op (16 bits in memory), as the other renderers emulate it. sqrt, division and reciprocal are the
+correctly rounded .rn forms; exp2 and log2 are ex2.approx/lg2.approx (about 2 ulp in float32), sin is sin.approx
+after reducing the argument to [-pi, pi] in float64. float64 exp2, log2 and sin go through those float32 forms, so
+they have float32's precision.
+
+The renderer target is the device's: 'arch=sm_90;local_max=1024,1024,64;local_total_max=1024;shared_max=49152'.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Callable
+
+from tiny.codegen.cstyle import target_fields
+from tiny.ir.device import Renderer, RendererCaps
+from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
+from tiny.ir.uop import GroupOp, Ops, UOp
+
+# the lowest PTX ISA that knows each architecture (and every instruction used here)
+_PTX_VERSION = {70: "6.0", 72: "6.1", 75: "6.3", 80: "7.0", 86: "7.1", 87: "7.4", 89: "7.8", 90: "7.8"}
+_PTX_VERSION |= {100: "8.6", 101: "8.6", 103: "8.8", 110: "9.0", 120: "8.7", 121: "8.8"}
+
+_ARITH = {  # the instruction type a register value of each dtype computes with
+    "int8": "s32",
+    "int16": "s32",
+    "int32": "s32",
+    "int64": "s64",
+    "uint8": "u32",
+    "uint16": "u32",
+    "uint32": "u32",
+    "uint64": "u64",
+    "float16": "f16",
+    "bfloat16": "f32",  # emulated: float32 registers, rounded after each op
+    "float32": "f32",
+    "float64": "f64",
+}
+_MEMORY = {  # the type of loads and stores of each dtype
+    "bool": "u8",
+    "int8": "s8",
+    "int16": "s16",
+    "int32": "s32",
+    "int64": "s64",
+    "uint8": "u8",
+    "uint16": "u16",
+    "uint32": "u32",
+    "uint64": "u64",
+    "float16": "b16",
+    "bfloat16": "u16",
+    "float32": "f32",
+    "float64": "f64",
+}
+_EXACT = frozenset({Ops.WHERE, Ops.MAX, Ops.NEG, Ops.TRUNC, Ops.BITCAST})  # no bfloat16 rounding after these
+_NARROW = {dtypes.int8: "s8", dtypes.int16: "s16", dtypes.uint8: "u8", dtypes.uint16: "u16"}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+Reg = str | list[str]  # one register, or one per lane of a vector
+
+
+def reg_class(dt: DType) -> str:
+    """The register kind of a scalar dtype: .pred, .b16, .b32 or .b64."""
+    if dt.scalar == dtypes.bool:
+        return "pred"
+    if dt.scalar == dtypes.float16:
+        return "b16"
+    return "b64" if dt.scalar.itemsize == 8 else "b32"
+
+
+def _bits(dt: DType) -> int:
+    return {"pred": 1, "b16": 16, "b32": 32, "b64": 64}[reg_class(dt)]
+
+
+class _Kernel:
+    """The registers, labels and lines of one kernel under construction."""
+
+    _PREFIX = {"pred": "%p", "b16": "%h", "b32": "%r", "b64": "%rd"}
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.count = {k: 0 for k in self._PREFIX}
+        self.labels = 0
+
+    def reg(self, kind: str) -> str:
+        self.count[kind] += 1
+        return f"{self._PREFIX[kind]}{self.count[kind]}"
+
+    def new(self, dt: DType) -> str:
+        return self.reg(reg_class(dt))
+
+    def label(self, prefix: str) -> str:
+        self.labels += 1
+        return f"$L_{prefix}{self.labels}"
+
+    def emit(self, text: str) -> None:
+        self.lines.append("\t" + text + ";")
+
+    def put(self, label: str) -> None:
+        self.lines.append(label + ":")
+
+    def declarations(self) -> list[str]:
+        return [f"\t.reg .{k} {p}<{self.count[k] + 1}>;" for k, p in self._PREFIX.items() if self.count[k]]
+
+
+class PTXRenderer(Renderer):
+    """PTX for the CUDA driver to assemble; `target` is the device's 'arch=sm_XY;...' (sm_90 when empty)."""
+
+    caps = RendererCaps(language="PTX")
+    default_limits = {
+        "vector_width": "4",
+        "local_max": "1024,1024,64",
+        "local_total_max": "1024",
+        "shared_max": "49152",
+        "arch": "sm_90",
+    }
+
+    def __init__(self, target: str = "") -> None:
+        super().__init__(target)
+        fields = self.default_limits | target_fields(target)
+        arch = fields["arch"]
+        cc = int(arch[3:].rstrip("af")) if re.fullmatch(r"sm_\d+[af]?", arch) else -1
+        if cc not in _PTX_VERSION:
+            raise ValueError(f"the PTX renderer knows the architectures {sorted(_PTX_VERSION)} (sm_XY), got {arch!r}")
+        local_max = tuple(int(x) for x in fields["local_max"].split(","))
+        if len(local_max) != 3:
+            raise ValueError(f"local_max in the renderer target has 3 sizes, got {fields['local_max']!r}")
+        self.arch, self.cc = arch, cc
+        self.caps = RendererCaps(
+            language="PTX",
+            has_local=True,
+            has_shared=True,
+            global_max=(2**31 - 1, 65535, 65535),
+            local_max=local_max,
+            local_total_max=int(fields["local_total_max"]),
+            shared_max=int(fields["shared_max"]),
+            vector_width=int(fields["vector_width"]),
+        )
+
+    # ---------------------------------------------------------------- the kernel
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"{name!r} cannot name a PTX kernel; expected letters, digits and '_'")
+        if any(u.op is Ops.WMMA for u in uops):
+            return self.render_wmma(name, uops)
+        k = _Kernel()
+        regs: dict[UOp, Reg] = {}
+        params: list[tuple[int, str]] = []
+        variables: list[str] = []
+        shared: list[str] = []
+        loops: list[tuple[UOp, str, str]] = []  # RANGE, its head label, its exit label
+        ifs: list[str] = []
+        block = [1, 1, 1]
+        for u in uops:
+            op = u.op
+            if op is Ops.DEFINE_GLOBAL:
+                param = f"data{u.arg}"
+                params.append((u.arg, f"\t.param .u64 {param}"))
+                r = k.reg("b64")
+                k.emit(f"ld.param.u64 {r}, [{param}]")
+                k.emit(f"cvta.to.global.u64 {r}, {r}")
+                regs[u] = r
+            elif op is Ops.DEFINE_VAR:
+                var = _name(u.arg[0])
+                variables.append(f"\t.param .u32 var_{var}")
+                r = k.reg("b32")
+                k.emit(f"ld.param.u32 {r}, [var_{var}]")
+                regs[u] = self._int_from_s32(k, r, u.dtype)
+            elif op is Ops.DEFINE_LOCAL:
+                assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
+                size = u.arg[1] * u.dtype.base.count * _memory_bytes(u.dtype.base)
+                shared.append(f"\t.shared .align 16 .b8 {_name(u.arg[0])}[{max(size, 16)}];")
+                r = k.reg("b64")
+                k.emit(f"mov.u64 {r}, {_name(u.arg[0])}")
+                regs[u] = r
+            elif op is Ops.SPECIAL:
+                sname, size = u.arg
+                dim = int(sname[4:])
+                source = f"%tid.{'xyz'[dim]}" if sname.startswith("lidx") else f"%ctaid.{'xyz'[dim]}"
+                if sname.startswith("lidx"):
+                    block[dim] = size
+                r = k.reg("b32")
+                k.emit(f"mov.u32 {r}, {source}")
+                regs[u] = self._int_from_s32(k, r, u.dtype)
+            elif op is Ops.CONST:
+                regs[u] = self._const(k, u.arg, u.dtype)
+            elif op is Ops.RANGE:
+                counter = k.new(u.dtype)
+                head, done = k.label("loop"), k.label("done")
+                t = _ARITH[u.dtype.scalar.name]
+                k.emit(f"mov.{t} {counter}, 0")
+                k.put(head)
+                stop = k.reg("pred")
+                k.emit(f"setp.ge.{t} {stop}, {counter}, {regs[u.end]}")
+                k.emit(f"@{stop} bra {done}")
+                loops.append((u, head, done))
+                regs[u] = counter
+            elif op is Ops.ENDRANGE:
+                rng, head, done = loops.pop()
+                counter = regs[rng]
+                assert isinstance(counter, str)
+                k.emit(f"add.{_ARITH[rng.dtype.scalar.name]} {counter}, {counter}, 1")
+                k.emit(f"bra {head}")
+                k.put(done)
+            elif op is Ops.IF:
+                end = k.label("endif")
+                k.emit(f"@!{regs[u.src[0]]} bra {end}")
+                ifs.append(end)
+            elif op is Ops.ENDIF:
+                k.put(ifs.pop())
+            elif op is Ops.INDEX:
+                regs[u] = self._address(k, u, regs)
+            elif op is Ops.LOAD:
+                regs[u] = self._load(k, u, regs)
+            elif op is Ops.STORE:
+                self._store(k, u, regs)
+            elif op is Ops.DEFINE_ACC:
+                init = regs[u.src[0]]
+                acc = _lanes(init, u.dtype, lambda x: k.new(u.dtype.scalar))
+                for a, x in zip(_as_list(acc), _as_list(init)):
+                    k.emit(f"mov.{reg_class(u.dtype)} {a}, {x}")
+                regs[u] = acc
+            elif op is Ops.ASSIGN:
+                acc, value = regs[u.src[0]], regs[u.value]
+                for a, x in zip(_as_list(acc), _as_list(value)):
+                    k.emit(f"mov.{reg_class(u.dtype)} {a}, {x}")
+                regs[u] = acc
+            elif op is Ops.BARRIER:
+                k.emit("bar.sync 0")
+            elif op is Ops.VECTORIZE:
+                regs[u] = [_scalar(regs[s]) for s in u.src]
+            elif op is Ops.GEP:
+                lanes = _as_list(regs[u.src[0]])
+                picks = u.arg if isinstance(u.arg, tuple) else (u.arg,)
+                regs[u] = lanes[picks[0]] if u.dtype.count == 1 else [lanes[i] for i in picks]
+            elif op is Ops.CAST:
+                regs[u] = self._per_lane(
+                    u, regs, lambda xs: self._cast(k, u.src[0].dtype.scalar, u.dtype.scalar, xs[0])
+                )
+            elif op is Ops.BITCAST:
+                regs[u] = self._bitcast(k, u, regs[u.src[0]])
+            elif op in GroupOp.ALU:
+                regs[u] = self._per_lane(u, regs, lambda xs: self._alu(k, u, xs))
+            else:
+                raise NotImplementedError(f"{type(self).__name__} cannot render {op.name}")
+        head = [
+            f"//\n// {name}: generated by tiny.codegen.ptx\n//",
+            f".version {_PTX_VERSION[self.cc]}",
+            f".target {self.arch}",
+            ".address_size 64",
+            "",
+            f".visible .entry {name}(",
+            ",\n".join([p for _, p in sorted(params)] + variables),
+            f")\n.maxntid {block[0]}, {block[1]}, {block[2]}\n{{",
+        ]
+        body = k.declarations() + shared + k.lines + ["\tret;", "}"]
+        return "\n".join(head + body) + "\n"
+
+    def render_wmma(self, name: str, uops: list[UOp]) -> str:
+        """Tensor-core kernels (Ops.WMMA: mma.sync.aligned) come with the tensor-core opt action; until then a
+        kernel that has one is refused here, by name."""
+        raise NotImplementedError(f"kernel {name}: the PTX renderer does not render WMMA (tensor cores) yet")
+
+    def _per_lane(self, u: UOp, regs: dict[UOp, Reg], one: Callable[[list[str]], str]) -> Reg:
+        """Apply a scalar emitter to each lane of u's sources (a vector op is its lanes' ops)."""
+        if u.dtype.count == 1:
+            return one([_scalar(regs[s]) for s in u.src])
+        srcs = [_as_list(regs[s]) if s.dtype.count > 1 else [_scalar(regs[s])] * u.dtype.count for s in u.src]
+        return [one([lanes[i] for lanes in srcs]) for i in range(u.dtype.count)]
+
+    # ---------------------------------------------------------------- constants and integer widths
+
+    def _const(self, k: _Kernel, value: object, dt: DType) -> Reg:
+        if not isinstance(value, (int, float, bool)):
+            raise TypeError(f"a constant of {dt!r} must be a number, got {value!r}")
+        lane = self._scalar_const(k, value, dt.scalar)
+        return [lane] * dt.count if dt.count > 1 else lane
+
+    def _scalar_const(self, k: _Kernel, value: int | float | bool, dt: DType) -> str:
+        r = k.new(dt)
+        v = truncate(dt, value)
+        if dt == dtypes.bool:
+            k.emit(f"setp.ne.u32 {r}, {int(bool(v))}, 0")
+        else:
+            k.emit(f"mov.{reg_class(dt)} {r}, {_immediate(v, dt)}")
+        return r
+
+    def _int_from_s32(self, k: _Kernel, r: str, dt: DType) -> str:
+        """A 32-bit register holding a non-negative int as a register of dt (a 64-bit index widens)."""
+        if reg_class(dt) == "b64":
+            wide = k.reg("b64")
+            k.emit(f"cvt.s64.s32 {wide}, {r}")
+            return wide
+        return r
+
+    def _narrow(self, k: _Kernel, r: str, dt: DType) -> str:
+        """An 8- or 16-bit integer in a 32-bit register, sign- or zero-extended again after an op."""
+        if dt.scalar in _NARROW:
+            t = _NARROW[dt.scalar]
+            k.emit(f"cvt.{'s' if t[0] == 's' else 'u'}32.{t} {r}, {r}")
+        return r
+
+    # ---------------------------------------------------------------- memory
+
+    def _address(self, k: _Kernel, u: UOp, regs: dict[UOp, Reg]) -> str:
+        ptr, off = u.pointer, u.offset
+        assert isinstance(ptr.dtype, PtrDType) and ptr.dtype.base is not None
+        size = _memory_bytes(ptr.dtype.base) * ptr.dtype.base.count
+        wide = k.reg("b64")
+        if reg_class(off.dtype) == "b64":
+            k.emit(f"mul.lo.s64 {wide}, {regs[off]}, {size}")
+        else:
+            k.emit(f"mul.wide.{_ARITH[off.dtype.scalar.name]} {wide}, {regs[off]}, {size}")
+        k.emit(f"add.s64 {wide}, {regs[ptr]}, {wide}")
+        return wide
+
+    def _space(self, u: UOp) -> str:
+        ptr = u.address.pointer
+        return "shared" if isinstance(ptr.dtype, PtrDType) and ptr.dtype.local else "global"
+
+    def _load(self, k: _Kernel, u: UOp, regs: dict[UOp, Reg]) -> Reg:
+        addr = u.address
+        gate = regs[addr.gate] if addr.gate is not None else None
+        on = f"@{gate} " if gate is not None else ""
+        space, dt = self._space(u), u.dtype.scalar
+        n = u.dtype.count
+        raw = [k.reg("b32") if dt in (dtypes.bool, dtypes.bfloat16) else k.new(dt) for _ in range(n)]
+        mt = _MEMORY[dt.name]
+        if n == 1:
+            k.emit(f"{on}ld.{space}.{mt} {raw[0]}, [{regs[addr]}]")
+        else:
+            aligned, unaligned = self._alignment(k, _scalar(regs[addr]), n * dt.itemsize, gate)
+            k.emit(f"@{aligned} ld.{space}.v{n}.{mt} {{{', '.join(raw)}}}, [{regs[addr]}]")
+            for i, r in enumerate(raw):
+                k.emit(f"@{unaligned} ld.{space}.{mt} {r}, [{regs[addr]}+{i * dt.itemsize}]")
+        out = []
+        for r in raw:
+            if dt == dtypes.bool:
+                p = k.reg("pred")
+                k.emit(f"setp.ne.u32 {p}, {r}, 0")
+                r = p
+            elif dt == dtypes.bfloat16:
+                k.emit(f"shl.b32 {r}, {r}, 16")
+            out.append(r)
+        if gate is not None and u.alternative is not None:
+            for r, alt in zip(out, _as_list(regs[u.alternative]) if n > 1 else [_scalar(regs[u.alternative])]):
+                k.emit(f"@!{gate} mov.{reg_class(dt)} {r}, {alt}")
+        return out if n > 1 else out[0]
+
+    def _alignment(self, k: _Kernel, addr: str, nbytes: int, gate: str | None) -> tuple[str, str]:
+        """Predicates: the vector access is aligned (one vector instruction), or not (lane by lane); both false
+        where the gate is."""
+        low, aligned, unaligned = k.reg("b64"), k.reg("pred"), k.reg("pred")
+        k.emit(f"and.b64 {low}, {addr}, {nbytes - 1}")
+        k.emit(f"setp.eq.u64 {aligned}, {low}, 0")
+        k.emit(f"not.pred {unaligned}, {aligned}")
+        if gate is not None:
+            k.emit(f"and.pred {aligned}, {aligned}, {gate}")
+            k.emit(f"and.pred {unaligned}, {unaligned}, {gate}")
+        return aligned, unaligned
+
+    def _store(self, k: _Kernel, u: UOp, regs: dict[UOp, Reg]) -> None:
+        addr, value = u.address, u.value
+        gate = regs[addr.gate] if addr.gate is not None else None
+        dt, n = value.dtype.scalar, value.dtype.count
+        space, mt = self._space(u), _MEMORY[dt.name]
+        lanes = _as_list(regs[value]) if n > 1 else [_scalar(regs[value])]
+        out = []
+        for x in lanes:
+            if dt == dtypes.bool:
+                b = k.reg("b32")
+                k.emit(f"selp.u32 {b}, 1, 0, {x}")
+                x = b
+            elif dt == dtypes.bfloat16:
+                x = self._bf16_bits(k, x)
+            out.append(x)
+        if n == 1:
+            k.emit(f"{f'@{gate} ' if gate else ''}st.{space}.{mt} [{regs[addr]}], {out[0]}")
+            return
+        aligned, unaligned = self._alignment(k, _scalar(regs[addr]), n * dt.itemsize, gate)
+        k.emit(f"@{aligned} st.{space}.v{n}.{mt} [{regs[addr]}], {{{', '.join(out)}}}")
+        for i, x in enumerate(out):
+            k.emit(f"@{unaligned} st.{space}.{mt} [{regs[addr]}+{i * dt.itemsize}], {x}")
+
+    # ---------------------------------------------------------------- bfloat16 and float16 helpers
+
+    def _bf16_bits(self, k: _Kernel, x: str) -> str:
+        """A float32 register rounded to bfloat16 (to nearest even; NaN -> 0x7fc0): its 16 bits, in a b32."""
+        mag, odd, r = k.reg("b32"), k.reg("b32"), k.reg("b32")
+        nan = k.reg("pred")
+        k.emit(f"and.b32 {mag}, {x}, 0x7fffffff")
+        k.emit(f"setp.gt.u32 {nan}, {mag}, 0x7f800000")
+        k.emit(f"bfe.u32 {odd}, {x}, 16, 1")
+        k.emit(f"add.u32 {r}, {x}, {odd}")
+        k.emit(f"add.u32 {r}, {r}, 0x7fff")
+        k.emit(f"shr.u32 {r}, {r}, 16")
+        k.emit(f"selp.b32 {r}, 0x7fc0, {r}, {nan}")
+        return r
+
+    def _bf16_round(self, k: _Kernel, x: str) -> str:
+        r = self._bf16_bits(k, x)
+        k.emit(f"shl.b32 {r}, {r}, 16")
+        return r
+
+    def _f32(self, k: _Kernel, x: str, dt: DType) -> str:
+        """A float register of dt as a float32 register (float16 widens; the others already are)."""
+        if dt.scalar != dtypes.float16:
+            return x
+        r = k.reg("b32")
+        k.emit(f"cvt.f32.f16 {r}, {x}")
+        return r
+
+    def _to_half(self, k: _Kernel, x: str) -> str:
+        h = k.reg("b16")
+        k.emit(f"cvt.rn.f16.f32 {h}, {x}")
+        return h
+
+    # ---------------------------------------------------------------- arithmetic
+
+    def _alu(self, k: _Kernel, u: UOp, xs: list[str]) -> str:
+        op, dt = u.op, u.dtype.scalar
+        if dt == dtypes.float16 and op in (Ops.FDIV, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.MOD):
+            wide = [self._f32(k, x, dtypes.float16) for x in xs]
+            return self._to_half(k, self._float_alu(k, op, dtypes.float32, wide))
+        if op in GroupOp.Comparison:
+            return self._compare(k, op, u.src[0].dtype.scalar, xs)
+        if op is Ops.WHERE:
+            return self._where(k, dt, *xs)
+        if dt == dtypes.bool:
+            return self._bool_alu(k, op, xs)
+        if dt.is_float:
+            r = self._float_alu(k, op, dt, xs)
+            return self._bf16_round(k, r) if dt == dtypes.bfloat16 and op not in _EXACT else r
+        return self._int_alu(k, u, dt, xs)
+
+    def _compare(self, k: _Kernel, op: Ops, src: DType, xs: list[str]) -> str:
+        p = k.new(dtypes.bool)
+        a, b = xs
+        if src == dtypes.bool:
+            t = k.reg("pred")
+            if op is Ops.CMPLT:  # a < b: !a & b
+                k.emit(f"not.pred {t}, {a}")
+                k.emit(f"and.pred {p}, {t}, {b}")
+            else:
+                k.emit(f"xor.pred {p}, {a}, {b}")
+            return p
+        t = _ARITH[src.name]
+        if src.is_float:  # ordered less-than; not-equal is unordered (NaN != NaN)
+            k.emit(f"setp.{'lt' if op is Ops.CMPLT else 'neu'}.{t} {p}, {a}, {b}")
+        else:
+            k.emit(f"setp.{'lt' if op is Ops.CMPLT else 'ne'}.{t} {p}, {a}, {b}")
+        return p
+
+    def _where(self, k: _Kernel, dt: DType, c: str, a: str, b: str) -> str:
+        r = k.new(dt)
+        if dt == dtypes.bool:  # (c & a) | (!c & b)
+            t, nc = k.reg("pred"), k.reg("pred")
+            k.emit(f"and.pred {t}, {c}, {a}")
+            k.emit(f"not.pred {nc}, {c}")
+            k.emit(f"and.pred {r}, {nc}, {b}")
+            k.emit(f"or.pred {r}, {r}, {t}")
+        else:
+            k.emit(f"selp.{reg_class(dt)} {r}, {a}, {b}, {c}")
+        return r
+
+    def _bool_alu(self, k: _Kernel, op: Ops, xs: list[str]) -> str:
+        r = k.reg("pred")
+        if op is Ops.NEG:
+            k.emit(f"not.pred {r}, {xs[0]}")
+            return r
+        name = {Ops.ADD: "or", Ops.MUL: "and", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor", Ops.MAX: "or"}.get(op)
+        if name is None:
+            raise NotImplementedError(f"{type(self).__name__} has no {op.name} of bools")
+        k.emit(f"{name}.pred {r}, {xs[0]}, {xs[1]}")
+        return r
+
+    def _float_alu(self, k: _Kernel, op: Ops, dt: DType, xs: list[str]) -> str:
+        t = _ARITH[dt.name]
+        r = k.new(dt)
+        if op is Ops.ADD:
+            k.emit(f"add.{t} {r}, {xs[0]}, {xs[1]}")
+        elif op is Ops.MUL:
+            k.emit(f"mul.{t} {r}, {xs[0]}, {xs[1]}")
+        elif op is Ops.NEG:
+            k.emit(f"neg.{t} {r}, {xs[0]}")
+        elif op is Ops.FDIV:
+            k.emit(f"div.rn.{t} {r}, {xs[0]}, {xs[1]}")
+        elif op is Ops.RECIP:
+            k.emit(f"rcp.rn.{t} {r}, {xs[0]}")
+        elif op is Ops.SQRT:
+            k.emit(f"sqrt.rn.{t} {r}, {xs[0]}")
+        elif op is Ops.TRUNC:
+            k.emit(f"cvt.rzi.{t}.{t} {r}, {xs[0]}")
+        elif op is Ops.MAX:  # NaN wins, as torch.maximum: a where a is NaN or a >= b, else b
+            nan, ge = k.reg("pred"), k.reg("pred")
+            k.emit(f"setp.nan.{t} {nan}, {xs[0]}, {xs[0]}")
+            k.emit(f"setp.ge.{t} {ge}, {xs[0]}, {xs[1]}")
+            k.emit(f"or.pred {nan}, {nan}, {ge}")
+            k.emit(f"selp.{reg_class(dt)} {r}, {xs[0]}, {xs[1]}, {nan}")
+        elif op is Ops.MOD:  # a - trunc(a / b) * b, the sign of the dividend, as fmod
+            q = k.new(dt)
+            k.emit(f"div.rn.{t} {q}, {xs[0]}, {xs[1]}")
+            k.emit(f"cvt.rzi.{t}.{t} {q}, {q}")
+            k.emit(f"neg.{t} {q}, {q}")
+            k.emit(f"fma.rn.{t} {r}, {q}, {xs[1]}, {xs[0]}")
+        elif op in (Ops.EXP2, Ops.LOG2, Ops.SIN):
+            return self._transcendental(k, op, dt, xs[0])
+        else:
+            raise NotImplementedError(f"{type(self).__name__} has no {op.name} of {dt.name}")
+        return r
+
+    def _transcendental(self, k: _Kernel, op: Ops, dt: DType, x: str) -> str:
+        """exp2 and log2 by the approximate float32 instructions (about 2 ulp); sin by sin.approx after reducing the
+        argument to [-pi, pi] in float64 (sin.approx is accurate to 2^-20.5 there, not beyond)."""
+        f = x
+        if dt == dtypes.float64:
+            f = k.reg("b32")
+            k.emit(f"cvt.rn.f32.f64 {f}, {x}")
+        r = k.reg("b32")
+        if op is Ops.SIN:
+            wide, turns = k.reg("b64"), k.reg("b64")
+            if dt == dtypes.float64:
+                k.emit(f"mov.b64 {wide}, {x}")
+            else:
+                k.emit(f"cvt.f64.f32 {wide}, {x}")
+            k.emit(f"mul.rn.f64 {turns}, {wide}, {_immediate(1 / (2 * math.pi), dtypes.float64)}")
+            k.emit(f"cvt.rni.f64.f64 {turns}, {turns}")
+            k.emit(f"fma.rn.f64 {wide}, {turns}, {_immediate(-2 * math.pi, dtypes.float64)}, {wide}")
+            k.emit(f"cvt.rn.f32.f64 {r}, {wide}")
+            k.emit(f"sin.approx.f32 {r}, {r}")
+        else:
+            k.emit(f"{'ex2' if op is Ops.EXP2 else 'lg2'}.approx.f32 {r}, {f}")
+        if dt == dtypes.float64:
+            d = k.reg("b64")
+            k.emit(f"cvt.f64.f32 {d}, {r}")
+            return d
+        return r
+
+    def _int_alu(self, k: _Kernel, u: UOp, dt: DType, xs: list[str]) -> str:
+        op, t = u.op, _ARITH[dt.name]
+        bits = reg_class(dt)[1:]
+        r = k.new(dt)
+        if op is Ops.ADD:
+            k.emit(f"add.{t} {r}, {xs[0]}, {xs[1]}")
+        elif op is Ops.MUL:
+            k.emit(f"mul.lo.{t} {r}, {xs[0]}, {xs[1]}")
+        elif op is Ops.NEG:
+            k.emit(f"neg.s{bits} {r}, {xs[0]}")
+        elif op is Ops.MAX:
+            k.emit(f"max.{t} {r}, {xs[0]}, {xs[1]}")
+            return r
+        elif op in (Ops.AND, Ops.OR, Ops.XOR):
+            k.emit(f"{op.name.lower()}.b{bits} {r}, {xs[0]}, {xs[1]}")
+            return r
+        elif op in (Ops.SHL, Ops.SHR):
+            return self._shift(k, u, dt, xs, r)
+        elif op in (Ops.IDIV, Ops.MOD):
+            return self._int_div(k, u, dt, xs, r)
+        else:
+            raise NotImplementedError(f"{type(self).__name__} has no {op.name} of {dt.name}")
+        return self._narrow(k, r, dt)
+
+    def _shift(self, k: _Kernel, u: UOp, dt: DType, xs: list[str], r: str) -> str:
+        """PTX clamps shift amounts to the register's width: a shift by the width or more gives 0 (or the sign in
+        every bit), as tiny.ir.alu wants. The amount is an unsigned 32-bit register; a 64-bit one is clamped first."""
+        amount = xs[1]  # a negative amount is a huge unsigned one: the width or more
+        if reg_class(u.src[1].dtype) == "b64":
+            clamped, small = k.reg("b64"), k.reg("b32")
+            k.emit(f"min.u64 {clamped}, {amount}, 64")
+            k.emit(f"cvt.u32.u64 {small}, {clamped}")
+            amount = small
+        bits = reg_class(dt)[1:]
+        if u.op is Ops.SHL:
+            k.emit(f"shl.b{bits} {r}, {xs[0]}, {amount}")
+            return self._narrow(k, r, dt)
+        signed = dt.scalar.kind == "i"
+        k.emit(f"shr.{'s' if signed else 'u'}{bits} {r}, {xs[0]}, {amount}")
+        return r
+
+    def _int_div(self, k: _Kernel, u: UOp, dt: DType, xs: list[str], r: str) -> str:
+        """C's / and %, toward zero; a zero divisor gives 0; MIN / -1 wraps to MIN and MIN % -1 is 0."""
+        t, cls = _ARITH[dt.name], reg_class(dt)
+        name = "div" if u.op is Ops.IDIV else "rem"
+        signed = dt.scalar.kind == "i"
+        divisor = u.src[1]
+        if divisor.op is Ops.CONST and divisor.arg != 0 and not (signed and divisor.arg == -1):
+            k.emit(f"{name}.{t} {r}, {xs[0]}, {xs[1]}")
+            return self._narrow(k, r, dt)
+        a, b = xs
+        zero, safe = k.reg("pred"), k.new(dt)
+        k.emit(f"setp.eq.{t} {zero}, {b}, 0")
+        bad = zero
+        if signed:
+            minus, bad = k.reg("pred"), k.reg("pred")
+            k.emit(f"setp.eq.{t} {minus}, {b}, -1")
+            k.emit(f"or.pred {bad}, {zero}, {minus}")
+        k.emit(f"selp.{cls} {safe}, 1, {b}, {bad}")
+        k.emit(f"{name}.{t} {r}, {a}, {safe}")
+        if signed:
+            if u.op is Ops.IDIV:
+                k.emit(f"@{minus} neg.{t} {r}, {a}")
+            else:
+                k.emit(f"@{minus} mov.{cls} {r}, 0")
+        k.emit(f"@{zero} mov.{cls} {r}, 0")
+        return self._narrow(k, r, dt)
+
+    # ---------------------------------------------------------------- casts
+
+    def _cast(self, k: _Kernel, frm: DType, to: DType, x: str) -> str:
+        """CAST as tiny.ir.dtypes.truncate defines it."""
+        if frm == to:
+            return x
+        if to == dtypes.bool:
+            p = k.reg("pred")
+            if frm == dtypes.float64:
+                k.emit(f"setp.neu.f64 {p}, {x}, 0d0000000000000000")
+            elif frm.is_float:
+                k.emit(f"setp.neu.f32 {p}, {self._f32(k, x, frm)}, 0f00000000")
+            else:
+                k.emit(f"setp.ne.{_ARITH[frm.name]} {p}, {x}, 0")
+            return p
+        if frm == dtypes.bool:
+            if to.is_int:
+                r = k.new(to)
+                k.emit(f"selp.{reg_class(to)} {r}, 1, 0, {x}")
+                return r
+            one = k.reg("b32")
+            k.emit(f"selp.f32 {one}, 0f3F800000, 0f00000000, {x}")
+            return self._cast(k, dtypes.float32, to, one)
+        if frm.is_int and to.is_int:
+            return self._int_cast(k, frm, to, x)
+        if frm.is_int:
+            r = k.new(to)
+            via = "f32" if to == dtypes.bfloat16 else _ARITH[to.name]
+            k.emit(f"cvt.rn.{via}.{_ARITH[frm.name]} {r}, {x}")
+            return self._bf16_round(k, r) if to == dtypes.bfloat16 else r
+        if to.is_int:
+            return self._float_to_int(k, frm, to, x)
+        return self._float_cast(k, frm, to, x)
+
+    def _int_cast(self, k: _Kernel, frm: DType, to: DType, x: str) -> str:
+        r = k.new(to)
+        if reg_class(frm) == "b64" and reg_class(to) == "b64":
+            k.emit(f"mov.b64 {r}, {x}")
+            return r
+        if reg_class(to) == "b64":  # the 32-bit register is already sign- or zero-extended as frm is
+            k.emit(f"cvt.{'s64.s32' if frm.kind == 'i' else 'u64.u32'} {r}, {x}")
+            return r
+        if reg_class(frm) == "b64":
+            k.emit(f"cvt.u32.u64 {r}, {x}")
+        else:
+            k.emit(f"mov.b32 {r}, {x}")
+        return self._narrow(k, r, to)
+
+    def _float_to_int(self, k: _Kernel, frm: DType, to: DType, x: str) -> str:
+        """Toward zero; where the value does not fit (NaN, infinities) int32 gives its minimum and every other
+        integer type int64's minimum, cut to its bits."""
+        if frm == dtypes.float16:
+            x, frm = self._f32(k, x, frm), dtypes.float32
+        t = "f64" if frm == dtypes.float64 else "f32"
+        narrow = to.kind == "i" and to.itemsize == 4
+        lo = -(2**31) if narrow else -(2**63)
+        fits, above = k.reg("pred"), k.reg("pred")
+        fdt = dtypes.float64 if t == "f64" else dtypes.float32
+        k.emit(f"setp.ge.{t} {above}, {x}, {_immediate(float(lo), fdt)}")
+        k.emit(f"setp.lt.{t} {fits}, {x}, {_immediate(float(-lo), fdt)}")
+        k.emit(f"and.pred {fits}, {fits}, {above}")
+        if narrow:
+            r = k.reg("b32")
+            k.emit(f"cvt.rzi.s32.{t} {r}, {x}")
+            k.emit(f"selp.b32 {r}, {r}, {_immediate(lo, dtypes.int32)}, {fits}")
+            return r
+        n = k.reg("b64")
+        k.emit(f"cvt.rzi.s64.{t} {n}, {x}")
+        k.emit(f"selp.b64 {n}, {n}, {_immediate(lo, dtypes.int64)}, {fits}")
+        return n if reg_class(to) == "b64" else self._int_cast(k, dtypes.int64, to, n)
+
+    def _float_cast(self, k: _Kernel, frm: DType, to: DType, x: str) -> str:
+        if to == dtypes.bfloat16:  # from float32 registers, or float64 rounded to float32 first
+            if frm == dtypes.float64:
+                f = k.reg("b32")
+                k.emit(f"cvt.rn.f32.f64 {f}, {x}")
+                x = f
+            return self._bf16_round(k, self._f32(k, x, frm))
+        src = "f32" if frm == dtypes.bfloat16 else _ARITH[frm.name]
+        dst = "f32" if to == dtypes.bfloat16 else _ARITH[to.name]
+        if src == dst:
+            return x
+        r = k.new(to)
+        narrowing = _bits(to) < _bits(frm) or (to == dtypes.float16)
+        k.emit(f"cvt{'.rn' if narrowing else ''}.{dst}.{src} {r}, {x}")
+        return r
+
+    def _bitcast(self, k: _Kernel, u: UOp, x: Reg) -> Reg:
+        """The same bits as another type: registers of one size move; a vector packs into a wider scalar; bools and
+        bfloat16s are taken in their memory form."""
+        frm, to = u.src[0].dtype, u.dtype
+        if frm.count > 1 or to.count > 1:
+            if frm.count > 1 and to.count == 1 and frm.itemsize == to.itemsize and reg_class(to) == "b64":
+                r = k.new(to)
+                k.emit(f"mov.b64 {r}, {{{', '.join(_as_list(x))}}}")
+                return r
+            raise NotImplementedError(f"{type(self).__name__} cannot bitcast {frm!r} to {to!r}")
+        src = _scalar(x)
+        if frm == dtypes.bfloat16:
+            src = self._bf16_bits(k, src)
+        elif frm == dtypes.bool:
+            b = k.reg("b32")
+            k.emit(f"selp.u32 {b}, 1, 0, {src}")
+            src = b
+        src_cls = "b32" if frm in (dtypes.bfloat16, dtypes.bool) else reg_class(frm)
+        dst_cls = "b32" if to in (dtypes.bfloat16, dtypes.bool) else reg_class(to)
+        r = k.reg(dst_cls)
+        if src_cls == dst_cls:
+            k.emit(f"mov.{dst_cls} {r}, {src}")
+        elif src_cls == "b16":  # float16 bits into a 32-bit register
+            k.emit(f"cvt.u32.u16 {r}, {src}")
+        elif dst_cls == "b16":
+            k.emit(f"cvt.u16.u32 {r}, {src}")
+        else:
+            raise NotImplementedError(f"{type(self).__name__} cannot bitcast {frm!r} to {to!r}")
+        if to == dtypes.bfloat16:
+            k.emit(f"shl.b32 {r}, {r}, 16")
+        elif to == dtypes.bool:
+            p = k.reg("pred")
+            k.emit(f"setp.ne.u32 {p}, {r}, 0")
+            return p
+        elif dst_cls == "b32":
+            self._narrow(k, r, to)
+        return r
+
+
+def _immediate(v: int | float | bool, dt: DType) -> str:
+    """A constant as a PTX immediate operand of dt's register size."""
+    if dt.is_float and dt != dtypes.float16:
+        if dt == dtypes.float64:
+            return "0d" + struct.pack(">d", float(v)).hex().upper()
+        return "0f" + struct.pack(">f", float(v)).hex().upper()
+    if dt == dtypes.float16:
+        return "0x" + struct.pack(">e", float(v)).hex().upper()
+    bits = 64 if reg_class(dt) == "b64" else 32
+    return f"0x{int(v) & ((1 << bits) - 1):X}"
+
+
+def _memory_bytes(dt: DType) -> int:
+    return dt.scalar.itemsize
+
+
+def _scalar(r: Reg) -> str:
+    assert isinstance(r, str), f"expected one register, got the lanes {r}"
+    return r
+
+
+def _as_list(r: Reg) -> list[str]:
+    return r if isinstance(r, list) else [r]
+
+
+def _lanes(r: Reg, dt: DType, new: Callable[[str], str]) -> Reg:
+    if isinstance(r, list):
+        return [new(x) for x in r]
+    return new(r) if dt.count == 1 else [new(r) for _ in range(dt.count)]
+
+
+def _name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"{name!r} cannot name a PTX value; expected letters, digits and '_'")
+    return name
