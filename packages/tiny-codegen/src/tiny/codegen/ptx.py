@@ -230,7 +230,7 @@ class PTXRenderer(Renderer):
                 self._store(k, u, regs)
             elif op is Ops.DEFINE_ACC:
                 init = regs[u.src[0]]
-                acc = _lanes(init, u.dtype, lambda x: k.new(u.dtype.scalar))
+                acc = _lanes(init, u.dtype, lambda x, dt=u.dtype.scalar: k.new(dt))
                 for a, x in zip(_as_list(acc), _as_list(init)):
                     k.emit(f"mov.{reg_class(u.dtype)} {a}, {x}")
                 regs[u] = acc
@@ -248,13 +248,12 @@ class PTXRenderer(Renderer):
                 picks = u.arg if isinstance(u.arg, tuple) else (u.arg,)
                 regs[u] = lanes[picks[0]] if u.dtype.count == 1 else [lanes[i] for i in picks]
             elif op is Ops.CAST:
-                regs[u] = self._per_lane(
-                    u, regs, lambda xs: self._cast(k, u.src[0].dtype.scalar, u.dtype.scalar, xs[0])
-                )
+                frm, to = u.src[0].dtype.scalar, u.dtype.scalar
+                regs[u] = self._per_lane(u, regs, lambda xs, frm=frm, to=to: self._cast(k, frm, to, xs[0]))
             elif op is Ops.BITCAST:
                 regs[u] = self._bitcast(k, u, regs[u.src[0]])
             elif op in GroupOp.ALU:
-                regs[u] = self._per_lane(u, regs, lambda xs: self._alu(k, u, xs))
+                regs[u] = self._per_lane(u, regs, lambda xs, u=u: self._alu(k, u, xs))
             else:
                 raise NotImplementedError(f"{type(self).__name__} cannot render {op.name}")
         head = [
