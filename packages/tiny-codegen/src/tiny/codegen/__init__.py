@@ -14,7 +14,7 @@ from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, kernel_name, lower
 from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
-from tiny.codegen.program import build_program, render_kernel
+from tiny.codegen.program import build_program, render_for, render_kernel
 from tiny.ir.config import BEAM, DEBUG, NOOPT
 from tiny.ir.device import Compiled, CompiledProgram
 from tiny.ir.uop import UOp
@@ -23,6 +23,7 @@ __all__ = [
     "get_program",
     "choose_opts",
     "render_kernel",
+    "render_for",
     "Kernel",
     "KernelOptError",
     "Opt",

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, lower
-from tiny.codegen.opt import Opt
+from tiny.codegen.opt import Kernel, Opt
 from tiny.codegen.vectorize import vectorize
 from tiny.ir.config import DEBUG
-from tiny.ir.device import Compiled, CompiledProgram
+from tiny.ir.device import Compiled, CompiledProgram, Renderer
 from tiny.ir.dtypes import PtrDType
 from tiny.ir.pattern import graph_rewrite
 from tiny.ir.spec import validate
@@ -29,7 +30,14 @@ class Rendered:
 
 def render_kernel(ast: UOp, device: Compiled, opts: Sequence[Opt] = ()) -> Rendered:
     """Lower (after the optimization actions `opts`), simplify, linearize, check and render a kernel; no compiling."""
-    renderer = device.renderer
+    return render_for(ast, device.renderer, opts)
+
+
+def render_for(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) -> Rendered:
+    """render_kernel for a renderer alone, no device: what compile-only tests of a GPU that is not here use.
+    opts None: the hand-written rules' actions for the renderer's caps."""
+    if opts is None:
+        opts = hand_opts(Kernel(ast, renderer.caps))
     kernel = lower(ast, renderer.caps, opts)  # loops or hardware ids, lanes, index math, REDUCEs
     sink = graph_rewrite(kernel.sink, symbolic)  # simplify index math and fold constants
     sink = graph_rewrite(sink, vectorize, ctx=renderer.caps.vector_width * 4)  # lanes doing one thing: vector ops

@@ -1,0 +1,67 @@
+"""HIP C: kernels for AMD GPUs as C++ device code, the conservative alternative to the AMDGPU LLVM IR renderer.
+
+The source needs no HIP header and no ROCm device library (clang -x hip -nogpuinc -nogpulib): workgroup and
+work-item ids are clang's __builtin_amdgcn_workgroup_id_x / workitem_id_x, a barrier is a workgroup release fence,
+__builtin_amdgcn_s_barrier and an acquire fence, local memory is `__attribute__((shared))`, math is clang's
+builtins (which become LLVM intrinsics). Vectors are clang's GNU vectors with the helpers the C renderer uses
+(tiny.codegen.cstyle.CRenderer); every helper is made a device function by `#pragma clang force_cuda_host_device`.
+float16 is _Float16; bfloat16 is emulated, as in C. The target is the GPU, as for the AMDGPU renderer ('gfx1100').
+"""
+
+from __future__ import annotations
+
+import math
+
+from tiny.codegen.amdgpu import amd_target
+from tiny.codegen.cstyle import CRenderer, GPUCStyleRenderer
+from tiny.ir.device import RendererCaps
+from tiny.ir.uop import Ops, UOp
+
+_DIMS = "xyz"
+
+
+class HIPRenderer(GPUCStyleRenderer):
+    """HIP C for one AMD GPU, compiled by clang as device code only (tiny.runtime.amd.compiler.HIPCompiler)."""
+
+    caps = RendererCaps(language="HIP")
+    language = "HIP"
+    kernel_prefix = 'extern "C" __attribute__((global)) void'
+    local_qualifier = "__attribute__((shared)) "
+    barrier_text = (
+        '__builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); __builtin_amdgcn_s_barrier(); '
+        '__builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");'
+    )
+    type_names = CRenderer.type_names | {"bool": "bool"}
+    mvec = False  # no glibc vector math on the GPU: vector math goes lane by lane
+
+    # GNU vectors and their helpers, as the C renderer writes them
+    vector_typedef = CRenderer.vector_typedef
+    vector_prelude = CRenderer.vector_prelude
+    vector_math = CRenderer.vector_math
+
+    def __init__(self, target: str = "gfx1100") -> None:
+        amd = amd_target(target)
+        limits = f"vector_width=4;local_max=1024,1024,1024;local_total_max=1024;shared_max={amd.lds_size}"
+        super().__init__(limits)
+        self.target, self.amd = target or "gfx1100", amd
+
+    def special(self, name: str) -> str:
+        kind = "workitem" if name.startswith("lidx") else "workgroup"
+        return f"__builtin_amdgcn_{kind}_id_{_DIMS[int(name[4:])]}()"
+
+    def bit_cast(self, to: str, frm: str, x: str) -> str:
+        return f"__builtin_bit_cast({to}, ({frm})({x}))"
+
+    def preamble(self, scalars: set) -> str:
+        # helpers (bfloat16, vectors) are device functions; `restrict` is C's, C++ spells it __restrict__
+        return "#define restrict __restrict__\n#pragma clang force_cuda_host_device begin\n"
+
+    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+        return "#pragma clang force_cuda_host_device end\n" + super().render_kernel(name, params, body)
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        """The kernel, declared with the workgroup size it is launched with so that clang budgets registers for it."""
+        local = math.prod(u.arg[1] for u in uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
+        head = f"{self.kernel_prefix} {name}("
+        bounded = f"{self.kernel_prefix} __attribute__((amdgpu_flat_work_group_size(1, {local}))) {name}("
+        return super().render(name, uops).replace(head, bounded, 1)
