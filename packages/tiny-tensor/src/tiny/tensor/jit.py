@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from tiny.ir.device import Buffer, buffer_of
+from tiny.ir.device import Buffer, Device, GraphLaunch, buffer_of
 from tiny.ir.schedule import is_realized
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.creation import RNG
@@ -43,6 +43,7 @@ class _Recording:
     args: list[list[Any]]  # per launch: the argument handles, with inputs to patch in
     patches: list[list[tuple[int, int]]]  # per launch: (argument position, input position)
     planned_bytes: tuple[int, int]  # bytes of internal buffers before and after planning
+    graph: Callable[[list[tuple[Any, ...]]], None] | None = None  # the device's one-submission replay, if it has one
 
 
 class TinyJit(Generic[R]):
@@ -191,7 +192,20 @@ def _record(launches: list[Launch], inputs: list[Buffer], out: Any) -> _Recordin
         args.append([b.ensure_allocated().opaque for b in ln.buffers])
         patches.append([(j, position[b]) for j, b in enumerate(ln.buffers) if b in position])
     written = {b for ln in launches for j, b in enumerate(ln.buffers) if _writes(ln, j)} - set(inputs)
-    return _Recording(launches, inputs, written, out, args, patches, (before, after))
+    return _Recording(launches, inputs, written, out, args, patches, (before, after), _graph(launches, args))
+
+
+def _graph(launches: list[Launch], args: list[list[Any]]) -> Callable[[list[tuple[Any, ...]]], None] | None:
+    """The device's graph executor for the captured kernels, where they are all kernels of one device that has one."""
+    devices = {ln.program.device for ln in launches if ln.program is not None}
+    if not launches or len(devices) != 1 or any(ln.program is None or ln.runner is None for ln in launches):
+        return None
+    graph = [
+        GraphLaunch(ln.runner, tuple(a), ln.program.global_size, ln.program.local_size)
+        for ln, a in zip(launches, args)
+        if ln.program is not None and ln.runner is not None
+    ]
+    return Device[devices.pop()].graph(graph)
 
 
 def _writes(launch: Launch, j: int) -> bool:
@@ -244,6 +258,9 @@ def _replay(rec: _Recording, tensors: list[Tensor]) -> Any:
                 "the replay would read it while overwriting it. Pass a copy (t.contiguous()) or a new tensor."
             )
     handles = [b.ensure_allocated().opaque for b in new]
+    if rec.graph is not None:  # one submission: each launch's arguments, with the new inputs patched in
+        rec.graph([_patched(args, patches, handles) for args, patches in zip(rec.args, rec.patches)])
+        return _rebuild(rec.outputs, dict(zip(rec.inputs, tensors)))
     swap = dict(zip(rec.inputs, new))
     for ln, args, patches in zip(rec.launches, rec.args, rec.patches):
         if ln.program is None:  # a copy between devices
@@ -257,3 +274,10 @@ def _replay(rec: _Recording, tensors: list[Tensor]) -> Any:
         prog = ln.program
         ln.runner(*args, global_size=prog.global_size, local_size=prog.local_size)
     return _rebuild(rec.outputs, dict(zip(rec.inputs, tensors)))
+
+
+def _patched(args: list[Any], patches: list[tuple[int, int]], handles: list[Any]) -> tuple[Any, ...]:
+    out = list(args)
+    for j, k in patches:
+        out[j] = handles[k]
+    return tuple(out)

@@ -16,6 +16,7 @@ import os
 import re
 import weakref
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
@@ -132,6 +133,17 @@ class Program:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class GraphLaunch:
+    """One kernel launch of a captured sequence that a device's graph executor replays."""
+
+    program: Program
+    args: tuple[Any, ...]  # buffer handles (allocator opaques), output(s) first
+    global_size: tuple[int, int, int]
+    local_size: tuple[int, int, int]
+    vals: tuple[int, ...] = ()
+
+
 # ---------------------------------------------------------------- memory
 
 
@@ -238,6 +250,11 @@ class Compiled:
 
     def synchronize(self) -> None:
         pass
+
+    def graph(self, launches: list[GraphLaunch]) -> Callable[[list[tuple[Any, ...]]], None] | None:
+        """A replay of kernels TinyJit captured, in one submission (a CUDA graph ...): a callable that takes each
+        launch's buffer arguments (changed where the inputs did) and runs them all. None: replay kernel by kernel."""
+        return None
 
     def load(self, program: CompiledProgram) -> Program:
         return _load_program(self, program.name, program.binary)
