@@ -5,7 +5,7 @@ import pytest
 from tiny.ir.device import DeviceUnavailable
 from tiny.runtime.nv import find_stack
 from tiny.runtime.nv.cuda import CUDADevice
-from tiny.runtime.nv.discovery import nvrtc_candidates
+from tiny.runtime.nv.nvrtc import candidates as nvrtc_candidates
 
 
 def test_stack_names_the_missing_piece() -> None:

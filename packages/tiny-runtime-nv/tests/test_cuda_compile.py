@@ -1,0 +1,187 @@
+"""Compile-only tests of the CUDA stack, runnable without a GPU: every kernel of a representative set of tensor ops
+(nv_kernels.py), planned for an H100's limits, rendered as CUDA C and compiled by NVRTC to a cubin for sm_80 and
+sm_90, and rendered as PTX and assembled by ptxas for the same architectures (skipped, with the reason, where no
+CUDA toolkit's ptxas is on PATH). Then what the code says (vector loads, shared memory and barriers, f16
+instructions), how NVRTC is chosen for a driver, and the compilers' errors."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+from nv_kernels import ops, render_schedule, target
+
+from tiny.codegen.cuda import CUDARenderer
+from tiny.codegen.opt import Opt, OptOps
+from tiny.codegen.ptx import PTXRenderer
+from tiny.ir.device import CompileError, DeviceUnavailable
+from tiny.ir.dtypes import dtypes
+from tiny.ir.uop import Ops, UOp
+from tiny.runtime.nv.nvrtc import CUDACompiler, PTXCompiler, compile_cuda, find_nvrtc, installed
+from tiny.tensor import Tensor
+
+ARCHS = ("sm_80", "sm_90")
+OPS = ops()
+
+
+def nvrtc():  # noqa: ANN201
+    if not installed():
+        pytest.skip("no NVRTC: pip install nvidia-cuda-nvrtc (the nv nox session does)")
+    return installed()[0]
+
+
+@functools.cache
+def _ptxas() -> str | None:
+    return shutil.which("ptxas") or shutil.which("/usr/local/cuda/bin/ptxas")
+
+
+def ptxas(src: str, arch: str) -> str:
+    """ptxas's complaints about the PTX ('' when it assembles); skips where there is no ptxas."""
+    tool = _ptxas()
+    if tool is None:
+        pytest.skip("no ptxas on PATH (it comes with a CUDA toolkit)")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(src)
+        f.flush()
+        r = subprocess.run([tool, f"-arch={arch}", "-o", "/dev/null", f.name], capture_output=True, text=True)
+    return "" if r.returncode == 0 else r.stderr or "failed"
+
+
+def nvrtc_ptx(src: str, arch: str) -> str:
+    return compile_cuda(nvrtc(), src, arch, cubin=False).rstrip(b"\0").decode()
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_cuda_c_compiles_to_a_cubin(op: str, arch: str) -> None:
+    n = nvrtc()
+    kernels = render_schedule(op, OPS[op](), CUDARenderer(target(arch)))
+    assert kernels, f"{op} scheduled no kernel"
+    for k in kernels:
+        binary = CUDACompiler(arch, n).compile(k.src)
+        assert binary[:4] == b"\x7fELF", f"{k.name}: NVRTC gave no cubin"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_ptx_assembles(op: str, arch: str) -> None:
+    for k in render_schedule(op, OPS[op](), PTXRenderer(target(arch))):
+        assert k.src.count(f".target {arch}") == 1
+        assert PTXCompiler(arch).compile(k.src).endswith(b"\0")
+        errors = ptxas(k.src, arch)
+        assert errors == "", f"ptxas refused {k.name}:\n{errors}\n--- PTX ---\n{k.src}"
+
+
+# ---------------------------------------------------------------- what the code says
+
+
+def test_vector_loads_are_v4_in_both_renderers() -> None:
+    a, b = (Tensor.ones(64, 64, device="CPU").contiguous().realize() for _ in range(2))
+    (k,) = render_schedule("mul", a * b, PTXRenderer(target("sm_90")))
+    assert any(u.dtype.count == 4 for u in k.uops if u.op is Ops.LOAD), "the plan made no vector load"
+    assert "ld.global.v4.f32" in k.src and "st.global.v4.f32" in k.src
+    assert ptxas(k.src, "sm_90") == ""
+    (c,) = render_schedule("mul", a * b, CUDARenderer(target("sm_90")))
+    assert "tiny_vload<float, 4>" in c.src
+    assert any(w in nvrtc_ptx(c.src, "sm_90") for w in ("ld.global.nc.v4.f32", "ld.global.v4.f32"))
+
+
+def test_grouped_reduction_uses_shared_memory_and_a_barrier() -> None:
+    x = Tensor.ones(4, 256, device="CPU").contiguous().realize()
+    (k,) = render_schedule("sum", x.sum(axis=1), PTXRenderer(target("sm_90")), [Opt(OptOps.GROUP, 1, 16)])
+    assert ".shared .align 16 .b8 temp0[64];" in k.src and "bar.sync 0;" in k.src and "%tid.x" in k.src
+    assert ".maxntid 16, 1, 1" in k.src
+    assert ptxas(k.src, "sm_90") == ""
+    (c,) = render_schedule("sum", x.sum(axis=1), CUDARenderer(target("sm_90")), [Opt(OptOps.GROUP, 1, 16)])
+    assert "__shared__ float temp0[16];" in c.src and "__syncthreads();" in c.src
+    assert "__launch_bounds__(16)" in c.src and "threadIdx.x" in c.src
+    assert "bar.sync" in nvrtc_ptx(c.src, "sm_90")
+
+
+def test_half_math_uses_f16_instructions() -> None:
+    h = Tensor.ones(64, device="CPU").cast(dtypes.float16).realize()
+    (k,) = render_schedule("half", h * h + h, PTXRenderer(target("sm_80")))
+    assert "mul.f16" in k.src and "add.f16" in k.src and "ld.global.b16" in k.src and "st.global.b16" in k.src
+    assert ptxas(k.src, "sm_80") == ""
+    (c,) = render_schedule("half", h * h + h, CUDARenderer(target("sm_80")))
+    assert "tiny_f16_round(" in c.src and "unsigned short* restrict data0" in c.src  # 16 bits in memory
+
+
+def test_bfloat16_is_float_math_rounded_after_each_op() -> None:
+    b = Tensor.ones(64, device="CPU").cast(dtypes.bfloat16).realize()
+    (k,) = render_schedule("bf16", b * b + b, PTXRenderer(target("sm_90")))
+    assert "mul.f32" in k.src and "add.f32" in k.src and "ld.global.u16" in k.src and "0x7fc0" in k.src
+    assert "bf16" not in k.src.split("}")[0].split("{", 1)[1]  # no native bfloat16 instruction is needed
+    assert ptxas(k.src, "sm_90") == ""
+
+
+def test_integer_division_is_guarded_and_max_lets_nan_win() -> None:
+    i = Tensor.ones(64, device="CPU").cast(dtypes.int32).realize()
+    (k,) = render_schedule("div", i // i, PTXRenderer(target("sm_90")))
+    assert "div.s32" in k.src and "setp.eq.s32" in k.src  # a zero divisor gives 0, not the hardware's answer
+    f = Tensor.ones(64, device="CPU").contiguous().realize()
+    (k,) = render_schedule("max", f.maximum(f * 2), PTXRenderer(target("sm_90")))
+    assert "setp.nan.f32" in k.src
+
+
+def test_kernel_signature() -> None:
+    a = Tensor.ones(1000, device="CPU").contiguous().realize()
+    (c,) = render_schedule("add", a + 1, CUDARenderer(target("sm_90")))
+    assert 'extern "C" __global__ void __launch_bounds__(' in c.src
+    assert "float* restrict data0, const float* restrict data1" in c.src
+    (k,) = render_schedule("add", a + 1, PTXRenderer(target("sm_90")))
+    assert ".visible .entry " in k.src and ".param .u64 data0" in k.src and ".version 7.8" in k.src
+    (k,) = render_schedule("add", a + 1, PTXRenderer(target("sm_80")))
+    assert ".version 7.0" in k.src and ".target sm_80" in k.src
+
+
+def test_wmma_is_refused_by_name_until_tensor_cores_come() -> None:
+    wmma = UOp(Ops.WMMA, dtypes.float32, (), None)
+    for r in (CUDARenderer(target("sm_90")), PTXRenderer(target("sm_90"))):
+        with pytest.raises(NotImplementedError, match="does not render WMMA"):
+            r.render("k", [wmma])
+
+
+@pytest.mark.parametrize("bad", ["arch=sm_9x", "arch=gfx90a", "arch=sm_60;local_max=1,2"])
+def test_bad_targets_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        PTXRenderer(bad)
+    if "sm_60" not in bad:
+        with pytest.raises(ValueError, match="arch"):
+            CUDARenderer(bad)
+
+
+# ---------------------------------------------------------------- NVRTC and the driver
+
+
+def test_nvrtc_is_chosen_for_the_driver() -> None:
+    n = nvrtc()
+    newest = installed()[0]
+    assert find_nvrtc(None) is newest
+    assert find_nvrtc(n.version[0] * 1000 + 990) is newest or n.version[0] < newest.version[0]
+    with pytest.raises(DeviceUnavailable, match=r"older than every NVRTC installed"):
+        find_nvrtc(min(x.version[0] for x in installed()) * 1000 - 1000)
+
+
+def test_compilers_key_their_cache_by_nvrtc_and_arch() -> None:
+    n = nvrtc()
+    c80, c90 = CUDACompiler("sm_80", n), CUDACompiler("sm_90", n)
+    assert c80.cachekey != c90.cachekey and f"nvrtc{n.version[0]}.{n.version[1]}" in str(c80.cachekey)
+    assert c80.cubin  # NVRTC makes cubins for sm_80: the driver loads them without a PTX JIT
+
+
+def test_compile_errors_carry_the_log_and_the_source() -> None:
+    src = 'extern "C" __global__ void k(float* a) { a[0] = undefined_thing; }'
+    with pytest.raises(CompileError, match="undefined_thing") as e:
+        CUDACompiler("sm_90", nvrtc()).compile(src)
+    assert "--- source ---" in str(e.value) and "sm_90" in str(e.value)
+    with pytest.raises(CompileError, match=r"must say `.target sm_90`"):
+        PTXCompiler("sm_90").compile(".version 7.0\n.target sm_80\n")
+    with pytest.raises(ValueError, match="sm_90"):
+        CUDACompiler("compute_90", nvrtc())
