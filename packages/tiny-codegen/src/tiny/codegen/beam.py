@@ -41,6 +41,13 @@ def actions(k: Kernel) -> list[Opt]:
     """Every action worth trying next on k (legality is checked when one is applied)."""
     out: list[Opt] = []
     caps = k.caps
+    if caps.tensor_cores and not k.applied:  # a matrix product on tensor cores: K and which core
+        out += [
+            Opt(OptOps.TC, i, t)
+            for i, p in enumerate(k.axes)
+            if p.kind is Kind.REDUCE
+            for t in range(len(caps.tensor_cores))
+        ]
     for i, p in enumerate(k.axes):
         if p.kind is Kind.GLOBAL:
             out += [Opt(OptOps.UPCAST, i, a) for a in AMOUNTS if a == 0 and p.size <= 16 or a and p.size % a == 0]

@@ -40,6 +40,8 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
         return False
 
     caps = k.caps
+    if caps.tensor_cores and k.reduce_dims and _tensor_cores(k, attempt):
+        return chosen
     lanes = max(2, caps.vector_width)
     loads = [u.src[1].arg for u in k.ast.toposort if u.op is Ops.LOAD]
     store_view: View = k.store.src[1].arg
@@ -80,6 +82,21 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
     if caps.has_local:
         _local_opts(k, attempt)
     return chosen
+
+
+def _tensor_cores(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> bool:
+    """A matrix product on the first of the renderer's tensor cores that takes it (K: the innermost reduce dim that
+    fits), then two tiles per warp along M (B's fragment serves both) and up to four warps per workgroup."""
+    for core in range(len(k.caps.tensor_cores)):
+        for axis in reversed(range(len(k.axes))):
+            if k.axes[axis].kind is not Kind.REDUCE or not attempt(OptOps.TC, axis, (core,)):
+                continue
+            assert k.tc is not None
+            attempt(OptOps.UPCAST, _axis(k, k.tc.m), (2,))
+            for dim in (k.tc.n, k.tc.m):
+                attempt(OptOps.LOCAL, _axis(k, dim), (2,))
+            return True
+    return False
 
 
 def _local_opts(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> None:

@@ -3,7 +3,8 @@
 Loops nest as a tree. Output loops form a chain (in axis order); a REDUCE's loops hang below the
 deepest loop its result depends on. Each node is placed in the deepest loop it depends on, so work that
 does not change inside a loop is done outside it. A REDUCE becomes an accumulator (DEFINE_ACC) before
-its loops and an ASSIGN at the end of its innermost loop; its users read the ASSIGN after the loops.
+its loops and an ASSIGN at the end of its innermost loop; its users read the ASSIGN after the loops. A sum of
+WMMAs (tensor cores) accumulates through the WMMA itself: the accumulator is its C operand.
 """
 
 from __future__ import annotations
@@ -47,7 +48,17 @@ class _Linearizer:
                 p = self._attach(r, p)
         self.children: dict[Block, list[UOp]] = {}
         self.nodes: dict[Block, list[UOp]] = {}
+        uses: dict[UOp, int] = {}
         for u in self.topo:
+            for s in u.src:
+                uses[s] = uses.get(s, 0) + 1
+        # a WMMA only a sum uses is emitted as that sum's update, with the accumulator as its C operand
+        self.wmma_sums = {
+            r.value for r in self.reduces if r.value.op is Ops.WMMA and r.arg is Ops.ADD and uses[r.value] == 1
+        }
+        for u in self.topo:
+            if u in self.wmma_sums:
+                continue
             if u.op is Ops.RANGE:
                 self.children.setdefault(self.parent[u], []).append(u)
             else:
@@ -169,7 +180,11 @@ class _Linearizer:
         for red in self.reduces:
             if red.ranges[-1] is r:
                 acc = self.accs[red]
-                update = acc.alu(red.arg, self.emit_src(red.value))
+                if red.value in self.wmma_sums:
+                    a, b, _ = red.value.src
+                    update = red.value.replace(src=(self.emit_src(a), self.emit_src(b), acc))
+                else:
+                    update = acc.alu(red.arg, self.emit_src(red.value))
                 self.out.append(update)
                 assign = UOp(Ops.ASSIGN, red.dtype, (acc, update))
                 self.out.append(assign)

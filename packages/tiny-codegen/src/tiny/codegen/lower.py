@@ -6,6 +6,11 @@ workgroup ids; each reduce part a loop inside its REDUCE; upcast and unrolled pa
 per lane, with the lanes of a vector gathered in a VECTORIZE (at the store, or in a vector accumulator) for
 tiny.codegen.vectorize to turn into vector ops. A View becomes an offset expression and, where it has padding,
 a gate that makes the load read 0 instead of memory; padded dims add gates of their own.
+
+A matrix product mapped onto a tensor core (the plan's `tc`) lowers its sum as one WMMA per tile: the warp's lane
+is lidx0, and each operand's tile pieces are indexed by the lane and the fragment element as that operand's layout
+says. Each lane loads its A and B fragments, the WMMA adds their product to the accumulator (a vector, the C
+fragment), and each element of it is stored (after the epilogue) where C's layout puts it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
 from tiny.ir.symbolic import symbolic
+from tiny.ir.tensorcore import Fragment
 from tiny.ir.uop import GroupOp, Ops, UOp, evaluate, substitute
 from tiny.ir.views import View
 
@@ -81,6 +87,9 @@ class _Lowerer:
         self.local_stores: list[UOp] = []
         self.barrier = UOp(Ops.BARRIER, arg="pending")
         self.group_gate: UOp | None = None
+        # tensor cores: the warp's lane, and for each output index the C element there (with the env of its tile)
+        self.lane: UOp | None = None
+        self.tc_element: dict[tuple[UOp, ...], tuple[dict[int, UOp], int]] = {}
 
     def new_range(self, size: int) -> UOp:
         r = UOp.range(UOp.const(self.idx_dtype, size), self.next_range, self.idx_dtype)
@@ -106,7 +115,11 @@ class _Lowerer:
                 self.env[i] = self.special("gidx0", p.size)
                 self.global_size[0] = p.size
         workgroup = [i for i, p in enumerate(parts) if p.kind in (Kind.LOCAL, Kind.GROUP)]
-        for n, i in enumerate(reversed(workgroup)):  # lidx0 is the innermost
+        first = 0
+        if self.k.tc is not None:  # the warp's lanes are the innermost workgroup dim
+            self.lane = self.special("lidx0", self.k.tc.core.threads)
+            self.local_size[0], first = self.k.tc.core.threads, 1
+        for n, i in enumerate(reversed(workgroup), first):  # lidx0 is the innermost
             self.env[i] = self.special(f"lidx{n}", parts[i].size)
             self.local_size[n] = parts[i].size
 
@@ -115,6 +128,52 @@ class _Lowerer:
         idx = [i for i, p in enumerate(self.k.parts) if p.kind is kind]
         sizes = [range(self.k.parts[i].size) for i in idx]
         return [{i: UOp.const(self.idx_dtype, v) for i, v in zip(idx, vals)} for vals in itertools.product(*sizes)]
+
+    def tc_env(self, frag: Fragment, elem: int) -> dict[int, UOp]:
+        """The tile pieces' indices for element `elem` of a fragment: each coordinate's lane bits and element bits
+        (a coordinate the operand does not have is 0)."""
+        assert self.k.tc is not None and self.lane is not None
+        use, env = self.k.tc, {}
+        for axis, dim in (("m", use.m), ("n", use.n), ("k", use.k)):
+            value = UOp.const(self.idx_dtype, frag.coord(axis, 0, elem) if axis in (frag.rows, frag.cols) else 0)
+            for first, bits, to in frag.lane_terms(axis) if axis in (frag.rows, frag.cols) else []:
+                term = self.lane // 2**first if first else self.lane
+                if first + bits < len(frag.lane_bits):
+                    term = term % 2**bits
+                value = value + term * 2**to
+            env[self.k.tc_part(dim)] = value
+        return env
+
+    def tc_operands(self, u: UOp, idxs: tuple[UOp, ...]) -> list[tuple[UOp, tuple[UOp, ...]]]:
+        """The A and B fragments' elements of the tile the output index idxs is in: (AST piece, index) each."""
+        assert self.k.tc is not None
+        use, core = self.k.tc, self.k.tc.core
+        origin, _ = self.tc_element[idxs]
+        if u not in self.reduce_env:
+            self.reduce_env[u] = {
+                i: self.new_range(p.size) for i, p in enumerate(self.k.parts) if p.kind is Kind.REDUCE
+            }
+        env = origin | self.reduce_env[u]
+
+        def at(frag: Fragment, elem: int) -> tuple[UOp, ...]:
+            full = env | self.tc_env(frag, elem)
+            return tuple(self.dim_index(d, full) for d in range(len(self.k.full_shape)))
+
+        return [(use.a, at(core.a, e)) for e in range(core.a.elements)] + [
+            (use.b, at(core.b, e)) for e in range(core.b.elements)
+        ]
+
+    def tc_reduce(self, u: UOp, idxs: tuple[UOp, ...], values: list[UOp]) -> UOp:
+        """The sum at idxs: its element of the accumulated WMMAs of its tile."""
+        assert self.k.tc is not None
+        core = self.k.tc.core
+        _, elem = self.tc_element[idxs]
+        a = UOp(Ops.VECTORIZE, core.a_dtype, tuple(values[: core.a.elements]))
+        b = UOp(Ops.VECTORIZE, core.b_dtype, tuple(values[core.a.elements :]))
+        wmma = UOp(Ops.WMMA, core.c_dtype, (a, b, UOp.const(core.c_dtype, 0.0)), core.name)
+        ranges = [self.reduce_env[u][i] for i, p in enumerate(self.k.parts) if p.kind is Kind.REDUCE]
+        total = UOp(Ops.REDUCE, core.c_dtype, (wmma, *ranges), Ops.ADD) if ranges else wmma
+        return UOp(Ops.GEP, core.dtype_out, (total,), elem)
 
     def dim_index(self, d: int, env: dict[int, UOp]) -> UOp:
         idx = self.zero
@@ -180,6 +239,8 @@ class _Lowerer:
         if u.op is Ops.REDUCE_AXIS:
             if any(u.src[0].shape[a] == 0 for a in u.arg[1]):  # nothing to reduce over: no loop, no value
                 return []
+            if self.k.tc is not None:
+                return self.tc_operands(u, idxs)
             return [(u.src[0], inner) for inner in self.reduce_inner(u, idxs)]
         if u.op in GroupOp.Elementwise:
             return [(s, idxs) for s in u.src]
@@ -196,7 +257,7 @@ class _Lowerer:
             _, valid = u.src[0].arg.to_index(idxs) if u.src else (None, None)
             return value if valid is None else valid.where(value, UOp.const(u.dtype, 0))
         if u.op is Ops.REDUCE_AXIS:
-            return self.reduce(u, idxs, srcs)
+            return self.tc_reduce(u, idxs, srcs) if self.k.tc is not None and srcs else self.reduce(u, idxs, srcs)
         return UOp(u.op, u.dtype, tuple(srcs), u.arg)
 
     def reduce(self, u: UOp, idxs: tuple[UOp, ...], values: list[UOp]) -> UOp:
@@ -331,7 +392,7 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     def address(env: dict[int, UOp]) -> UOp:
         return lw.access(buf, view.arg, lw.out_idxs(env))
 
-    out_vec = _vector_part(lw, upcasts, address, lanes)
+    out_vec = None if k.tc is not None else _vector_part(lw, upcasts, address, lanes)
     unrolls = [i for i, p in enumerate(k.parts) if p.kind is Kind.UNROLL]
     if out_vec is None and unrolls and len(k.reductions) == 1:
         red = k.reductions[0]
@@ -341,7 +402,15 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
             lw.vector_unroll = (part, n)
     stores: list[UOp] = []
     combos = lw.lane_combos(Kind.UPCAST)
-    if out_vec is None:
+    if k.tc is not None:  # one store per element of each tile's C fragment
+        frag = k.tc.core.c
+        for lanes_env in combos:
+            for elem in range(frag.elements):
+                env = lw.env | lanes_env | lw.tc_env(frag, elem)
+                idxs = lw.out_idxs(env)
+                lw.tc_element[idxs] = (lw.env | lanes_env, elem)
+                stores.append(UOp(Ops.STORE, dtypes.void, (address(env), lw.lower(value, idxs))))
+    elif out_vec is None:
         for lanes_env in combos:
             env = lw.env | lanes_env
             stores.append(UOp(Ops.STORE, dtypes.void, (address(env), lw.lower(value, lw.out_idxs(env)))))

@@ -11,6 +11,8 @@ in two and gives one piece a kind that says how lowering walks it:
   group    a reduce piece split across the threads of a workgroup, combined through local memory
   upcast   an output piece computed as separate values in registers (register tiling, vectors)
   unroll   a reduce piece written out in full inside the loop
+  tc       a tile piece of a matrix product's M, N or K dim on a tensor core: the warp's lanes and their fragment
+           elements index it, each operand by its own layout (tiny.ir.tensorcore)
 
 A dim's index is the sum of its parts' indices times their strides. `Opt(op, axis, arg)` names the part by
 its place among the global and reduce parts (globals first), as `Kernel.axes` lists them.
@@ -23,6 +25,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from tiny.ir.device import RendererCaps
+from tiny.ir.dtypes import DType
+from tiny.ir.tensorcore import TensorCore
 from tiny.ir.uop import Ops, UOp
 
 MAX_LANES = 512  # upcast x unroll: values computed side by side in one thread
@@ -63,6 +67,7 @@ class Kind(enum.Enum):
     GROUP = "group"
     UPCAST = "upcast"
     UNROLL = "unroll"
+    TC = "tc"
 
 
 LANES = (Kind.UPCAST, Kind.UNROLL)
@@ -76,6 +81,19 @@ class Part:
     kind: Kind
 
 
+@dataclass(frozen=True)
+class TensorCoreUse:
+    """A matrix product mapped onto a tensor core: which dims are its M, N and K, and the AST pieces whose values
+    are the A and B operands (in the tensor core's dtype_in)."""
+
+    core: TensorCore
+    m: int
+    n: int
+    k: int
+    a: UOp
+    b: UOp
+
+
 @dataclass
 class Kernel:
     """A kernel AST with the plan of how its iteration space is cut into parts."""
@@ -87,6 +105,7 @@ class Kernel:
     parts: list[Part] = field(default_factory=list)
     padded: dict[int, int] = field(default_factory=dict)  # dim -> its size after padding
     applied: list[Opt] = field(default_factory=list)
+    tc: TensorCoreUse | None = None
 
     def __post_init__(self) -> None:
         self.out_shape: tuple[int, ...] = self.store.src[1].arg.shape
@@ -124,7 +143,7 @@ class Kernel:
 
     def copy(self) -> Kernel:
         k = Kernel(self.ast, self.caps)
-        k.parts, k.padded, k.applied = list(self.parts), dict(self.padded), list(self.applied)
+        k.parts, k.padded, k.applied, k.tc = list(self.parts), dict(self.padded), list(self.applied), self.tc
         return k
 
     # ---- actions
@@ -191,6 +210,7 @@ class Kernel:
         self._split(part, amt, Kind.UPCAST, top=False)
 
     def _unroll(self, opt: Opt, part: Part) -> None:
+        self._after_tc(opt)
         self._need(opt, part, Kind.REDUCE)
         amt = self._amount(opt, part)
         self._check_lanes(opt, amt)
@@ -201,7 +221,7 @@ class Kernel:
             raise KernelOptError(f"{opt}: the {self.caps.language} renderer has no workgroups")
         self._need(opt, part, Kind.GLOBAL)
         amt = self._amount(opt, part)
-        workgroup = self.of_kind(Kind.LOCAL) + self.of_kind(Kind.GROUP)
+        workgroup = self.of_kind(Kind.LOCAL) + self.of_kind(Kind.GROUP) + self._warp()
         total = math.prod(p.size for p in workgroup) * amt
         if len(workgroup) >= 3 or (self.caps.local_total_max and total > self.caps.local_total_max):
             raise KernelOptError(f"{opt}: a workgroup of {total} threads in {len(workgroup) + 1} dims is too big")
@@ -211,6 +231,8 @@ class Kernel:
     def _check_local_max(self, opt: Opt, amt: int) -> None:
         """A new workgroup part of amt threads becomes lidx0 (the others move out by one): each dim within its limit."""
         sizes = [amt] + [p.size for p in reversed(self.parts) if p.kind in (Kind.LOCAL, Kind.GROUP)]
+        if self.tc is not None:  # the warp's lanes are lidx0
+            sizes = [self.tc.core.threads] + sizes
         limits = self.caps.local_max or ()
         if any(size > limit for size, limit in zip(sizes, limits)):
             raise KernelOptError(f"{opt}: workgroup dims {sizes} exceed the renderer's limits {list(limits)}")
@@ -218,6 +240,7 @@ class Kernel:
     def _group(self, opt: Opt, part: Part) -> None:
         if not self.caps.has_shared:
             raise KernelOptError(f"{opt}: the {self.caps.language} renderer has no local memory")
+        self._after_tc(opt)
         self._need(opt, part, Kind.REDUCE)
         if self.of_kind(Kind.GROUP):
             raise KernelOptError(f"{opt}: the reduction is split across the workgroup already")
@@ -237,6 +260,7 @@ class Kernel:
         self._split(part, amt, Kind.GROUP, top=opt.op is OptOps.GROUPTOP)
 
     def _padto(self, opt: Opt, part: Part) -> None:
+        self._after_tc(opt)
         size = self.full_shape[part.dim]
         if part.dim in self.padded or part.size != size or part.stride != 1:
             raise KernelOptError(f"{opt}: only a whole dim that is not cut or padded yet can be padded")
@@ -270,14 +294,101 @@ class Kernel:
             raise KernelOptError(f"{opt}: {amt} threads is more than {MAX_THREADS}")
         self._split(part, amt, Kind.THREAD, top=True, first=True)
 
+    def _warp(self) -> list[Part]:
+        """The warp of a tensor core as a workgroup part (lidx0), for counting workgroup dims and threads."""
+        return [] if self.tc is None else [Part(-1, self.tc.core.threads, 1, Kind.LOCAL)]
+
+    def _after_tc(self, opt: Opt) -> None:
+        if self.tc is not None:
+            raise KernelOptError(f"{opt}: not on a kernel mapped onto tensor cores (only UPCAST, LOCAL and SWAP)")
+
     def _tc(self, opt: Opt, part: Part) -> None:
-        if not self.caps.tensor_cores:
+        """axis: the reduce axis to use as K; arg: which of the renderer's tensor cores."""
+        cores = self.caps.tensor_cores
+        if not cores:
             raise KernelOptError(f"{opt}: the {self.caps.language} renderer declares no tensor cores")
-        raise KernelOptError(f"{opt}: the {self.caps.language} renderer has no tensor-core lowering")
+        if not 0 <= opt.arg < len(cores):
+            raise KernelOptError(f"{opt}: arg picks one of the renderer's {len(cores)} tensor cores")
+        if self.applied or self.padded:
+            raise KernelOptError(f"{opt}: TC comes first, on a kernel no other action has cut yet")
+        if not self.caps.has_local:
+            raise KernelOptError(f"{opt}: the {self.caps.language} renderer has no workgroups to hold a warp")
+        self._need(opt, part, Kind.REDUCE)
+        core = cores[opt.arg]
+        use = self._matmul(opt, core, part.dim)
+        workgroup_max = self.caps.local_total_max or core.threads
+        if core.threads > workgroup_max or core.threads > (self.caps.local_max or (core.threads,))[0]:
+            raise KernelOptError(f"{opt}: a warp of {core.threads} threads does not fit the renderer's workgroups")
+        for dim, size in ((use.m, core.dims[0]), (use.n, core.dims[1]), (use.k, core.dims[2])):
+            whole = next(p for p in self.parts if p.dim == dim)
+            self._split(whole, size, Kind.TC, top=False)
+        self.tc = use
+
+    def _matmul(self, opt: Opt, core: TensorCore, k: int) -> TensorCoreUse:
+        """The kernel as a matrix product on `core` with K = dim k, or KernelOptError saying why it is not one."""
+        if len(self.reductions) != 1 or self.reductions[0].arg[0] is not Ops.ADD:
+            raise KernelOptError(f"{opt}: tensor cores need one sum, this kernel is not a matrix product")
+        red = self.reductions[0]
+        if red.dtype != core.dtype_out:
+            raise KernelOptError(
+                f"{opt}: {core.name} accumulates in {core.dtype_out.name}, the sum is {red.dtype.name}"
+            )
+        operands = _product_operands(red.src[0], core.dtype_in, core.dtype_out)
+        if operands is None:
+            raise KernelOptError(
+                f"{opt}: {core.name} sums products of two {core.dtype_in.name} values, this sums a {red.src[0].op.name}"
+            )
+        a, b = operands
+        if not (_varies(a, k) and _varies(b, k)):
+            raise KernelOptError(f"{opt}: both factors of the product must run along the reduced dim {k}")
+        outputs = [d for d, s in enumerate(self.full_shape) if s > 1 and d not in self.reduce_dims]
+        only_a = [d for d in outputs if _varies(a, d) and not _varies(b, d)]
+        only_b = [d for d in outputs if _varies(b, d) and not _varies(a, d)]
+        if not only_a or not only_b:
+            raise KernelOptError(f"{opt}: no output dims that only one factor runs along: not a matrix product")
+        # M and N: the innermost such dims that the tile divides (else the innermost, refused below)
+        m = next((d for d in reversed(only_a) if self.full_shape[d] % core.dims[0] == 0), only_a[-1])
+        n = next((d for d in reversed(only_b) if self.full_shape[d] % core.dims[1] == 0), only_b[-1])
+        for label, dim, size in (("M", m, core.dims[0]), ("N", n, core.dims[1]), ("K", k, core.dims[2])):
+            if self.full_shape[dim] % size:
+                raise KernelOptError(
+                    f"{opt}: {core.name} needs {label} a multiple of {size}, dim {dim} is {self.full_shape[dim]}"
+                )
+        return TensorCoreUse(core, m, n, k, a, b)
 
     # ---- what lowering reads
+
+    def tc_part(self, dim: int) -> int:
+        """The index among parts of the tensor-core tile piece of dim."""
+        return next(i for i, p in enumerate(self.parts) if p.kind is Kind.TC and p.dim == dim)
 
     def describe(self) -> str:
         return " ".join(f"{p.kind.value}{p.size}@{p.dim}" for p in self.parts) + (
             f" padded {self.padded}" if self.padded else ""
         )
+
+
+def _product_operands(u: UOp, dtype_in: DType, dtype_out: DType) -> tuple[UOp, UOp] | None:
+    """(x, y) of dtype_in where u is x*y computed into dtype_out: CAST(x*y), CAST(x)*CAST(y) or (same dtypes) x*y."""
+    if u.op is Ops.CAST and u.dtype == dtype_out and u.src[0].op is Ops.MUL:
+        x, y = u.src[0].src
+        return (x, y) if x.dtype == y.dtype == dtype_in else None
+    if u.op is not Ops.MUL or u.dtype != dtype_out:
+        return None
+    x, y = u.src
+    if dtype_in == dtype_out:
+        return x, y
+    if x.op is Ops.CAST and y.op is Ops.CAST and x.src[0].dtype == y.src[0].dtype == dtype_in:
+        return x.src[0], y.src[0]
+    return None
+
+
+def _varies(u: UOp, dim: int) -> bool:
+    """Whether the value of AST piece u changes along dim of the kernel's full shape (some view it reads moves or
+    is masked along it)."""
+    for x in u.toposort:
+        if x.op is Ops.VIEW:
+            v = x.arg
+            if v.shape[dim] > 1 and (v.strides[dim] != 0 or (v.mask is not None and v.mask[dim] != (0, v.shape[dim]))):
+                return True
+    return False

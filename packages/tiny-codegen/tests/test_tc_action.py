@@ -1,0 +1,197 @@
+"""The optimizer's TC action: a matrix product mapped onto a renderer's tensor cores, what it does to the plan and
+the code (one WMMA per tile, accumulating through its C operand), and each refusal with its reason. Running the
+kernels is tiny-tensor's test_tensor_cores (on the PYTHON emulator, which executes WMMA)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from kernel_helpers import expand, move, reduce, tensor
+
+from tiny.codegen import Kernel, KernelOptError, Opt, OptOps
+from tiny.codegen.beam import actions
+from tiny.codegen.heuristic import hand_opts
+from tiny.codegen.linearize import linearize
+from tiny.codegen.lower import lower
+from tiny.codegen.opt import Kind
+from tiny.codegen.vectorize import vectorize
+from tiny.ir.device import RendererCaps
+from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.pattern import graph_rewrite
+from tiny.ir.schedule import create_schedule
+from tiny.ir.spec import validate
+from tiny.ir.symbolic import symbolic
+from tiny.ir.tensorcore import tensor_cores_for
+from tiny.ir.uop import Ops, UOp
+
+f16, bf16, f32 = dtypes.float16, dtypes.bfloat16, dtypes.float32
+GPU = RendererCaps(
+    language="PYTHON", has_local=True, has_shared=True, local_total_max=1024, shared_max=65536, vector_width=4
+)
+TARGETS = ("sm_80", "gfx1100", "gfx1201", "gfx942")
+
+
+def caps_of(target: str) -> RendererCaps:
+    return replace(GPU, tensor_cores=tensor_cores_for(target))
+
+
+def ast_of(target: UOp) -> UOp:
+    return create_schedule([target]).items[-1].ast
+
+
+def matmul(m: int, k: int, n: int, dt: DType = f16, cast_first: bool = False, out: DType = f32) -> UOp:
+    """a (m x k) @ b (k x n) summed in `out`: the products cast (as tiny.tensor writes it) or the factors cast."""
+    a, b = tensor(m, k, dtype=dt), tensor(k, n, dtype=dt)
+    x, y = expand(move(Ops.RESHAPE, a, (m, k, 1)), (m, k, n)), expand(move(Ops.RESHAPE, b, (1, k, n)), (m, k, n))
+    prod = x.cast(out) * y.cast(out) if cast_first else (x * y).cast(out)
+    return ast_of(move(Ops.RESHAPE, reduce(prod, (1,)), (m, n)))
+
+
+def uops_of(ast: UOp, caps: RendererCaps, opts: list[Opt]) -> list[UOp]:
+    sink = graph_rewrite(graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=caps.vector_width * 4)
+    uops = linearize(sink)
+    validate(uops)
+    return uops
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_plan_of_a_matmul_on_tensor_cores(target: str) -> None:
+    caps = caps_of(target)
+    core = caps.tensor_cores[0]
+    m, n, kk = core.dims
+    k = Kernel(matmul(2 * m, 3 * kk, 4 * n), caps)
+    k.apply(Opt(OptOps.TC, 2, 0))
+    assert k.tc is not None and (k.tc.m, k.tc.n, k.tc.k) == (0, 2, 1) and k.tc.core is core
+    assert sorted((p.dim, p.size, p.stride, p.kind.value) for p in k.parts) == [
+        (0, 2, m, "global"),
+        (0, m, 1, "tc"),
+        (1, 3, kk, "reduce"),
+        (1, kk, 1, "tc"),
+        (2, 4, n, "global"),
+        (2, n, 1, "tc"),
+    ]
+    assert [p.kind for p in k.axes] == [Kind.GLOBAL, Kind.GLOBAL, Kind.REDUCE]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dt", [f16, bf16])
+def test_the_code_is_one_wmma_per_tile_accumulating_through_c(target: str, dt: DType) -> None:
+    caps = caps_of(target)
+    index = next(i for i, c in enumerate(caps.tensor_cores) if c.dtype_in == dt)
+    core = caps.tensor_cores[index]
+    m, n, kk = core.dims
+    opts = [Opt(OptOps.TC, 2, index), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 2)]
+    uops = uops_of(matmul(4 * m, 2 * kk, 2 * n, dt), caps, opts)
+    wmmas = [u for u in uops if u.op is Ops.WMMA]
+    assert len(wmmas) == 2 and all(w.arg == core.name for w in wmmas), "two tiles per warp (the upcast)"
+    accs = [u for u in uops if u.op is Ops.DEFINE_ACC]
+    assert [a.dtype for a in accs] == [core.c_dtype] * 2
+    assert {w.src[2] for w in wmmas} == set(accs), "the accumulator is each WMMA's C operand"
+    assert wmmas[0].src[1] is wmmas[1].src[1], "both tiles share B's fragment"
+    lidx = sorted(u.arg for u in uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
+    assert lidx == [("lidx0", core.threads), ("lidx1", 2)], "the warp's lanes are lidx0, a second warp lidx1"
+    stores = [u for u in uops if u.op is Ops.STORE]
+    assert len(stores) == 2 * core.c.elements
+
+
+def test_a_single_tile_of_k_needs_no_loop() -> None:
+    caps = caps_of("sm_80")
+    uops = uops_of(matmul(16, 16, 8), caps, [Opt(OptOps.TC, 2, 0)])
+    (wmma,) = [u for u in uops if u.op is Ops.WMMA]
+    assert wmma.src[2].op is Ops.CONST and not any(u.op is Ops.RANGE for u in uops)
+
+
+def test_cast_factors_and_batches_and_a_second_reduce_dim() -> None:
+    caps = caps_of("gfx1100")
+    k = Kernel(matmul(16, 32, 16, cast_first=True), caps)
+    k.apply(Opt(OptOps.TC, 2, 0))
+    assert k.tc is not None
+    a, b = tensor(3, 16, 32, dtype=f16), tensor(3, 32, 16, dtype=f16)
+    x = expand(move(Ops.RESHAPE, a, (3, 16, 32, 1)), (3, 16, 32, 16))
+    y = expand(move(Ops.RESHAPE, b, (3, 1, 32, 16)), (3, 16, 32, 16))
+    batched = Kernel(ast_of(move(Ops.RESHAPE, reduce((x * y).cast(f32), (2,)), (3, 16, 16))), caps)
+    batched.apply(Opt(OptOps.TC, 3, 0))
+    assert batched.tc is not None and (batched.tc.m, batched.tc.n, batched.tc.k) == (1, 3, 2)
+    # a sum over two dims (a convolution's channels and window): K is one of them, the other stays a loop
+    a, b = tensor(16, 4, 16, dtype=f16), tensor(4, 16, 16, dtype=f16)
+    x = expand(move(Ops.RESHAPE, a, (16, 4, 16, 1)), (16, 4, 16, 16))
+    y = expand(move(Ops.RESHAPE, b, (1, 4, 16, 16)), (16, 4, 16, 16))
+    two = ast_of(move(Ops.RESHAPE, reduce((x * y).cast(f32), (1, 2)), (16, 16)))
+    uops = uops_of(two, caps, [Opt(OptOps.TC, 3, 0)])
+    assert sum(1 for u in uops if u.op is Ops.RANGE) == 1 and sum(1 for u in uops if u.op is Ops.WMMA) == 1
+
+
+@pytest.mark.parametrize(
+    "ast, caps, opt, why",
+    [
+        (lambda: matmul(32, 32, 32), GPU, Opt(OptOps.TC, 2, 0), "declares no tensor cores"),
+        (lambda: matmul(32, 32, 32), replace(caps_of("sm_80"), has_local=False), Opt(OptOps.TC, 2, 0), "no workgroups"),
+        (lambda: matmul(32, 32, 32), caps_of("sm_80"), Opt(OptOps.TC, 2, 5), "one of the renderer's 2"),
+        (lambda: matmul(32, 32, 32), caps_of("sm_80"), Opt(OptOps.TC, 0, 0), "needs a reduce axis"),
+        (lambda: matmul(32, 32, 32, f32), caps_of("sm_80"), Opt(OptOps.TC, 2, 0), "products of two float16"),
+        (lambda: matmul(32, 32, 32, bf16), caps_of("sm_80"), Opt(OptOps.TC, 2, 0), "products of two float16"),
+        (lambda: matmul(32, 32, 32, out=f16), caps_of("sm_80"), Opt(OptOps.TC, 2, 0), "the sum is float16"),
+        (lambda: matmul(24, 32, 32), caps_of("sm_80"), Opt(OptOps.TC, 2, 0), "M a multiple of 16, dim 0 is 24"),
+        (lambda: matmul(32, 32, 12), caps_of("sm_80"), Opt(OptOps.TC, 2, 0), "N a multiple of 8, dim 2 is 12"),
+        (lambda: matmul(32, 40, 32), caps_of("gfx942"), Opt(OptOps.TC, 2, 0), "K a multiple of 16, dim 1 is 40"),
+        (lambda: ast_of(reduce(tensor(32, 32, dtype=f32), (1,))), caps_of("sm_80"), Opt(OptOps.TC, 1, 0), "sums a"),
+        (
+            lambda: ast_of(reduce((tensor(32, 32, dtype=f16) * tensor(32, 32, dtype=f16)).cast(f32), (1,))),
+            caps_of("sm_80"),
+            Opt(OptOps.TC, 1, 0),
+            "not a matrix product",
+        ),
+        (
+            lambda: ast_of(reduce(tensor(32, 32, dtype=f32), (1,), Ops.MAX)),
+            caps_of("sm_80"),
+            Opt(OptOps.TC, 1, 0),
+            "one sum",
+        ),
+    ],
+)
+def test_refusals(ast, caps: RendererCaps, opt: Opt, why: str) -> None:  # noqa: ANN001
+    k = Kernel(ast(), caps)
+    before = list(k.parts)
+    with pytest.raises(KernelOptError, match=why):
+        k.apply(opt)
+    assert k.parts == before and k.tc is None and k.applied == []
+
+
+def test_tc_comes_first_and_only_some_actions_follow() -> None:
+    caps = caps_of("sm_80")
+    k = Kernel(matmul(32, 32, 32), caps)
+    k.apply(Opt(OptOps.UPCAST, 0, 2))
+    with pytest.raises(KernelOptError, match="TC comes first"):
+        k.apply(Opt(OptOps.TC, 2, 0))
+    k = Kernel(matmul(64, 64, 64), caps)
+    k.apply(Opt(OptOps.TC, 2, 0))
+    for opt in (Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.GROUP, 2, 2), Opt(OptOps.PADTO, 0, 3)):
+        with pytest.raises(KernelOptError, match="not on a kernel mapped onto tensor cores"):
+            k.apply(opt)
+    k.apply(Opt(OptOps.LOCAL, 0, 2))
+    k.apply(Opt(OptOps.LOCAL, 1, 2))
+    with pytest.raises(KernelOptError, match="too big"):  # the warp is the third workgroup dim already
+        k.apply(Opt(OptOps.LOCAL, 0, 2))
+
+
+def test_a_warp_must_fit_the_workgroup() -> None:
+    caps = replace(caps_of("gfx942"), local_max=(32, 32, 32))
+    with pytest.raises(KernelOptError, match="warp of 64 threads does not fit"):
+        Kernel(matmul(32, 32, 32), caps).apply(Opt(OptOps.TC, 2, 0))
+
+
+def test_heuristics_and_beam_offer_tensor_cores() -> None:
+    caps = caps_of("sm_80")
+    opts = hand_opts(Kernel(matmul(64, 64, 64), caps))
+    assert opts[0] == Opt(OptOps.TC, 2, 0) and Opt(OptOps.UPCAST, 0, 2) in opts
+    bf = hand_opts(Kernel(matmul(64, 64, 64, bf16), caps))
+    assert bf[0] == Opt(OptOps.TC, 2, 1), "the bfloat16 tensor core"
+    assert all(o.op is not OptOps.TC for o in hand_opts(Kernel(matmul(64, 64, 64, f32), caps)))
+    assert all(o.op is not OptOps.TC for o in hand_opts(Kernel(matmul(24, 64, 64), caps))), "not a multiple"
+    assert all(o.op is not OptOps.TC for o in hand_opts(Kernel(matmul(64, 64, 64), GPU)))
+    offered = actions(Kernel(matmul(64, 64, 64), caps))
+    assert Opt(OptOps.TC, 2, 0) in offered and Opt(OptOps.TC, 2, 1) in offered
+    k = Kernel(matmul(64, 64, 64), caps)
+    k.apply(Opt(OptOps.TC, 2, 0))
+    assert not any(o.op is OptOps.TC for o in actions(k))

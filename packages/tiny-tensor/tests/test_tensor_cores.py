@@ -1,0 +1,105 @@
+"""fp16 and bf16 matrix products and convolutions on tensor cores, run on the PYTHON emulator declaring the tensor
+cores of each GPU architecture tiny knows (NVIDIA sm_80+, AMD RDNA3, RDNA4, CDNA3), compared with NumPy at float32
+accumulation. The hand heuristics choose the TC action; each test checks the kernel really used WMMA."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from tiny.ir.device import Device
+from tiny.ir.dtypes import dtypes
+from tiny.runtime.python import PythonDevice
+from tiny.tensor import Tensor
+from tiny.tensor.realize import capture
+
+TARGETS = {"sm_80": "PYTHON:80", "gfx1100": "PYTHON:1100", "gfx1201": "PYTHON:1201", "gfx942": "PYTHON:942"}
+
+
+@pytest.fixture(params=sorted(TARGETS))
+def tc_device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A PYTHON device (under a name of its own) whose renderer declares the tensor cores of one architecture."""
+    name = TARGETS[request.param]
+    monkeypatch.setitem(Device._open, name, PythonDevice(name, "PYTHON", tensor_cores_of=request.param))
+    yield name
+
+
+def rounded(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
+    """Random values exact in the input dtype (bfloat16 keeps the top 16 bits of a float32)."""
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    return (x.view(np.uint32) & 0xFFFF0000).view(np.float32)
+
+
+def on(device: str, x: np.ndarray, dtype: str) -> Tensor:
+    return Tensor(x, device=device).cast(dtypes.from_name(dtype))
+
+
+def wmma_kernels(launches: list) -> list[str]:
+    return [launch.program.src for launch in launches if launch.program is not None and "WMMA" in launch.program.src]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "a_shape, b_shape, transpose",
+    [
+        ((32, 48), (48, 32), False),  # several tiles of M, N and K
+        ((16, 16), (16, 16), False),  # one tile
+        ((2, 32, 32), (2, 32, 16), False),  # batched
+        ((48, 32), (16, 48), True),  # both inputs transposed: a.T @ b.T
+    ],
+)
+def test_matmul_on_tensor_cores(tc_device: str, dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool) -> None:
+    av, bv = rounded(a_shape, dtype, 1), rounded(b_shape, dtype, 2)
+    a, b = on(tc_device, av, dtype), on(tc_device, bv, dtype)
+    with capture() as launches:
+        out = (a.T @ b.T if transpose else a @ b).cast(dtypes.float32).realize()
+    want = av.T @ bv.T if transpose else av @ bv
+    got = out.numpy()
+    # float32 accumulation; the product rounded back to the input dtype (as torch does for fp16/bf16 matmuls)
+    want = want.astype(np.float16).astype(np.float32) if dtype == "float16" else want
+    tol = 2e-3 if dtype == "float16" else 2e-2
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+    assert len(wmma_kernels(launches)) == 1
+
+
+def test_float32_accumulation_is_kept_where_the_output_is_float32(tc_device: str) -> None:
+    """A sum in float32 of fp16 products (the matmul's own accumulator, before its cast back): exact to float32."""
+    av, bv = rounded((32, 64), "float16", 3), rounded((64, 16), "float16", 4)
+    a, b = on(tc_device, av, "float16"), on(tc_device, bv, "float16")
+    prod = (a.reshape(32, 64, 1) * b.reshape(1, 64, 16)).cast(dtypes.float32)
+    with capture() as launches:
+        out = prod.sum(axis=1).realize()
+    np.testing.assert_allclose(out.numpy(), av.astype(np.float64) @ bv.astype(np.float64), rtol=1e-5, atol=1e-5)
+    assert len(wmma_kernels(launches)) == 1
+
+
+def test_a_convolution_through_tensor_cores(tc_device: str) -> None:
+    """M: the output's width (16), N: its channels, K: the input channels; the window stays a loop around it."""
+    xv, wv = rounded((1, 16, 4, 18), "float16", 5), rounded((16, 16, 3, 3), "float16", 6)
+    x, w = on(tc_device, xv, "float16"), on(tc_device, wv, "float16")
+    with capture() as launches:
+        out = x.conv2d(w).cast(dtypes.float32).realize()
+    want = np.zeros((1, 16, 2, 16), np.float64)
+    for i in range(3):
+        for j in range(3):
+            want += np.einsum("nchw,oc->nohw", xv[:, :, i : i + 2, j : j + 16], wv[:, :, i, j])
+    np.testing.assert_allclose(out.numpy(), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
+    assert len(wmma_kernels(launches)) == 1
+
+
+def test_kernels_that_do_not_qualify_run_without_tensor_cores(tc_device: str) -> None:
+    av = rounded((24, 40), "float16", 7)  # no dim a multiple of the tile
+    bv = rounded((40, 24), "float16", 8)
+    a, b = on(tc_device, av, "float16"), on(tc_device, bv, "float16")
+    with capture() as launches:
+        out = (a @ b).cast(dtypes.float32).realize()
+    np.testing.assert_allclose(out.numpy(), (av @ bv).astype(np.float16).astype(np.float32), rtol=2e-3, atol=2e-2)
+    assert wmma_kernels(launches) == []
+    f = Tensor(rounded((32, 32), "float16", 9), device=tc_device)  # float32 inputs: no tensor core takes them
+    with capture() as launches:
+        (f @ f).realize()
+    assert wmma_kernels(launches) == []
