@@ -76,3 +76,13 @@ def test_every_shared_case_compiles(case: Any, target: str) -> None:
     for item in create_schedule(case.targets).items:
         if item.ast.op is Ops.SINK:
             compile_amd(render_for(item.ast, HIPRenderer(target)).src, target, "hip")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_float64_transcendentals_are_amdmath_functions(target: str) -> None:
+    d = tensor(64, dtype=dtypes.float64)
+    src = render_for(kernel_of(d.alu(Ops.SIN) + d.alu(Ops.EXP2) * d.alu(Ops.LOG2)), HIPRenderer(target)).src
+    for fn in ("sin", "exp2", "log2"):
+        assert f"static inline double tiny_{fn}_f64(double x)" in src and f"__builtin_{fn}(" not in src
+    compile_amd(src, target, "hip")
+    assert "tiny_sin_f64" not in render_for(kernel_of(tensor(8) * 2.0), HIPRenderer(target)).src

@@ -41,6 +41,10 @@ OPS: dict[str, Callable[[], list[Tensor]]] = {
     "math_f16": lambda: [(t(256, dtype="float16") * t(256, dtype="float16")).exp2() + 1],
     "math_bf16": lambda: [t(256, dtype="bfloat16") * t(256, dtype="bfloat16") + t(256, dtype="bfloat16").sqrt()],
     "math_f64": lambda: [t(64, dtype="float64") * t(64, dtype="float64") / 3 + t(64, dtype="float64").sqrt()],
+    "transcendental_f64": lambda: [
+        t(64, dtype="float64").sin() + t(64, dtype="float64").exp2() - t(64, dtype="float64").log2()
+    ],
+    "transcendental_f16": lambda: [t(64, dtype="float16").sin() * t(64, dtype="float16").log2()],
     "casts": lambda: (
         [x.cast(dtypes.float16) for x in [t(64), t(64, dtype="int32"), t(64, dtype="bfloat16"), t(64, dtype="float64")]]
         + [

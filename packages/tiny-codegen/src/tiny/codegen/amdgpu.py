@@ -4,7 +4,8 @@ It is the LLVM IR renderer (tiny.codegen.llvmir) with the target part replaced: 
 function whose buffers are global pointers (address space 1); workgroup and work-item ids come from the
 llvm.amdgcn.workgroup.id.* and workitem.id.* intrinsics; local memory is an addrspace(3) global (LDS); a barrier
 is a workgroup release fence, s_barrier and an acquire fence. float16 is the hardware's half; bfloat16 is emulated
-as everywhere (16 bits in memory, float in registers).
+as everywhere (16 bits in memory, float in registers); float64 exp2, log2 and sin, which have no instruction, are
+tiny.codegen.amdmath's functions.
 
 The renderer's target is the GPU: `gfx1100` (the default; RDNA3), `gfx1201` (RDNA4), `gfx942` (CDNA3, MI300),
 `gfx950` (CDNA4, MI350) or another gfx name, optionally with features (`gfx942:xnack-`). RDNA (gfx10 and later)
@@ -19,8 +20,10 @@ import math
 import re
 from dataclasses import dataclass
 
+from tiny.codegen import amdmath
 from tiny.codegen.llvmir import LLVMRenderer, _Function
 from tiny.ir.device import RendererCaps
+from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.uop import Ops, UOp
 
 _TARGET = re.compile(r"gfx([0-9]{1,2})([0-9a-f]{2})((?::[a-z0-9_]+[+-])*)")
@@ -101,6 +104,26 @@ class AMDGPURenderer(LLVMRenderer):
         fn = f"llvm.amdgcn.{kind}.id.{_DIMS[dim]}"
         f.declares.add(f"declare i32 @{fn}()")
         return self._widened(f, f.value(f"call i32 @{fn}()"), u.dtype)
+
+    def helper_source(self, name: str) -> str:
+        fn = name.removeprefix("tiny_").removesuffix("_f64")
+        if name == amdmath.ir_name(fn) and fn in amdmath.FUNCTIONS:
+            return amdmath.ir_function(fn)
+        return super().helper_source(name)
+
+    def _intrinsic(self, f: _Function, fn: str, dt: DType, args: list[str]) -> str:
+        """float64 exp2, log2 and sin have no instruction: tiny.codegen.amdmath's functions, lane by lane."""
+        if dt.scalar != dtypes.float64 or fn not in amdmath.FUNCTIONS:
+            return super()._intrinsic(f, fn, dt, args)
+        f.declares.update(amdmath.IR_DECLARES)
+        if dt.count == 1:
+            return f.call(amdmath.ir_name(fn), "double", f"double {args[0]}")
+        t, vec = self.ltype(dt), "poison"
+        for i in range(dt.count):
+            lane = f.value(f"extractelement {t} {args[0]}, i32 {i}")
+            out = f.call(amdmath.ir_name(fn), "double", f"double {lane}")
+            vec = f.value(f"insertelement {t} {vec}, double {out}, i32 {i}")
+        return vec
 
     def barrier(self, f: _Function) -> None:
         f.declares.add("declare void @llvm.amdgcn.s.barrier()")

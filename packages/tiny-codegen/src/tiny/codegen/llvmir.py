@@ -175,6 +175,10 @@ class LLVMRenderer(Renderer):
     def barrier(self, f: _Function) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no workgroup barriers: the CPU has no local memory")
 
+    def helper_source(self, name: str) -> str:
+        """The definition of a helper function a kernel calls (f.call); a target may add its own."""
+        return _HELPERS[name]
+
     # ---------------------------------------------------------------- types and constants
 
     def ltype(self, dt: DType) -> str:
@@ -314,7 +318,8 @@ class LLVMRenderer(Renderer):
         helpers = _with_needs(f.helpers)
         declares = sorted(f.declares | {d for h in helpers for d in _HELPER_DECLARES.get(h, ())})
         body = "\n".join([self.signature(name, params) + " {", "entry:", *f.lines, "  ret void", "}"])
-        parts = ["\n".join(header), "\n".join(module), "".join(_HELPERS[h] for h in helpers), body, "\n".join(declares)]
+        defined = "".join(self.helper_source(h) for h in helpers)
+        parts = ["\n".join(header), "\n".join(module), defined, body, "\n".join(declares)]
         return "\n\n".join(p for p in parts if p) + "\n"
 
     def _widened(self, f: _Function, arg: str, dt: DType) -> str:
