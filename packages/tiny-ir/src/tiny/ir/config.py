@@ -88,6 +88,12 @@ AMD_MOCK = _flag(
     "a gfx target (gfx1100, gfx942 ...): the AMD device talks to a mock kernel driver (tiny.runtime.amd.mock) that "
     "checks every call and AQL packet and runs kernels on the PYTHON emulator; empty: the real /dev/kfd",
 )
+AMD_IFACE = _flag(
+    "AMD_IFACE",
+    str,
+    "KFD",
+    "how the AMD device reaches the GPU: KFD (the kernel driver, no ROCm library) or HIP (ROCm's libamdhip64)",
+)
 
 
 @contextlib.contextmanager

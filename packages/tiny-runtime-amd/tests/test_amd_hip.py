@@ -1,0 +1,110 @@
+"""The HIP device where there is no AMD GPU: the reasons it gives (no libamdhip64; the library but no GPU), the
+choice AMD_IFACE makes for the AMD device, and the kernel arguments it packs from a real code object's metadata.
+Launching needs an AMD GPU: those tests skip with the reason where the device does not start."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+import numpy as np
+import pytest
+from amd_helpers import compile_ir
+
+from tiny.ir.config import Context
+from tiny.ir.device import Device, DeviceUnavailable, available
+from tiny.runtime.amd import hip
+from tiny.runtime.amd.elf import read_code_object
+from tiny.runtime.amd.hip import HIPDevice, load_library, pack_kernargs
+from tiny.runtime.amd.iface import amd_device_class
+from tiny.runtime.amd.kfd import AMDDevice
+
+
+def test_no_library_is_a_plain_reason() -> None:
+    with pytest.raises(DeviceUnavailable, match=r"no HIP runtime: none of libnothere\.so\.9 loads .*libamdhip64"):
+        load_library(("libnothere.so.9",))
+
+
+def _library_or_skip() -> hip.HIPLibrary:
+    try:
+        return load_library()
+    except DeviceUnavailable as e:
+        pytest.skip(str(e))
+
+
+def test_library_without_a_gpu_says_so() -> None:
+    lib = _library_or_skip()
+    count = ctypes.c_int(0)
+    if lib.lib.hipInit(0) == 0 and lib.lib.hipGetDeviceCount(ctypes.byref(count)) == 0 and count.value > 0:
+        pytest.skip("HIP finds a GPU here")
+    with pytest.raises(
+        DeviceUnavailable, match=r"libamdhip64.*\(HIP \d+\.\d+\.\d+\) finds no AMD GPU: hip\w+ returned"
+    ):
+        HIPDevice("HIP", "AMDGPU")
+
+
+def test_errors_are_named() -> None:
+    lib = _library_or_skip()
+    assert lib.error_name(2) == "hipErrorOutOfMemory"
+    with pytest.raises(hip.HIPError, match=r"hipFoo failed: hipErrorInvalidValue \(1\)"):
+        lib.check("hipFoo", 1)
+
+
+def test_interface_flag_chooses_the_amd_device() -> None:
+    assert amd_device_class("KFD") is AMDDevice and amd_device_class("hip") is HIPDevice
+    with Context(AMD_IFACE="HIP"):
+        assert amd_device_class() is HIPDevice
+    assert amd_device_class() is AMDDevice  # the default
+    with pytest.raises(ValueError, match="AMD_IFACE='CUDA': expected one of KFD, HIP"):
+        amd_device_class("CUDA")
+
+
+def test_amd_device_reports_the_chosen_interface() -> None:
+    with Context(AMD_IFACE="HIP"):
+        status = {s.name: s for s in available()}
+    if status["AMD"].ok:
+        pytest.skip("an AMD GPU is here")
+    assert "HIP" in status["AMD"].reason or "hip" in status["AMD"].reason  # HIP's reason, not KFD's
+    assert status["HIP"].reason == status["AMD"].reason
+
+
+KERNEL = """
+define amdgpu_kernel void @k(ptr addrspace(1) %out, ptr addrspace(1) %a, i32 %n, i32 %m) {
+  %i = call i32 @llvm.amdgcn.workitem.id.x()
+  %p = getelementptr i32, ptr addrspace(1) %a, i32 %i
+  %v = load i32, ptr addrspace(1) %p
+  %x = mul i32 %v, %n
+  %y = add i32 %x, %m
+  %q = getelementptr i32, ptr addrspace(1) %out, i32 %i
+  store i32 %y, ptr addrspace(1) %q
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+"""
+
+
+def test_kernel_arguments_are_packed_at_their_metadata_offsets() -> None:
+    info = read_code_object(compile_ir(KERNEL)).kernels["k"]
+    packed = pack_kernargs(info, (0x1000, 0x2000_0000_0000), (7, -3))
+    assert len(packed) == 24 and struct.unpack("<QQii", packed) == (0x1000, 0x2000_0000_0000, 7, -3)
+    with pytest.raises(ValueError, match="kernel k takes 4 arguments, got 2 \\+ 1"):
+        pack_kernargs(info, (1, 2), (3,))
+
+
+def test_runs_a_kernel_where_hip_has_a_gpu() -> None:
+    try:
+        dev = Device["HIP"]
+    except DeviceUnavailable as e:
+        pytest.skip(str(e))
+    binary = dev.compile(
+        KERNEL.replace("define amdgpu_kernel", 'target triple = "amdgcn-amd-amdhsa"\ndefine amdgpu_kernel')
+    )
+    prog = hip.HIPProgram(dev, "k", binary)
+    a = np.arange(64, dtype=np.int32)
+    out, src = dev.allocator.alloc(256), dev.allocator.alloc(256)
+    dev.allocator.copyin(src, memoryview(a).cast("B"))
+    t = prog(out, src, global_size=(1, 1, 1), local_size=(64, 1, 1), vals=(3, 1), wait=True)
+    got = np.empty(64, np.int32)
+    dev.allocator.copyout(memoryview(got).cast("B"), out)
+    assert t is not None and t > 0
+    np.testing.assert_array_equal(got, a * 3 + 1)
