@@ -441,9 +441,10 @@ class KFD:
         return ctypes.addressof(self._ids)
 
     def free(self, mem: Allocation) -> None:
-        if self.allocations.pop(mem.va, None) is None:
+        if self.allocations.get(mem.va) is not mem:
             raise ValueError(f"GPU memory at {mem.va:#x} is not a live allocation of this device")
         self._release(mem, mapped=True)
+        del self.allocations[mem.va]
 
     def _release(self, mem: Allocation, mapped: bool) -> None:
         if mapped:
