@@ -124,11 +124,35 @@ def runtime_misc(session: nox.Session) -> None:
     _pytest(session, "tiny-runtime-misc")
 
 
+NV_PROBE = """
+from tiny.ir.device import Device
+try:
+    print("CUDA ok:", Device["CUDA"].gpu)
+except Exception as e:
+    print("CUDA missing:", type(e).__name__, e)
+"""
+
+
 @nox.session
 def nv(session: nox.Session) -> None:
-    """tiny-runtime-nv: hardware tests skip without an NVIDIA GPU; compile-only and metadata tests run everywhere."""
-    _install_local(session, "tiny-runtime-nv")
+    """tiny-runtime-nv: the compile-only tests run everywhere: every kernel of a set of tensor ops as CUDA C compiled
+    by NVRTC (the nvidia-cuda-nvrtc wheels of the cu12 and cu13 extras) and as PTX assembled by ptxas (from the
+    nvidia-cuda-nvcc-cu12 wheel, or a CUDA toolkit). Then, where a GPU opens, the device tests and the whole
+    tiny-tensor suite with DEVICE=CUDA and with DEVICE=CUDA:PTX; without a GPU it says that it skipped those."""
+    project = LOCAL["tiny-runtime-nv"]["optional-dependencies"]
+    nvrtc = (*project["cu12"], *project["cu13"])
+    ptxas = "nvidia-cuda-nvcc-cu12>=12.4"  # ptxas checks the PTX renderer's output where no CUDA toolkit is
+    tools = (DEV["torch"], DEV["safetensors"], DEV["gguf"], *nvrtc, ptxas)
+    _install_local(session, "tiny-runtime-nv", tools=tools, test_with=("tiny-tensor",))
     _pytest(session, "tiny-runtime-nv")
+    probe = session.run("python", "-c", NV_PROBE, silent=True)
+    if probe is not None and "CUDA ok:" not in probe:
+        session.log(f"SKIPPED the GPU suite (DEVICE=CUDA and DEVICE=CUDA:PTX): no GPU opens here: {probe.strip()}")
+        return
+    own = PACKAGES / "tiny-runtime-nv" / "tests" / "test_cuda_device.py"
+    for device in ("CUDA", "CUDA:PTX"):
+        session.env["DEVICE"] = device
+        session.run("pytest", str(own), str(PACKAGES / "tiny-tensor" / "tests"), *session.posargs)
 
 
 @nox.session

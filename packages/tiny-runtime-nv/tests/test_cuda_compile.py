@@ -7,6 +7,8 @@ instructions), how NVRTC is chosen for a driver, and the compilers' errors."""
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
 import shutil
 import subprocess
 import tempfile
@@ -35,14 +37,19 @@ def nvrtc():  # noqa: ANN201
 
 @functools.cache
 def _ptxas() -> str | None:
-    return shutil.which("ptxas") or shutil.which("/usr/local/cuda/bin/ptxas")
+    """ptxas from a CUDA toolkit (PATH, /usr/local/cuda) or from the nvidia-cuda-nvcc-cu12 wheel."""
+    found = shutil.which("ptxas") or shutil.which("/usr/local/cuda/bin/ptxas")
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec is not None and not found else []:
+        found = found or shutil.which(os.path.join(root, "cuda_nvcc", "bin", "ptxas"))
+    return found
 
 
 def ptxas(src: str, arch: str) -> str:
     """ptxas's complaints about the PTX ('' when it assembles); skips where there is no ptxas."""
     tool = _ptxas()
     if tool is None:
-        pytest.skip("no ptxas on PATH (it comes with a CUDA toolkit)")
+        pytest.skip("no ptxas: install a CUDA toolkit or pip install nvidia-cuda-nvcc-cu12 (the nv nox session does)")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(src)
         f.flush()
