@@ -6,11 +6,12 @@ Buffers live on a made-up device "FAKE": new_buffer only records them, and nothi
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from tiny.ir.device import Buffer, buffer_of, new_buffer
+from tiny.ir.device import Buffer, Compiled, Device, RendererCaps, buffer_of, new_buffer
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.schedule import Schedule, create_schedule, is_realized
 from tiny.ir.uop import Ops, UOp
@@ -303,3 +304,38 @@ def test_a_deep_elementwise_chain_schedules() -> None:
     except RecursionError:
         pytest.fail("RecursionError", pytrace=False)  # a short report: pytest formats a deep traceback slowly
     assert len(s.items) == 1 and len(s.items[0].buffers) == 1001
+
+
+# ---------------------------------------------------------------- kernels over a device's buffer limit
+
+
+class _FewBindings(Compiled):
+    """An opened device whose kernels bind at most `limit` buffers (as WebGPU adapters limit storage buffers)."""
+
+    def __init__(self, limit: int) -> None:  # nothing to allocate: the scheduler only reads the renderer's caps
+        self.__dict__["renderer"] = SimpleNamespace(caps=RendererCaps(language="FEW", max_buffers=limit))
+
+
+def few_tensor(device: str, n: int, dtype: DType = f32) -> UOp:
+    return UOp(Ops.RESHAPE, dtype, (new_buffer(device, n, dtype),), (n,))
+
+
+def test_a_kernel_over_the_buffer_limit_is_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(Device._open, "FEW", _FewBindings(4))
+    xs = [few_tensor("FEW", 8) for _ in range(11)]
+    total = xs[0]
+    for x in xs[1:]:
+        total = UOp(Ops.ADD, f32, (total, x))
+    s = create_schedule([total])
+    check_well_formed(s, [total])
+    assert len(s.items) >= 3 and all(len(item.buffers) <= 4 for item in s.items)
+    read = {id(b) for item in s.items for b in item.buffers[1:]}
+    assert all(id(buffer_of(x.source)) in read for x in xs)  # every input is still read by some kernel
+
+
+def test_a_kernel_that_cannot_be_split_under_the_limit_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(Device._open, "FEW", _FewBindings(3))
+    cond, a, b = few_tensor("FEW", 8, dtypes.bool), few_tensor("FEW", 8), few_tensor("FEW", 8)
+    picked = UOp(Ops.WHERE, f32, (cond, a, b))  # 4 buffers with its output, and no part reads two of them
+    with pytest.raises(ValueError, match="reads 3 buffers and its device FEW binds at most 3 in one kernel"):
+        create_schedule([picked])

@@ -82,6 +82,7 @@ def test_renderer_target_reads_the_adapter(dev: WebGPUDevice) -> None:
     assert (dtypes.float16 in caps.dtypes) == ("shader-f16" in dev.gpu.features)
     assert caps.local_total_max == dev.gpu.limits["max-compute-invocations-per-workgroup"]
     assert caps.shared_max == dev.gpu.limits["max-compute-workgroup-storage-size"]
+    assert caps.max_buffers == dev.gpu.limits["max-storage-buffers-per-shader-stage"]
 
 
 @pytest.mark.parametrize("n", [1, 3, 4, 7, 1001])
@@ -160,3 +161,14 @@ def test_too_many_buffers_for_the_adapter_is_a_clear_compile_error(dev: WebGPUDe
     src = decls + "@compute @workgroup_size(1) fn k() { }\n"
     with pytest.raises(CompileError, match=f"binds {limit + 1} storage buffers.*allows {limit}"):
         dev.compile(src)
+
+
+def test_a_kernel_reading_more_tensors_than_the_adapter_binds_is_split(dev: WebGPUDevice) -> None:
+    Tensor = pytest.importorskip("tiny.tensor").Tensor  # (installed by the webgpu session)
+
+    limit = dev.renderer.caps.max_buffers
+    parts = [Tensor([float(i), -float(i)], device="WEBGPU") for i in range(limit + 9)]
+    out = Tensor.cat(*parts) * 2
+    items = out.schedule()
+    assert len(items) >= 2 and all(len(item.buffers) <= limit for item in items)
+    assert out.tolist() == [v for i in range(limit + 9) for v in (2.0 * i, -2.0 * i)]

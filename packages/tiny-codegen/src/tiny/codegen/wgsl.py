@@ -116,8 +116,8 @@ def _storage_type(dt: DType, written: bool) -> str:
 
 
 class WGSLRenderer(Renderer):
-    """WGSL for the WEBGPU device. target: 'f16;max_workgroups=N;local=X,Y,Z;local_total=N;shared=BYTES', as the
-    device reads them from its adapter; without one, WebGPU's default limits and no float16."""
+    """WGSL for the WEBGPU device. target: 'f16;max_workgroups=N;local=X,Y,Z;local_total=N;shared=BYTES;buffers=N',
+    as the device reads them from its adapter; without one, WebGPU's default limits and no float16."""
 
     def __init__(self, target: str = "") -> None:
         super().__init__(target)
@@ -135,6 +135,7 @@ class WGSLRenderer(Renderer):
             shared_max=int(t.get("shared", 16384)),
             vector_width=1,
             dtypes=frozenset(dtypes.all()) - left_out,
+            max_buffers=int(t.get("buffers", 8)),  # storage buffers per shader stage: buffers and variables
         )
 
     # ---- values

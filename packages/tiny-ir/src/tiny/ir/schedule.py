@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiny.ir.device import Buffer, buffer_of, device_computes, new_buffer, new_buffer_view
+from tiny.ir.device import Buffer, buffer_of, device_computes, kernel_buffer_limit, new_buffer, new_buffer_view
 from tiny.ir.dtypes import dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
 from tiny.ir.uop import GroupOp, Ops, UOp, evaluate
@@ -92,7 +92,8 @@ def _realize_set(sink: UOp, forced: set[UOp]) -> set[UOp]:
 
 
 class _Unexpressible(Exception):
-    """A chain of movement ops over `node` is not one View: realize `node` and schedule again."""
+    """A kernel cannot be built as it is (a chain of movement ops over `node` is not one View, or the kernel
+    takes more buffers than its device binds): realize `node` and schedule again."""
 
     def __init__(self, node: UOp) -> None:
         self.node = node
@@ -369,7 +370,37 @@ def _item(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> ScheduleItem:
         )
     builder = _KernelBuilder(u, realize, buffers)
     ast = builder.build()
+    limit = kernel_buffer_limit(u.device)
+    if limit and len(builder.args) + (n_vars := sum(x.op is Ops.DEFINE_VAR for x in ast.toposort)) > limit:
+        raise _Unexpressible(_split_point(u, realize, limit - n_vars - 1, len(builder.args)))
     return ScheduleItem(ast, tuple(buffer_of(b) for b in builder.args))
+
+
+def _split_point(root: UOp, realize: set[UOp], room: int, n_args: int) -> UOp:
+    """The node under a kernel's root that reads the most of its buffers while its own kernel fits in `room`
+    input buffers: realizing it takes those reads out of the root's kernel."""
+    leaves: dict[UOp, frozenset[UOp]] = {}
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    while stack:
+        u, expanded = stack.pop()
+        if u in leaves:
+            continue
+        if u is not root and (u in realize or is_realized(u)):
+            leaves[u] = frozenset((u,))
+            continue
+        srcs = u.src[1:] if u.op is Ops.ASSIGN else u.src
+        if expanded:
+            leaves[u] = frozenset().union(*(leaves[x] for x in srcs))
+        else:
+            stack.append((u, True))
+            stack.extend((x, False) for x in srcs if x not in leaves)
+    fits = [u for u, ls in leaves.items() if u is not root and 2 <= len(ls) <= room and u not in realize]
+    if not fits:
+        raise ValueError(
+            f"a kernel computing {root.op.name} of shape {root.shape} reads {n_args - 1} buffers and its device "
+            f"{root.device} binds at most {room + 1} in one kernel; no part of it can be split off"
+        )
+    return max(fits, key=lambda u: len(leaves[u]))
 
 
 def memory_of(u: UOp) -> tuple[UOp, tuple[UOp, ...]]:

@@ -85,7 +85,7 @@ class WebGPUCompiler(Compiler):
         if bindings > limit:
             raise CompileError(
                 f"the kernel binds {bindings} storage buffers (its buffers and variables); this adapter allows {limit}"
-                " per shader: a fused kernel that reads this many tensors has to be split before it reaches WEBGPU"
+                " per shader (the scheduler splits kernels at the renderer's max_buffers; this one got past it)"
             )
         try:
             self.device.create_shader_module(code=src)
@@ -233,6 +233,7 @@ class WebGPUDevice(Compiled):
             f"local={local}",
             f"local_total={lim['max-compute-invocations-per-workgroup']}",
             f"shared={lim['max-compute-workgroup-storage-size']}",
+            f"buffers={lim['max-storage-buffers-per-shader-stage']}",
         ]
         return ";".join(parts)
 

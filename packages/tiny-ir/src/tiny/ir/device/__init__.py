@@ -56,6 +56,7 @@ class RendererCaps:
     threads: int = 1  # CPU threads one kernel may use: its global dim 0, run as separate calls on a loop device
     dtypes: frozenset[DType] = frozenset(dtypes.all())  # dtypes it computes on
     tensor_cores: tuple[TensorCore, ...] = ()
+    max_buffers: int = 0  # buffers and variables one kernel may bind (WebGPU: the adapter's limit); 0: no limit
     supports_float_div: bool = True
 
 
@@ -387,6 +388,13 @@ def device_computes(name: str) -> bool:
     """Whether kernels run on the device (False for DISK, which only holds data); a name no runtime provides
     is taken to compute (the scheduler plans for devices it cannot open)."""
     return _class_computes(name.split(":", 1)[0].upper())
+
+
+def kernel_buffer_limit(name: str) -> int:
+    """The buffers (and variables) one kernel may bind on a device, from its renderer's caps; 0 for no limit.
+    Only an opened device has a renderer to ask: the scheduler plans for devices it has not opened as unlimited."""
+    opened = Device._open.get(name)
+    return opened.renderer.caps.max_buffers if isinstance(opened, Compiled) and opened.computes else 0
 
 
 @functools.cache
