@@ -1,0 +1,323 @@
+"""The PTX renderer: its text (entry, parameters, registers, shared memory, vector and f16 instructions), and what
+its kernels compute, run by a PTX interpreter (ptx_interpreter.py: no PTX emulator is packaged on PyPI or Debian)
+against NumPy and tiny.ir.alu: the shared cases with hardware indices, locals and grouped reductions, every cast
+between dtypes, the ALU's edge cases, the float math, vector loads at aligned and misaligned addresses. Whether ptxas
+takes the text is tiny-runtime-nv's test (it has the CUDA tools); running it on a GPU is the CUDA:PTX suite's."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from kernel_helpers import NUMPY, make_cases, reduce, run_case, tensor
+from ptx_interpreter import PTXError, run
+
+from tiny.codegen.heuristic import hand_opts
+from tiny.codegen.linearize import linearize
+from tiny.codegen.lower import LoweredKernel, lower_kernel
+from tiny.codegen.opt import Kernel, Opt, OptOps
+from tiny.codegen.ptx import PTXRenderer
+from tiny.codegen.vectorize import vectorize
+from tiny.ir.alu import exec_alu
+from tiny.ir.dtypes import DType, bf16_to_float, dtypes, float_to_bf16, truncate
+from tiny.ir.pattern import graph_rewrite
+from tiny.ir.schedule import create_schedule
+from tiny.ir.spec import validate
+from tiny.ir.symbolic import symbolic
+from tiny.ir.uop import Ops, UOp
+
+f32, i32 = dtypes.float32, dtypes.int32
+R = PTXRenderer("arch=sm_90;local_max=1024,1024,64;local_total_max=256;shared_max=49152")
+CASES = make_cases()
+
+
+def render(ast: UOp, opts: list[Opt] | None = None) -> tuple[str, LoweredKernel]:
+    """Plan (the hand-written rules unless opts are given), lower, vectorize, linearize and render for the GPU."""
+    k = Kernel(ast, R.caps)
+    k.apply_opts(hand_opts(k) if opts is None else opts)
+    lowered = lower_kernel(k)
+    sink = graph_rewrite(graph_rewrite(lowered.sink, symbolic), vectorize, ctx=R.caps.vector_width * 4)
+    uops = linearize(sink)
+    validate(uops)
+    return R.render(lowered.name, uops), lowered
+
+
+def run_ptx(ast: UOp, arrays: list[np.ndarray], opts: list[Opt] | None = None, misalign: int = 0) -> str:
+    src, lowered = render(ast, opts)
+    run(src, arrays, lowered.global_size, lowered.local_size, misalign=misalign)
+    return src
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(want, float) and math.isnan(want):
+        return isinstance(got, float) and math.isnan(got)
+    if isinstance(want, float) and want == 0 and isinstance(got, float):
+        return math.copysign(1, got) == math.copysign(1, want)
+    return got == want
+
+
+# ---------------------------------------------------------------- whole kernels
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_kernels_compute_what_numpy_does(case: Any) -> None:
+    got = run_case(case, lambda ast, arrays: run_ptx(ast, arrays))
+    for g, want in zip(got, case.expected):
+        np.testing.assert_allclose(g, want, rtol=case.rtol, atol=1e-6)
+
+
+def test_grouped_reduction_and_locals_compute_the_sum() -> None:
+    x = tensor(4, 256)
+    (item,) = create_schedule([reduce(x, (1,))]).items
+    xv = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)
+    out = np.zeros(4, np.float32)
+    src = run_ptx(item.ast, [out, xv.reshape(-1).copy()], [Opt(OptOps.GROUP, 1, 16), Opt(OptOps.LOCAL, 0, 2)])
+    assert "bar.sync 0;" in src and ".shared .align 16" in src
+    np.testing.assert_allclose(out, xv.sum(1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("misalign", [0, 4])
+def test_vector_loads_and_stores_aligned_or_not(misalign: int) -> None:
+    a, b = tensor(16, 64), tensor(16, 64)
+    (item,) = create_schedule([(a * b).maximum(a)]).items
+    rng = np.random.default_rng(1)
+    av, bv = (rng.standard_normal(16 * 64).astype(np.float32) for _ in range(2))
+    out = np.zeros(16 * 64, np.float32)
+    src = run_ptx(item.ast, [out, av, bv], misalign=misalign)
+    assert "ld.global.v4.f32" in src and "st.global.v4.f32" in src
+    np.testing.assert_array_equal(out, np.maximum(av * bv, av))
+
+
+def test_a_misaligned_vector_access_is_what_the_interpreter_refuses() -> None:
+    src = (
+        ".version 7.8\n.target sm_90\n.address_size 64\n.visible .entry k(\n\t.param .u64 data0\n)\n{\n"
+        "\t.reg .b32 %r<5>;\n\t.reg .b64 %rd<2>;\n\tld.param.u64 %rd1, [data0];\n"
+        "\tld.global.v4.f32 {%r1, %r2, %r3, %r4}, [%rd1];\n\tret;\n}\n"
+    )
+    run(src, [np.zeros(4, np.float32)], (1, 1, 1), (1, 1, 1))
+    with pytest.raises(PTXError, match="misaligned"):
+        run(src, [np.zeros(4, np.float32)], (1, 1, 1), (1, 1, 1), misalign=4)
+
+
+# ---------------------------------------------------------------- the ALU, against exec_alu
+
+
+def _loop_kernel(name: str, dts: list[DType], value: Any, n: int) -> str:
+    """out[i] = value(loads of in1[i], in2[i] ...) over a loop: one thread, as the cast and ALU tests want."""
+    gs = [UOp(Ops.DEFINE_GLOBAL, d.ptr(n), (), k) for k, d in enumerate(dts)]
+    r = UOp.range(UOp.const(i32, n), 0)
+    idx = [UOp(Ops.INDEX, g.dtype, (g, r)) for g in gs]
+    loads = [UOp(Ops.LOAD, d, (ix,)) for d, ix in zip(dts[1:], idx[1:])]
+    v = value(*loads)
+    uops = [*gs, UOp.const(i32, n), r, *idx, *loads, *_between(loads, v), v, UOp(Ops.STORE, src=(idx[0], v))]
+    return R.render(name, [*dict.fromkeys(uops), UOp(Ops.ENDRANGE, src=(r,))])
+
+
+def _between(loads: list[UOp], v: UOp) -> list[UOp]:
+    """The ops between the loads and the value, in order (constants first)."""
+    order = [u for u in v.toposort if u not in loads and u is not v and u.op not in (Ops.INDEX, Ops.DEFINE_GLOBAL)]
+    return [u for u in order if u.op is Ops.CONST] + [u for u in order if u.op is not Ops.CONST]
+
+
+I64_MIN = -(2**63)
+EDGE = [
+    (Ops.MAX, f32, [1.0, math.nan, -0.0, math.inf, 2.0], [math.nan, 1.0, 0.0, -math.inf, 3.0]),
+    (Ops.IDIV, i32, [7, -7, 7, -7, 5, -(2**31), 0, -(2**31)], [2, 2, -2, -2, 0, 3, 0, -1]),
+    (Ops.MOD, i32, [7, -7, 7, -7, 5, -(2**31), 0, -(2**31)], [2, 2, -2, -2, 0, 3, 0, -1]),
+    (Ops.IDIV, dtypes.int64, [I64_MIN, 9, -9], [-1, 0, 4]),
+    (Ops.IDIV, dtypes.uint8, [255, 7, 0, 200], [2, 0, 3, 255]),
+    (Ops.IDIV, dtypes.int8, [-128, 100, -7], [-1, 0, 2]),
+    (Ops.MOD, dtypes.uint32, [2**32 - 1, 7, 5], [2, 0, 2**32 - 1]),
+    (Ops.MOD, f32, [5.5, -5.5, 1.0, 7.25], [2.0, 2.0, 3.0, -2.0]),
+    (Ops.MAX, i32, [-(2**31), 5, -1], [2**31 - 1, -5, -1]),
+    (Ops.MAX, dtypes.uint16, [65535, 3], [1, 4]),
+    (Ops.MAX, dtypes.float16, [1.0, math.nan, 2.0], [math.nan, 1.0, 3.0]),
+    (Ops.ADD, dtypes.int8, [127, -128, 100], [1, -1, 100]),  # wraps
+    (Ops.ADD, dtypes.float16, [1.0, 65504.0, 0.1], [2.0, 65504.0, 0.2]),
+    (Ops.MUL, dtypes.uint16, [65535, 300, 2], [65535, 300, 3]),
+    (Ops.MUL, dtypes.int16, [-32768, 300, -2], [-1, 300, 3]),
+    (Ops.MUL, dtypes.uint64, [2**64 - 1, 2**40], [3, 2**30]),
+    (Ops.CMPLT, f32, [1.0, math.nan, -0.0], [2.0, 1.0, 0.0]),
+    (Ops.CMPLT, dtypes.uint32, [1, 2**32 - 1], [2**32 - 1, 1]),
+    (Ops.CMPLT, dtypes.int8, [-1, 5], [1, -5]),
+    (Ops.CMPLT, dtypes.bool, [False, True, False, True], [True, False, False, True]),
+    (Ops.CMPNE, f32, [math.nan, -0.0, 1.0], [math.nan, 0.0, 2.0]),
+    (Ops.CMPNE, dtypes.float16, [math.nan, 1.0], [math.nan, 1.0]),
+    (Ops.SHL, dtypes.uint32, [1, 3, 0xFFFFFFFF, 5], [31, 4, 1, 32]),
+    (Ops.SHL, dtypes.int8, [1, 3, -1], [7, 4, 9]),
+    (Ops.SHL, dtypes.uint64, [1, 3], [63, 64]),
+    (Ops.SHR, i32, [-8, 64, 2**31 - 1, -5, 9], [1, 3, 30, 40, 33]),
+    (Ops.SHR, dtypes.uint8, [255, 128], [7, 9]),
+    (Ops.SHR, dtypes.int64, [-(2**40), 5], [70, 1]),
+    (Ops.FDIV, f32, [1.0, -1.0, 0.0, 3.0], [0.0, 0.0, 0.0, 7.0]),
+    (Ops.FDIV, dtypes.float16, [1.0, 3.0], [0.0, 7.0]),
+    (Ops.ADD, dtypes.bool, [False, True, True], [False, False, True]),
+    (Ops.MUL, dtypes.bool, [False, True, True], [True, False, True]),
+    (Ops.XOR, dtypes.int16, [-1, 0x0F0F], [0x00FF, 0x7070]),
+    (Ops.AND, dtypes.uint8, [0xF0, 0xFF], [0x3C, 0x01]),
+    (Ops.OR, dtypes.int64, [-(2**62), 1], [3, 2**40]),
+]
+
+
+@pytest.mark.parametrize("i", range(len(EDGE)), ids=[f"{op.name}-{dt.name}-{i}" for i, (op, dt, *_) in enumerate(EDGE)])
+def test_alu_edge_cases_match_exec_alu(i: int) -> None:
+    op, dtype, xs, ys = EDGE[i]
+    n = len(xs)
+    a, b = np.array(xs, NUMPY[dtype.name]), np.array(ys, NUMPY[dtype.name])
+    out_dtype = dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE) else dtype
+    out = np.zeros(n, NUMPY[out_dtype.name])
+    run(
+        _loop_kernel("binary", [out_dtype, dtype, dtype], lambda x, y: x.alu(op, y), n),
+        [out, a, b],
+        (1, 1, 1),
+        (1, 1, 1),
+    )
+    for k in range(n):
+        want = exec_alu(op, out_dtype, (a[k].item(), b[k].item()))
+        assert _same(out[k].item(), want), (op, dtype, xs[k], ys[k], out[k], want)
+
+
+def test_where_and_negation() -> None:
+    n = 4
+    c = np.array([True, False, True, False])
+    x, y = np.array([1, 2, 3, 4], np.int16), np.array([-1, -2, -3, -4], np.int16)
+    out = np.zeros(n, np.int16)
+    src = _loop_kernel(
+        "where", [dtypes.int16, dtypes.bool, dtypes.int16, dtypes.int16], lambda p, a, b: p.where(-a, b), n
+    )
+    run(src, [out, c, x, y], (1, 1, 1), (1, 1, 1))
+    assert out.tolist() == [-1, -2, -3, -4]
+
+
+@pytest.mark.parametrize("dtype", [f32, dtypes.float64, dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize("op", [Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC, Ops.RECIP, Ops.NEG])
+def test_float_math(op: Ops, dtype: DType) -> None:
+    xs = [0.0, -0.0, 1.0, 2.5, -2.5, 10.0, 0.3, math.inf, -math.inf, math.nan, -1.0, 100.0, -1000.5]
+    vals = [truncate(dtype, x) for x in xs]
+    a = _to_memory(dtype, vals)
+    out = np.zeros(len(xs), a.dtype)
+    run(_loop_kernel("unary", [dtype, dtype], lambda x: x.alu(op), len(xs)), [out, a], (1, 1, 1), (1, 1, 1))
+    for k, x in enumerate(vals):
+        want, got = exec_alu(op, dtype, (x,)), _read(dtype, out[k])
+        if op in (Ops.SIN, Ops.EXP2, Ops.LOG2) and math.isfinite(want):
+            tol = {dtypes.float16: 1e-3, dtypes.bfloat16: 1e-2}.get(dtype, 1e-6)
+            assert got == pytest.approx(want, rel=tol, abs=1e-6), (op, dtype, x, got, want)
+        else:
+            assert _same(got, want), (op, dtype, x, got, want)
+
+
+# ---------------------------------------------------------------- casts, every pair of dtypes
+
+ALL = [dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16]
+ALL += [dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, f32, dtypes.float64]
+SAMPLES = [0, 1, -1, 7.75, -7.75, 100.5, -129.0, 300.25, 65504.0, 65520.0, 1e9 + 0.5, -3e9, 2**31 - 1]
+SAMPLES += [2**32 + 3, 2**63 - 2**20, -(2**63), 1e20, 1e-40, 0.1, -0.0, math.inf, -math.inf, math.nan, 16777217]
+SAMPLES += [2**24 + 2**16 + 1]
+
+
+def _values(dt: DType) -> list[Any]:
+    out = []
+    for v in SAMPLES:
+        if dt.is_int and isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+            continue
+        t = truncate(dt, int(v) if dt.is_int and isinstance(v, float) and abs(v) < 2**64 else v)
+        if not any(_same(t, o) and type(t) is type(o) for o in out):
+            out.append(t)
+    return out
+
+
+def _to_memory(dt: DType, values: list[Any]) -> np.ndarray:
+    if dt == dtypes.bfloat16:
+        return np.array([float_to_bf16(v) for v in values], np.uint16)
+    return np.array(values, NUMPY[dt.name])
+
+
+def _read(dt: DType, raw: Any) -> Any:
+    return bf16_to_float(int(raw.item())) if dt == dtypes.bfloat16 else raw.item()
+
+
+@pytest.mark.parametrize("frm", ALL, ids=lambda d: d.name)
+def test_casts_from_every_dtype_to_every_dtype_match_truncate(frm: DType) -> None:
+    xs = _values(frm)
+    src = _to_memory(frm, xs)
+    for to in ALL:
+        out = np.zeros(len(xs), np.uint16 if to == dtypes.bfloat16 else NUMPY[to.name])
+        run(_loop_kernel("cast", [to, frm], lambda x, to=to: x.cast(to), len(xs)), [out, src], (1, 1, 1), (1, 1, 1))
+        for k, x in enumerate(xs):
+            want = truncate(to, x)
+            assert _same(_read(to, out[k]), want), (frm, to, x, _read(to, out[k]), want)
+
+
+SAME_SIZE = [(f32, dtypes.uint32), (dtypes.uint32, f32), (dtypes.float64, dtypes.int64), (dtypes.int16, dtypes.float16)]
+SAME_SIZE += [(dtypes.bfloat16, dtypes.int16), (dtypes.uint16, dtypes.bfloat16), (dtypes.int8, dtypes.uint8)]
+SAME_SIZE += [(dtypes.float16, dtypes.uint16), (dtypes.float16, dtypes.bfloat16)]
+
+
+@pytest.mark.parametrize("frm, to", SAME_SIZE, ids=lambda d: d.name)
+def test_bitcasts_keep_the_bits(frm: DType, to: DType) -> None:
+    xs = _values(frm)
+    src = _to_memory(frm, xs)
+    out = np.zeros(len(xs), np.uint16 if to == dtypes.bfloat16 else NUMPY[to.name])
+    kernel = _loop_kernel("bitcast", [to, frm], lambda x: UOp(Ops.BITCAST, to, (x,)), len(xs))
+    run(kernel, [out, src], (1, 1, 1), (1, 1, 1))
+    want = src.tobytes()
+    if to == dtypes.bfloat16:  # a bfloat16 register is a float: a NaN is stored as the quiet NaN
+        want = np.array([float_to_bf16(bf16_to_float(int(b))) for b in src.view(np.uint16)], np.uint16).tobytes()
+    assert out.tobytes() == want, (frm, to)
+
+
+@pytest.mark.parametrize(
+    "dt, value",
+    [
+        (f32, 1.5),
+        (dtypes.float16, -2.25),
+        (dtypes.int64, -(2**63)),
+        (dtypes.uint32, 2**32 - 1),
+        (dtypes.int8, -3),
+        (dtypes.bool, True),
+        (dtypes.float64, math.nan),
+        (dtypes.bfloat16, 3.0),
+    ],
+)  # noqa: E501
+def test_constants_reach_memory_exactly(dt: DType, value: Any) -> None:
+    out = np.zeros(1, np.uint16 if dt == dtypes.bfloat16 else NUMPY[dt.name])
+    g = UOp(Ops.DEFINE_GLOBAL, dt.ptr(1), (), 0)
+    zero = UOp.const(i32, 0)
+    idx = UOp(Ops.INDEX, g.dtype, (g, zero))
+    c = UOp.const(dt, value)
+    run(R.render("c", [g, zero, idx, c, UOp(Ops.STORE, src=(idx, c))]), [out], (1, 1, 1), (1, 1, 1))
+    assert _same(_read(dt, out[0]), truncate(dt, value))
+
+
+# ---------------------------------------------------------------- the text
+
+
+def test_entry_parameters_and_version() -> None:
+    a = tensor(1000)
+    (item,) = create_schedule([a * 2.0]).items
+    src, lowered = render(item.ast)
+    assert f".visible .entry {lowered.name}(" in src and "\t.param .u64 data0,\n\t.param .u64 data1\n)" in src
+    assert src.count(".target sm_90") == 1 and ".version 7.8" in src and ".address_size 64" in src
+    assert "%ctaid.x" in src and "%tid.x" in src and ".maxntid " in src
+    assert ".version 7.0" in PTXRenderer("arch=sm_80").render(lowered.name, [])
+
+
+def test_half_math_is_f16_instructions() -> None:
+    h = tensor(8, dtype=dtypes.float16)
+    (item,) = create_schedule([h * h + h]).items
+    src, _ = render(item.ast)
+    assert "mul.f16" in src and "add.f16" in src and "ld.global.b16" in src
+
+
+def test_variables_are_u32_parameters_after_the_buffers() -> None:
+    out = UOp(Ops.DEFINE_GLOBAL, i32.ptr(1), (), 0)
+    var = UOp(Ops.DEFINE_VAR, i32, (), ("start_pos", 0, 100))
+    zero = UOp.const(i32, 0)
+    idx = UOp(Ops.INDEX, out.dtype, (out, zero))
+    src = R.render("v", [out, var, zero, idx, UOp(Ops.STORE, src=(idx, var))])
+    assert "\t.param .u64 data0,\n\t.param .u32 var_start_pos\n)" in src
+    result = np.zeros(1, np.int32)
+    run(src, [result], (1, 1, 1), (1, 1, 1), vals={"start_pos": 42})
+    assert result.tolist() == [42]
