@@ -4,7 +4,8 @@
 processor and links the object with `ld.lld -shared` into a code object; `HIPCompiler` takes HIP C
 (tiny.codegen.hip) and compiles it as device code only, without ROCm's headers or device libraries. Each checks
 the code object it made with tiny.runtime.amd.elf, so a runtime only ever loads what that reader understands.
-The compile cache key names the compiler, the target and the toolchain's version.
+The compile cache key names the compiler, the target and the toolchain's version. `amdgpu_compiler` falls back to
+COMGR (tiny.runtime.amd.comgr) for LLVM IR where the toolchain is missing or does not know the target.
 """
 
 from __future__ import annotations
@@ -15,11 +16,25 @@ import tempfile
 from pathlib import Path
 
 from tiny.ir.device import CompileError, Compiler, DeviceUnavailable
+from tiny.runtime.amd.comgr import COMGRCompiler
 from tiny.runtime.amd.discovery import Toolchain, find_toolchain
 from tiny.runtime.amd.elf import CodeObjectError, read_code_object
 
 OPT_LEVEL = "-O3"
 TRIPLE = "amdgcn-amd-amdhsa"
+
+
+def amdgpu_compiler(target: str) -> Compiler:
+    """The compiler from LLVM IR to code objects for `target`: the system's clang and ld.lld where they know it, else
+    COMGR where it is installed and knows it; DeviceUnavailable saying what is missing where neither does."""
+    try:
+        return AMDGPUCompiler(target)
+    except DeviceUnavailable as no_toolchain:
+        try:
+            return COMGRCompiler(target)
+        except DeviceUnavailable as no_comgr:
+            cls = UnsupportedTarget if isinstance(no_toolchain, UnsupportedTarget) else DeviceUnavailable
+            raise cls(f"{no_toolchain}; and {no_comgr}") from None
 
 
 class UnsupportedTarget(DeviceUnavailable):

@@ -3,10 +3,11 @@ the KFD device. No HIP headers and no Python bindings are needed, only the libra
 
 `HIP` is the first GPU HIP lists, `HIP:1` the second; with AMD_IFACE=HIP the `AMD` device is this one too
 (tiny.runtime.amd.iface). It takes LLVM IR (the AMDGPU renderer, the default) or HIP C, both compiled to code objects
-by the local clang and ld.lld for the GPU's gfx target (tiny.runtime.amd.compiler); HIP loads a code object with
-hipModuleLoadData. Kernel arguments are packed where the code object's metadata puts them (tiny.runtime.amd.elf)
-and passed as one buffer (HIP_LAUNCH_PARAM_BUFFER_POINTER); HIP fills the hidden ones. Launches go to the null
-stream and do not wait; `wait=True` times the kernel with a pair of events.
+by the local clang and ld.lld for the GPU's gfx target (LLVM IR by COMGR where they cannot:
+tiny.runtime.amd.compiler); HIP loads a code object with hipModuleLoadData. Kernel arguments are packed where the
+code object's metadata puts them (tiny.runtime.amd.elf) and passed as one buffer (HIP_LAUNCH_PARAM_BUFFER_POINTER);
+HIP fills the hidden ones. Launches go to the null stream and do not wait; `wait=True` times the kernel with a pair
+of events.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tiny.ir.device import (
     LRUAllocator,
     Program,
 )
-from tiny.runtime.amd.compiler import AMDGPUCompiler, HIPCompiler, require_toolchain
+from tiny.runtime.amd.compiler import HIPCompiler, amdgpu_compiler
 from tiny.runtime.amd.discovery import KFD as KFD_PATH
 from tiny.runtime.amd.elf import KernelInfo, read_code_object
 
@@ -258,8 +259,8 @@ class HIPDevice(Compiled):
         self.hip = _library()
         self.index = DeviceName.parse(name).index
         self.target = open_gpu(self.hip, self.index)
-        require_toolchain(self.target)  # DeviceUnavailable when clang does not know this GPU
         super().__init__(name, HIPAllocator(self), HIPProgram, renderer)
+        self.compiler_name = type(self._compiler).__name__  # DeviceUnavailable where no compiler knows this GPU
 
     def select(self) -> None:
         if self.index:
@@ -274,7 +275,7 @@ class HIPDevice(Compiled):
         return self.target
 
     def compiler(self) -> Compiler:
-        return HIPCompiler(self.target) if self.renderer_name == "HIP" else AMDGPUCompiler(self.target)
+        return HIPCompiler(self.target) if self.renderer_name == "HIP" else amdgpu_compiler(self.target)
 
     def synchronize(self) -> None:
         self.select()
