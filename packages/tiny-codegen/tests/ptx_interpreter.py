@@ -294,8 +294,9 @@ def _compare(cmp: str, x: Any, y: Any) -> bool:
     nan = (isinstance(x, float) or isinstance(x, np.floating)) and (math.isnan(float(x)) or math.isnan(float(y)))
     if cmp == "nan":
         return bool(nan)
-    if cmp == "neu":
-        return bool(nan or x != y)
+    if cmp.endswith("u") and nan:  # the unordered forms: true where either is NaN
+        return True
+    cmp = cmp.rstrip("u") if cmp != "u" else cmp
     if nan:
         return False
     return bool({"lt": x < y, "le": x <= y, "gt": x > y, "ge": x >= y, "eq": x == y, "ne": x != y}[cmp])

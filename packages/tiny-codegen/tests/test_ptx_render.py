@@ -202,8 +202,8 @@ def test_float_math(op: Ops, dtype: DType) -> None:
     for k, x in enumerate(vals):
         want, got = exec_alu(op, dtype, (x,)), _read(dtype, out[k])
         if op in (Ops.SIN, Ops.EXP2, Ops.LOG2) and math.isfinite(want):
-            tol = {dtypes.float16: 1e-3, dtypes.bfloat16: 1e-2}.get(dtype, 1e-6)
-            assert got == pytest.approx(want, rel=tol, abs=1e-6), (op, dtype, x, got, want)
+            tol = {dtypes.float16: 1e-3, dtypes.bfloat16: 1e-2, dtypes.float64: 1e-15}.get(dtype, 1e-6)
+            assert got == pytest.approx(want, rel=tol, abs=tol), (op, dtype, x, got, want)
         else:
             assert _same(got, want), (op, dtype, x, got, want)
 
@@ -321,3 +321,24 @@ def test_variables_are_u32_parameters_after_the_buffers() -> None:
     result = np.zeros(1, np.int32)
     run(src, [result], (1, 1, 1), (1, 1, 1), vals={"start_pos": 42})
     assert result.tolist() == [42]
+
+
+F64_SAMPLES = {
+    Ops.EXP2: [-1074.5, -1074.0, -1060.3, -1022.0, -1021.7, -700.25, -3.5, -0.5, -1e-10, 1e-300, 0.49, 1.0, 13.37]
+    + [100.1, 1023.0, 1023.99, 1024.0, 2000.0],
+    Ops.LOG2: [5e-324, 1e-310, 2.2250738585072014e-308, 1e-100, 0.5, 0.7071, 0.99999999, 1.0, 1.00000001, 1.4142]
+    + [1.5, 3.0, 1e10, 1.7976931348623157e308],
+    Ops.SIN: [-1e5, -1000.5, -10.0, -3.14159, -1.0, -1e-8, 0.5, 0.785, 1.5707963267948966, 2.0, 3.141592653589793]
+    + [4.7, 100.0, 12345.678],
+}
+
+
+@pytest.mark.parametrize("op", list(F64_SAMPLES), ids=lambda o: o.name)
+def test_float64_transcendentals_are_within_a_few_ulp(op: Ops) -> None:
+    xs = F64_SAMPLES[op]
+    out, a = np.zeros(len(xs)), np.array(xs)
+    run(_loop_kernel("f64", [dtypes.float64] * 2, lambda x: x.alu(op), len(xs)), [out, a], (1, 1, 1), (1, 1, 1))
+    for x, got in zip(xs, out.tolist()):
+        want = exec_alu(op, dtypes.float64, (x,))
+        ulps = abs(got - want) / math.ulp(want) if want and math.isfinite(want) else (0 if got == want else math.inf)
+        assert ulps <= (4 if op is not Ops.SIN else 4 + abs(x) / 1000), (op, x, got, want, ulps)

@@ -14,8 +14,7 @@ zero-extended, brought back to their width after each op that can leave it. floa
 for add, mul, neg, compares and selects and float32 for the rest; bfloat16 computes in float32, rounded to bfloat16
 after each op (16 bits in memory), as the other renderers emulate it. sqrt, division and reciprocal are the
 correctly rounded .rn forms; exp2 and log2 are ex2.approx/lg2.approx (about 2 ulp in float32), sin is sin.approx
-after reducing the argument to [-pi, pi] in float64. float64 exp2, log2 and sin go through those float32 forms, so
-they have float32's precision.
+after reducing the argument to [-pi, pi] in float64; float64 exp2, log2 and sin are written out (ptx_math.py).
 
 The renderer target is the device's: 'arch=sm_90;local_max=1024,1024,64;local_total_max=1024;shared_max=49152'.
 """
@@ -28,6 +27,7 @@ import struct
 from collections.abc import Callable
 
 from tiny.codegen.cstyle import target_fields
+from tiny.codegen.ptx_math import exp2_f64, log2_f64, sin_f64
 from tiny.ir.device import Renderer, RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
 from tiny.ir.uop import GroupOp, Ops, UOp
@@ -523,30 +523,22 @@ class PTXRenderer(Renderer):
         return r
 
     def _transcendental(self, k: _Kernel, op: Ops, dt: DType, x: str) -> str:
-        """exp2 and log2 by the approximate float32 instructions (about 2 ulp); sin by sin.approx after reducing the
-        argument to [-pi, pi] in float64 (sin.approx is accurate to 2^-20.5 there, not beyond)."""
-        f = x
+        """float32: exp2 and log2 by the approximate instructions (about 2 ulp); sin by sin.approx after reducing the
+        argument to [-pi, pi] in float64 (sin.approx is accurate to 2^-20.5 there, not beyond). float64: written out
+        in tiny.codegen.ptx_math, within a few ulp."""
         if dt == dtypes.float64:
-            f = k.reg("b32")
-            k.emit(f"cvt.rn.f32.f64 {f}, {x}")
+            return {Ops.EXP2: exp2_f64, Ops.LOG2: log2_f64, Ops.SIN: sin_f64}[op](k, x)
         r = k.reg("b32")
         if op is Ops.SIN:
             wide, turns = k.reg("b64"), k.reg("b64")
-            if dt == dtypes.float64:
-                k.emit(f"mov.b64 {wide}, {x}")
-            else:
-                k.emit(f"cvt.f64.f32 {wide}, {x}")
+            k.emit(f"cvt.f64.f32 {wide}, {x}")
             k.emit(f"mul.rn.f64 {turns}, {wide}, {_immediate(1 / (2 * math.pi), dtypes.float64)}")
             k.emit(f"cvt.rni.f64.f64 {turns}, {turns}")
             k.emit(f"fma.rn.f64 {wide}, {turns}, {_immediate(-2 * math.pi, dtypes.float64)}, {wide}")
             k.emit(f"cvt.rn.f32.f64 {r}, {wide}")
             k.emit(f"sin.approx.f32 {r}, {r}")
         else:
-            k.emit(f"{'ex2' if op is Ops.EXP2 else 'lg2'}.approx.f32 {r}, {f}")
-        if dt == dtypes.float64:
-            d = k.reg("b64")
-            k.emit(f"cvt.f64.f32 {d}, {r}")
-            return d
+            k.emit(f"{'ex2' if op is Ops.EXP2 else 'lg2'}.approx.f32 {r}, {x}")
         return r
 
     def _int_alu(self, k: _Kernel, u: UOp, dt: DType, xs: list[str]) -> str:
