@@ -155,11 +155,47 @@ def nv(session: nox.Session) -> None:
         session.run("pytest", str(own), str(PACKAGES / "tiny-tensor" / "tests"), *session.posargs)
 
 
+# the tiny-tensor tests the amd session runs on the AMD device by default (on the GPU where /dev/kfd exists, on the
+# mock kernel driver everywhere): every op and dtype against NumPy and PyTorch, reductions, indexing, in-place updates,
+# autograd, fusion and the JIT; `nox -s amd -- --full` runs all of tiny-tensor's tests
+AMD_SUBSET = [
+    "test_ops.py",
+    "test_tensor_basics.py",
+    "test_errors.py",
+    "test_creation.py",
+    "test_fusion.py",
+    "test_elementwise_torch.py",
+    "test_reduce_torch.py",
+    "test_indexing_torch.py",
+    "test_inplace.py",
+    "test_autograd.py",
+    "test_jit.py",
+]
+AMD_MOCK_TARGET = "gfx1100"
+
+
 @nox.session
 def amd(session: nox.Session) -> None:
-    """tiny-runtime-amd: hardware tests skip without an AMD GPU; compile-only and metadata tests run everywhere."""
-    _install_local(session, "tiny-runtime-amd")
-    _pytest(session, "tiny-runtime-amd")
+    """tiny-runtime-amd: its own tests (the code-object reader and compilers, the KFD driver layer, AQL queue and AMD
+    device on the mock kernel driver); then tiny-tensor's tests with DEVICE=AMD on the real GPU where /dev/kfd exists
+    (said and skipped where it does not), and again with AMD_MOCK=gfx1100 on the mock, whose kernels run on the
+    PYTHON emulator. AMD_SUBSET by default, all of tiny-tensor's tests with `nox -s amd -- --full`."""
+    _install_local(
+        session,
+        "tiny-runtime-amd",
+        extras=("mock",),
+        tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"]),
+        test_with=("tiny-tensor",),
+    )
+    args = [a for a in session.posargs if a != "--full"]
+    session.run("pytest", str(PACKAGES / "tiny-runtime-amd" / "tests"), *args)
+    tests = PACKAGES / "tiny-tensor" / "tests"
+    paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in AMD_SUBSET]
+    if Path("/dev/kfd").exists():
+        session.run("pytest", *paths, *args, env={"DEVICE": "AMD", "AMD_MOCK": ""})
+    else:
+        session.log("no /dev/kfd here: tiny-tensor's tests on a real AMD GPU are skipped; they run on the mock only")
+    session.run("pytest", *paths, *args, env={"DEVICE": "AMD", "AMD_MOCK": AMD_MOCK_TARGET})
 
 
 @nox.session

@@ -12,8 +12,11 @@ from amd_helpers import compiler
 from test_amd_kfd_mock import GROUPS, IMPLICIT_IR, LOCAL, N, scale_kernel, wgsize_kernel
 
 from tiny.ir.device import CompileError, DeviceUnavailable
+from tiny.ir.dtypes import dtypes
+from tiny.ir.uop import Ops, UOp
 from tiny.runtime.amd.kfd import AMDDevice, DeviceMemory, hidden_value
 from tiny.runtime.amd.mock import MockKFD
+from tiny.runtime.amd.mock_gpu import PacketError
 
 pytest.importorskip("tiny.runtime.python", reason="the mock runs kernels on tiny-runtime-misc's PYTHON device")
 
@@ -116,9 +119,35 @@ define amdgpu_kernel void @spill(ptr addrspace(1) %out, i32 %n) {
 """
 
 
-def test_a_kernel_that_needs_scratch_is_refused_plainly(dev: AMDDevice) -> None:
-    with pytest.raises(CompileError, match="needs scratch memory .* does not set up scratch"):
-        dev.program(dev, "spill", dev.compile(SCRATCH_IR))
+def spill_kernel() -> list[UOp]:
+    """What SCRATCH_IR computes for n = 3, as a program: out[0] = n - 2."""
+    out = UOp(Ops.DEFINE_GLOBAL, dtypes.int32.ptr(1), (), 0)
+    n = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("n", 0, 63))
+    st = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, UOp.const(dtypes.int32, 0))), n - 2))
+    return [u for u in UOp(Ops.SINK, dtypes.void, (st,)).toposort if u.op is not Ops.SINK]
+
+
+def test_a_kernel_that_needs_scratch_gets_it(dev: AMDDevice) -> None:
+    prog = _load(dev, "spill", SCRATCH_IR, spill_kernel())
+    assert prog.info.private_segment_size >= 256  # the 64 ints live in scratch
+    out = dev.allocator.alloc(4)
+    prog(out, vals=(3,), wait=True)
+    result = bytearray(4)
+    dev.allocator.copyout(memoryview(result), out)
+    assert struct.unpack("i", result)[0] == 1
+    q = dev.queue
+    assert q.scratch is not None and q.scratch_per_lane >= prog.info.private_segment_size
+    assert q.amd_queue.scratch_backing_memory_location == q.scratch.va and q.amd_queue.compute_tmpring_size
+    location = q.amd_queue.scratch_backing_memory_location
+    q.amd_queue.scratch_backing_memory_location = 0  # the mock checks what the packet processor would use
+    try:
+        with pytest.raises(PacketError, match="needs .* bytes of scratch per work-item, but the queue's scratch"):
+            prog(out, vals=(3,), wait=True)
+    finally:
+        q.amd_queue.scratch_backing_memory_location = location
+        q.amd_queue.read_dispatch_id = q.write_id  # past the refused packet, its signal released
+        assert dev.last is not None
+        dev.last.value, dev.last = 0, None
 
 
 def test_a_code_object_without_the_kernel(dev: AMDDevice) -> None:

@@ -31,6 +31,7 @@ from tiny.runtime.amd.driver import (
     PROT_READ,
     PROT_WRITE,
     QUEUE_TYPE_COMPUTE_AQL,
+    Allocation,
     CreateQueueArgs,
     DestroyQueueArgs,
     round_up,
@@ -241,6 +242,8 @@ class AQLQueue:
         )
         self.doorbell = _u64.from_address(self.doorbell_map + args.doorbell_offset - self.doorbell_page)
         self.write_id = 0
+        self.scratch: Allocation | None = None
+        self.scratch_per_lane = 0  # private bytes per work-item the scratch memory has room for
 
     @property
     def read_id(self) -> int:
@@ -263,11 +266,49 @@ class AQLQueue:
         self.doorbell.value = dispatch_id
         return dispatch_id
 
+    def ensure_scratch(self, per_lane: int, lanes: int) -> None:
+        """Scratch memory (private segments) for kernels of `per_lane` bytes per work-item in waves of `lanes`: enough
+        for every wave slot of the GPU, described in the amd_queue_t where the packet processor looks for it. Grows
+        only; the caller makes sure no packet is in flight when it does."""
+        per_lane = round_up(per_lane, 16)
+        if per_lane <= self.scratch_per_lane:
+            return
+        node, major = self.kfd.node, self.kfd.node.props.get("gfx_target_version", 0) // 10000
+        align = 256 if major >= 11 else 1024  # COMPUTE_TMPRING_SIZE.WAVESIZE counts these
+        wave_bytes = round_up(per_lane * max(lanes, 64 if major < 10 else 32), align)
+        slots = node.cu_count * max(node.props.get("max_slots_scratch_cu", 32), 1)  # wave slots of all XCCs
+        size = wave_bytes * slots
+        memory = self.kfd.alloc(size, VRAM_FLAGS, host=False)
+        if self.scratch is not None:
+            self.kfd.free(self.scratch)
+        self.scratch, self.scratch_per_lane = memory, per_lane
+        q = self.amd_queue
+        q.scratch_backing_memory_location = memory.va
+        q.scratch_backing_memory_byte_size = size // node.xcc_count  # per XCC
+        q.scratch_wave64_lane_byte_size = wave_bytes // 64
+        engines = max(node.props.get("array_count", 1) // max(node.props.get("simd_arrays_per_engine", 1), 1), 1)
+        waves = slots // node.xcc_count // (engines if major >= 11 else 1)  # gfx11+: waves per shader engine
+        q.compute_tmpring_size = min(waves, 0xFFF) | (wave_bytes // align) << 12
+        q.scratch_resource_descriptor[:] = scratch_descriptor(memory.va, size, major)
+
     def close(self) -> None:
         self.kfd.ioctl(DESTROY_QUEUE, DestroyQueueArgs(queue_id=self.queue_id))
         self.kfd.host.munmap(self.doorbell_map, PAGE * 2)
-        for mem in (self.ctx_save, self.eop, self.queue_mem, self.ring):
-            self.kfd.free(mem)
+        for mem in (self.ctx_save, self.eop, self.queue_mem, self.ring, self.scratch):
+            if mem is not None:
+                self.kfd.free(mem)
+
+
+def scratch_descriptor(base: int, size: int, major: int) -> tuple[int, int, int, int]:
+    """The buffer resource (V#) of a queue's scratch memory: swizzled, one element of 4 bytes per lane."""
+    sel_xyzw = 4 | 5 << 3 | 6 << 6 | 7 << 9  # DST_SEL_X..W = SQ_SEL_X..W
+    if major >= 11:  # FORMAT 32_UINT, ADD_TID_ENABLE, OOB_SELECT 2 (no bounds check when swizzled)
+        word1, word3 = 1 << 30, sel_xyzw | 20 << 12 | 1 << 23 | 2 << 28
+    elif major == 10:  # the same and RESOURCE_LEVEL
+        word1, word3 = 1 << 31, sel_xyzw | 20 << 12 | 1 << 23 | 1 << 24 | 2 << 28
+    else:  # gfx9: NUM_FORMAT UINT, DATA_FORMAT 32, ELEMENT_SIZE 4, INDEX_STRIDE 64, ADD_TID_ENABLE
+        word1, word3 = 1 << 31, sel_xyzw | 4 << 12 | 4 << 15 | 1 << 19 | 3 << 21 | 1 << 23
+    return base & 0xFFFFFFFF, (base >> 32) & 0xFFFF | word1, size & 0xFFFFFFFF, word3
 
 
 def context_save_sizes(props: dict[str, int], cu_count: int) -> tuple[int, int]:

@@ -10,7 +10,8 @@ packet processor writes into its signal.
 
 Memory: buffers are VRAM the CPU can map (large-BAR / resizable-BAR GPUs), or GTT (system memory the GPU reaches
 over PCIe) where VRAM cannot be mapped; copies in and out are CPU copies through that mapping, no SDMA. Kernels
-that need scratch memory (register spills, private arrays) are refused: this runtime does not set scratch up.
+that need scratch memory (register spills, private arrays) get it: the queue's scratch grows to the largest private
+segment launched so far (tiny.runtime.amd.aql.AQLQueue.ensure_scratch).
 
 With AMD_MOCK=<gfx target> the device talks to tiny.runtime.amd.mock instead of the operating system: a kernel
 driver that checks every call and packet and runs kernels on the PYTHON emulator. It is never chosen otherwise.
@@ -192,11 +193,8 @@ class AMDProgram(Program):
         if name not in co.kernels:
             raise CompileError(f"the code object has no kernel named {name!r}; it has {sorted(co.kernels)}")
         self.info = info = co.kernels[name]
-        if info.private_segment_size or info.uses_dynamic_stack:
-            raise CompileError(
-                f"kernel {name} needs scratch memory ({info.private_segment_size} bytes per work-item"
-                f"{', a dynamic stack' if info.uses_dynamic_stack else ''}); the AMD runtime does not set up scratch"
-            )
+        if info.uses_dynamic_stack:
+            raise CompileError(f"kernel {name} uses a dynamic stack (recursion or alloca): its scratch has no bound")
         self.layout = ArgLayout.of(info)
         self.code = device.host_memory(co.load_size, MEM_EXECUTABLE | MEM_WRITABLE)
         ctypes.memmove(self.code.va, co.loaded_image(self.code.va), co.load_size)
@@ -305,6 +303,9 @@ class AMDDevice(Compiled):
         self, prog: AMDProgram, kernargs: bytes, grid: tuple[int, ...], local: tuple[int, ...], wait: bool
     ) -> float | None:
         info = prog.info
+        if info.private_segment_size > self.queue.scratch_per_lane:  # more scratch: only while the queue is idle
+            self.synchronize()
+            self.queue.ensure_scratch(info.private_segment_size, info.wavefront_size)
         signal = self.signals.take(TIMEOUT_S)
         packet = DispatchPacket(
             header=dispatch_header(barrier=True, scope=FENCE_SCOPE_SYSTEM),

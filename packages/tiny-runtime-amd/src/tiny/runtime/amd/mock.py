@@ -527,6 +527,10 @@ class MockKFD:
     def lds_bytes(self) -> int:
         return self.spec.lds_kb * 1024
 
+    @property
+    def gfx_major(self) -> int:
+        return self.version // 10000
+
     def watch(self, device: Compiled) -> None:
         """Learn the program behind each code object `device` compiles (MockGPU.watch)."""
         self.gpu.watch(device)

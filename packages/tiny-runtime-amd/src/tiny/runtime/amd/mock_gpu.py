@@ -10,6 +10,7 @@ the kernel.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import struct
 import time
@@ -95,6 +96,7 @@ class GpuState(Protocol):
     event_page: GpuMemory | None
     doorbells: mmap.mmap
     lds_bytes: int
+    gfx_major: int
 
     def find(self, addr: int, size: int = 1) -> GpuMemory | None: ...
     def gpu_view(self, addr: int, size: int, what: str) -> memoryview: ...
@@ -276,6 +278,8 @@ class MockGPU:
             )
         if p.private_segment_size < info.private_segment_size:
             raise PacketError(f"{where}: private_segment_size {p.private_segment_size} < {info.private_segment_size}")
+        if info.private_segment_size:
+            self._check_scratch(q, info, where)
         groups = tuple(g // w for g, w in zip(grid, wg))
         bufs, vals = self._kernargs(p.kernarg_address, info, kernel, groups, wg, dims, where)
         signal = self._signal(p.completion_signal, f"{where}: completion")
@@ -289,6 +293,27 @@ class MockGPU:
         profiled = properties & aql.QUEUE_PROPERTIES_ENABLE_PROFILING
         self._complete(p.completion_signal, signal, start if profiled else 0, end if profiled else 0, where)
         self.stats.dispatches += 1
+
+    def _check_scratch(self, q: GpuQueue, info: KernelInfo, where: str) -> None:
+        """A kernel with a private segment finds scratch memory for it described in the queue's amd_queue_t."""
+        raw = self.mem.gpu_view(q.write_ptr - aql.WRITE_ID_OFFSET, ctypes.sizeof(aql.AmdQueue), f"{where}: amd_queue_t")
+        amd = aql.AmdQueue.from_buffer_copy(raw)
+        need = info.private_segment_size * info.wavefront_size  # bytes per wave
+        base, size = amd.scratch_backing_memory_location, amd.scratch_backing_memory_byte_size
+        what = f"{where}: the kernel needs {info.private_segment_size} bytes of scratch per work-item"
+        mem = self.mem.find(base)
+        if base == 0 or mem is None or not mem.gpu_mapped or base + size > mem.va + mem.size or size < need:
+            raise PacketError(f"{what}, but the queue's scratch is {size} bytes at {base:#x}, not in GPU memory")
+        align = 256 if self.mem.gfx_major >= 11 else 1024
+        wave_size, waves = (amd.compute_tmpring_size >> 12) * align, amd.compute_tmpring_size & 0xFFF
+        if amd.scratch_wave64_lane_byte_size * 64 < need or wave_size < need or waves == 0:
+            raise PacketError(
+                f"{what} ({need} per wave), but the queue gives waves {amd.scratch_wave64_lane_byte_size * 64} bytes "
+                f"(COMPUTE_TMPRING_SIZE: {waves} waves of {wave_size} bytes)"
+            )
+        srd = list(amd.scratch_resource_descriptor)
+        if srd[0] | (srd[1] & 0xFFFF) << 32 != base or srd[2] == 0:
+            raise PacketError(f"{what}, but the scratch buffer descriptor {srd} does not describe {base:#x}")
 
     def _kernargs(
         self,
