@@ -45,7 +45,7 @@ from tiny.runtime.amd.aql import (
     SignalPool,
     dispatch_header,
 )
-from tiny.runtime.amd.compiler import AMDGPUCompiler, require_toolchain
+from tiny.runtime.amd.compiler import amdgpu_compiler
 from tiny.runtime.amd.driver import (
     KFD,
     KFD_PATH,
@@ -255,7 +255,7 @@ class AMDDevice(Compiled):
         host = host_os()
         self.node = find_gpu(host, DeviceName.parse(name).index)
         self.target = self.node.target
-        require_toolchain(self.target)  # DeviceUnavailable when clang does not know this GPU
+        self._amdgpu_compiler = amdgpu_compiler(self.target)  # DeviceUnavailable where no compiler knows this GPU
         self.kfd = KFD(host, self.node)
         super().__init__(name, AMDAllocator(self), AMDProgram, renderer)
         self.queue = AQLQueue(self.kfd)
@@ -271,7 +271,7 @@ class AMDDevice(Compiled):
         return self.target
 
     def compiler(self) -> Compiler:
-        return AMDGPUCompiler(self.target)
+        return self._amdgpu_compiler
 
     def host_memory(self, size: int, flags: int) -> Allocation:
         """Memory both the CPU and the GPU reach at one address: mappable VRAM, else GTT."""
