@@ -21,6 +21,7 @@ from tiny.codegen.opt import Opt, OptOps
 from tiny.codegen.ptx import PTXRenderer
 from tiny.ir.device import CompileError, DeviceUnavailable
 from tiny.ir.dtypes import dtypes
+from tiny.ir.tensorcore import TENSOR_CORES
 from tiny.ir.uop import Ops, UOp
 from tiny.runtime.nv.nvrtc import CUDACompiler, PTXCompiler, compile_cuda, find_nvrtc, installed
 from tiny.tensor import Tensor
@@ -148,11 +149,14 @@ def test_kernel_signature() -> None:
     assert ".version 7.0" in k.src and ".target sm_80" in k.src
 
 
-def test_wmma_is_refused_by_name_until_tensor_cores_come() -> None:
-    wmma = UOp(Ops.WMMA, dtypes.float32, (), None)
+def test_wmma_of_a_tensor_core_the_arch_lacks_is_refused_by_name() -> None:
+    """Tensor-core kernels themselves are test_nv_tensor_cores'; an AMD tensor core's WMMA is not NVIDIA's."""
+    tc = TENSOR_CORES["rdna3_16x16x16_float16_float32"]
+    frags = tuple(UOp.const(dt, 0.0) for dt in (tc.a_dtype, tc.b_dtype, tc.c_dtype))
+    wmma = UOp(Ops.WMMA, tc.c_dtype, frags, tc.name)
     for r in (CUDARenderer(target("sm_90")), PTXRenderer(target("sm_90"))):
-        with pytest.raises(NotImplementedError, match="does not render WMMA"):
-            r.render("k", [wmma])
+        with pytest.raises(NotImplementedError, match="sm_90 has no tensor core rdna3"):
+            r.render("k", [*frags, wmma])
 
 
 @pytest.mark.parametrize("bad", ["arch=sm_9x", "arch=gfx90a", "arch=sm_60;local_max=1,2"])

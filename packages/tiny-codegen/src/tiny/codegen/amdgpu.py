@@ -24,6 +24,7 @@ from tiny.codegen import amdmath
 from tiny.codegen.llvmir import LLVMRenderer, _Function
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.tensorcore import TensorCore, tensor_core, tensor_cores_for
 from tiny.ir.uop import Ops, UOp
 
 _TARGET = re.compile(r"gfx([0-9]{1,2})([0-9a-f]{2})((?::[a-z0-9_]+[+-])*)")
@@ -85,6 +86,7 @@ class AMDGPURenderer(LLVMRenderer):
             local_total_max=1024,
             shared_max=self.amd.lds_size,
             vector_width=4,  # global_load_dwordx4: 16 bytes per lane and instruction
+            tensor_cores=tensor_cores_for(self.amd.name),  # WMMA on gfx11/gfx12, MFMA on gfx942/gfx950
         )
 
     # ---------------------------------------------------------------- the target part of LLVMRenderer
@@ -130,6 +132,37 @@ class AMDGPURenderer(LLVMRenderer):
         f.line('fence syncscope("workgroup") release')
         f.line("call void @llvm.amdgcn.s.barrier()")
         f.line('fence syncscope("workgroup") acquire')
+
+    def wmma(self, f: _Function, u: UOp, args: list[str]) -> str:
+        """WMMA (gfx11, gfx12) or MFMA (gfx942, gfx950) on the fragments; bfloat16 fragments (float registers here,
+        holding bfloat16 values exactly) go to the instruction as their 16-bit patterns."""
+        tc = tensor_core(u.arg)
+        if tc not in self.caps.tensor_cores:
+            raise NotImplementedError(f"{self.amd.name} has no tensor core {tc.name}")
+        a, b, c = (self._wmma_operand(f, tc, s.dtype, x) for s, x in zip(u.src, args))
+        ta, tb, tc_t = (self._wmma_type(tc, s.dtype) for s in u.src)
+        n_in, n_out = tc.a.elements, tc.c.elements
+        elem = "f16" if tc.dtype_in == dtypes.float16 else "i16"
+        if tc.name.startswith("cdna"):
+            fn = "llvm.amdgcn.mfma.f32.16x16x16f16" if elem == "f16" else "llvm.amdgcn.mfma.f32.16x16x16bf16.1k"
+            tail, tail_types = ", i32 0, i32 0, i32 0", ", i32, i32, i32"  # cbsz, abid, blgp: no broadcasts
+        else:
+            kind = "f16" if elem == "f16" else "bf16"
+            fn = f"llvm.amdgcn.wmma.f32.16x16x16.{kind}.v{n_out}f32.v{n_in}{elem}"
+            tail, tail_types = "", ""
+        f.declares.add(f"declare {tc_t} @{fn}({ta}, {tb}, {tc_t}{tail_types})")
+        return f.value(f"call {tc_t} @{fn}({ta} {a}, {tb} {b}, {tc_t} {c}{tail})")
+
+    def _wmma_type(self, tc: TensorCore, dt: DType) -> str:
+        return f"<{dt.count} x i16>" if dt.scalar == dtypes.bfloat16 else self.ltype(dt)
+
+    def _wmma_operand(self, f: _Function, tc: TensorCore, dt: DType, x: str) -> str:
+        if dt.scalar != dtypes.bfloat16:
+            return x
+        n = dt.count
+        bits = f.value(f"bitcast <{n} x float> {x} to <{n} x i32>")
+        high = f.value(f"lshr <{n} x i32> {bits}, <{', '.join(['i32 16'] * n)}>")
+        return f.value(f"trunc <{n} x i32> {high} to <{n} x i16>")
 
     # ---------------------------------------------------------------- the kernel's attributes
 

@@ -298,8 +298,10 @@ class CStyleRenderer(Renderer):
                 line(f"{src[0]} = {src[1]};")
             elif op is Ops.BARRIER:
                 line(self.barrier())
-            elif op in (Ops.CAST, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP) or op in GroupOp.ALU:
-                if op is Ops.VECTORIZE:
+            elif op in (Ops.CAST, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP, Ops.WMMA) or op in GroupOp.ALU:
+                if op is Ops.WMMA:
+                    expr = self.wmma(u, src)
+                elif op is Ops.VECTORIZE:
                     lanes = [f"-({x})" for x in src] if u.dtype.is_bool else src  # a true lane is all ones
                     expr = self.vector_literal(u.dtype, lanes)
                 elif op is Ops.GEP:
@@ -335,6 +337,10 @@ class CStyleRenderer(Renderer):
 
     def special(self, name: str) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no hardware indices")
+
+    def wmma(self, u: UOp, args: list[str]) -> str:
+        """A tensor-core multiply-accumulate on the fragments args (a dialect with tensor cores renders it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot render WMMA: its target has no tensor cores")
 
     def define_local(self, name: str, dt: DType, size: int) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no local memory")

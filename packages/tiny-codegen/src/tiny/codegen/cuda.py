@@ -14,9 +14,12 @@ The renderer target is the device's: 'arch=sm_90;local_max=1024,1024,64;local_to
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tiny.codegen.cstyle import GPUCStyleRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.tensorcore import tensor_core, tensor_cores_for
 from tiny.ir.uop import Ops, UOp
 
 _HALF_BITS = frozenset({dtypes.float16, dtypes.bfloat16})
@@ -25,11 +28,13 @@ _HALF_BITS = frozenset({dtypes.float16, dtypes.bfloat16})
 _PRELUDE = r"""#define restrict __restrict__
 #define TINY_F __device__ __forceinline__
 template <typename To, typename From> TINY_F To tiny_bitcast(From x) { To r; memcpy(&r, &x, sizeof(To)); return r; }
+#ifdef __CUDA_ARCH__
 TINY_F float tiny_f16_to_f32(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 TINY_F unsigned short tiny_f32_to_f16(float f) {
   unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 TINY_F unsigned short tiny_f64_to_f16(double d) {
   unsigned short h; asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(d)); return h; }
+#endif
 TINY_F float tiny_f16_round(float f) { return tiny_f16_to_f32(tiny_f32_to_f16(f)); }
 TINY_F float tiny_bf16_to_f32(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
 TINY_F unsigned short tiny_f32_to_bf16(float f) {
@@ -119,6 +124,8 @@ class CUDARenderer(GPUCStyleRenderer):
         self.arch = arch
         self.target = target
         self._block = 1
+        self._mma: list[str] = []  # the tensor cores the kernel being rendered uses
+        self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch))  # mma.sync on sm_80 and newer
 
     # ---------------------------------------------------------------- 16-bit floats: memory bits, float registers
 
@@ -135,7 +142,7 @@ class CUDARenderer(GPUCStyleRenderer):
         return f"tiny_f32_to_{self._tag(value.dtype)}({expr})" if self._bf16(value.dtype) else expr
 
     def rounded(self, u: UOp, expr: str) -> str:
-        exact = u.op in (Ops.WHERE, Ops.MAX, Ops.NEG, Ops.TRUNC, Ops.BITCAST)
+        exact = u.op in (Ops.WHERE, Ops.MAX, Ops.NEG, Ops.TRUNC, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP)
         if u.op is Ops.CAST and u.src[0].dtype.scalar == u.dtype.scalar:
             exact = True
         return f"tiny_{self._tag(u.dtype)}_round({expr})" if self._bf16(u.dtype) and not exact else expr
@@ -202,18 +209,40 @@ class CUDARenderer(GPUCStyleRenderer):
         for u in uops:
             if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"):
                 self._block *= u.arg[1]
-        if any(u.op is Ops.WMMA for u in uops):
-            return self.render_wmma(name, uops)
+        self._mma = sorted({u.arg for u in uops if u.op is Ops.WMMA})
         return super().render(name, uops)
 
-    def render_wmma(self, name: str, uops: list[UOp]) -> str:
-        """Tensor-core kernels (Ops.WMMA: mma.sync through inline PTX) come with the tensor-core opt action; until
-        then a kernel that has one is refused here, by name."""
-        raise NotImplementedError(f"kernel {name}: the CUDA renderer does not render WMMA (tensor cores) yet")
+    def wmma(self, u: UOp, args: list[str]) -> str:
+        tc = tensor_core(u.arg)
+        if tc not in self.caps.tensor_cores:
+            raise NotImplementedError(f"{self.arch} has no tensor core {tc.name}")
+        return f"tiny_mma_{tc.name}({', '.join(args)})"
+
+    def mma_function(self, name: str) -> str:
+        """mma.sync.aligned.m16n8k16 through inline PTX: the fragments (16-bit floats in float registers, exact) are
+        packed two to a 32-bit register, the lower element in the lower half, as the instruction takes them."""
+        tc = tensor_core(name)
+        tag = "f16" if tc.dtype_in == dtypes.float16 else "bf16"
+        na, nb, nc = tc.a.elements, tc.b.elements, tc.c.elements
+        pack = [f"tiny_f32_to_{tag}({x}[{i}]) | ((unsigned int)tiny_f32_to_{tag}({x}[{i + 1}]) << 16)"
+                for x, n in (("a", na), ("b", nb)) for i in range(0, n, 2)]  # fmt: skip
+        regs = [f"%{i}" for i in range(nc + len(pack) + nc)]
+        a_regs, b_regs = regs[nc : nc + na // 2], regs[nc + na // 2 : nc + len(pack)]
+        ptx = (
+            f"mma.sync.aligned.m16n8k16.row.col.f32.{tag}.{tag}.f32 {{{', '.join(regs[:nc])}}}, "
+            f"{{{', '.join(a_regs)}}}, {{{', '.join(b_regs)}}}, {{{', '.join(regs[nc + len(pack) :])}}};"
+        )
+        outs = ", ".join(f'"=f"(d[{i}])' for i in range(nc))
+        ins = ", ".join([f'"r"((unsigned int)({p}))' for p in pack] + [f'"f"(c[{i}])' for i in range(nc)])
+        return (
+            f"TINY_F tiny_vec<float, {nc}> tiny_mma_{name}(tiny_vec<float, {na}> a, tiny_vec<float, {nb}> b, "
+            f"tiny_vec<float, {nc}> c) {{\n  tiny_vec<float, {nc}> d;\n"
+            f'  asm volatile("{ptx}"\n    : {outs}\n    : {ins});\n  return d;\n}}\n'
+        )
 
     def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
         head = f"{self.kernel_prefix} __launch_bounds__({self._block}) {name}({', '.join(params)})"
         return head + " {\n" + "\n".join(body) + "\n}\n"
 
     def preamble(self, scalars: set[DType]) -> str:
-        return _PRELUDE + _VECTORS
+        return _PRELUDE + _VECTORS + "".join(self.mma_function(name) for name in self._mma)

@@ -310,6 +310,8 @@ class LLVMRenderer(Renderer):
                 names[u] = self._bitcast(f, u, val(u.src[0]))
             elif op in GroupOp.ALU:
                 names[u] = self._rounded(f, u, self._alu(f, u, [val(s) for s in u.src]))
+            elif op is Ops.WMMA:
+                names[u] = self.wmma(f, u, [val(s) for s in u.src])
             else:
                 raise NotImplementedError(f"{type(self).__name__} cannot render {op.name}")
         params = [p for _, p in sorted(buffers)] + variables + specials
@@ -321,6 +323,10 @@ class LLVMRenderer(Renderer):
         defined = "".join(self.helper_source(h) for h in helpers)
         parts = ["\n".join(header), "\n".join(module), defined, body, "\n".join(declares)]
         return "\n\n".join(p for p in parts if p) + "\n"
+
+    def wmma(self, f: _Function, u: UOp, args: list[str]) -> str:
+        """A tensor-core multiply-accumulate (a target with tensor cores renders its instruction)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot render WMMA: its target has no tensor cores")
 
     def _widened(self, f: _Function, arg: str, dt: DType) -> str:
         """An integer argument (arg_int) as a value of dt, sign-extended as C's int converts."""

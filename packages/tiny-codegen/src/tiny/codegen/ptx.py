@@ -30,6 +30,7 @@ from tiny.codegen.cstyle import target_fields
 from tiny.codegen.ptx_math import exp2_f64, log2_f64, sin_f64
 from tiny.ir.device import Renderer, RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
+from tiny.ir.tensorcore import tensor_core, tensor_cores_for
 from tiny.ir.uop import GroupOp, Ops, UOp
 
 # the lowest PTX ISA that knows each architecture (and every instruction used here)
@@ -148,6 +149,7 @@ class PTXRenderer(Renderer):
             local_total_max=int(fields["local_total_max"]),
             shared_max=int(fields["shared_max"]),
             vector_width=int(fields["vector_width"]),
+            tensor_cores=tensor_cores_for(arch),  # mma.sync on sm_80 and newer
         )
 
     # ---------------------------------------------------------------- the kernel
@@ -155,8 +157,6 @@ class PTXRenderer(Renderer):
     def render(self, name: str, uops: list[UOp]) -> str:
         if not _NAME.fullmatch(name):
             raise ValueError(f"{name!r} cannot name a PTX kernel; expected letters, digits and '_'")
-        if any(u.op is Ops.WMMA for u in uops):
-            return self.render_wmma(name, uops)
         k = _Kernel()
         regs: dict[UOp, Reg] = {}
         params: list[tuple[int, str]] = []
@@ -254,6 +254,8 @@ class PTXRenderer(Renderer):
                 regs[u] = self._bitcast(k, u, regs[u.src[0]])
             elif op in GroupOp.ALU:
                 regs[u] = self._per_lane(u, regs, lambda xs, u=u: self._alu(k, u, xs))
+            elif op is Ops.WMMA:
+                regs[u] = self._wmma(k, u, regs)
             else:
                 raise NotImplementedError(f"{type(self).__name__} cannot render {op.name}")
         head = [
@@ -269,10 +271,28 @@ class PTXRenderer(Renderer):
         body = k.declarations() + shared + k.lines + ["\tret;", "}"]
         return "\n".join(head + body) + "\n"
 
-    def render_wmma(self, name: str, uops: list[UOp]) -> str:
-        """Tensor-core kernels (Ops.WMMA: mma.sync.aligned) come with the tensor-core opt action; until then a
-        kernel that has one is refused here, by name."""
-        raise NotImplementedError(f"kernel {name}: the PTX renderer does not render WMMA (tensor cores) yet")
+    def _wmma(self, k: _Kernel, u: UOp, regs: dict[UOp, Reg]) -> Reg:
+        """mma.sync.aligned.m16n8k16: the A and B fragments packed two to a b32 register (the lower element in the
+        lower half; float16 lanes are f16 registers, bfloat16 lanes float32 ones whose upper half is the value)."""
+        tc = tensor_core(u.arg)
+        if tc not in self.caps.tensor_cores:
+            raise NotImplementedError(f"{self.arch} has no tensor core {tc.name}")
+        tag = "f16" if tc.dtype_in == dtypes.float16 else "bf16"
+
+        def packed(frag: UOp) -> list[str]:
+            lanes, out = _as_list(regs[frag]), []
+            for lo, hi in zip(lanes[::2], lanes[1::2]):
+                r = k.reg("b32")
+                k.emit(f"mov.b32 {r}, {{{lo}, {hi}}}" if tag == "f16" else f"prmt.b32 {r}, {lo}, {hi}, 0x7632")
+                out.append(r)
+            return out
+
+        a, b = packed(u.src[0]), packed(u.src[1])
+        c = _as_list(regs[u.src[2]])
+        d = [k.reg("b32") for _ in range(tc.c.elements)]
+        operands = ", ".join("{" + ", ".join(x) + "}" for x in (d, a, b, c))
+        k.emit(f"mma.sync.aligned.m16n8k16.row.col.f32.{tag}.{tag}.f32 {operands}")
+        return d
 
     def _per_lane(self, u: UOp, regs: dict[UOp, Reg], one: Callable[[list[str]], str]) -> Reg:
         """Apply a scalar emitter to each lane of u's sources (a vector op is its lanes' ops)."""

@@ -1,0 +1,59 @@
+"""Matrix cores: an fp16 or bf16 matrix product, planned by the hand heuristics for an AMD target, maps onto its
+tensor core (tiny.ir.tensorcore: RDNA3/RDNA4 WMMA, CDNA MFMA), renders as the AMDGPU renderer's intrinsic, and
+compiles to v_wmma (gfx11, gfx12) or v_mfma (gfx942, gfx950) instructions. What the instruction computes, lane by
+lane, is the PYTHON emulator's definition (tiny-runtime-misc's test_python_wmma)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amd_helpers import TARGETS
+from test_amd_disasm import disassemble, mnemonics
+
+from tiny.codegen.amdgpu import AMDGPURenderer
+from tiny.codegen.heuristic import hand_opts
+from tiny.codegen.opt import Kernel, OptOps
+from tiny.ir.dtypes import dtypes
+from tiny.ir.uop import Ops
+from tiny.tensor import Tensor
+
+INSTRUCTION = {"gfx1100": "v_wmma_f32_16x16x16", "gfx1201": "v_wmma_f32_16x16x16", "gfx942": "v_mfma_f32_16x16x16"}
+INSTRUCTION["gfx950"] = INSTRUCTION["gfx942"]
+
+
+def operands(dtype: str, m: int = 64, k: int = 64, n: int = 64) -> tuple[Tensor, Tensor]:
+    rng = np.random.default_rng(0)
+    a = Tensor(rng.standard_normal((m, k)).astype(np.float32)).cast(dtypes.from_name(dtype)).realize()
+    b = Tensor(rng.standard_normal((k, n)).astype(np.float32)).cast(dtypes.from_name(dtype)).realize()
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_matmul_compiles_to_matrix_instructions(target: str, dtype: str) -> None:
+    a, b = operands(dtype)
+    ops = mnemonics(disassemble(target, "AMDGPU", a @ b))
+    kind = "f16" if dtype == "float16" else "bf16"
+    found = sorted(m for m in ops if m.startswith(INSTRUCTION[target]))
+    assert found and all(m.endswith(kind) for m in found), sorted(ops)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_heuristics_choose_the_tensor_core_only_where_it_fits(target: str) -> None:
+    caps = AMDGPURenderer(target).caps
+    assert [tc.threads for tc in caps.tensor_cores] == [32 if target.startswith("gfx1") else 64] * 2
+
+    def plan(x: Tensor) -> list:
+        (ast,) = [i.ast for i in x.schedule() if i.ast.op is Ops.SINK]
+        return hand_opts(Kernel(ast, caps))
+
+    a, b = operands("float16")
+    assert plan(a @ b)[0].op is OptOps.TC
+    c, d = operands("float16", 24, 40, 24)  # no dim a multiple of 16
+    assert all(o.op is not OptOps.TC for o in plan(c @ d))
+    e, f = Tensor(np.ones((64, 64), np.float32)), Tensor(np.ones((64, 64), np.float32))
+    assert all(o.op is not OptOps.TC for o in plan(e @ f)), "float32 inputs: no matrix core takes them"
+
+
+def test_older_targets_declare_no_tensor_cores() -> None:
+    assert AMDGPURenderer("gfx1030").caps.tensor_cores == () and AMDGPURenderer("gfx90a").caps.tensor_cores == ()

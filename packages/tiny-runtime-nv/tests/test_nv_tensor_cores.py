@@ -1,0 +1,60 @@
+"""Tensor cores on NVIDIA, compile-only: an fp16 or bf16 matrix product planned for sm_80 or sm_90 maps onto
+mma.sync.aligned.m16n8k16 (tiny.ir.tensorcore), rendered as CUDA C (inline PTX, compiled by NVRTC to a cubin) and as
+PTX (assembled by ptxas). What the instruction computes, lane by lane, is the PYTHON emulator's definition
+(tiny-runtime-misc's test_python_wmma); running it on a GPU is the CUDA device's tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from nv_kernels import render_schedule, target
+from test_cuda_compile import nvrtc, nvrtc_ptx, ptxas
+
+from tiny.codegen.cuda import CUDARenderer
+from tiny.codegen.opt import Opt, OptOps
+from tiny.codegen.ptx import PTXRenderer
+from tiny.ir.dtypes import dtypes
+from tiny.ir.uop import Ops
+from tiny.runtime.nv.nvrtc import compile_cuda
+from tiny.tensor import Tensor
+
+ARCHS = ("sm_80", "sm_90")
+
+
+def matmul(dtype: str, m: int = 64, k: int = 64, n: int = 64) -> Tensor:
+    rng = np.random.default_rng(0)
+    a = Tensor(rng.standard_normal((m, k)).astype(np.float32), device="CPU").cast(dtypes.from_name(dtype)).realize()
+    b = Tensor(rng.standard_normal((k, n)).astype(np.float32), device="CPU").cast(dtypes.from_name(dtype)).realize()
+    return a @ b
+
+
+def mma(dtype: str) -> str:
+    tag = "f16" if dtype == "float16" else "bf16"
+    return f"mma.sync.aligned.m16n8k16.row.col.f32.{tag}.{tag}.f32"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cuda_c_compiles_to_mma(arch: str, dtype: str) -> None:
+    (k,) = render_schedule("matmul", matmul(dtype), CUDARenderer(target(arch)))
+    assert sum(u.op is Ops.WMMA for u in k.uops) == 2, "the heuristics' plan: two tiles per warp"
+    assert mma(dtype) in k.src
+    assert mma(dtype) in nvrtc_ptx(k.src, arch), "NVRTC keeps the instruction"
+    assert compile_cuda(nvrtc(), k.src, arch, cubin=True)[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ptx_assembles_with_mma(arch: str, dtype: str) -> None:
+    opts = [Opt(OptOps.TC, 2, 0 if dtype == "float16" else 1), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 2)]
+    (k,) = render_schedule("matmul", matmul(dtype), PTXRenderer(target(arch)), opts)
+    assert k.src.count(mma(dtype)) == 2
+    assert ptxas(k.src, arch) == ""
+
+
+def test_only_sm_80_and_newer_declare_tensor_cores() -> None:
+    for renderer in (CUDARenderer, PTXRenderer):
+        assert len(renderer(target("sm_80")).caps.tensor_cores) == 2
+        assert renderer(target("sm_75")).caps.tensor_cores == ()
+    (k,) = render_schedule("matmul", matmul("float16"), CUDARenderer(target("sm_75")))
+    assert "mma" not in k.src
