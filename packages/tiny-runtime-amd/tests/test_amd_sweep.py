@@ -72,6 +72,23 @@ OPS: dict[str, Callable[[], list[Tensor]]] = {
     "gather": lambda: [t(50, 8)[Tensor(np.array([3, 0, 49, 7], np.int32))]],
     "argmax": lambda: [t(16, 77).argmax(1)],
     "movement": lambda: [t(12, 10).permute(1, 0).pad(((1, 2), (0, 3))).flip(0)[2:9, 1:5] + 1],
+    "activations": lambda: [t(300).gelu() + t(300).sigmoid() * t(300).tanh() + t(300).silu() - t(300).softplus()],
+    "pow_log_exp": lambda: [t(128).abs().pow(t(128)) + t(128).exp() + t(128).abs().log() + t(128).erf()],
+    "rounding": lambda: [t(128).floor() + t(128).ceil() + t(128).round() + t(128).trunc() + t(128).sign()],
+    "int8_uint8": lambda: [t(96, dtype="int8") * 3 + t(96, dtype="int8"), t(96, dtype="uint8") // 5],
+    "bool_logic": lambda: [(t(64) > 0).logical_xor(t(64) < 0.5).logical_not() | (t(64, dtype="bool"))],
+    "var_std": lambda: [t(16, 200).var(1), t(16, 200).std(0)],
+    "layer_norm": lambda: [t(8, 64).layer_norm((64,))],
+    "logsumexp": lambda: [t(8, 300).logsumexp(1)],
+    "max_pool": lambda: [t(1, 3, 32, 32).max_pool2d(2)],
+    "avg_pool": lambda: [t(1, 3, 31, 31).avg_pool2d(3, stride=2)],
+    "conv_transpose": lambda: [t(1, 4, 8, 8).conv_transpose2d(t(4, 2, 3, 3), stride=2)],
+    "batched_matmul_bf16": lambda: [t(4, 32, 48, dtype="bfloat16") @ t(4, 48, 16, dtype="bfloat16")],
+    "one_hot_arange": lambda: [Tensor(np.array([0, 3, 9, 2], np.int32)).one_hot(10) + Tensor.arange(10)],
+    "triu_tril": lambda: [t(20, 20).triu(1) + t(20, 20).tril(-2)],
+    "attention": lambda: [t(2, 4, 16, 32).scaled_dot_product_attention(t(2, 4, 16, 32), t(2, 4, 16, 32))],
+    "cat_repeat": lambda: [t(5, 7).cat(t(3, 7), dim=0).repeat(2, 1)],
+    "topk_sort": lambda: [*t(4, 33).topk(5, axis=1)],
 }
 
 
@@ -110,3 +127,17 @@ def test_grouped_reduction_uses_lds(target: str, lang: str) -> None:
     r = render_for(ast, RENDERERS[lang](target), [Opt(OptOps.GROUP, 1, 64)])
     (k,) = read_code_object(comp.compile(r.src)).kernels.values()
     assert k.group_segment_size >= 64 * 4
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_both_languages_give_one_argument_layout(target: str) -> None:
+    """A runtime packs a kernel's arguments the same way whichever renderer made it: buffers, then int32 variables."""
+    llvm, hip = compiler(target), compiler(target, hip=True)
+    for op in ("add_mul", "softmax", "gather", "conv2d"):
+        for ast in kernels(OPS[op]()):
+            layouts = []
+            for comp, renderer in ((llvm, AMDGPURenderer(target)), (hip, HIPRenderer(target))):
+                (k,) = read_code_object(comp.compile(render_for(ast, renderer).src)).kernels.values()
+                layouts.append([(a.offset, a.size, a.kind) for a in k.args if not a.kind.startswith("hidden_")])
+            assert layouts[0] == layouts[1], f"{op}: {layouts}"
+            assert all(kind == "global_buffer" and size == 8 for _, size, kind in layouts[0])
