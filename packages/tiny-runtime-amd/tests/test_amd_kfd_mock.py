@@ -337,25 +337,61 @@ def test_queue_lives_in_checked_memory_and_rings_its_doorbell(rig: Rig) -> None:
     assert e.value.errno == errno.EBUSY
 
 
-def test_create_queue_refuses_a_context_save_area_too_small(rig: Rig) -> None:
-    args = driver.CreateQueueArgs(
-        ring_base_address=rig.queue.ring.va,
-        write_pointer_address=rig.queue.queue_mem.va + aql.WRITE_ID_OFFSET,
-        read_pointer_address=rig.queue.queue_mem.va + aql.READ_ID_OFFSET,
-        ring_size=rig.queue.ring.size,
+def _queue_args(rig: Rig) -> driver.CreateQueueArgs:
+    """What the rig's queue was created with: a CREATE_QUEUE the mock accepts."""
+    q, sizes = rig.queue, rig.mock.queue_sizes
+    return driver.CreateQueueArgs(
+        ring_base_address=q.ring.va,
+        write_pointer_address=q.queue_mem.va + aql.WRITE_ID_OFFSET,
+        read_pointer_address=q.queue_mem.va + aql.READ_ID_OFFSET,
+        ring_size=q.ring.size,
         gpu_id=GPU_ID,
         queue_type=driver.QUEUE_TYPE_COMPUTE_AQL,
-        eop_buffer_address=rig.queue.eop.va,
-        eop_buffer_size=4096,
-        ctx_save_restore_address=rig.queue.eop.va,
-        ctx_save_restore_size=4096,
-        ctl_stack_size=1024,
+        eop_buffer_address=q.eop.va,
+        eop_buffer_size=sizes["eop_buffer_size"],
+        ctx_save_restore_address=q.ctx_save.va,
+        ctx_save_restore_size=sizes["cwsr_size"],
+        ctl_stack_size=sizes["ctl_stack_size"],
     )
-    with pytest.raises(OSError, match="context-save area of 4096 bytes"):
+
+
+def test_queue_buffers_are_sized_as_the_topology_says() -> None:
+    mock = MockKFD("gfx942")
+    (node,) = gpu_nodes(mock)
+    sizes = aql.QueueBufferSizes.of(node.props, node.cu_count, node.xcc_count)
+    published = mock.queue_sizes
+    assert (sizes.eop, sizes.ctl_stack, sizes.ctx_save) == (4096, published["ctl_stack_size"], published["cwsr_size"])
+    assert sizes.ctx_save_area == driver.round_up((published["cwsr_size"] + published["debug_memory_size"]) * 8, 4096)
+    # a kernel that publishes nothing: an estimate, the control stack inside the area, an area per XCC
+    estimate = aql.QueueBufferSizes.of({"gfx_target_version": 90402}, 304, 8)
+    assert 0 < estimate.ctl_stack < estimate.ctx_save and estimate.ctx_save_area >= 8 * estimate.ctx_save
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("ctl_stack_size", 1024, "ctl_stack_size 1024: the topology says"),
+        ("ctx_save_restore_size", 4096, "ctx_save_restore_size 4096: the topology's cwsr_size is"),
+        ("eop_buffer_size", 8192, "eop_buffer_size 8192"),
+        ("queue_type", 1, "AQL compute queues"),
+        ("ring_size", 1000, "a power of two"),
+        ("ctx_save_restore_address", "eop", "the context-save area .* must be an allocation of its own"),
+        ("write_pointer_address", "two pages", "the write pointer's page .* must be an allocation of its own"),
+        ("read_pointer_address", "unaligned", "not 8-byte aligned"),
+    ],
+)
+def test_create_queue_checks_its_buffers(rig: Rig, field: str, value: object, match: str) -> None:
+    args = _queue_args(rig)
+    if value == "eop":
+        value = rig.queue.eop.va
+    elif value == "two pages":
+        value = rig.kfd.alloc(2 * driver.PAGE, aql.HOST_FLAGS, host=True).va
+    elif value == "unaligned":
+        value = args.read_pointer_address + 4
+    setattr(args, field, value)
+    with pytest.raises(OSError, match=match) as e:
         _raw_ioctl(rig, driver.CREATE_QUEUE, args)
-    args.queue_type = 1
-    with pytest.raises(OSError, match="AQL compute queues"):
-        _raw_ioctl(rig, driver.CREATE_QUEUE, args)
+    assert e.value.errno == errno.EINVAL
 
 
 def test_waiting_on_a_signal_nothing_will_lower_is_a_hang(rig: Rig) -> None:

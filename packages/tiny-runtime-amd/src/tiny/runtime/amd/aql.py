@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from dataclasses import dataclass
 
 from tiny.runtime.amd.driver import (
     CREATE_QUEUE,
@@ -206,9 +207,9 @@ class AQLQueue:
         self.ring = kfd.alloc(packets * PACKET_SIZE, HOST_FLAGS, host=True)
         self.queue_mem = kfd.alloc(PAGE, HOST_FLAGS, host=True)
         self.amd_queue = AmdQueue.from_address(self.queue_mem.va)
-        self.eop = kfd.alloc(PAGE, VRAM_FLAGS, host=False)  # the packet processor's end-of-pipe buffer
-        ctl_stack, ctx_size = context_save_sizes(node.props, node.cu_count)
-        self.ctx_save = kfd.alloc(ctx_size * node.xcc_count, VRAM_FLAGS, host=False)
+        sizes = QueueBufferSizes.of(node.props, node.cu_count, node.xcc_count)
+        self.eop = kfd.alloc(sizes.eop, VRAM_FLAGS, host=False)  # the packet processor's end-of-pipe buffer
+        self.ctx_save = kfd.alloc(sizes.ctx_save_area, VRAM_FLAGS, host=False)  # where preempted waves are saved
         for i in range(packets):  # nothing valid in the ring yet
             _u16.from_address(self.ring.va + i * PACKET_SIZE).value = PACKET_TYPE_INVALID << HEADER_TYPE
         q = self.amd_queue
@@ -230,8 +231,8 @@ class AQLQueue:
             eop_buffer_address=self.eop.va,
             eop_buffer_size=self.eop.size,
             ctx_save_restore_address=self.ctx_save.va,
-            ctx_save_restore_size=ctx_size,
-            ctl_stack_size=ctl_stack,
+            ctx_save_restore_size=sizes.ctx_save,
+            ctl_stack_size=sizes.ctl_stack,
         )
         kfd.ioctl(CREATE_QUEUE, args)
         self.queue_id = args.queue_id
@@ -311,18 +312,31 @@ def scratch_descriptor(base: int, size: int, major: int) -> tuple[int, int, int,
     return base & 0xFFFFFFFF, (base >> 32) & 0xFFFF | word1, size & 0xFFFFFFFF, word3
 
 
-def context_save_sizes(props: dict[str, int], cu_count: int) -> tuple[int, int]:
-    """(control stack bytes, whole context-save area bytes per XCC) for a compute queue of this GPU. Newer kernels
-    publish both in the topology; otherwise a generous estimate (KFD only checks that the area is big enough)."""
-    ctl_stack = props.get("ctl_stack_size", 0)
-    total = props.get("cwsr_size", 0)
-    if ctl_stack and total:
-        return ctl_stack, round_up(total + props.get("debug_memory_size", 0), PAGE)
-    major = props.get("gfx_target_version", 0) // 10000
-    waves = cu_count * 32 if major >= 10 else cu_count * 40
-    ctl_stack = round_up(40 + waves * (12 if major >= 10 else 8) + 8, PAGE)
-    if major == 10:
-        ctl_stack = min(ctl_stack, 0x7000)
-    per_cu = 0x60000 + 0x4000 + 0x10000 + 0x1000  # vector and scalar registers, LDS and hardware registers of a CU
-    debug = round_up(waves * 32, 64)
-    return ctl_stack, round_up(ctl_stack + round_up(cu_count * per_cu, PAGE) + debug, PAGE)
+@dataclass(frozen=True)
+class QueueBufferSizes:
+    """The sizes of the buffers a compute queue gives KFD. Kernels from 6.11 on check them against the topology's
+    published values (eop_buffer_size, ctl_stack_size, cwsr_size, debug_memory_size), and each buffer's allocation
+    against its exact size; older ones publish none, and then a generous estimate serves (they only need enough)."""
+
+    eop: int  # end-of-pipe buffer bytes
+    ctl_stack: int  # control stack bytes, at the start of each XCC's context-save area
+    ctx_save: int  # context-save area bytes per XCC (ctx_save_restore_size)
+    ctx_save_area: int  # the allocation: every XCC's area and the debugger's memory, whole pages
+
+    @staticmethod
+    def of(props: dict[str, int], cu_count: int, xcc: int) -> QueueBufferSizes:
+        eop = props.get("eop_buffer_size", 0) or PAGE
+        if props.get("ctl_stack_size", 0) and props.get("cwsr_size", 0):
+            ctl_stack, cwsr = props["ctl_stack_size"], props["cwsr_size"]
+            return QueueBufferSizes(
+                eop, ctl_stack, cwsr, round_up((cwsr + props.get("debug_memory_size", 0)) * xcc, PAGE)
+            )
+        major = props.get("gfx_target_version", 0) // 10000
+        waves = cu_count * 32 if major >= 10 else cu_count * 40
+        ctl_stack = round_up(40 + waves * (12 if major >= 10 else 8) + 8, PAGE)
+        if major == 10:
+            ctl_stack = min(ctl_stack, 0x7000)
+        per_cu = 0x60000 + 0x4000 + 0x10000 + 0x1000  # vector and scalar registers, LDS and hardware registers of a CU
+        ctx_save = ctl_stack + round_up(cu_count * per_cu, PAGE)
+        debug = round_up(waves * 32, 64)
+        return QueueBufferSizes(eop, ctl_stack, ctx_save, round_up((ctx_save + debug) * xcc, PAGE))

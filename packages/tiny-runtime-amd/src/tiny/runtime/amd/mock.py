@@ -75,7 +75,7 @@ GPU_ID = 0x4A1D  # the mock GPU's gpu_id in the topology
 RENDER_MINOR = 128
 VRAM_BYTES = 16 << 30  # how much VRAM the mock GPU claims (host memory is used only where pages are touched)
 GPUVM_BASE, GPUVM_LIMIT = 0x1000000, (1 << 47) - 1
-MIN_CWSR_PER_CU = 0x40000  # context-save bytes per compute unit below which no real GPU's wave state fits
+CWSR_PER_CU = 0x70000  # context-save bytes per compute unit: registers, LDS and wave state
 DOORBELL_BYTES = 8192
 MMAP_TYPE_DOORBELL = 3 << 62
 
@@ -159,7 +159,7 @@ class MockKFD:
             "num_xcc": g.xcc,
             "drm_render_minor": RENDER_MINOR,
             "local_mem_size": VRAM_BYTES,
-        }
+        } | self.queue_sizes
         nodes = kfd.TOPOLOGY
         return {
             f"{nodes}/0/gpu_id": "0\n",
@@ -423,6 +423,30 @@ class MockKFD:
             raise self._fail(errno.EINVAL, call, f"{what}: {mem.describe()} is not memory the CPU can reach")
         return mem
 
+    def _buffer(self, call: str, addr: int, size: int, what: str, host: bool = False) -> GpuMemory:
+        """The allocation that is exactly the queue buffer at addr: it starts on addr's page and holds size bytes."""
+        mem = self._region(call, addr, 1, what, host)
+        if mem.va != addr & ~(kfd.PAGE - 1) or mem.size != kfd.round_up(size, kfd.PAGE):
+            raise self._fail(
+                errno.EINVAL,
+                call,
+                f"{what} at {addr:#x} must be an allocation of its own of {size} bytes, but it is in {mem.describe()}",
+            )
+        return mem
+
+    @property
+    def queue_sizes(self) -> dict[str, int]:
+        """What the topology publishes for queue buffers (a made-up but self-consistent set for the mock GPU)."""
+        waves = self.spec.cus * 32
+        ctl_stack = kfd.round_up(40 + waves * 12 + 8, kfd.PAGE)
+        cwsr = ctl_stack + kfd.round_up(self.spec.cus * CWSR_PER_CU, kfd.PAGE)
+        return {
+            "eop_buffer_size": 4096,
+            "ctl_stack_size": ctl_stack,
+            "cwsr_size": cwsr,
+            "debug_memory_size": waves * 32,
+        }
+
     def _create_queue(self, a: kfd.CreateQueueArgs) -> None:
         call = "CREATE_QUEUE"
         self._check_gpu(call, a.gpu_id)
@@ -437,23 +461,28 @@ class MockKFD:
                 f"ring of {a.ring_size} bytes at {a.ring_base_address:#x}: a power of two of "
                 "at least 16 packets, 256-byte aligned",
             )
-        uses = [self._region(call, a.ring_base_address, a.ring_size, "the ring", host=True)]
-        for what, addr in (("write pointer", a.write_pointer_address), ("read pointer", a.read_pointer_address)):
-            if addr % 8:
-                raise self._fail(errno.EINVAL, call, f"the {what} at {addr:#x} is not 8-byte aligned")
-            uses.append(self._region(call, addr, 8, f"the {what}", host=True))
-        uses.append(self._region(call, a.eop_buffer_address, a.eop_buffer_size, "the EOP buffer"))
-        g = self.spec
-        need = g.cus * MIN_CWSR_PER_CU
-        if not 0 < a.ctl_stack_size < a.ctx_save_restore_size or a.ctx_save_restore_size < need:
+        # as KFD does from Linux 6.11 on: sizes as the topology publishes them, each buffer exactly one allocation
+        sizes = self.queue_sizes
+        for what, got in (("eop_buffer_size", a.eop_buffer_size), ("ctl_stack_size", a.ctl_stack_size)):
+            if got != sizes[what]:
+                raise self._fail(errno.EINVAL, call, f"{what} {got}: the topology says {sizes[what]}")
+        if a.ctx_save_restore_size != sizes["cwsr_size"]:
             raise self._fail(
                 errno.EINVAL,
                 call,
-                f"context-save area of {a.ctx_save_restore_size} bytes with a control stack of "
-                f"{a.ctl_stack_size}: a GPU of {g.cus} CUs needs at least {need} bytes, the control stack inside it",
+                f"ctx_save_restore_size {a.ctx_save_restore_size}: the topology's cwsr_size is {sizes['cwsr_size']}",
             )
-        area = a.ctx_save_restore_size * g.xcc
-        uses.append(self._region(call, a.ctx_save_restore_address, area, f"the context-save area ({g.xcc} XCCs)"))
+        area = kfd.round_up((sizes["cwsr_size"] + sizes["debug_memory_size"]) * self.spec.xcc, kfd.PAGE)
+        uses = [
+            self._buffer(call, a.ring_base_address, a.ring_size, "the ring", host=True),
+            self._buffer(call, a.write_pointer_address, kfd.PAGE, "the write pointer's page", host=True),
+            self._buffer(call, a.read_pointer_address, kfd.PAGE, "the read pointer's page", host=True),
+            self._buffer(call, a.eop_buffer_address, a.eop_buffer_size, "the EOP buffer"),
+            self._buffer(call, a.ctx_save_restore_address, area, f"the context-save area ({self.spec.xcc} XCC)"),
+        ]
+        for what, addr in (("write pointer", a.write_pointer_address), ("read pointer", a.read_pointer_address)):
+            if addr % 8:
+                raise self._fail(errno.EINVAL, call, f"the {what} at {addr:#x} is not 8-byte aligned")
         queue_id = next(i for i in range(1, 1024) if i not in self.queues)
         q = GpuQueue(
             queue_id,
