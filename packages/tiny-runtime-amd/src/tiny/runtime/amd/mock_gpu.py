@@ -14,7 +14,7 @@ import ctypes
 import mmap
 import struct
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tiny.ir.device import Compiled, Device, Program, Renderer, UnknownDevice
@@ -413,7 +413,7 @@ class _RecordingRenderer(Renderer):
     def __init__(self, inner: Renderer, table: dict[str, tuple[str, tuple[UOp, ...]]]) -> None:
         self.inner, self.table = inner, table
         self.target = inner.target
-        self.caps = replace(inner.caps, tensor_cores=())  # the PYTHON emulator has no tensor cores
+        self.caps = inner.caps  # tensor cores too: the PYTHON emulator runs WMMA by the same layouts
 
     def render(self, name: str, uops: list[UOp]) -> str:
         src = self.inner.render(name, uops)
