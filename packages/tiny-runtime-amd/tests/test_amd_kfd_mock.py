@@ -546,3 +546,14 @@ def test_hidden_arguments_are_checked(rig: Rig, implicit: Built) -> None:
     rig.queue.submit(p)
     with pytest.raises(PacketError, match=r"hidden_block_count_x at kernarg offset \d+ is 3, expected 4"):
         rig.mock.gpu.run_queues()
+
+
+def test_memory_outside_the_gpu_vm_aperture_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiny.runtime.amd import mock as mock_module
+
+    monkeypatch.setattr(mock_module, "GPUVM_LIMIT", (1 << 32) - 1)  # a 4 GiB VM: the CPU gives higher addresses
+    host = MockKFD("gfx1100")
+    kfd = KFD(host, gpu_nodes(host)[0])
+    with pytest.raises(MemoryError, match="outside the GPU's VM aperture"):
+        kfd.alloc(4096, aql.HOST_FLAGS, host=True)
+    kfd.close()

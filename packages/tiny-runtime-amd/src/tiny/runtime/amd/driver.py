@@ -404,6 +404,13 @@ class KFD:
             raise ValueError(f"an allocation needs a positive size, got {size}")
         size = round_up(size, PAGE)
         va = self._reserve(size)
+        ap = self.aperture
+        if va < ap.gpuvm_base or va + size - 1 > ap.gpuvm_limit:
+            self.host.munmap(va, size)
+            raise MemoryError(
+                f"the address range the CPU gave ({va:#x}, {size} bytes) is outside the GPU's VM aperture "
+                f"{ap.gpuvm_base:#x}..{ap.gpuvm_limit:#x}"
+            )
         args = AllocMemoryArgs(va_addr=va, size=size, gpu_id=self.gpu_id, flags=flags)
         try:
             self.ioctl(ALLOC_MEMORY_OF_GPU, args)
