@@ -18,9 +18,11 @@ from tiny.ir.device import load_renderer
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.uop import Ops, UOp
 from tiny.runtime.amd import aql, driver
+from tiny.runtime.amd import mock as mock_module
 from tiny.runtime.amd.aql import AQLQueue, DispatchPacket, SignalPool
 from tiny.runtime.amd.driver import KFD, gpu_nodes
 from tiny.runtime.amd.elf import CodeObject, read_code_object
+from tiny.runtime.amd.kfd import host_os
 from tiny.runtime.amd.mock import GPU_ID, MockHang, MockKFD, target_version
 from tiny.runtime.amd.mock_gpu import PacketError
 
@@ -215,8 +217,6 @@ def test_mock_refuses_a_target_that_is_no_gfx9_or_later_name(bad: str) -> None:
 
 
 def test_the_mock_is_chosen_by_the_flag_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tiny.runtime.amd.kfd import host_os
-
     monkeypatch.delenv("AMD_MOCK", raising=False)
     assert isinstance(host_os(), driver.LinuxOS)
     monkeypatch.setenv("AMD_MOCK", "gfx942")
@@ -549,8 +549,6 @@ def test_hidden_arguments_are_checked(rig: Rig, implicit: Built) -> None:
 
 
 def test_memory_outside_the_gpu_vm_aperture_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tiny.runtime.amd import mock as mock_module
-
     monkeypatch.setattr(mock_module, "GPUVM_LIMIT", (1 << 32) - 1)  # a 4 GiB VM: the CPU gives higher addresses
     host = MockKFD("gfx1100")
     kfd = KFD(host, gpu_nodes(host)[0])
