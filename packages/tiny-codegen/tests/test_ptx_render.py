@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from alu_cases import ALL, EDGE, loop_uops, read, same, to_memory, values
 from kernel_helpers import NUMPY, make_cases, reduce, run_case, tensor
 from ptx_interpreter import PTXError, run
 
@@ -48,14 +49,6 @@ def run_ptx(ast: UOp, arrays: list[np.ndarray], opts: list[Opt] | None = None, m
     src, lowered = render(ast, opts)
     run(src, arrays, lowered.global_size, lowered.local_size, misalign=misalign)
     return src
-
-
-def _same(got: Any, want: Any) -> bool:
-    if isinstance(want, float) and math.isnan(want):
-        return isinstance(got, float) and math.isnan(got)
-    if isinstance(want, float) and want == 0 and isinstance(got, float):
-        return math.copysign(1, got) == math.copysign(1, want)
-    return got == want
 
 
 # ---------------------------------------------------------------- whole kernels
@@ -105,60 +98,7 @@ def test_a_misaligned_vector_access_is_what_the_interpreter_refuses() -> None:
 
 
 def _loop_kernel(name: str, dts: list[DType], value: Any, n: int) -> str:
-    """out[i] = value(loads of in1[i], in2[i] ...) over a loop: one thread, as the cast and ALU tests want."""
-    gs = [UOp(Ops.DEFINE_GLOBAL, d.ptr(n), (), k) for k, d in enumerate(dts)]
-    r = UOp.range(UOp.const(i32, n), 0)
-    idx = [UOp(Ops.INDEX, g.dtype, (g, r)) for g in gs]
-    loads = [UOp(Ops.LOAD, d, (ix,)) for d, ix in zip(dts[1:], idx[1:])]
-    v = value(*loads)
-    uops = [*gs, UOp.const(i32, n), r, *idx, *loads, *_between(loads, v), v, UOp(Ops.STORE, src=(idx[0], v))]
-    return R.render(name, [*dict.fromkeys(uops), UOp(Ops.ENDRANGE, src=(r,))])
-
-
-def _between(loads: list[UOp], v: UOp) -> list[UOp]:
-    """The ops between the loads and the value, in order (constants first)."""
-    order = [u for u in v.toposort if u not in loads and u is not v and u.op not in (Ops.INDEX, Ops.DEFINE_GLOBAL)]
-    return [u for u in order if u.op is Ops.CONST] + [u for u in order if u.op is not Ops.CONST]
-
-
-I64_MIN = -(2**63)
-EDGE = [
-    (Ops.MAX, f32, [1.0, math.nan, -0.0, math.inf, 2.0], [math.nan, 1.0, 0.0, -math.inf, 3.0]),
-    (Ops.IDIV, i32, [7, -7, 7, -7, 5, -(2**31), 0, -(2**31)], [2, 2, -2, -2, 0, 3, 0, -1]),
-    (Ops.MOD, i32, [7, -7, 7, -7, 5, -(2**31), 0, -(2**31)], [2, 2, -2, -2, 0, 3, 0, -1]),
-    (Ops.IDIV, dtypes.int64, [I64_MIN, 9, -9], [-1, 0, 4]),
-    (Ops.IDIV, dtypes.uint8, [255, 7, 0, 200], [2, 0, 3, 255]),
-    (Ops.IDIV, dtypes.int8, [-128, 100, -7], [-1, 0, 2]),
-    (Ops.MOD, dtypes.uint32, [2**32 - 1, 7, 5], [2, 0, 2**32 - 1]),
-    (Ops.MOD, f32, [5.5, -5.5, 1.0, 7.25], [2.0, 2.0, 3.0, -2.0]),
-    (Ops.MAX, i32, [-(2**31), 5, -1], [2**31 - 1, -5, -1]),
-    (Ops.MAX, dtypes.uint16, [65535, 3], [1, 4]),
-    (Ops.MAX, dtypes.float16, [1.0, math.nan, 2.0], [math.nan, 1.0, 3.0]),
-    (Ops.ADD, dtypes.int8, [127, -128, 100], [1, -1, 100]),  # wraps
-    (Ops.ADD, dtypes.float16, [1.0, 65504.0, 0.1], [2.0, 65504.0, 0.2]),
-    (Ops.MUL, dtypes.uint16, [65535, 300, 2], [65535, 300, 3]),
-    (Ops.MUL, dtypes.int16, [-32768, 300, -2], [-1, 300, 3]),
-    (Ops.MUL, dtypes.uint64, [2**64 - 1, 2**40], [3, 2**30]),
-    (Ops.CMPLT, f32, [1.0, math.nan, -0.0], [2.0, 1.0, 0.0]),
-    (Ops.CMPLT, dtypes.uint32, [1, 2**32 - 1], [2**32 - 1, 1]),
-    (Ops.CMPLT, dtypes.int8, [-1, 5], [1, -5]),
-    (Ops.CMPLT, dtypes.bool, [False, True, False, True], [True, False, False, True]),
-    (Ops.CMPNE, f32, [math.nan, -0.0, 1.0], [math.nan, 0.0, 2.0]),
-    (Ops.CMPNE, dtypes.float16, [math.nan, 1.0], [math.nan, 1.0]),
-    (Ops.SHL, dtypes.uint32, [1, 3, 0xFFFFFFFF, 5], [31, 4, 1, 32]),
-    (Ops.SHL, dtypes.int8, [1, 3, -1], [7, 4, 9]),
-    (Ops.SHL, dtypes.uint64, [1, 3], [63, 64]),
-    (Ops.SHR, i32, [-8, 64, 2**31 - 1, -5, 9], [1, 3, 30, 40, 33]),
-    (Ops.SHR, dtypes.uint8, [255, 128], [7, 9]),
-    (Ops.SHR, dtypes.int64, [-(2**40), 5], [70, 1]),
-    (Ops.FDIV, f32, [1.0, -1.0, 0.0, 3.0], [0.0, 0.0, 0.0, 7.0]),
-    (Ops.FDIV, dtypes.float16, [1.0, 3.0], [0.0, 7.0]),
-    (Ops.ADD, dtypes.bool, [False, True, True], [False, False, True]),
-    (Ops.MUL, dtypes.bool, [False, True, True], [True, False, True]),
-    (Ops.XOR, dtypes.int16, [-1, 0x0F0F], [0x00FF, 0x7070]),
-    (Ops.AND, dtypes.uint8, [0xF0, 0xFF], [0x3C, 0x01]),
-    (Ops.OR, dtypes.int64, [-(2**62), 1], [3, 2**40]),
-]
+    return R.render(name, loop_uops(dts, value, n))
 
 
 @pytest.mark.parametrize("i", range(len(EDGE)), ids=[f"{op.name}-{dt.name}-{i}" for i, (op, dt, *_) in enumerate(EDGE)])
@@ -176,7 +116,7 @@ def test_alu_edge_cases_match_exec_alu(i: int) -> None:
     )
     for k in range(n):
         want = exec_alu(op, out_dtype, (a[k].item(), b[k].item()))
-        assert _same(out[k].item(), want), (op, dtype, xs[k], ys[k], out[k], want)
+        assert same(out[k].item(), want), (op, dtype, xs[k], ys[k], out[k], want)
 
 
 def test_where_and_negation() -> None:
@@ -196,58 +136,31 @@ def test_where_and_negation() -> None:
 def test_float_math(op: Ops, dtype: DType) -> None:
     xs = [0.0, -0.0, 1.0, 2.5, -2.5, 10.0, 0.3, math.inf, -math.inf, math.nan, -1.0, 100.0, -1000.5]
     vals = [truncate(dtype, x) for x in xs]
-    a = _to_memory(dtype, vals)
+    a = to_memory(dtype, vals)
     out = np.zeros(len(xs), a.dtype)
     run(_loop_kernel("unary", [dtype, dtype], lambda x: x.alu(op), len(xs)), [out, a], (1, 1, 1), (1, 1, 1))
     for k, x in enumerate(vals):
-        want, got = exec_alu(op, dtype, (x,)), _read(dtype, out[k])
+        want, got = exec_alu(op, dtype, (x,)), read(dtype, out[k])
         if op in (Ops.SIN, Ops.EXP2, Ops.LOG2) and math.isfinite(want):
             tol = {dtypes.float16: 1e-3, dtypes.bfloat16: 1e-2, dtypes.float64: 1e-15}.get(dtype, 1e-6)
             assert got == pytest.approx(want, rel=tol, abs=tol), (op, dtype, x, got, want)
         else:
-            assert _same(got, want), (op, dtype, x, got, want)
+            assert same(got, want), (op, dtype, x, got, want)
 
 
 # ---------------------------------------------------------------- casts, every pair of dtypes
 
-ALL = [dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16]
-ALL += [dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, f32, dtypes.float64]
-SAMPLES = [0, 1, -1, 7.75, -7.75, 100.5, -129.0, 300.25, 65504.0, 65520.0, 1e9 + 0.5, -3e9, 2**31 - 1]
-SAMPLES += [2**32 + 3, 2**63 - 2**20, -(2**63), 1e20, 1e-40, 0.1, -0.0, math.inf, -math.inf, math.nan, 16777217]
-SAMPLES += [2**24 + 2**16 + 1]
-
-
-def _values(dt: DType) -> list[Any]:
-    out = []
-    for v in SAMPLES:
-        if dt.is_int and isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-            continue
-        t = truncate(dt, int(v) if dt.is_int and isinstance(v, float) and abs(v) < 2**64 else v)
-        if not any(_same(t, o) and type(t) is type(o) for o in out):
-            out.append(t)
-    return out
-
-
-def _to_memory(dt: DType, values: list[Any]) -> np.ndarray:
-    if dt == dtypes.bfloat16:
-        return np.array([float_to_bf16(v) for v in values], np.uint16)
-    return np.array(values, NUMPY[dt.name])
-
-
-def _read(dt: DType, raw: Any) -> Any:
-    return bf16_to_float(int(raw.item())) if dt == dtypes.bfloat16 else raw.item()
-
 
 @pytest.mark.parametrize("frm", ALL, ids=lambda d: d.name)
 def test_casts_from_every_dtype_to_every_dtype_match_truncate(frm: DType) -> None:
-    xs = _values(frm)
-    src = _to_memory(frm, xs)
+    xs = values(frm)
+    src = to_memory(frm, xs)
     for to in ALL:
         out = np.zeros(len(xs), np.uint16 if to == dtypes.bfloat16 else NUMPY[to.name])
         run(_loop_kernel("cast", [to, frm], lambda x, to=to: x.cast(to), len(xs)), [out, src], (1, 1, 1), (1, 1, 1))
         for k, x in enumerate(xs):
             want = truncate(to, x)
-            assert _same(_read(to, out[k]), want), (frm, to, x, _read(to, out[k]), want)
+            assert same(read(to, out[k]), want), (frm, to, x, read(to, out[k]), want)
 
 
 SAME_SIZE = [(f32, dtypes.uint32), (dtypes.uint32, f32), (dtypes.float64, dtypes.int64), (dtypes.int16, dtypes.float16)]
@@ -257,8 +170,8 @@ SAME_SIZE += [(dtypes.float16, dtypes.uint16), (dtypes.float16, dtypes.bfloat16)
 
 @pytest.mark.parametrize("frm, to", SAME_SIZE, ids=lambda d: d.name)
 def test_bitcasts_keep_the_bits(frm: DType, to: DType) -> None:
-    xs = _values(frm)
-    src = _to_memory(frm, xs)
+    xs = values(frm)
+    src = to_memory(frm, xs)
     out = np.zeros(len(xs), np.uint16 if to == dtypes.bfloat16 else NUMPY[to.name])
     kernel = _loop_kernel("bitcast", [to, frm], lambda x: UOp(Ops.BITCAST, to, (x,)), len(xs))
     run(kernel, [out, src], (1, 1, 1), (1, 1, 1))
@@ -288,7 +201,7 @@ def test_constants_reach_memory_exactly(dt: DType, value: Any) -> None:
     idx = UOp(Ops.INDEX, g.dtype, (g, zero))
     c = UOp.const(dt, value)
     run(R.render("c", [g, zero, idx, c, UOp(Ops.STORE, src=(idx, c))]), [out], (1, 1, 1), (1, 1, 1))
-    assert _same(_read(dt, out[0]), truncate(dt, value))
+    assert same(read(dt, out[0]), truncate(dt, value))
 
 
 # ---------------------------------------------------------------- the text
