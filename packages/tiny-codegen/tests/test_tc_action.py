@@ -132,9 +132,24 @@ def test_cast_factors_and_batches_and_a_second_reduce_dim() -> None:
         (lambda: matmul(32, 32, 32, f32), caps_of("sm_80"), Opt(OptOps.TC, 2, 0), "products of two float16"),
         (lambda: matmul(32, 32, 32, bf16), caps_of("sm_80"), Opt(OptOps.TC, 2, 0), "products of two float16"),
         (lambda: matmul(32, 32, 32, out=f16), caps_of("sm_80"), Opt(OptOps.TC, 2, 0), "the sum is float16"),
-        (lambda: matmul(24, 32, 32), caps_of("sm_80"), Opt(OptOps.TC, 2, 0), "M a multiple of 16, dim 0 is 24"),
-        (lambda: matmul(32, 32, 12), caps_of("sm_80"), Opt(OptOps.TC, 2, 0), "N a multiple of 8, dim 2 is 12"),
-        (lambda: matmul(32, 40, 32), caps_of("gfx942"), Opt(OptOps.TC, 2, 0), "K a multiple of 16, dim 1 is 40"),
+        (
+            lambda: matmul(24, 32, 32),
+            caps_of("sm_80"),
+            Opt(OptOps.TC, 2, 0),
+            r"M a multiple of 16 \(PADTO first\), dim 0 is 24",
+        ),
+        (
+            lambda: matmul(32, 32, 12),
+            caps_of("sm_80"),
+            Opt(OptOps.TC, 2, 0),
+            r"N a multiple of 8 \(PADTO first\), dim 2 is 12",
+        ),
+        (
+            lambda: matmul(32, 40, 32),
+            caps_of("gfx942"),
+            Opt(OptOps.TC, 2, 0),
+            r"K a multiple of 16 \(PADTO first\), dim 1 is 40",
+        ),
         (lambda: ast_of(reduce(tensor(32, 32, dtype=f32), (1,))), caps_of("sm_80"), Opt(OptOps.TC, 1, 0), "sums a"),
         (
             lambda: ast_of(reduce((tensor(32, 32, dtype=f16) * tensor(32, 32, dtype=f16)).cast(f32), (1,))),
@@ -158,11 +173,25 @@ def test_refusals(ast, caps: RendererCaps, opt: Opt, why: str) -> None:  # noqa:
     assert k.parts == before and k.tc is None and k.applied == []
 
 
+def test_padding_makes_the_tile_fit() -> None:
+    caps = caps_of("sm_80")
+    k = Kernel(matmul(20, 24, 10), caps)
+    k.apply_opts([Opt(OptOps.PADTO, 0, 16), Opt(OptOps.PADTO, 1, 8), Opt(OptOps.PADTO, 2, 16), Opt(OptOps.TC, 2, 0)])
+    assert k.tc is not None and k.padded == {0: 32, 1: 32, 2: 16}  # M 20, K 24 (dim 1), N 10 (dim 2)
+    uops = uops_of(matmul(20, 24, 10), caps, list(k.applied))
+    stores = [u for u in uops if u.op is Ops.STORE]
+    assert stores and all(s.address.gate is not None for s in stores), "padded rows and columns are not written"
+    assert any(u.op is Ops.WHERE and u.dtype == f16 for u in uops), "fragment elements in the padding are zeros"
+    assert hand_opts(Kernel(matmul(20, 24, 10), caps))[:4] == list(k.applied), "the heuristics pad, then TC"
+    too_small = hand_opts(Kernel(matmul(6, 32, 32), caps))  # 6 -> 16 would more than double M
+    assert all(o.op is not OptOps.TC for o in too_small)
+
+
 def test_tc_comes_first_and_only_some_actions_follow() -> None:
     caps = caps_of("sm_80")
     k = Kernel(matmul(32, 32, 32), caps)
     k.apply(Opt(OptOps.UPCAST, 0, 2))
-    with pytest.raises(KernelOptError, match="TC comes first"):
+    with pytest.raises(KernelOptError, match=r"TC comes first \(after PADTO only\)"):
         k.apply(Opt(OptOps.TC, 2, 0))
     k = Kernel(matmul(64, 64, 64), caps)
     k.apply(Opt(OptOps.TC, 2, 0))
@@ -188,7 +217,7 @@ def test_heuristics_and_beam_offer_tensor_cores() -> None:
     bf = hand_opts(Kernel(matmul(64, 64, 64, bf16), caps))
     assert bf[0] == Opt(OptOps.TC, 2, 1), "the bfloat16 tensor core"
     assert all(o.op is not OptOps.TC for o in hand_opts(Kernel(matmul(64, 64, 64, f32), caps)))
-    assert all(o.op is not OptOps.TC for o in hand_opts(Kernel(matmul(24, 64, 64), caps))), "not a multiple"
+    assert all(o.op is not OptOps.TC for o in hand_opts(Kernel(matmul(6, 64, 64), caps))), "too small to pad"
     assert all(o.op is not OptOps.TC for o in hand_opts(Kernel(matmul(64, 64, 64), GPU)))
     offered = actions(Kernel(matmul(64, 64, 64), caps))
     assert Opt(OptOps.TC, 2, 0) in offered and Opt(OptOps.TC, 2, 1) in offered

@@ -55,7 +55,9 @@ def test_the_heuristics_choose_the_tensor_core_only_where_it_fits(target: str) -
 
     a, b = operands("float16")
     assert plan(a @ b)[0].op is OptOps.TC
-    c, d = operands("float16", 24, 40, 24)  # no dim a multiple of 16
+    g, h = operands("float16", 20, 24, 10)  # M, K and N padded to the tile first
+    assert [o.op for o in plan(g @ h)][:4] == [OptOps.PADTO] * 3 + [OptOps.TC]
+    c, d = operands("float16", 6, 40, 24)  # M = 6: padding it to 16 would more than double it
     assert all(o.op is not OptOps.TC for o in plan(c @ d))
     e, f = Tensor(np.ones((64, 64), np.float32)), Tensor(np.ones((64, 64), np.float32))
     assert all(o.op is not OptOps.TC for o in plan(e @ f)), "float32 inputs: no matrix core takes them"
@@ -87,3 +89,10 @@ def test_a_matmul_on_the_mock_gpu(target: str, dtype: str, monkeypatch: pytest.M
     assert any(lnc.program is not None and intrinsic in lnc.program.src for lnc in launches)
     ra, rb = (Tensor(x).cast(dt).cast(dtypes.float32).numpy() for x in (av, bv))
     np.testing.assert_allclose(out.numpy(), ra @ rb, rtol=2e-2, atol=2e-2 * np.abs(ra @ rb).max())
+
+
+@pytest.mark.parametrize("target", ["gfx1100", "gfx942"])
+def test_a_padded_matmul_compiles(target: str) -> None:
+    a, b = operands("float16", 20, 24, 10)
+    ops = mnemonics(disassemble(target, "AMDGPU", a @ b))
+    assert any(m.startswith(INSTRUCTION[target]) for m in ops), sorted(ops)

@@ -58,3 +58,13 @@ def test_only_sm_80_and_newer_declare_tensor_cores() -> None:
         assert renderer(target("sm_75")).caps.tensor_cores == ()
     (k,) = render_schedule("matmul", matmul("float16"), CUDARenderer(target("sm_75")))
     assert "mma" not in k.src
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_padded_matmul_compiles(dtype: str) -> None:
+    """M, K and N padded to the tile: gated loads and stores, fragment elements in the padding selected to zero."""
+    t = matmul(dtype, 20, 24, 10)
+    (k,) = render_schedule("matmul", t, CUDARenderer(target("sm_80")))
+    assert mma(dtype) in nvrtc_ptx(k.src, "sm_80")
+    (p,) = render_schedule("matmul", t, PTXRenderer(target("sm_80")))
+    assert mma(dtype) in p.src and ptxas(p.src, "sm_80") == ""

@@ -50,6 +50,7 @@ def wmma_kernels(launches: list) -> list[str]:
         ((16, 16), (16, 16), False),  # one tile
         ((2, 32, 32), (2, 32, 16), False),  # batched
         ((48, 32), (16, 48), True),  # both inputs transposed: a.T @ b.T
+        ((20, 24), (24, 10), False),  # M, K and N padded to the tile
     ],
 )
 def test_matmul_on_tensor_cores(tc_device: str, dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool) -> None:
@@ -92,7 +93,7 @@ def test_a_convolution_through_tensor_cores(tc_device: str) -> None:
 
 
 def test_kernels_that_do_not_qualify_run_without_tensor_cores(tc_device: str) -> None:
-    av = rounded((24, 40), "float16", 7)  # no dim a multiple of the tile
+    av = rounded((6, 40), "float16", 7)  # M too small: padding it to the tile would more than double it
     bv = rounded((40, 24), "float16", 8)
     a, b = on(tc_device, av, "float16"), on(tc_device, bv, "float16")
     with capture() as launches:

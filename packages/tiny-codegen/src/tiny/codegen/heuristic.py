@@ -86,17 +86,43 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
 
 def _tensor_cores(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> bool:
     """A matrix product on the first of the renderer's tensor cores that takes it (K: the innermost reduce dim that
-    fits), then two tiles per warp along M (B's fragment serves both) and up to four warps per workgroup."""
+    fits; M, N or K padded to the tile where that is needed and allowed), then two tiles per warp along M (B's
+    fragment serves both) and up to four warps per workgroup."""
     for core in range(len(k.caps.tensor_cores)):
         for axis in reversed(range(len(k.axes))):
-            if k.axes[axis].kind is not Kind.REDUCE or not attempt(OptOps.TC, axis, (core,)):
+            if k.axes[axis].kind is not Kind.REDUCE or not _tc_plan(k, core, axis):
                 continue
+            for opt in _tc_plan(k, core, axis):
+                attempt(opt.op, opt.axis, (opt.arg,))
             assert k.tc is not None
             attempt(OptOps.UPCAST, _axis(k, k.tc.m), (2,))
             for dim in (k.tc.n, k.tc.m):
                 attempt(OptOps.LOCAL, _axis(k, dim), (2,))
             return True
     return False
+
+
+def _tc_plan(k: Kernel, core: int, axis: int) -> list[Opt]:
+    """The PADTOs that make the tile divide M, N and K, and the TC action; [] where the kernel does not take it."""
+    try:
+        use = k.matmul_on(k.caps.tensor_cores[core], k.axes[axis].dim)
+    except KernelOptError:
+        return []
+    tile = use.core.dims
+    trial, plan = k.copy(), []
+    try:
+        for dim, size in ((use.m, tile[0]), (use.n, tile[1]), (use.k, tile[2])):
+            if trial.size_of(dim) % size:
+                pad_axis = _axis(trial, dim)
+                if pad_axis is None:
+                    return []
+                plan.append(Opt(OptOps.PADTO, pad_axis, size))
+                trial.apply(plan[-1])
+        plan.append(Opt(OptOps.TC, axis, core))
+        trial.apply(plan[-1])
+    except KernelOptError:
+        return []
+    return plan
 
 
 def _local_opts(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> None:

@@ -46,11 +46,12 @@ class LoweredKernel:
 
 
 def _index_dtype(ast: UOp) -> DType:
-    """int32 index math unless some buffer or view reaches past 2**31-1 elements."""
+    """int32 index math unless some buffer or view reaches past 2**31-1 elements. A view over more elements than
+    that (a convolution's windows) whose offsets stay inside the range is indexed dim by dim in int32."""
     for u in ast.toposort:
         if u.op is Ops.VIEW:
             lo, hi = u.arg.span()
-            if hi > INT32_MAX or lo < -INT32_MAX or u.arg.size > INT32_MAX:
+            if hi > INT32_MAX or lo < -INT32_MAX or max(u.arg.shape, default=0) > INT32_MAX:
                 return dtypes.int64
         if u.op is Ops.DEFINE_GLOBAL and u.dtype.size > INT32_MAX:
             return dtypes.int64
@@ -168,12 +169,20 @@ class _Lowerer:
         assert self.k.tc is not None
         core = self.k.tc.core
         _, elem = self.tc_element[idxs]
+        if self.k.padded:  # elements in the padding are 0, whatever the factors compute there
+            use = self.k.tc
+            at = [i for _, i in self.tc_operands(u, idxs)]
+            values = [self._in_tile(v, i, (use.m, use.n, use.k)) for v, i in zip(values, at)]
         a = UOp(Ops.VECTORIZE, core.a_dtype, tuple(values[: core.a.elements]))
         b = UOp(Ops.VECTORIZE, core.b_dtype, tuple(values[core.a.elements :]))
         wmma = UOp(Ops.WMMA, core.c_dtype, (a, b, UOp.const(core.c_dtype, 0.0)), core.name)
         ranges = [self.reduce_env[u][i] for i, p in enumerate(self.k.parts) if p.kind is Kind.REDUCE]
         total = UOp(Ops.REDUCE, core.c_dtype, (wmma, *ranges), Ops.ADD) if ranges else wmma
         return UOp(Ops.GEP, core.dtype_out, (total,), elem)
+
+    def _in_tile(self, value: UOp, idxs: tuple[UOp, ...], dims: tuple[int, ...]) -> UOp:
+        valid = self.pad_valid(self.k.full_shape, idxs, dims)
+        return value if valid is None else valid.where(value, UOp.const(value.dtype, 0))
 
     def dim_index(self, d: int, env: dict[int, UOp]) -> UOp:
         idx = self.zero

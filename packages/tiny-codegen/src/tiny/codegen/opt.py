@@ -309,13 +309,19 @@ class Kernel:
             raise KernelOptError(f"{opt}: the {self.caps.language} renderer declares no tensor cores")
         if not 0 <= opt.arg < len(cores):
             raise KernelOptError(f"{opt}: arg picks one of the renderer's {len(cores)} tensor cores")
-        if self.applied or self.padded:
-            raise KernelOptError(f"{opt}: TC comes first, on a kernel no other action has cut yet")
+        if any(o.op is not OptOps.PADTO for o in self.applied):
+            raise KernelOptError(f"{opt}: TC comes first (after PADTO only), on a kernel no other action has cut yet")
         if not self.caps.has_local:
             raise KernelOptError(f"{opt}: the {self.caps.language} renderer has no workgroups to hold a warp")
         self._need(opt, part, Kind.REDUCE)
         core = cores[opt.arg]
-        use = self._matmul(opt, core, part.dim)
+        use = self.matmul_on(core, part.dim, str(opt))
+        for label, dim, size in (("M", use.m, core.dims[0]), ("N", use.n, core.dims[1]), ("K", use.k, core.dims[2])):
+            if self.size_of(dim) % size:
+                raise KernelOptError(
+                    f"{opt}: {core.name} needs {label} a multiple of {size} (PADTO first), dim {dim} is"
+                    f" {self.size_of(dim)}"
+                )
         workgroup_max = self.caps.local_total_max or core.threads
         if core.threads > workgroup_max or core.threads > (self.caps.local_max or (core.threads,))[0]:
             raise KernelOptError(f"{opt}: a warp of {core.threads} threads does not fit the renderer's workgroups")
@@ -324,8 +330,13 @@ class Kernel:
             self._split(whole, size, Kind.TC, top=False)
         self.tc = use
 
-    def _matmul(self, opt: Opt, core: TensorCore, k: int) -> TensorCoreUse:
-        """The kernel as a matrix product on `core` with K = dim k, or KernelOptError saying why it is not one."""
+    def size_of(self, dim: int) -> int:
+        """A dim's size in the plan: padded where PADTO padded it."""
+        return self.padded.get(dim, self.full_shape[dim])
+
+    def matmul_on(self, core: TensorCore, k: int, opt: str = "TC") -> TensorCoreUse:
+        """The kernel as a matrix product on `core` with K = dim k (sizes not checked), or KernelOptError saying why
+        it is not one."""
         if len(self.reductions) != 1 or self.reductions[0].arg[0] is not Ops.ADD:
             raise KernelOptError(f"{opt}: tensor cores need one sum, this kernel is not a matrix product")
         red = self.reductions[0]
@@ -346,14 +357,9 @@ class Kernel:
         only_b = [d for d in outputs if _varies(b, d) and not _varies(a, d)]
         if not only_a or not only_b:
             raise KernelOptError(f"{opt}: no output dims that only one factor runs along: not a matrix product")
-        # M and N: the innermost such dims that the tile divides (else the innermost, refused below)
-        m = next((d for d in reversed(only_a) if self.full_shape[d] % core.dims[0] == 0), only_a[-1])
-        n = next((d for d in reversed(only_b) if self.full_shape[d] % core.dims[1] == 0), only_b[-1])
-        for label, dim, size in (("M", m, core.dims[0]), ("N", n, core.dims[1]), ("K", k, core.dims[2])):
-            if self.full_shape[dim] % size:
-                raise KernelOptError(
-                    f"{opt}: {core.name} needs {label} a multiple of {size}, dim {dim} is {self.full_shape[dim]}"
-                )
+        # M and N: the innermost such dims that the tile divides, else the innermost (to pad, or refused)
+        m = next((d for d in reversed(only_a) if self.size_of(d) % core.dims[0] == 0), only_a[-1])
+        n = next((d for d in reversed(only_b) if self.size_of(d) % core.dims[1] == 0), only_b[-1])
         return TensorCoreUse(core, m, n, k, a, b)
 
     # ---- what lowering reads
