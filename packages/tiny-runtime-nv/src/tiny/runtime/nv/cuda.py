@@ -70,6 +70,10 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuEventElapsedTime": [_ptr(ctypes.c_float), _handle, _handle],
     "cuEventDestroy_v2": [_handle],
     "cuGetErrorString": [_int, _ptr(ctypes.c_char_p)],
+}
+# CUDA graphs (TinyJit's replays): looked up when first used, so that a driver without them still runs kernels.
+# The kernel-node calls are the _v2 ones (CUDA 12 and newer) where the driver has them, else the first versions.
+_GRAPH_SIGNATURES: dict[str, list[Any]] = {
     "cuGraphCreate": [_ptr(_handle), _uint],
     "cuGraphAddKernelNode": [_ptr(_handle), _handle, _ptr(_handle), _size, _handle],
     "cuGraphInstantiateWithFlags": [_ptr(_handle), _handle, ctypes.c_ulonglong],
@@ -78,6 +82,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuGraphExecDestroy": [_handle],
     "cuGraphDestroy": [_handle],
 }
+_VERSIONED = ("cuGraphAddKernelNode", "cuGraphExecKernelNodeSetParams")
 
 # the constants of cuda.h that tiny uses
 CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1
@@ -110,6 +115,22 @@ def library() -> ctypes.CDLL:
             raise DeviceUnavailable(f"the NVIDIA driver's {LIBRARY} has no {name}: the driver is too old for tiny")
         fn.restype, fn.argtypes = _int, argtypes
     return lib
+
+
+@functools.cache
+def graph_api() -> tuple[dict[str, Any], bool] | None:
+    """The CUDA graph calls (name -> function) and whether the kernel-node ones are the _v2 forms; None when the
+    driver lacks them (TinyJit then replays kernel by kernel)."""
+    lib = library()
+    v2 = all(hasattr(lib, f"{n}_v2") for n in _VERSIONED)
+    fns = {}
+    for name, argtypes in _GRAPH_SIGNATURES.items():
+        fn = getattr(lib, f"{name}_v2" if v2 and name in _VERSIONED else name, None)
+        if fn is None:
+            return None
+        fn.restype, fn.argtypes = _int, argtypes
+        fns[name] = fn
+    return fns, v2
 
 
 def _error_text(status: int) -> str:
@@ -281,21 +302,31 @@ class CUDAProgram(Program):
             pass
 
 
-class _KernelNodeParams(ctypes.Structure):
-    """CUDA_KERNEL_NODE_PARAMS (the first version, which cuGraphAddKernelNode takes)."""
+_KERNEL_NODE_FIELDS = [
+    ("func", _handle),
+    ("gridDimX", _uint),
+    ("gridDimY", _uint),
+    ("gridDimZ", _uint),
+    ("blockDimX", _uint),
+    ("blockDimY", _uint),
+    ("blockDimZ", _uint),
+    ("sharedMemBytes", _uint),
+    ("kernelParams", _ptr(_handle)),
+    ("extra", _ptr(_handle)),
+]
 
-    _fields_ = [
-        ("func", _handle),
-        ("gridDimX", _uint),
-        ("gridDimY", _uint),
-        ("gridDimZ", _uint),
-        ("blockDimX", _uint),
-        ("blockDimY", _uint),
-        ("blockDimZ", _uint),
-        ("sharedMemBytes", _uint),
-        ("kernelParams", _ptr(_handle)),
-        ("extra", _ptr(_handle)),
-    ]
+
+class _KernelNodeParams(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS, the first version (cuGraphAddKernelNode)."""
+
+    _fields_ = _KERNEL_NODE_FIELDS
+
+
+class _KernelNodeParamsV2(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS_v2 (cuGraphAddKernelNode_v2): a CUkernel instead of func (unused: NULL) and the
+    context (NULL: the current one)."""
+
+    _fields_ = [*_KERNEL_NODE_FIELDS, ("kern", _handle), ("ctx", _handle)]
 
 
 class CUDAGraph:
@@ -303,12 +334,15 @@ class CUDAGraph:
     cuGraphExecKernelNodeSetParams for each kernel whose buffers changed."""
 
     def __init__(self, dev: CUDADevice, launches: list[GraphLaunch]) -> None:
+        api = graph_api()
+        assert api is not None, "the driver has no CUDA graphs"
+        self.fns, self.v2 = api
         self.dev = dev
         dev.activate()
         self.graph, self.exec = _handle(), _handle()
-        _call("cuGraphCreate", ctypes.byref(self.graph), 0)
+        self._call("cuGraphCreate", ctypes.byref(self.graph), 0)
         self.nodes: list[Any] = []
-        self.params: list[_KernelNodeParams] = []
+        self.params: list[ctypes.Structure] = []
         self.keep: list[Any] = []  # what the node parameters point to
         self.args: list[tuple[Any, ...]] = []
         for ln in launches:
@@ -323,14 +357,18 @@ class CUDAGraph:
             self.params.append(params)
             self.args.append(tuple(ln.args))
         self.launches = launches
-        _call("cuGraphInstantiateWithFlags", ctypes.byref(self.exec), self.graph, 0)
+        self._call("cuGraphInstantiateWithFlags", ctypes.byref(self.exec), self.graph, 0)
+
+    def _call(self, name: str, *args: Any) -> None:
+        check(name, self.fns[name](*args))
 
     def _params(
         self, prog: CUDAProgram, bufs: Any, vals: tuple[int, ...], grid: tuple[int, ...], block: tuple[int, ...]
-    ) -> _KernelNodeParams:
+    ) -> ctypes.Structure:
         pointers, values = prog.arguments(tuple(bufs), vals)
         self.keep.append((pointers, values))
-        return _KernelNodeParams(prog.function, *grid, *block, 0, pointers, None)
+        kind = _KernelNodeParamsV2 if self.v2 else _KernelNodeParams
+        return kind(prog.function, *grid, *block, 0, pointers, None)
 
     def __call__(self, args: list[tuple[Any, ...]]) -> None:
         self.dev.activate()
@@ -338,16 +376,16 @@ class CUDAGraph:
             if tuple(new) != self.args[i]:
                 assert isinstance(ln.program, CUDAProgram)
                 params = self._params(ln.program, new, ln.vals, ln.global_size, ln.local_size)
-                _call("cuGraphExecKernelNodeSetParams", self.exec, self.nodes[i], ctypes.byref(params))
+                self._call("cuGraphExecKernelNodeSetParams", self.exec, self.nodes[i], ctypes.byref(params))
                 self.params[i], self.args[i] = params, tuple(new)
         if len(self.keep) > 4 * len(self.launches):  # drop argument arrays no node points to any more
             self.keep = self.keep[-2 * len(self.launches) :]
-        _call("cuGraphLaunch", self.exec, self.dev.stream)
+        self._call("cuGraphLaunch", self.exec, self.dev.stream)
 
     def __del__(self) -> None:
         try:
-            library().cuGraphExecDestroy(self.exec)
-            library().cuGraphDestroy(self.graph)
+            self.fns["cuGraphExecDestroy"](self.exec)
+            self.fns["cuGraphDestroy"](self.graph)
         except Exception:  # noqa: BLE001
             pass
 
@@ -359,7 +397,7 @@ class CUDAAllocator(LRUAllocator):
     """Device memory (cuMemAlloc); copies from and to the host through a pinned staging buffer, between GPUs peer to
     peer where the driver allows."""
 
-    caps = AllocatorCaps(host_visible=False, transfer=True, aligned=256)
+    caps = AllocatorCaps(host_visible=False, transfer=True, aligned=256, views=True)
 
     def __init__(self, dev: CUDADevice) -> None:
         super().__init__()
