@@ -84,6 +84,8 @@ _GRAPH_SIGNATURES: dict[str, list[Any]] = {
 }
 _VERSIONED = ("cuGraphAddKernelNode", "cuGraphExecKernelNodeSetParams")
 
+_PREFER_V2 = frozenset({"cuEventElapsedTime"})  # same arguments; CUDA 13's cuda.h maps the name to the _v2 symbol
+
 # the constants of cuda.h that tiny uses
 CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1
 CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z = 2, 3, 4
@@ -110,10 +112,12 @@ def library() -> ctypes.CDLL:
     except OSError as e:
         raise DeviceUnavailable(f"no NVIDIA driver: {LIBRARY} does not load ({e})") from None
     for name, argtypes in _SIGNATURES.items():
-        fn = getattr(lib, name, None)
+        fn = getattr(lib, f"{name}_v2", None) if name in _PREFER_V2 else None  # what cuda.h of CUDA 13 calls
+        fn = fn or getattr(lib, name, None)
         if fn is None:
             raise DeviceUnavailable(f"the NVIDIA driver's {LIBRARY} has no {name}: the driver is too old for tiny")
         fn.restype, fn.argtypes = _int, argtypes
+        setattr(lib, name, fn)  # lib.<name> is the function chosen (the _v2 one where preferred)
     return lib
 
 
@@ -350,9 +354,8 @@ class CUDAGraph:
             params = self._params(ln.program, ln.args, ln.vals, ln.global_size, ln.local_size)
             node = _handle()
             deps = (_handle * 1)(self.nodes[-1].value) if self.nodes else None
-            _call(
-                "cuGraphAddKernelNode", ctypes.byref(node), self.graph, deps, len(self.nodes) > 0, ctypes.byref(params)
-            )
+            n_deps = 1 if self.nodes else 0  # a chain: each kernel after the one before
+            self._call("cuGraphAddKernelNode", ctypes.byref(node), self.graph, deps, n_deps, ctypes.byref(params))
             self.nodes.append(node)
             self.params.append(params)
             self.args.append(tuple(ln.args))
@@ -494,7 +497,7 @@ class CUDADevice(Compiled):
 
     def compiler(self) -> Compiler:
         if self.renderer_name == "PTX":
-            return PTXCompiler(self.gpu.arch)
+            return PTXCompiler(self.gpu.arch, driver_version())
         assert self.nvrtc is not None
         return CUDACompiler(self.gpu.arch, self.nvrtc)
 

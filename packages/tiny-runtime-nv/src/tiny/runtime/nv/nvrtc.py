@@ -182,15 +182,28 @@ class CUDACompiler(Compiler):
         return compile_cuda(self.nvrtc, src, self.arch, self.cubin)
 
 
+# the CUDA release (as cuDriverGetVersion gives it) that brought each PTX ISA version: a driver older than that cannot
+# assemble the PTX
+PTX_ISA_CUDA = {(6, 0): 9000, (6, 1): 9010, (6, 3): 10000, (6, 4): 10010, (6, 5): 10020, (7, 0): 11000}
+PTX_ISA_CUDA |= {(7, 1): 11010, (7, 2): 11020, (7, 3): 11030, (7, 4): 11040, (7, 5): 11050, (7, 6): 11060}
+PTX_ISA_CUDA |= {(7, 7): 11070, (7, 8): 11080, (8, 0): 12000, (8, 1): 12010, (8, 2): 12020, (8, 3): 12030}
+PTX_ISA_CUDA |= {(8, 4): 12040, (8, 5): 12050, (8, 6): 12070, (8, 7): 12080, (8, 8): 12090, (9, 0): 13000}
+
+
+def _cuda(version: int) -> str:
+    return f"CUDA {version // 1000}.{version % 1000 // 10}"
+
+
 class PTXCompiler(Compiler):
     """PTX from tiny.codegen.ptx -> what the driver loads: the PTX itself, NUL-terminated (cuModuleLoadData
-    assembles it for the GPU). The renderer writes `.target` for the architecture; a PTX whose target is another
-    one is a CompileError here rather than an error from the driver."""
+    assembles it for the GPU). The renderer writes `.target` for the architecture and the lowest `.version` that
+    has it; PTX for another architecture, or of a PTX ISA newer than the driver (`driver_version`, as
+    cuDriverGetVersion gives it), is a CompileError here rather than an error from the driver."""
 
-    def __init__(self, arch: str) -> None:
+    def __init__(self, arch: str, driver_version: int | None = None) -> None:
         if not re.fullmatch(r"sm_\d+[af]?", arch):
             raise ValueError(f"a CUDA architecture is written like 'sm_90', got {arch!r}")
-        self.arch = arch
+        self.arch, self.driver_version = arch, driver_version
         super().__init__(cachekey=None)  # nothing to gain: the text is the binary
 
     def compile(self, src: str) -> bytes:
@@ -198,4 +211,14 @@ class PTXCompiler(Compiler):
         if target is None or target.group(1).rstrip(",") != self.arch:
             got = target.group(1) if target else "no .target line"
             raise CompileError(f"PTX for {self.arch} must say `.target {self.arch}`, it says {got}:\n{src}")
+        version = re.search(r"^\s*\.version\s+(\d+)\.(\d+)", src, re.MULTILINE)
+        if version is None:
+            raise CompileError(f"PTX must start with its `.version`:\n{src}")
+        isa = (int(version.group(1)), int(version.group(2)))
+        needs = PTX_ISA_CUDA.get(isa)
+        if self.driver_version is not None and needs is not None and self.driver_version < needs:
+            raise CompileError(
+                f"the NVIDIA driver ({_cuda(self.driver_version)}) cannot assemble PTX ISA {isa[0]}.{isa[1]}, which "
+                f"needs {_cuda(needs)} or newer: update the driver"
+            )
         return src.encode() + b"\0"

@@ -1,0 +1,143 @@
+"""The CUDA runtime's plumbing against a stand-in driver (fake_libcuda.c, built here with the C compiler): the ctypes
+signatures and argument arrays, copies through the pinned staging buffer in pieces, views, peer copies between two
+GPUs, launch timing by events, the driver's JIT log in a CompileError, the PTX ISA a driver can take, an old GPU's
+refusal, and TinyJit's CUDA graph (built, replayed, and replayed with new buffers). The stand-in runs no GPU code;
+it knows one kernel by name (fake_add1: out[i] = in[i] + 1). Skips where no C compiler is on PATH."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tiny.ir.device import CompileError, DeviceUnavailable, GraphLaunch
+from tiny.runtime.nv import cuda
+
+SOURCE = Path(__file__).with_name("fake_libcuda.c")
+CC = next((c for c in ("clang-19", "clang", "gcc", "cc") if shutil.which(c)), None)
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ctypes.CDLL]:
+    """The stand-in driver in place of libcuda.so.1 (the caches of the real one cleared before and after)."""
+    if CC is None:
+        pytest.skip("no C compiler on PATH to build the stand-in driver")
+    lib = tmp_path / "libcuda_fake.so"
+    subprocess.run([CC, "-shared", "-fPIC", "-O1", str(SOURCE), "-o", str(lib)], check=True)
+    caches = (cuda.library, cuda.gpus, cuda.driver_version, cuda.graph_api)
+    for c in caches:
+        c.cache_clear()
+    monkeypatch.setattr(cuda, "LIBRARY", str(lib))
+    yield ctypes.CDLL(str(lib))
+    for c in caches:
+        c.cache_clear()
+
+
+def counter(lib: ctypes.CDLL, name: str) -> int:
+    return ctypes.c_int.in_dll(lib, name).value
+
+
+def test_the_gpus_and_what_the_renderers_are_told(fake: ctypes.CDLL) -> None:
+    dev = cuda.CUDADevice("CUDA", "PTX")
+    assert dev.gpu.name == "Fake H100" and dev.gpu.arch == "sm_90" and cuda.driver_version() == 12040
+    assert (
+        dev.renderer_target()
+        == "arch=sm_90;vector_width=4;local_max=1024,1024,64;local_total_max=1024;shared_max=49152"
+    )
+    assert isinstance(dev.compiler(), cuda.PTXCompiler) and dev.nvrtc is None  # PTX needs no NVRTC
+    assert cuda.CUDADevice("CUDA:1", "PTX").gpu.arch == "sm_80"
+    with pytest.raises(DeviceUnavailable, match=r"Fake P100 is sm_61; tiny's CUDA runtime needs sm_70"):
+        cuda.CUDADevice("CUDA:2", "PTX")
+    with pytest.raises(
+        DeviceUnavailable, match=r"CUDA:7 does not exist: this machine has 3 GPU\(s\): CUDA:0 Fake H100"
+    ):
+        cuda.CUDADevice("CUDA:7", "PTX")
+
+
+def test_copies_go_through_the_staging_buffer_in_pieces(fake: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda, "STAGING_BYTES", 64)
+    dev = cuda.CUDADevice("CUDA", "PTX")
+    data = np.arange(250, dtype=np.float32)  # 1000 bytes: 16 pieces
+    mem = dev.allocator.alloc(data.nbytes)
+    dev.allocator.copyin(mem, memoryview(data.tobytes()))
+    out = bytearray(data.nbytes)
+    dev.allocator.copyout(memoryview(out), mem)
+    assert np.array_equal(np.frombuffer(out, np.float32), data)
+    part = bytearray(32)
+    dev.allocator.copyout(memoryview(part), dev.allocator.offset(mem, 40, 32))
+    assert np.array_equal(np.frombuffer(part, np.float32), data[10:18])
+    with pytest.raises(MemoryError, match="CUDA_ERROR_OUT_OF_MEMORY"):
+        dev.allocator.alloc(1 << 41)
+
+
+def test_copies_between_gpus_are_peer_copies(fake: ctypes.CDLL) -> None:
+    a, b = cuda.CUDADevice("CUDA", "PTX"), cuda.CUDADevice("CUDA:1", "PTX")
+    data = np.arange(16, dtype=np.int32).tobytes()
+    src, dst = a.allocator.alloc(64), b.allocator.alloc(64)
+    a.allocator.copyin(src, memoryview(data))
+    b.allocator.transfer(dst, src, 64, a, b)
+    assert counter(fake, "fake_peer_copies") == 1
+    out = bytearray(64)
+    b.allocator.copyout(memoryview(out), dst)
+    assert bytes(out) == data
+
+
+def _add1(dev: cuda.CUDADevice, n: int) -> tuple[cuda.CUDAProgram, int, int, np.ndarray]:
+    prog = cuda.CUDAProgram(dev, "fake_add1", b"\x7fELF a cubin")
+    x = np.arange(n, dtype=np.float32)
+    src, out = dev.allocator.alloc(4 * n), dev.allocator.alloc(4 * n)
+    dev.allocator.copyin(src, memoryview(x.tobytes()))
+    return prog, out, src, x
+
+
+def _read(dev: cuda.CUDADevice, mem: int, n: int) -> np.ndarray:
+    out = bytearray(4 * n)
+    dev.allocator.copyout(memoryview(out), mem)
+    return np.frombuffer(out, np.float32)
+
+
+def test_a_launch_passes_buffers_and_ints_and_is_timed_by_events(fake: ctypes.CDLL) -> None:
+    dev = cuda.CUDADevice("CUDA", "PTX")
+    prog, out, src, x = _add1(dev, 100)
+    seconds = prog(out, src, global_size=(4, 1, 1), local_size=(32, 1, 1), vals=(100,), wait=True)
+    assert seconds == pytest.approx(0.5e-3)
+    assert np.array_equal(_read(dev, out, 100), x + 1)
+    assert prog(out, src, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(100,)) is None
+    with pytest.raises(ValueError, match="need 3 sizes >= 1"):
+        prog(out, src, global_size=(0, 1, 1), vals=(100,))
+
+
+def test_a_module_the_driver_refuses_is_a_compile_error_with_its_log(fake: ctypes.CDLL) -> None:
+    dev = cuda.CUDADevice("CUDA", "PTX")
+    with pytest.raises(CompileError, match=r"CUDA_ERROR_INVALID_PTX[\s\S]*fake error in the PTX"):
+        cuda.CUDAProgram(dev, "k", b"BAD ptx")
+
+
+def test_ptx_newer_than_the_driver_is_refused_plainly(fake: ctypes.CDLL) -> None:
+    compiler = cuda.CUDADevice("CUDA", "PTX").compiler()
+    ok = ".version 7.8\n.target sm_90\n.address_size 64\n"
+    assert compiler.compile(ok).endswith(b"\0")
+    with pytest.raises(
+        CompileError, match=r"driver \(CUDA 12\.4\) cannot assemble PTX ISA 8\.6, which needs CUDA 12\.7"
+    ):
+        compiler.compile(ok.replace("7.8", "8.6"))
+
+
+def test_a_cuda_graph_replays_the_kernels_with_new_buffers(fake: ctypes.CDLL) -> None:
+    dev = cuda.CUDADevice("CUDA", "PTX")
+    prog, out, src, x = _add1(dev, 64)
+    launch = GraphLaunch(prog, (out, src), (2, 1, 1), (32, 1, 1), (64,))
+    replay = dev.graph([launch, GraphLaunch(prog, (src, out), (2, 1, 1), (32, 1, 1), (64,))])
+    assert isinstance(replay, cuda.CUDAGraph)
+    replay([(out, src), (src, out)])  # out = x + 1, then src = out + 1
+    assert counter(fake, "fake_graph_launches") == 1 and counter(fake, "fake_launches") == 2
+    assert np.array_equal(_read(dev, src, 64), x + 2)
+    other = dev.allocator.alloc(4 * 64)
+    replay([(other, src), (src, other)])  # new buffers: the nodes' parameters are set again
+    assert np.array_equal(_read(dev, other, 64), x + 3) and np.array_equal(_read(dev, src, 64), x + 4)
+    assert dev.graph([]) is None
