@@ -95,6 +95,16 @@ def test_the_code_is_one_wmma_per_tile_accumulating_through_c(target: str, dt: D
     assert len(stores) == 2 * core.c.elements
 
 
+def test_unrolled_steps_of_k_chain_their_wmmas() -> None:
+    caps = caps_of("gfx1201")
+    uops = uops_of(matmul(16, 64, 16), caps, [Opt(OptOps.TC, 2, 0), Opt(OptOps.UNROLL, 0, 2)])
+    first, second = [u for u in uops if u.op is Ops.WMMA]
+    (acc,) = [u for u in uops if u.op is Ops.DEFINE_ACC]
+    assert first.src[2] is acc and second.src[2] is first, "the accumulator feeds the first, the first the second"
+    assert any(u.op is Ops.ASSIGN and u.src == (acc, second) for u in uops)
+    assert sum(1 for u in uops if u.op is Ops.RANGE) == 1 and first.src[0] is not second.src[0]
+
+
 def test_a_single_tile_of_k_needs_no_loop() -> None:
     caps = caps_of("sm_80")
     uops = uops_of(matmul(16, 16, 8), caps, [Opt(OptOps.TC, 2, 0)])
@@ -195,7 +205,7 @@ def test_tc_comes_first_and_only_some_actions_follow() -> None:
         k.apply(Opt(OptOps.TC, 2, 0))
     k = Kernel(matmul(64, 64, 64), caps)
     k.apply(Opt(OptOps.TC, 2, 0))
-    for opt in (Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.GROUP, 2, 2), Opt(OptOps.PADTO, 0, 3)):
+    for opt in (Opt(OptOps.GROUP, 2, 2), Opt(OptOps.PADTO, 0, 3)):
         with pytest.raises(KernelOptError, match="not on a kernel mapped onto tensor cores"):
             k.apply(opt)
     k.apply(Opt(OptOps.LOCAL, 0, 2))

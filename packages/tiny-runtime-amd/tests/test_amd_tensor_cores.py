@@ -80,7 +80,7 @@ def test_a_matmul_on_the_mock_gpu(target: str, dtype: str, monkeypatch: pytest.M
     name = f"AMD:{next(_NAMES)}"
     monkeypatch.setitem(Device._open, name, AMDDevice("AMD", "AMDGPU"))
     rng = np.random.default_rng(1)
-    av, bv = rng.standard_normal((32, 48)).astype(np.float32), rng.standard_normal((48, 32)).astype(np.float32)
+    av, bv = rng.standard_normal((32, 64)).astype(np.float32), rng.standard_normal((64, 32)).astype(np.float32)
     dt = dtypes.from_name(dtype)
     a, b = Tensor(av, device=name).cast(dt).realize(), Tensor(bv, device=name).cast(dt).realize()
     with capture() as launches:

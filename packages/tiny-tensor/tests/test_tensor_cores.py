@@ -51,6 +51,7 @@ def wmma_kernels(launches: list) -> list[str]:
         ((2, 32, 32), (2, 32, 16), False),  # batched
         ((48, 32), (16, 48), True),  # both inputs transposed: a.T @ b.T
         ((20, 24), (24, 10), False),  # M, K and N padded to the tile
+        ((16, 64), (64, 16), False),  # a loop over K, two tiles of K per iteration (unrolled)
     ],
 )
 def test_matmul_on_tensor_cores(tc_device: str, dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool) -> None:

@@ -86,8 +86,8 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
 
 def _tensor_cores(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> bool:
     """A matrix product on the first of the renderer's tensor cores that takes it (K: the innermost reduce dim that
-    fits; M, N or K padded to the tile where that is needed and allowed), then two tiles per warp along M (B's
-    fragment serves both) and up to four warps per workgroup."""
+    fits; M, N or K padded to the tile where that is needed and allowed), then two steps of K per loop iteration,
+    two tiles per warp along M (B's fragment serves both) and up to four warps per workgroup."""
     for core in range(len(k.caps.tensor_cores)):
         for axis in reversed(range(len(k.axes))):
             if k.axes[axis].kind is not Kind.REDUCE or not _tc_plan(k, core, axis):
@@ -95,6 +95,7 @@ def _tensor_cores(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, .
             for opt in _tc_plan(k, core, axis):
                 attempt(opt.op, opt.axis, (opt.arg,))
             assert k.tc is not None
+            attempt(OptOps.UNROLL, _axis(k, k.tc.k), (2,))  # two steps of K per loop iteration
             attempt(OptOps.UPCAST, _axis(k, k.tc.m), (2,))
             for dim in (k.tc.n, k.tc.m):
                 attempt(OptOps.LOCAL, _axis(k, dim), (2,))

@@ -52,12 +52,19 @@ class _Linearizer:
         for u in self.topo:
             for s in u.src:
                 uses[s] = uses.get(s, 0) + 1
-        # a WMMA only a sum uses is emitted as that sum's update, with the accumulator as its C operand
-        self.wmma_sums = {
-            r.value for r in self.reduces if r.value.op is Ops.WMMA and r.arg is Ops.ADD and uses[r.value] == 1
-        }
+        # a WMMA only a sum uses (or a chain of them, each the C of the next) is emitted as that sum's update, with
+        # the accumulator as the first one's C operand
+        self.wmma_chains: dict[UOp, list[UOp]] = {}
+        for r in self.reduces:
+            chain, w = [], r.value
+            while w.op is Ops.WMMA and uses[w] == 1:
+                chain.append(w)
+                w = w.src[2]
+            if chain and r.arg is Ops.ADD and w.op is Ops.CONST:
+                self.wmma_chains[r.value] = chain
+        chained = {w for chain in self.wmma_chains.values() for w in chain}
         for u in self.topo:
-            if u in self.wmma_sums:
+            if u in chained:
                 continue
             if u.op is Ops.RANGE:
                 self.children.setdefault(self.parent[u], []).append(u)
@@ -180,9 +187,13 @@ class _Linearizer:
         for red in self.reduces:
             if red.ranges[-1] is r:
                 acc = self.accs[red]
-                if red.value in self.wmma_sums:
-                    a, b, _ = red.value.src
-                    update = red.value.replace(src=(self.emit_src(a), self.emit_src(b), acc))
+                if red.value in self.wmma_chains:
+                    update = acc
+                    for w in reversed(self.wmma_chains[red.value]):  # the first WMMA of the chain first
+                        a, b, _ = w.src
+                        update = w.replace(src=(self.emit_src(a), self.emit_src(b), update))
+                        if w is not red.value:
+                            self.out.append(update)
                 else:
                     update = acc.alu(red.arg, self.emit_src(red.value))
                 self.out.append(update)

@@ -156,13 +156,15 @@ class _Lowerer:
             }
         env = origin | self.reduce_env[u]
 
-        def at(frag: Fragment, elem: int) -> tuple[UOp, ...]:
-            full = env | self.tc_env(frag, elem)
+        def at(lanes: dict[int, UOp], frag: Fragment, elem: int) -> tuple[UOp, ...]:
+            full = env | lanes | self.tc_env(frag, elem)
             return tuple(self.dim_index(d, full) for d in range(len(self.k.full_shape)))
 
-        return [(use.a, at(core.a, e)) for e in range(core.a.elements)] + [
-            (use.b, at(core.b, e)) for e in range(core.b.elements)
-        ]
+        out: list[tuple[UOp, tuple[UOp, ...]]] = []
+        for lanes in self.lane_combos(Kind.UNROLL):  # one A and one B fragment per unrolled step
+            out += [(use.a, at(lanes, core.a, e)) for e in range(core.a.elements)]
+            out += [(use.b, at(lanes, core.b, e)) for e in range(core.b.elements)]
+        return out
 
     def tc_reduce(self, u: UOp, idxs: tuple[UOp, ...], values: list[UOp]) -> UOp:
         """The sum at idxs: its element of the accumulated WMMAs of its tile."""
@@ -173,9 +175,12 @@ class _Lowerer:
             use = self.k.tc
             at = [i for _, i in self.tc_operands(u, idxs)]
             values = [self._in_tile(v, i, (use.m, use.n, use.k)) for v, i in zip(values, at)]
-        a = UOp(Ops.VECTORIZE, core.a_dtype, tuple(values[: core.a.elements]))
-        b = UOp(Ops.VECTORIZE, core.b_dtype, tuple(values[core.a.elements :]))
-        wmma = UOp(Ops.WMMA, core.c_dtype, (a, b, UOp.const(core.c_dtype, 0.0)), core.name)
+        na, nb = core.a.elements, core.b.elements
+        wmma = UOp.const(core.c_dtype, 0.0)
+        for step in range(0, len(values), na + nb):  # unrolled steps: a chain of WMMAs, each one's C the last's D
+            a = UOp(Ops.VECTORIZE, core.a_dtype, tuple(values[step : step + na]))
+            b = UOp(Ops.VECTORIZE, core.b_dtype, tuple(values[step + na : step + na + nb]))
+            wmma = UOp(Ops.WMMA, core.c_dtype, (a, b, wmma), core.name)
         ranges = [self.reduce_env[u][i] for i, p in enumerate(self.k.parts) if p.kind is Kind.REDUCE]
         total = UOp(Ops.REDUCE, core.c_dtype, (wmma, *ranges), Ops.ADD) if ranges else wmma
         return UOp(Ops.GEP, core.dtype_out, (total,), elem)
@@ -403,7 +408,7 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
 
     out_vec = None if k.tc is not None else _vector_part(lw, upcasts, address, lanes)
     unrolls = [i for i, p in enumerate(k.parts) if p.kind is Kind.UNROLL]
-    if out_vec is None and unrolls and len(k.reductions) == 1:
+    if out_vec is None and unrolls and len(k.reductions) == 1 and k.tc is None:
         red = k.reductions[0]
         part, size = unrolls[-1], k.parts[unrolls[-1]].size
         n = min(size, vector_lanes(k.caps, red.dtype))

@@ -210,7 +210,6 @@ class Kernel:
         self._split(part, amt, Kind.UPCAST, top=False)
 
     def _unroll(self, opt: Opt, part: Part) -> None:
-        self._after_tc(opt)
         self._need(opt, part, Kind.REDUCE)
         amt = self._amount(opt, part)
         self._check_lanes(opt, amt)
@@ -300,7 +299,7 @@ class Kernel:
 
     def _after_tc(self, opt: Opt) -> None:
         if self.tc is not None:
-            raise KernelOptError(f"{opt}: not on a kernel mapped onto tensor cores (only UPCAST, LOCAL and SWAP)")
+            raise KernelOptError(f"{opt}: not on a kernel mapped onto tensor cores (only UPCAST, UNROLL, LOCAL, SWAP)")
 
     def _tc(self, opt: Opt, part: Part) -> None:
         """axis: the reduce axis to use as K; arg: which of the renderer's tensor cores."""
