@@ -68,11 +68,13 @@ def test_matmul_on_tensor_cores(tc_device: str, dtype: str, a_shape: tuple, b_sh
     assert len(wmma_kernels(launches)) == 1
 
 
-def test_float32_accumulation_is_kept_where_the_output_is_float32(tc_device: str) -> None:
-    """A sum in float32 of fp16 products (the matmul's own accumulator, before its cast back): exact to float32."""
-    av, bv = rounded((32, 64), "float16", 3), rounded((64, 16), "float16", 4)
-    a, b = on(tc_device, av, "float16"), on(tc_device, bv, "float16")
-    prod = (a.reshape(32, 64, 1) * b.reshape(1, 64, 16)).cast(dtypes.float32)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_float32_accumulation_is_kept_where_the_output_is_float32(tc_device: str, dtype: str) -> None:
+    """A sum in float32 of fp16/bf16 products (the matmul's own accumulator, before its cast back): the products
+    exact, the sum as close to float64's as float32 accumulation allows."""
+    av, bv = rounded((32, 64), dtype, 3), rounded((64, 16), dtype, 4)
+    a, b = on(tc_device, av, dtype), on(tc_device, bv, dtype)
+    prod = (a.reshape(32, 64, 1) * b.reshape(1, 64, 16)).cast(dtypes.float32)  # the product in the input dtype
     with capture() as launches:
         out = prod.sum(axis=1).realize()
     np.testing.assert_allclose(out.numpy(), av.astype(np.float64) @ bv.astype(np.float64), rtol=1e-5, atol=1e-5)
