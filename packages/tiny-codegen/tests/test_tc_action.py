@@ -15,6 +15,7 @@ from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower
 from tiny.codegen.opt import Kind
+from tiny.codegen.program import estimate
 from tiny.codegen.vectorize import vectorize
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
@@ -234,3 +235,9 @@ def test_heuristics_and_beam_offer_tensor_cores() -> None:
     k = Kernel(matmul(64, 64, 64), caps)
     k.apply(Opt(OptOps.TC, 2, 0))
     assert not any(o.op is OptOps.TC for o in actions(k))
+
+
+def test_the_flop_estimate_counts_the_tensor_cores_work() -> None:
+    uops = uops_of(matmul(64, 32, 48), caps_of("gfx942"), [Opt(OptOps.TC, 2, 0), Opt(OptOps.UPCAST, 0, 2)])
+    flops, _ = estimate(uops)
+    assert flops == 2 * 64 * 32 * 48

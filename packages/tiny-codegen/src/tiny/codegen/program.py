@@ -16,6 +16,7 @@ from tiny.ir.dtypes import PtrDType
 from tiny.ir.pattern import graph_rewrite
 from tiny.ir.spec import validate
 from tiny.ir.symbolic import symbolic
+from tiny.ir.tensorcore import tensor_core
 from tiny.ir.uop import GroupOp, Ops, UOp
 
 
@@ -105,6 +106,9 @@ def estimate(uops: list[UOp]) -> tuple[int, int]:
             mult *= u.arg[1]
         elif u.op in GroupOp.ALU and u not in index_math:
             flops += mult * u.dtype.count
+        elif u.op is Ops.WMMA:  # each lane's share of the tile's multiply-adds
+            m, n, k = tensor_core(u.arg).dims
+            flops += mult * 2 * m * n * k // tensor_core(u.arg).threads
     mem = 0
     for u in uops:
         if u.op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType) and u.dtype.base is not None:
