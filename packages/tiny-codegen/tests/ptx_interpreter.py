@@ -396,6 +396,8 @@ def _arith(op: list[str], xs: list[Any]) -> Any:
         return xs[0] - xs[1]
     if name == "mul":
         return xs[0] * xs[1]  # .lo keeps the low bits; .wide widens: both are the exact product, masked on write
+    if name == "mad":
+        return xs[0] * xs[1] + xs[2]
     if name == "neg":
         return -xs[0]
     if name in ("min", "max"):

@@ -22,6 +22,7 @@ from tiny.codegen.lower import LoweredKernel, lower_kernel
 from tiny.codegen.opt import Kernel, Opt, OptOps
 from tiny.codegen.vectorize import vectorize
 from tiny.ir.alu import exec_alu
+from tiny.ir.device import fold_grid
 from tiny.ir.dtypes import dtypes, truncate
 from tiny.ir.pattern import graph_rewrite
 from tiny.ir.schedule import create_schedule
@@ -152,3 +153,16 @@ def test_text() -> None:
     (item,) = create_schedule([h * h]).items
     src, _ = render(item.ast)
     assert "unsigned short* restrict data0" in src and "tiny_f16_round(" in src and "tiny_f16_to_f32(" in src
+
+
+def test_a_grid_over_the_limit_is_launched_folded() -> None:
+    """With at most 16 blocks per dimension, a grid of 8 x 64 blocks runs as fold_grid folds it (16 x 16 x 2)."""
+    folding = CUDARenderer("arch=sm_90;max_grid=16")
+    (item,) = create_schedule([tensor(64, 8) * 2.0]).items
+    lowered = lower_kernel(Kernel(item.ast, folding.caps))
+    src = folding.render(lowered.name, linearize(graph_rewrite(lowered.sink, symbolic)))
+    assert lowered.global_size == (8, 64, 1) and "if (tiny_block >= 512u) return;" in src
+    av = np.arange(64 * 8, dtype=np.float32)
+    out = np.zeros_like(av)
+    run(src, [out, av], fold_grid(lowered.global_size, 16), lowered.local_size)
+    np.testing.assert_array_equal(out, av * 2)

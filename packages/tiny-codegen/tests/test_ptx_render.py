@@ -22,6 +22,7 @@ from tiny.codegen.opt import Kernel, Opt, OptOps
 from tiny.codegen.ptx import PTXRenderer
 from tiny.codegen.vectorize import vectorize
 from tiny.ir.alu import exec_alu
+from tiny.ir.device import fold_grid
 from tiny.ir.dtypes import DType, bf16_to_float, dtypes, float_to_bf16, truncate
 from tiny.ir.pattern import graph_rewrite
 from tiny.ir.schedule import create_schedule
@@ -255,3 +256,19 @@ def test_float64_transcendentals_are_within_a_few_ulp(op: Ops) -> None:
         want = exec_alu(op, dtypes.float64, (x,))
         ulps = abs(got - want) / math.ulp(want) if want and math.isfinite(want) else (0 if got == want else math.inf)
         assert ulps <= (4 if op is not Ops.SIN else 4 + abs(x) / 1000), (op, x, got, want, ulps)
+
+
+def test_a_grid_over_the_limit_is_launched_folded() -> None:
+    """With at most 16 blocks per dimension, a grid of 8 x 64 blocks runs as fold_grid folds it (16 x 16 x 2)."""
+    folding = PTXRenderer("arch=sm_90;max_grid=16")
+    a = tensor(64, 8)
+    (item,) = create_schedule([a * 2.0]).items
+    k = Kernel(item.ast, folding.caps)
+    lowered = lower_kernel(k)
+    uops = linearize(graph_rewrite(lowered.sink, symbolic))
+    src = folding.render(lowered.name, uops)
+    assert lowered.global_size == (8, 64, 1) and "mad.lo.u32" in src and "setp.ge.u32" in src
+    av = np.arange(64 * 8, dtype=np.float32)
+    out = np.zeros_like(av)
+    run(src, [out, av], fold_grid(lowered.global_size, 16), lowered.local_size)
+    np.testing.assert_array_equal(out, av * 2)

@@ -45,10 +45,8 @@ def counter(lib: ctypes.CDLL, name: str) -> int:
 def test_the_gpus_and_what_the_renderers_are_told(fake: ctypes.CDLL) -> None:
     dev = cuda.CUDADevice("CUDA", "PTX")
     assert dev.gpu.name == "Fake H100" and dev.gpu.arch == "sm_90" and cuda.driver_version() == 12040
-    assert (
-        dev.renderer_target()
-        == "arch=sm_90;vector_width=4;local_max=1024,1024,64;local_total_max=1024;shared_max=49152"
-    )
+    limits = "vector_width=4;local_max=1024,1024,64;local_total_max=1024;shared_max=49152;max_grid=65535"
+    assert dev.renderer_target() == f"arch=sm_90;{limits}"
     assert isinstance(dev.compiler(), cuda.PTXCompiler) and dev.nvrtc is None  # PTX needs no NVRTC
     assert cuda.CUDADevice("CUDA:1", "PTX").gpu.arch == "sm_80"
     with pytest.raises(DeviceUnavailable, match=r"Fake P100 is sm_61; tiny's CUDA runtime needs sm_70"):

@@ -14,10 +14,11 @@ The renderer target is the device's: 'arch=sm_90;local_max=1024,1024,64;local_to
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
-from tiny.codegen.cstyle import GPUCStyleRenderer
-from tiny.ir.device import RendererCaps
+from tiny.codegen.cstyle import GPUCStyleRenderer, target_fields
+from tiny.ir.device import RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
 from tiny.ir.uop import Ops, UOp
@@ -111,7 +112,7 @@ class CUDARenderer(GPUCStyleRenderer):
         "float32": "float",
         "float64": "double",
     }
-    default_limits = GPUCStyleRenderer.default_limits | {"shared_max": "49152", "arch": "sm_90"}
+    default_limits = GPUCStyleRenderer.default_limits | {"shared_max": "49152", "arch": "sm_90", "max_grid": "65535"}
     nan_text = "__int_as_float(0x7fc00000)"
     inf_text = "__int_as_float(0x7f800000)"
     bf16_prelude = ""  # the helpers are in every kernel's prelude, with float16's
@@ -125,6 +126,8 @@ class CUDARenderer(GPUCStyleRenderer):
         self.arch = arch
         self.target = target
         self._block = 1
+        self.max_grid = int(target_fields(";".join(p for p in target.split(";") if p)).get("max_grid", "65535"))
+        self._grid, self._fold = (1, 1, 1), None  # the grid of the kernel being rendered, and how it is launched
         self._mma: list[str] = []  # the tensor cores the kernel being rendered uses
         self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch))  # mma.sync on sm_80 and newer
 
@@ -228,14 +231,27 @@ class CUDARenderer(GPUCStyleRenderer):
     # ---------------------------------------------------------------- the kernel
 
     def special(self, name: str) -> str:
-        axis = "xyz"[int(name[4:])]
-        return f"threadIdx.{axis}" if name.startswith("lidx") else f"blockIdx.{axis}"
+        dim = int(name[4:])
+        if name.startswith("lidx"):
+            return f"threadIdx.{'xyz'[dim]}"
+        if self._fold is None:
+            return f"blockIdx.{'xyz'[dim]}"
+        stride = math.prod(self._grid[:dim])
+        return f"(int)((tiny_block / {stride}u) % {self._grid[dim]}u)"
 
     def render(self, name: str, uops: list[UOp]) -> str:
+        """A grid with more blocks in a dimension than CUDA allows (65535 in y and z) is launched folded, as
+        tiny.ir.device.fold_grid folds it (the CUDA device does); the kernel unfolds its block's number and the
+        blocks past the grid's end return at once."""
         self._block = 1
+        grid = [1, 1, 1]
         for u in uops:
             if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"):
                 self._block *= u.arg[1]
+            elif u.op is Ops.SPECIAL:
+                grid[int(u.arg[0][4:])] = u.arg[1]
+        self._grid = (grid[0], grid[1], grid[2])
+        self._fold = fold_grid(self._grid, self.max_grid) if max(grid) > self.max_grid else None
         self._mma = sorted({u.arg for u in uops if u.op is Ops.WMMA})
         return super().render(name, uops)
 
@@ -269,6 +285,11 @@ class CUDARenderer(GPUCStyleRenderer):
 
     def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
         head = f"{self.kernel_prefix} __launch_bounds__({self._block}) {name}({', '.join(params)})"
+        if self._fold is not None:
+            x, y, _ = self._fold
+            flat = f"blockIdx.x + blockIdx.y * {x}u + blockIdx.z * {x * y}u"
+            total = math.prod(self._grid)
+            body = [f"  unsigned int tiny_block = {flat};", f"  if (tiny_block >= {total}u) return;", *body]
         return head + " {\n" + "\n".join(body) + "\n}\n"
 
     def preamble(self, scalars: set[DType]) -> str:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from tiny.codegen.cstyle import target_fields
 from tiny.codegen.ptx_math import exp2_f64, log2_f64, sin_f64
-from tiny.ir.device import Renderer, RendererCaps
+from tiny.ir.device import Renderer, RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
 from tiny.ir.uop import GroupOp, Ops, UOp
@@ -127,6 +127,7 @@ class PTXRenderer(Renderer):
         "local_total_max": "1024",
         "shared_max": "49152",
         "arch": "sm_90",
+        "max_grid": "65535",  # blocks in each grid dimension; a bigger grid is launched folded (fold_grid)
     }
 
     def __init__(self, target: str = "") -> None:
@@ -140,11 +141,12 @@ class PTXRenderer(Renderer):
         if len(local_max) != 3:
             raise ValueError(f"local_max in the renderer target has 3 sizes, got {fields['local_max']!r}")
         self.arch, self.cc = arch, cc
+        self.max_grid = int(fields["max_grid"])
         self.caps = RendererCaps(
             language="PTX",
             has_local=True,
             has_shared=True,
-            global_max=(2**31 - 1, 65535, 65535),
+            global_max=(2**31 - 1,) * 3,
             local_max=local_max,
             local_total_max=int(fields["local_total_max"]),
             shared_max=int(fields["shared_max"]),
@@ -165,6 +167,12 @@ class PTXRenderer(Renderer):
         loops: list[tuple[UOp, str, str]] = []  # RANGE, its head label, its exit label
         ifs: list[str] = []
         block = [1, 1, 1]
+        grid = [1, 1, 1]
+        for u in uops:
+            if u.op is Ops.SPECIAL and u.arg[0].startswith("gidx"):
+                grid[int(u.arg[0][4:])] = u.arg[1]
+        fold = fold_grid((grid[0], grid[1], grid[2]), self.max_grid) if max(grid) > self.max_grid else None
+        flat: list[str] = []  # the folded grid's block number, once read
         for u in uops:
             op = u.op
             if op is Ops.DEFINE_GLOBAL:
@@ -194,7 +202,13 @@ class PTXRenderer(Renderer):
                 if sname.startswith("lidx"):
                     block[dim] = size
                 r = k.reg("b32")
-                k.emit(f"mov.u32 {r}, {source}")
+                if fold is not None and sname.startswith("gidx"):
+                    if not flat:
+                        flat.append(self._folded_block(k, fold, math.prod(grid)))
+                    k.emit(f"div.u32 {r}, {flat[0]}, {math.prod(grid[:dim])}")
+                    k.emit(f"rem.u32 {r}, {r}, {size}")
+                else:
+                    k.emit(f"mov.u32 {r}, {source}")
                 regs[u] = self._int_from_s32(k, r, u.dtype)
             elif op is Ops.CONST:
                 regs[u] = self._const(k, u.arg, u.dtype)
@@ -293,6 +307,20 @@ class PTXRenderer(Renderer):
         operands = ", ".join("{" + ", ".join(x) + "}" for x in (d, a, b, c))
         k.emit(f"mma.sync.aligned.m16n8k16.row.col.f32.{tag}.{tag}.f32 {operands}")
         return d
+
+    def _folded_block(self, k: _Kernel, fold: tuple[int, int, int], total: int) -> str:
+        """A grid launched folded (tiny.ir.device.fold_grid): the block's number in the whole grid; the blocks past
+        its end return at once."""
+        flat, part = k.reg("b32"), k.reg("b32")
+        past = k.reg("pred")
+        k.emit(f"mov.u32 {flat}, %ctaid.x")
+        k.emit(f"mov.u32 {part}, %ctaid.y")
+        k.emit(f"mad.lo.u32 {flat}, {part}, {fold[0]}, {flat}")
+        k.emit(f"mov.u32 {part}, %ctaid.z")
+        k.emit(f"mad.lo.u32 {flat}, {part}, {fold[0] * fold[1]}, {flat}")
+        k.emit(f"setp.ge.u32 {past}, {flat}, {total}")
+        k.emit(f"@{past} ret")
+        return flat
 
     def _per_lane(self, u: UOp, regs: dict[UOp, Reg], one: Callable[[list[str]], str]) -> Reg:
         """Apply a scalar emitter to each lane of u's sources (a vector op is its lanes' ops)."""

@@ -28,11 +28,13 @@ from tiny.ir.device import (
     GraphLaunch,
     LRUAllocator,
     Program,
+    fold_grid,
 )
 from tiny.runtime.nv.nvrtc import NVRTC, CUDACompiler, PTXCompiler, find_nvrtc
 
 LIBRARY = "libcuda.so.1"
 MIN_COMPUTE = 70  # Volta: the oldest GPU the PTX and CUDA C renderers write for
+MAX_GRID = 65535  # blocks per grid dimension (y and z; x allows more): bigger grids launch folded, as renderers unfold
 
 _int, _uint, _size, _ptr, _handle = ctypes.c_int, ctypes.c_uint, ctypes.c_size_t, ctypes.POINTER, ctypes.c_void_p
 _dptr = ctypes.c_uint64  # CUdeviceptr
@@ -286,9 +288,10 @@ class CUDAProgram(Program):
         lib, stream = library(), self.dev.stream
         if wait:
             _call("cuEventRecord", self.dev.events[0], stream)
+        grid = fold_grid(global_size, MAX_GRID)
         check(
             "cuLaunchKernel",
-            lib.cuLaunchKernel(self.function, *global_size, *local_size, 0, stream, pointers, None),
+            lib.cuLaunchKernel(self.function, *grid, *local_size, 0, stream, pointers, None),
             f"kernel {self.name}, grid {global_size}, block {local_size}",
         )
         if not wait:
@@ -371,7 +374,7 @@ class CUDAGraph:
         pointers, values = prog.arguments(tuple(bufs), vals)
         self.keep.append((pointers, values))
         kind = _KernelNodeParamsV2 if self.v2 else _KernelNodeParams
-        return kind(prog.function, *grid, *block, 0, pointers, None)
+        return kind(prog.function, *fold_grid(grid, MAX_GRID), *block, 0, pointers, None)
 
     def __call__(self, args: list[tuple[Any, ...]]) -> None:
         self.dev.activate()
@@ -505,7 +508,7 @@ class CUDADevice(Compiled):
         g = self.gpu
         return (
             f"arch={g.arch};vector_width=4;local_max={','.join(str(n) for n in g.max_block)};"
-            f"local_total_max={g.max_threads};shared_max={g.shared_per_block}"
+            f"local_total_max={g.max_threads};shared_max={g.shared_per_block};max_grid={MAX_GRID}"
         )
 
     def synchronize(self) -> None:
