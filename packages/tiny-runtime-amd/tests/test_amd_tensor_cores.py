@@ -14,6 +14,7 @@ from test_amd_disasm import disassemble, mnemonics
 
 from tiny.codegen.amdgpu import AMDGPURenderer
 from tiny.codegen.heuristic import hand_opts
+from tiny.codegen.hip import HIPRenderer
 from tiny.codegen.opt import Kernel, OptOps
 from tiny.ir.device import Device
 from tiny.ir.dtypes import dtypes
@@ -96,3 +97,15 @@ def test_a_padded_matmul_compiles(target: str) -> None:
     a, b = operands("float16", 20, 24, 10)
     ops = mnemonics(disassemble(target, "AMDGPU", a @ b))
     assert any(m.startswith(INSTRUCTION[target]) for m in ops), sorted(ops)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_hip_renders_the_float16_matrix_cores(target: str) -> None:
+    """HIP C: clang's WMMA/MFMA builtins for float16 (bfloat16, emulated in floats there, stays on AMDGPU)."""
+    assert [tc.dtype_in for tc in HIPRenderer(target).caps.tensor_cores] == [dtypes.float16]
+    a, b = operands("float16")
+    ops = mnemonics(disassemble(target, "HIP", a @ b))
+    assert any(m.startswith(INSTRUCTION[target]) and m.endswith("f16") for m in ops), sorted(ops)
+    c, d = operands("bfloat16")
+    (ast,) = [i.ast for i in (c @ d).schedule() if i.ast.op is Ops.SINK]
+    assert all(o.op is not OptOps.TC for o in hand_opts(Kernel(ast, HIPRenderer(target).caps)))

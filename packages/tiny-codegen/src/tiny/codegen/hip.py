@@ -12,12 +12,14 @@ target is the GPU, as for the AMDGPU renderer ('gfx1100').
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from tiny.codegen import amdmath
 from tiny.codegen.amdgpu import amd_target
 from tiny.codegen.cstyle import CRenderer, GPUCStyleRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.tensorcore import tensor_core, tensor_cores_for
 from tiny.ir.uop import Ops, UOp
 
 _DIMS = "xyz"
@@ -47,6 +49,9 @@ class HIPRenderer(GPUCStyleRenderer):
         limits = f"vector_width=4;local_max=1024,1024,1024;local_total_max=1024;shared_max={amd.lds_size}"
         super().__init__(limits)
         self.target, self.amd = target or "gfx1100", amd
+        # the float16 matrix cores (bfloat16 ones are the AMDGPU renderer's: here bfloat16 is emulated in floats)
+        cores = tuple(tc for tc in tensor_cores_for(amd.name) if tc.dtype_in == dtypes.float16)
+        self.caps = replace(self.caps, tensor_cores=cores)
 
     def special(self, name: str) -> str:
         kind = "workitem" if name.startswith("lidx") else "workgroup"
@@ -56,6 +61,16 @@ class HIPRenderer(GPUCStyleRenderer):
         if dt.scalar == dtypes.float64 and fn in amdmath.FUNCTIONS:  # no instruction: tiny.codegen.amdmath's
             return f"{amdmath.ir_name(fn)}({args[0]})"
         return super().float_math(fn, args, dt)
+
+    def wmma(self, u: UOp, args: list[str]) -> str:
+        """clang's builtins for WMMA (gfx11, gfx12: wave32) and MFMA (gfx942, gfx950)."""
+        tc = tensor_core(u.arg)
+        if tc not in self.caps.tensor_cores:
+            raise NotImplementedError(f"the HIP renderer for {self.amd.name} has no tensor core {tc.name}")
+        if tc.name.startswith("cdna"):
+            return f"__builtin_amdgcn_mfma_f32_16x16x16f16({', '.join(args)}, 0, 0, 0)"
+        suffix = "_gfx12" if tc.name.startswith("rdna4") else ""
+        return f"__builtin_amdgcn_wmma_f32_16x16x16_f16_w32{suffix}({', '.join(args)})"
 
     def bit_cast(self, to: str, frm: str, x: str) -> str:
         return f"__builtin_bit_cast({to}, ({frm})({x}))"
