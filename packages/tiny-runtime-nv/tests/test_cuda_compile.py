@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -74,6 +75,33 @@ def test_cuda_c_compiles_to_a_cubin(op: str, arch: str) -> None:
     for k in kernels:
         binary = CUDACompiler(arch, n).compile(k.src)
         assert binary[:4] == b"\x7fELF", f"{k.name}: NVRTC gave no cubin"
+
+
+@functools.cache
+def _ptxas_release() -> tuple[int, int] | None:
+    tool = _ptxas()
+    if tool is None:
+        return None
+    version = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
+    found = re.search(r"release (\d+)\.(\d+)", version)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_cuda_c_compiles_to_ptx_that_ptxas_assembles(op: str, arch: str) -> None:
+    """NVRTC's PTX (what the device falls back to where NVRTC has no cubin for the GPU), assembled by ptxas: with the
+    newest NVRTC whose PTX ISA this ptxas knows (not newer than ptxas's own release)."""
+    release = _ptxas_release()
+    if release is None:
+        ptxas("", arch)  # skips, saying why
+    fits = [n for n in installed() if release is not None and n.version <= release]
+    if not fits:
+        pytest.skip(f"every NVRTC installed is newer than ptxas {release}: its PTX ISA is too new for it")
+    for k in render_schedule(op, OPS[op](), CUDARenderer(target(arch))):
+        ptx = compile_cuda(fits[0], k.src, arch, cubin=False).rstrip(b"\0").decode()
+        errors = ptxas(ptx, arch)
+        assert errors == "", f"ptxas refused NVRTC's PTX of {k.name}:\n{errors}"
 
 
 @pytest.mark.parametrize("arch", ARCHS)
