@@ -1,7 +1,7 @@
 """Kernels for a GPU this machine may not have: a representative set of tiny-tensor ops, scheduled as the tensor
 library does, then planned (the hand-written opts: locals, upcasts, grouped reductions), lowered, vectorized,
-linearized and rendered exactly as tiny.codegen.render_kernel does for a CUDA device, with a renderer made from
-the target string the CUDA device would report. Nothing is compiled or run here."""
+linearized and rendered by tiny.codegen.render_for, with a renderer made from the target string the CUDA device
+would report. Nothing is compiled or run here."""
 
 from __future__ import annotations
 
@@ -10,16 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tiny.codegen.heuristic import hand_opts
-from tiny.codegen.linearize import linearize
-from tiny.codegen.lower import lower_kernel
-from tiny.codegen.opt import Kernel, Opt
-from tiny.codegen.vectorize import vectorize
+from tiny.codegen import render_for
+from tiny.codegen.opt import Opt
 from tiny.ir.device import Renderer
 from tiny.ir.dtypes import DType, dtypes
-from tiny.ir.pattern import graph_rewrite
-from tiny.ir.spec import validate
-from tiny.ir.symbolic import symbolic
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor import Tensor
 
@@ -40,18 +34,14 @@ class RenderedKernel:
 
 
 def render_schedule(op: str, t: Tensor, renderer: Renderer, opts: list[Opt] | None = None) -> list[RenderedKernel]:
-    """Every kernel of t's schedule, planned for the renderer's caps and rendered by it."""
+    """Every kernel of t's schedule, planned for the renderer's caps (the hand-written rules unless opts are given)
+    and rendered by it, as tiny.codegen.render_for does for a renderer with no device."""
     out = []
     for item in t.schedule():
         if item.ast.op is not Ops.SINK:
             continue  # a copy
-        k = Kernel(item.ast, renderer.caps)
-        k.apply_opts(hand_opts(k) if opts is None else opts)
-        lowered = lower_kernel(k)
-        sink = graph_rewrite(graph_rewrite(lowered.sink, symbolic), vectorize, ctx=renderer.caps.vector_width * 4)
-        uops = linearize(sink)
-        validate(uops)
-        out.append(RenderedKernel(op, lowered.name, tuple(uops), renderer.render(lowered.name, uops)))
+        r = render_for(item.ast, renderer, opts)
+        out.append(RenderedKernel(op, r.kernel.name, tuple(r.uops), r.src))
     return out
 
 
