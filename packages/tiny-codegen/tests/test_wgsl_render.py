@@ -356,3 +356,18 @@ def test_float_constants_render_exactly() -> None:
     assert R.const(0.1, f32) == "0.1f" and R.const(1.5, dtypes.float16) == "1.5h"
     assert R.const(-(2**31), i32) == "(-2147483647i - 1i)" and R.const(7, dtypes.uint8) == "7u"
     assert R.const(True, dtypes.bool) == "true"
+
+
+def test_a_kernel_over_the_drivers_loop_limit_is_refused() -> None:
+    """llvmpipe ends a shader after 65535 loop iterations (all loops together) and keeps what it had: a renderer
+    told the limit (target 'loops=N') refuses a kernel whose threads would loop more, instead of a wrong answer."""
+    (item,) = create_schedule([UOp(Ops.REDUCE_AXIS, f32, (tensor(20, 300, 300),), (Ops.ADD, (1, 2)))]).items
+    kernel, uops = kernel_uops(item.ast, R.caps)  # no opts: a loop of 300 around a loop of 300 in each thread
+    limited = WGSLRenderer("loops=65535")
+    assert limited.caps.max_loop_iterations == 65535 and WGSLRenderer().caps.max_loop_iterations == 0
+    with pytest.raises(ValueError, match=r"runs 90300 loop iterations in each thread .* stops a shader after 65535"):
+        limited.render(kernel.name, uops)
+    validate(R.render(kernel.name, uops))  # without the limit it renders
+    (item,) = create_schedule([UOp(Ops.REDUCE_AXIS, f32, (tensor(20, 200, 300),), (Ops.ADD, (1, 2)))]).items
+    small, small_uops = kernel_uops(item.ast, R.caps)
+    validate(limited.render(small.name, small_uops))  # 200 + 60000 iterations: under it

@@ -309,11 +309,11 @@ def test_a_deep_elementwise_chain_schedules() -> None:
 # ---------------------------------------------------------------- kernels over a device's buffer limit
 
 
-class _FewBindings(Compiled):
-    """An opened device whose kernels bind at most `limit` buffers (as WebGPU adapters limit storage buffers)."""
+class _Limited(Compiled):
+    """An opened device with limits in its caps (buffers per kernel, loop iterations per thread), as WebGPU has."""
 
-    def __init__(self, limit: int) -> None:  # nothing to allocate: the scheduler only reads the renderer's caps
-        self.__dict__["renderer"] = SimpleNamespace(caps=RendererCaps(language="FEW", max_buffers=limit))
+    def __init__(self, **limits: int) -> None:  # nothing to allocate: the scheduler only reads the renderer's caps
+        self.__dict__["renderer"] = SimpleNamespace(caps=RendererCaps(language="FEW", **limits))
 
 
 def few_tensor(device: str, n: int, dtype: DType = f32) -> UOp:
@@ -321,7 +321,7 @@ def few_tensor(device: str, n: int, dtype: DType = f32) -> UOp:
 
 
 def test_a_kernel_over_the_buffer_limit_is_split(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(Device._open, "FEW", _FewBindings(4))
+    monkeypatch.setitem(Device._open, "FEW", _Limited(max_buffers=4))
     xs = [few_tensor("FEW", 8) for _ in range(11)]
     total = xs[0]
     for x in xs[1:]:
@@ -334,8 +334,21 @@ def test_a_kernel_over_the_buffer_limit_is_split(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_kernel_that_cannot_be_split_under_the_limit_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(Device._open, "FEW", _FewBindings(3))
+    monkeypatch.setitem(Device._open, "FEW", _Limited(max_buffers=3))
     cond, a, b = few_tensor("FEW", 8, dtypes.bool), few_tensor("FEW", 8), few_tensor("FEW", 8)
     picked = UOp(Ops.WHERE, f32, (cond, a, b))  # 4 buffers with its output, and no part reads two of them
     with pytest.raises(ValueError, match="reads 3 buffers and its device FEW binds at most 3 in one kernel"):
         create_schedule([picked])
+
+
+def test_a_reduction_longer_than_the_loop_limit_runs_in_two_stages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llvmpipe stops a thread after 65535 loop iterations: 40 sums of 250000 elements each (too many outputs for
+    the usual split) become 40 * 500 partial sums of 500, then 40 sums of 500."""
+    monkeypatch.setitem(Device._open, "FEW", _Limited(max_loop_iterations=65535))
+    x = few_tensor("FEW", 40 * 250000)
+    total = reduce(UOp(Ops.RESHAPE, f32, (x,), (40, 250000)), (1,))
+    s = create_schedule([total])
+    check_well_formed(s, [total])
+    assert [item.buffers[0].size for item in s.items] == [40 * 500, 40]
+    monkeypatch.setitem(Device._open, "FEW", _Limited())  # no limit: one kernel
+    assert len(create_schedule([reduce(UOp(Ops.RESHAPE, f32, (x,), (40, 250000)), (1,))]).items) == 1

@@ -83,6 +83,7 @@ def test_renderer_target_reads_the_adapter(dev: WebGPUDevice) -> None:
     assert caps.local_total_max == dev.gpu.limits["max-compute-invocations-per-workgroup"]
     assert caps.shared_max == dev.gpu.limits["max-compute-workgroup-storage-size"]
     assert caps.max_buffers == dev.gpu.limits["max-storage-buffers-per-shader-stage"]
+    assert caps.max_loop_iterations == (65535 if "llvmpipe" in str(dev.gpu.adapter.info).lower() else 0)
 
 
 @pytest.mark.parametrize("n", [1, 3, 4, 7, 1001])
@@ -172,3 +173,15 @@ def test_a_kernel_reading_more_tensors_than_the_adapter_binds_is_split(dev: WebG
     items = out.schedule()
     assert len(items) >= 2 and all(len(item.buffers) <= limit for item in items)
     assert out.tolist() == [v for i in range(limit + 9) for v in (2.0 * i, -2.0 * i)]
+
+
+def test_long_reductions_are_split_under_the_drivers_loop_limit(dev: WebGPUDevice) -> None:
+    """On llvmpipe a thread stops after 65535 loop iterations: a sum of 10**6 elements per output runs as two
+    kernels of about 1000 iterations each, and every output is right."""
+    Tensor = pytest.importorskip("tiny.tensor").Tensor  # (installed by the webgpu session)
+
+    x = (Tensor.arange(64, dtype="int32", device="WEBGPU") % 7).realize()
+    out = x.reshape(64, 1, 1).expand(64, 1000, 1000).sum((1, 2))
+    if dev.renderer.caps.max_loop_iterations:
+        assert len(out.schedule()) == 2
+    assert out.tolist() == [i % 7 * 10**6 for i in range(64)]

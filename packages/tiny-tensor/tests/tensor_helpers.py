@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tiny.tensor import Device, DType, Tensor, dtypes
+from tiny.tensor.checks import default_int, on_device
 
 SLOW_DEVICES = frozenset({"PYTHON"})  # interpreters: keep tensors at a few dozen elements
 
@@ -65,6 +66,12 @@ def small(device: str, fast: Any, slow: Any) -> Any:
     return slow if is_slow(device) else fast
 
 
+def torch_dtype_on(device: str, ref: np.dtype) -> np.dtype:
+    """The NumPy dtype of a tiny result PyTorch gives `ref` for: int64 is the device's default int (int32 on a
+    device without int64, where tiny computes indices and integer sums in int32)."""
+    return np_dtype(default_int(device)) if ref == np.int64 else ref
+
+
 def np_dtype(dt: DType) -> np.dtype:
     """The NumPy dtype tiny's .numpy() gives for a tiny dtype (bfloat16 reads back as float32)."""
     return np.dtype(np.float32) if dt == dtypes.bfloat16 else np.dtype(dt.fmt)
@@ -105,8 +112,10 @@ def assert_matches(
     atol: float | None = None,
     what: str = "",
 ) -> np.ndarray:
-    """`out` has dtype `dtype`, the shape of `ref` and its values within the dtype's tolerance."""
+    """`out` has dtype `dtype` (int64 as the device holds it: int32 where it has no int64), the shape of `ref`
+    and its values within the dtype's tolerance."""
     ref = np.asarray(ref)
+    dtype = on_device(dtype, out.device)
     assert out.dtype == dtype, f"{what}: dtype {out.dtype.name}, expected {dtype.name}"
     assert out.shape == ref.shape, f"{what}: shape {out.shape}, expected {ref.shape}"
     got = out.numpy()

@@ -22,3 +22,17 @@ def test_more_than_2_31_elements_index_with_64_bits() -> None:
 def test_small_tensors_keep_32_bit_indices() -> None:
     (src,) = sources(Tensor.ones(1000, device="NULL").contiguous().realize()[::2] * 3)
     assert "int ridx" in src and "long long" not in src
+
+
+def test_windows_over_more_than_2_31_elements_keep_32_bit_indices() -> None:
+    """A reduction over a view of 2.25e9 elements (an expand, as a convolution's windows are) whose offsets stay
+    small: every index is a loop counter or an offset below 2**31, so int32 math suffices (WGSL has no other)."""
+    x = Tensor.ones(1000, device="NULL").contiguous().realize()
+    (src,) = sources(x.reshape(1000, 1, 1).expand(1000, 1500, 1500).sum((1, 2)))
+    assert "long long" not in src
+
+
+def test_windows_over_more_than_2_31_elements_compute_right() -> None:
+    x = Tensor.arange(600, dtype="int32") % 7  # sums that fit int32 too (a device without int64 sums in it)
+    out = x.reshape(600, 1, 1).expand(600, 2000, 1800).sum((1, 2))
+    assert out.tolist() == [i % 7 * 2000 * 1800 for i in range(600)]

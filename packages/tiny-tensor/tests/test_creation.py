@@ -10,6 +10,7 @@ import pytest
 from tensor_helpers import small
 
 from tiny.tensor import Tensor, dtypes
+from tiny.tensor.checks import default_int
 
 torch = pytest.importorskip("torch")
 
@@ -22,7 +23,7 @@ def test_empty_is_zeros(device: str) -> None:
     assert e.shape == (2, 3) and e.dtype == dtypes.float32 and e.device == device
     assert e.tolist() == [[0.0] * 3] * 2  # documented: empty gives zeros
     like = Tensor([[1, 2]], device=device).empty_like()
-    assert like.shape == (1, 2) and like.dtype == dtypes.int64 and like.tolist() == [[0, 0]]
+    assert like.shape == (1, 2) and like.dtype == default_int(device) and like.tolist() == [[0, 0]]
     assert Tensor.empty((4,), dtype="int8", device=device).dtype == dtypes.int8
 
 
@@ -67,14 +68,17 @@ def test_constants_and_ranges_match_torch(device: str) -> None:
 # ---- random numbers: reproducible, and the same on every device
 
 
-def draws(device: str) -> dict[str, np.ndarray]:
-    """One of each random op, after seeding."""
+def draws(device: str, wide: bool | None = None) -> dict[str, np.ndarray]:
+    """One of each random op, after seeding; `wide`: a randint range past int32 (where the device has int64)."""
     Tensor.manual_seed(1234)
+    wide = default_int(device) == dtypes.int64 if wide is None else wide
     return {
         "rand": Tensor.rand(5, 7, device=device).numpy(),
         "rand_f16": Tensor.rand(9, dtype="float16", device=device).numpy(),
         "randint": Tensor.randint(-50, 50, (4, 6), device=device).numpy(),
-        "randint_wide": Tensor.randint(-(2**40), 2**40, (5,), device=device).numpy(),
+        "randint_wide": Tensor.randint(-(2**40) if wide else -(2**31), 2**40 if wide else 2**31, (5,), device=device)
+        .numpy()
+        .astype(np.int64),
         "randn": Tensor.randn(6, 8, device=device).numpy(),
         "uniform": Tensor.uniform(12, low=-3.0, high=0.5, device=device).numpy(),
         "normal": Tensor.normal(3, 4, mean=2.0, std=0.1, device=device).numpy(),
@@ -96,7 +100,8 @@ def test_manual_seed_repeats_the_numbers(device: str) -> None:
 
 
 def test_same_numbers_on_every_device(device: str, python_device: str) -> None:
-    ours, reference = draws(device), draws(python_device)
+    wide = default_int(device) == dtypes.int64
+    ours, reference = draws(device, wide), draws(python_device, wide)
     for name in ("rand", "rand_f16", "randint", "randint_wide"):  # integer hashing and exact conversions
         np.testing.assert_array_equal(ours[name], reference[name], err_msg=f"{name} on {device}")
     # the rest uses only correctly rounded float ops (no device exp/log/sin), so it agrees to the bit where the
@@ -146,7 +151,7 @@ def test_uniform_and_normal_distributions(device: str) -> None:
 def test_randint(device: str) -> None:
     n = small(device, 5000, 60)
     x = Tensor.randint(-3, 4, (n,), device=device)
-    assert x.dtype == dtypes.int64 and x.shape == (n,)
+    assert x.dtype == default_int(device) and x.shape == (n,)
     v = x.numpy()
     assert v.min() >= -3 and v.max() <= 3
     assert set(v.tolist()) == set(range(-3, 4)), "some values in [-3, 4) never came"

@@ -1,6 +1,7 @@
 """A device whose renderer leaves dtypes out of its caps (WEBGPU: WGSL has no float64, int64 or uint64) refuses them
 where the op is called, with an error that names the device, the dtype and the dtypes it does compute in; it never
-gets as far as a shader compiler."""
+gets as far as a shader compiler. On a device without int64 the default int is int32: Python ints, NumPy's int64
+arrays (where their values fit), indices and integer sums are int32 there."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def refuses_clearly(device: str, dtype: DType) -> None:
         lambda: Tensor([1.0, 2.0], device=device).cast(dtype),
         lambda: Tensor.zeros(2, device=device, dtype=dtype),
         lambda: Tensor.arange(3, device=device, dtype=dtype),
-        lambda: Tensor(np.ones(2, dtype=np.dtype(dtype.fmt)), device=device),
+        lambda: Tensor(np.full(2, 2**40, dtype=np.dtype(dtype.fmt)), device=device),  # int64 narrows where it fits
     )
     for make in makers:
         with pytest.raises(TypeError) as e:
@@ -45,5 +46,35 @@ def test_webgpu_has_no_64_bit_dtypes() -> None:
     assert not set(WIDE) & caps and {dtypes.int8, dtypes.uint16, dtypes.bfloat16, dtypes.bool} <= caps
     for dtype in WIDE:
         refuses_clearly(device, dtype)
-    with pytest.raises(TypeError, match="cannot compute in int64"):
-        Tensor([1, 2], device=device)  # Python ints are int64, as in PyTorch
+    default_int_is_int32(device)
+
+
+def default_int_is_int32(device: str) -> None:
+    """Where PyTorch gives int64 by default, a device without it gives int32; int64 asked for is refused."""
+    i32 = dtypes.int32
+    assert Tensor([1, 2], device=device).dtype == i32 and Tensor(7, device=device).dtype == i32
+    assert Tensor.arange(4, device=device).dtype == i32 and Tensor.randint(9, (3,), device=device).dtype == i32
+    small = Tensor(np.array([[3, -1], [2, 5]]), device=device)  # NumPy's int64, values that fit
+    assert small.dtype == i32 and small.tolist() == [[3, -1], [2, 5]]
+    x = Tensor([[1.0, 5.0, 2.0], [7.0, 0.0, 7.0]], device=device)
+    for out, want in (
+        (small.sum(), 9),
+        (small.sum(1), [2, 7]),
+        (Tensor([True, True, False], device=device).sum(), 2),
+        (small.cumsum(1), [[3, 2], [2, 7]]),
+        (x.argmax(1), [1, 0]),
+        (x.argmin(), 4),
+        (x.sort(1)[1], [[0, 2, 1], [1, 0, 2]]),
+        (x.topk(1)[1], [[1], [0]]),
+        (Tensor([0, 2], device=device).one_hot(3), [[1, 0, 0], [0, 0, 1]]),
+        (Tensor([True, False], device=device) + 1, [2, 1]),
+    ):
+        assert out.dtype == i32 and out.tolist() == want, (out.dtype, out.tolist(), want)
+    for make in (
+        lambda: Tensor([1, 2], device=device, dtype=dtypes.int64),
+        lambda: Tensor(np.array([2**40]), device=device),
+        lambda: Tensor.randint(-(2**40), 2**40, (2,), device=device),
+        lambda: small.sum(dtype=dtypes.int64),
+    ):
+        with pytest.raises(TypeError, match=f"device {device} cannot compute in int64"):
+            make()

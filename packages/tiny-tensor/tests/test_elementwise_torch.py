@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from tensor_helpers import torch_dtype_on
 from torch_compare import compare
 
 from tiny.tensor import Tensor, dtypes
@@ -147,7 +148,7 @@ def forward(device: str, fn: Callable, *arrays: np.ndarray, rtol: float = 1e-5, 
     out = fn(*(Tensor(a, device=device) for a in arrays))
     ref = fn(*(torch.tensor(a) for a in arrays)).numpy()
     got = out.numpy()
-    assert got.dtype == ref.dtype, f"dtype {got.dtype}, torch gives {ref.dtype}"
+    assert got.dtype == torch_dtype_on(device, ref.dtype), f"dtype {got.dtype}, torch gives {ref.dtype}"
     assert got.shape == ref.shape
     if got.dtype.kind == "f":
         np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), rtol=rtol, atol=atol)

@@ -266,13 +266,14 @@ def test_dtype_the_device_cannot_run(null_without):
     assert Tensor([1.0], device=dev).dtype == dtypes.float32
 
 
-def test_int64_missing_makes_int_sums_fail_early(null_without):
+def test_without_int64_the_default_int_is_int32(null_without):
     dev = null_without(dtypes.int64)
-    t = Tensor([1, 2], device=dev, dtype=dtypes.int32)
+    t = Tensor([1, 2], device=dev)  # Python ints: int64 in PyTorch, int32 on a device without it
+    assert t.dtype == dtypes.int32 and t.sum().dtype == dtypes.int32 and t.argmax().dtype == dtypes.int32
     with pytest.raises(TypeError, match="int64"):
-        t.sum()  # integer sums accumulate in int64, as in PyTorch
+        t.sum(dtype=dtypes.int64)  # asked for: refused at the call
     with pytest.raises(TypeError, match="int64"):
-        Tensor([1, 2], device=dev)  # Python ints are int64
+        Tensor([1, 2], device=dev, dtype="int64")
 
 
 def test_caps_are_restored_after_the_fixture():

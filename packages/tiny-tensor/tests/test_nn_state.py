@@ -20,7 +20,8 @@ import pytest
 from tiny.nn import datasets
 from tiny.nn.datasets import mnist
 from tiny.nn.state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save, torch_load
-from tiny.tensor import Tensor, dtypes
+from tiny.tensor import Device, Tensor, dtypes
+from tiny.tensor.checks import default_int
 
 # ---------------------------------------------------------------- walking a model
 
@@ -62,12 +63,12 @@ def test_load_state_dict_assigns_in_place_with_casts() -> None:
     dst.layers[0].weight.requires_grad = True
     weight = dst.layers[0].weight
     state = {k: v.numpy() if k.endswith("bias") else v for k, v in get_state_dict(src).items()}
-    state["pair.0"] = Tensor([7.0, 8.0])  # float into an int64 tensor: cast
+    state["pair.0"] = Tensor([7.0, 8.0])  # float into an int tensor: cast
     load_state_dict(dst, state)
     assert dst.layers[0].weight is weight and weight.requires_grad
     np.testing.assert_array_equal(weight.numpy(), src.layers[0].weight.numpy())
     np.testing.assert_array_equal(dst.layers[1].bias.numpy(), src.layers[1].bias.numpy())
-    assert dst.pair[0].dtype == dtypes.int64 and dst.pair[0].tolist() == [7, 8]
+    assert dst.pair[0].dtype == default_int(Device.DEFAULT) and dst.pair[0].tolist() == [7, 8]
 
 
 def test_load_state_dict_strict_lists_every_problem() -> None:
@@ -245,7 +246,7 @@ def test_mnist_reads_idx_files(tmp_path: Path, compress: bool) -> None:
     arrays = _fake_mnist(tmp_path, compress=compress)
     x_train, y_train, x_test, y_test = mnist(tmp_path)
     assert x_train.shape == (5, 1, 28, 28) and x_train.dtype == dtypes.uint8
-    assert y_train.shape == (5,) and y_train.dtype == dtypes.int64 and x_test.shape == (3, 1, 28, 28)
+    assert y_train.shape == (5,) and y_train.dtype == default_int(Device.DEFAULT) and x_test.shape == (3, 1, 28, 28)
     np.testing.assert_array_equal(x_train.numpy()[:, 0], arrays[0])
     np.testing.assert_array_equal(y_test.numpy(), arrays[3])
 

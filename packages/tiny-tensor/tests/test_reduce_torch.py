@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from tensor_helpers import torch_dtype_on
 from torch_compare import compare
 
 from tiny.ir.uop import Ops
@@ -37,7 +38,7 @@ def same(device: str, ours: Callable, theirs: Callable, data: np.ndarray | list)
     for o, r in zip(outs, refs):
         r = r.numpy()
         assert o.shape == r.shape, f"shape {o.shape}, torch has {r.shape}"
-        assert o.numpy().dtype == r.dtype, f"dtype {o.dtype.name}, torch has {r.dtype}"
+        assert o.numpy().dtype == torch_dtype_on(device, r.dtype), f"dtype {o.dtype.name}, torch has {r.dtype}"
         if r.dtype.kind == "f":
             np.testing.assert_allclose(o.numpy(), r, rtol=1e-5, atol=1e-6)
         else:

@@ -9,6 +9,7 @@ import pytest
 from tensor_helpers import assert_matches, np_dtype, open_device, round_bf16, small
 
 from tiny.tensor import Device, GlobalCounters, Tensor, dtypes
+from tiny.tensor.checks import default_int, on_device
 
 F32, I64, BOOL = dtypes.float32, dtypes.int64, dtypes.bool
 ALL_DTYPES = list(dtypes.all())
@@ -23,6 +24,7 @@ ALL_DTYPES = list(dtypes.all())
 )
 def test_from_python_scalar(device, value, dtype, pyt):
     t = Tensor(value, device=device)
+    dtype = on_device(dtype, device)  # Python ints are int64, or int32 on a device without int64
     assert t.shape == () and t.ndim == 0 and t.numel() == 1
     assert t.dtype == dtype and t.device == device
     item = t.item()
@@ -47,7 +49,7 @@ def test_from_python_scalar(device, value, dtype, pyt):
 )
 def test_from_lists(device, data, dtype):
     t = Tensor(data, device=device)
-    ref = np.array(data)
+    ref, dtype = np.array(data), on_device(dtype, device)
     assert t.dtype == dtype and t.shape == ref.shape
     assert t.tolist() == ref.astype(np_dtype(dtype)).tolist()
     assert_matches(t, ref, dtype)
@@ -60,7 +62,7 @@ def test_from_list_of_numpy_scalars(device):
     assert t.dtype == F32
     assert_matches(t, arr, F32)
     i = Tensor([np.int64(3), np.int64(-4)], device=device)
-    assert i.dtype == I64 and i.tolist() == [3, -4]
+    assert i.dtype == default_int(device) and i.tolist() == [3, -4]
     assert Tensor([np.bool_(True), np.bool_(False)], device=device).tolist() == [True, False]
 
 

@@ -116,8 +116,9 @@ def _storage_type(dt: DType, written: bool) -> str:
 
 
 class WGSLRenderer(Renderer):
-    """WGSL for the WEBGPU device. target: 'f16;max_workgroups=N;local=X,Y,Z;local_total=N;shared=BYTES;buffers=N',
-    as the device reads them from its adapter; without one, WebGPU's default limits and no float16."""
+    """WGSL for the WEBGPU device. target: 'f16;max_workgroups=N;local=X,Y,Z;local_total=N;shared=BYTES;buffers=N;
+    loops=N', as the device reads them from its adapter (loops: llvmpipe ends a shader after that many loop iterations);
+    without one, WebGPU's default limits and no float16."""
 
     def __init__(self, target: str = "") -> None:
         super().__init__(target)
@@ -136,6 +137,7 @@ class WGSLRenderer(Renderer):
             vector_width=1,
             dtypes=frozenset(dtypes.all()) - left_out,
             max_buffers=int(t.get("buffers", 8)),  # storage buffers per shader stage: buffers and variables
+            max_loop_iterations=int(t.get("loops", 0)),
         )
 
     # ---- values
@@ -309,7 +311,28 @@ class WGSLRenderer(Renderer):
 
     # ---- the kernel
 
+    def check_loops(self, name: str, uops: list[UOp]) -> None:
+        """Refuse a kernel whose threads would loop more often than the driver lets a shader run (llvmpipe stops it
+        after 65535 iterations of all its loops and keeps what it had: a wrong answer, silently)."""
+        limit = self.caps.max_loop_iterations
+        if not limit:
+            return
+        total, enclosing = 0, [1]
+        for u in uops:
+            if u.op is Ops.RANGE:
+                enclosing.append(enclosing[-1] * int(u.src[0].vmax))
+                total += enclosing[-1]
+            elif u.op is Ops.ENDRANGE:
+                enclosing.pop()
+        if total > limit:
+            raise ValueError(
+                f"kernel {name} runs {total} loop iterations in each thread and this WebGPU driver stops a shader "
+                f"after {limit} (llvmpipe); the scheduler splits reductions longer than that, so this kernel's loops "
+                "come from elsewhere: reduce the size of the tensors (or use another device)"
+            )
+
     def render(self, name: str, uops: list[UOp]) -> str:
+        self.check_loops(name, uops)
         names: dict[UOp, str] = {}
         decls: list[str] = []
         body: list[str] = []

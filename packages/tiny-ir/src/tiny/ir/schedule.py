@@ -12,9 +12,10 @@ VIEWs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from tiny.ir.device import Buffer, buffer_of, device_computes, kernel_buffer_limit, new_buffer, new_buffer_view
+from tiny.ir.device import Buffer, buffer_of, device_computes, new_buffer, new_buffer_view, opened_caps
 from tiny.ir.dtypes import dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
 from tiny.ir.uop import GroupOp, Ops, UOp, evaluate
@@ -258,13 +259,20 @@ SPLIT_MAX_OUT = 16  # ... at most this many outputs runs as two kernels, the fir
 
 def _split_reduce(r: UOp) -> UOp | None:
     """REDUCE(x over n) with few outputs -> REDUCE(REDUCE(x as (d, n/d) over n/d) over d): d partial results, each
-    over a contiguous stretch, then one small reduction of the partials (a reduction under a reduction realizes)."""
+    over a contiguous stretch, then one small reduction of the partials (a reduction under a reduction realizes).
+    Also for any number of outputs where n is more loop iterations than the device runs in one thread."""
     x, (op, axes) = r.source, r.arg
     axes = tuple(sorted(axes))
     n = _prod([x.shape[a] for a in axes])
-    if n < SPLIT_MIN or _prod(r.shape) > SPLIT_MAX_OUT or axes != tuple(range(axes[0], axes[-1] + 1)):
+    if axes != tuple(range(axes[0], axes[-1] + 1)):
         return None
-    d = next((d for d in (256, 128, 64, 32, 16, 8) if n % d == 0 and n // d >= 1024), None)
+    loops = caps.max_loop_iterations if (caps := opened_caps(r.device)) is not None else 0
+    if loops and n > loops:  # two stages of about sqrt(n) iterations each
+        d = next((d for d in range(math.isqrt(n), 1, -1) if n % d == 0 and n // d <= loops), None)
+    elif n >= SPLIT_MIN and _prod(r.shape) <= SPLIT_MAX_OUT:
+        d = next((d for d in (256, 128, 64, 32, 16, 8) if n % d == 0 and n // d >= 1024), None)
+    else:
+        return None
     if d is None:
         return None
     a0, a1 = axes[0], axes[-1]
@@ -370,7 +378,7 @@ def _item(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> ScheduleItem:
         )
     builder = _KernelBuilder(u, realize, buffers)
     ast = builder.build()
-    limit = kernel_buffer_limit(u.device)
+    limit = caps.max_buffers if (caps := opened_caps(u.device)) is not None else 0
     if limit and len(builder.args) + (n_vars := sum(x.op is Ops.DEFINE_VAR for x in ast.toposort)) > limit:
         raise _Unexpressible(_split_point(u, realize, limit - n_vars - 1, len(builder.args)))
     return ScheduleItem(ast, tuple(buffer_of(b) for b in builder.args))

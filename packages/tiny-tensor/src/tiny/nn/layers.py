@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.dtypes import DType
 from tiny.tensor import Tensor
 
 IntOrSeq = int | Sequence[int]
@@ -248,7 +248,7 @@ class _NormBase:
         if track_running_stats:
             self.running_mean: Tensor | None = _buffer(Tensor.zeros(num_features, dtype=dtype, device=device))
             self.running_var: Tensor | None = _buffer(Tensor.ones(num_features, dtype=dtype, device=device))
-            self.num_batches_tracked: Tensor | None = _buffer(Tensor.zeros((), dtype=dtypes.int64, device=device))
+            self.num_batches_tracked: Tensor | None = _buffer(Tensor.full((), 0, device=device))
         else:
             self.running_mean = self.running_var = self.num_batches_tracked = None
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tiny.ir.device import Device, device_supports
-from tiny.ir.dtypes import DType, truncate
+from tiny.ir.dtypes import DType, dtypes, truncate
 from tiny.ir.uop import Ops, UOp
 
 Scalar = int | float | bool
@@ -15,6 +15,25 @@ def check_dtype(device: str, dtype: DType) -> None:
             f"device {device} cannot compute in {dtype.name} (its renderer supports "
             f"{sorted(d.name for d in Device[device].renderer.caps.dtypes)})"
         )
+
+
+def default_int(device: str) -> DType:
+    """The integer dtype a device gives Python ints, indices and integer sums: int64 as in PyTorch, or int32
+    where the device has no 64-bit integers (WebGPU)."""
+    return dtypes.int64 if device_supports(device, dtypes.int64) else dtypes.int32
+
+
+def wide_ints(device: str, why: str) -> None:
+    """Refuse values only int64 holds on a device without int64, with check_dtype's message and the reason."""
+    try:
+        check_dtype(device, dtypes.int64)
+    except TypeError as e:
+        raise TypeError(f"{e}; {why}") from None
+
+
+def on_device(dtype: DType, device: str) -> DType:
+    """A dtype chosen by default (not asked for) as the device holds it: int64 narrows to default_int."""
+    return default_int(device) if dtype == dtypes.int64 else dtype
 
 
 def const(value: Scalar, dtype: DType, device: str) -> UOp:

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tiny.ir.device import Device
 from tiny.ir.dtypes import DType, dtypes, to_dtype
 from tiny.tensor.base import TensorBase
+from tiny.tensor.checks import default_int, on_device, wide_ints
 from tiny.tensor.shapes import prod, shape_arg
 
 if TYPE_CHECKING:
@@ -92,13 +94,14 @@ class CreationOps(TensorBase):
             start, stop = 0, start
         if step == 0:
             raise ValueError("arange() step must not be zero")
-        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
+        dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+        dt = to_dtype(dtype) if dtype is not None else on_device(dtypes.from_py([start, stop, step]), dev)
         n = max(0, math.ceil((stop - start) / step))
         return cls(
             np.arange(n, dtype=np.float64) * step + start
             if dt.is_float
             else np.arange(start, stop, step, dtype=np.int64),
-            device=device,
+            device=dev,
             dtype=dt,
         )
 
@@ -243,17 +246,20 @@ class CreationOps(TensorBase):
                 raise TypeError(f"randint() takes an int as {name}, got {v!r}")
         if low >= high:
             raise ValueError(f"randint() needs low < high, got low={low} and high={high}")
-        dt = to_dtype(dtype) if dtype is not None else dtypes.default_int
+        dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+        dt = to_dtype(dtype) if dtype is not None else default_int(dev)
+        if dtype is None and (low < dt.min or high - 1 > dt.max):
+            wide_ints(dev, f"randint() of [{low}, {high}) needs int64")
         if dt.is_bool or (dt.is_int and (low < dt.min or high - 1 > dt.max)):
             raise ValueError(f"randint() of [{low}, {high}) does not fit dtype {dt.name}")
         shp = shape_arg(shape if shape is not None else ())
         span = high - low
-        bits = cls._random_bits(shp, device)
+        bits = cls._random_bits(shp, dev)
         if span > 2**32:  # a 64-bit draw from two 32-bit ones
-            bits = (bits.cast(dtypes.uint64) << 32) | cls._random_bits(shp, device).cast(dtypes.uint64)
+            bits = (bits.cast(dtypes.uint64) << 32) | cls._random_bits(shp, dev).cast(dtypes.uint64)
         offset = bits % span if span < 2**32 else bits.cast(dtypes.uint64) % span
         if dt.is_float:
-            return (offset.cast(dtypes.int64) + low).cast(dt)
+            return (offset.cast(default_int(dev)) + low).cast(dt)
         return offset.cast(dt) + low  # wraps back into range where low < 0
 
     @classmethod

@@ -19,7 +19,7 @@ from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
 from tiny.ir.schedule import data_view
 from tiny.ir.uop import GroupOp, Ops, UOp
 from tiny.tensor.base import TensorBase
-from tiny.tensor.checks import check_dtype
+from tiny.tensor.checks import check_dtype, default_int
 from tiny.tensor.shapes import broadcast_shape
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class ElementwiseOps(TensorBase):
             if isinstance(y, bool):
                 dt = x.dtype
             elif isinstance(y, int):
-                dt = x.dtype if not x.dtype.is_bool else dtypes.default_int
+                dt = x.dtype if not x.dtype.is_bool else default_int(x.device)
             else:
                 dt = x.dtype if x.dtype.is_float else dtypes.default_float
             y = type(self)(y, device=x.device, dtype=dt)
@@ -208,7 +208,7 @@ class ElementwiseOps(TensorBase):
             return out
         a, b = self._broadcasted(x, reverse)
         if a.dtype.is_bool:
-            a, b = a.cast(dtypes.default_int), b.cast(dtypes.default_int)
+            a, b = a.cast(default_int(a.device)), b.cast(default_int(a.device))
         if a.dtype.is_int:
             return a._int_pow(b, x if not reverse and isinstance(x, int) else None)
         mag = (b * a.abs().log2()).exp2()

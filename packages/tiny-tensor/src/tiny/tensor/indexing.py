@@ -20,6 +20,7 @@ import numpy as np
 
 from tiny.ir.dtypes import dtypes, least_upper_dtype
 from tiny.tensor.base import TensorBase
+from tiny.tensor.checks import default_int
 from tiny.tensor.shapes import broadcast_shape, normalize_axis
 
 if TYPE_CHECKING:
@@ -326,8 +327,9 @@ class IndexingOps(TensorBase):
         return keep(rows, cols).where(self, self.zeros_like())
 
     def one_hot(self, num_classes: int = -1) -> Tensor:
-        """int64 one-hot vectors along a new last dim, as torch.nn.functional.one_hot. num_classes=-1 uses
-        max + 1, which realizes this tensor and reads its maximum. Values outside [0, num_classes) give all zeros.
+        """One-hot vectors along a new last dim, as torch.nn.functional.one_hot, in the default int (int64; int32
+        on a device without it). num_classes=-1 uses max + 1, which realizes this tensor and reads its maximum.
+        Values outside [0, num_classes) give all zeros.
 
         >>> Tensor([0, 2]).one_hot(3).tolist()
         [[1, 0, 0], [0, 0, 1]]
@@ -340,7 +342,8 @@ class IndexingOps(TensorBase):
             num_classes = int(self.max().item()) + 1
         if not isinstance(num_classes, int) or num_classes < 0:
             raise ValueError(f"one_hot needs num_classes >= 0 (or -1), got {num_classes!r}")
-        return (self.unsqueeze(-1) == self._arange_along(num_classes, self.ndim, self.ndim + 1)).cast(dtypes.int64)
+        hot = self.unsqueeze(-1) == self._arange_along(num_classes, self.ndim, self.ndim + 1)
+        return hot.cast(default_int(self.device))
 
     # ---------------------------------------------------------------- gather and scatter
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import is_realized, memory_of
 from tiny.ir.uop import GroupOp, Ops, UOp
 from tiny.tensor.base import TensorBase
+from tiny.tensor.checks import default_int
 from tiny.tensor.gradient import compute_gradient
 from tiny.tensor.shapes import broadcast_shape
 
@@ -47,7 +47,7 @@ class InplaceOps(TensorBase):
         v = value if isinstance(value, TensorBase) else type(self)(value, device=self.device, dtype=self.dtype)
         if v.device != self.device:
             raise ValueError(f"setting values from a tensor on {v.device} into one on {self.device}; use .to()")
-        work = self.dtype if self.dtype.is_float else dtypes.int64  # exact for every integer and bool
+        work = self.dtype if self.dtype.is_float else default_int(self.device)  # exact for integers and bools
         v = _fitted(v, part.shape, "the selection").cast(self.dtype).cast(work)
         # where the selected elements sit in self: the gradient of the selection, seeded with the values (and 1s)
         placed, hits = (compute_gradient(part.uop, seed.uop, [self.uop])[0] for seed in (v, part.ones_like(work)))

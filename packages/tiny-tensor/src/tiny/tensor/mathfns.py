@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import Ops
 from tiny.tensor.base import TensorBase
+from tiny.tensor.checks import default_int
 from tiny.tensor.elementwise import _float32_math
 from tiny.tensor.shapes import broadcast_shape
 
@@ -125,7 +126,7 @@ class MathOps(TensorBase):
         >>> Tensor([-3, 2]).square().tolist()
         [9, 4]
         """
-        x = self.cast(dtypes.default_int) if self.dtype.is_bool else self
+        x = self.cast(default_int(self.device)) if self.dtype.is_bool else self
         return x * x
 
     # ---- trigonometry

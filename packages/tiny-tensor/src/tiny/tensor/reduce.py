@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
+from tiny.tensor.checks import default_int
 from tiny.tensor.shapes import broadcast_shape, normalize_axes, normalize_axis, prod
 
 if TYPE_CHECKING:
@@ -39,19 +40,23 @@ class ReduceOps(TensorBase):
         return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
     def _accumulated(self, op: Ops, axis: Axis, keepdim: bool, dtype: DType | str | None) -> Tensor:
-        """A sum or product with PyTorch's result dtype: ints and bools give int64, half precision
-        accumulates in float32 and comes back in its own dtype."""
+        """A sum or product with PyTorch's result dtype: ints and bools give the default int
+        (int64; int32 on a device without it), half precision accumulates in float32 and comes back in its own dtype."""
         if dtype is not None:
             return self.cast(to_dtype(dtype))._reduce(op, axis, keepdim)
         if self.dtype.is_bool or self.dtype.is_int:
-            return self._reduce(op, axis, keepdim, dtypes.uint64 if self.dtype == dtypes.uint64 else dtypes.int64)
+            return self._reduce(op, axis, keepdim, self._wide_int())
         if self.dtype.itemsize < 4:
             return self._reduce(op, axis, keepdim, dtypes.float32).cast(self.dtype)
         return self._reduce(op, axis, keepdim)
 
+    def _wide_int(self) -> DType:
+        """The dtype integer sums and scans accumulate in: uint64 for uint64, else the device's default int."""
+        return dtypes.uint64 if self.dtype == dtypes.uint64 else default_int(self.device)
+
     def sum(self, axis: Axis = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
-        """Sum over axes (all of them by default); integers and bools sum as int64, half precision
-        accumulates in float32. An empty sum is 0.
+        """Sum over axes (all of them by default); integers and bools sum as int64 (int32 on a
+        device without it), half precision accumulates in float32. An empty sum is 0.
 
         >>> Tensor([[1, 2], [3, 4]]).sum(axis=-1).tolist()
         [3, 7]
@@ -107,7 +112,8 @@ class ReduceOps(TensorBase):
             raise ValueError(f"{name}() of an empty dimension has no identity; shape {self.shape}, axis {axis}")
 
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
-        """The index (int64) of the largest value along an axis, or in the flattened tensor when axis is None.
+        """The index (int64; int32 on a device without it) of the largest value along an axis, or in the
+        flattened tensor when axis is None.
         Of equal largest values the first wins; a NaN counts as the largest, as in PyTorch.
 
         >>> Tensor([[1.0, 5.0, 5.0], [7.0, 2.0, 7.0]]).argmax(axis=1).tolist()
@@ -120,7 +126,7 @@ class ReduceOps(TensorBase):
             raise TypeError(f"argmax()/argmin() take one int axis or None, got {axis!r}")
         ax = normalize_axis(axis, self.ndim)
         if self.ndim == 0:
-            return self.full_like(0, dtypes.int64)
+            return self.full_like(0, default_int(self.device))
         n = self.shape[ax]
         if n == 0:
             raise ValueError(f"argmax()/argmin() of an empty dimension; shape {self.shape}, axis {axis}")
@@ -131,10 +137,11 @@ class ReduceOps(TensorBase):
         # n - j for position j, so the max over the hits is the first of them
         countdown = self.arange(n, 0, -1, dtype=dtypes.int32, device=self.device).reshape(_along(n, ax, self.ndim))
         first = n - hit.where(countdown, 0)._reduce(Ops.MAX, ax, keepdim)
-        return first.cast(dtypes.int64)
+        return first.cast(default_int(self.device))
 
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
-        """The index (int64) of the smallest value; of equal ones the first wins, and a NaN counts as the smallest.
+        """The index (default int) of the smallest value; of equal ones the first wins, and a NaN counts as the
+        smallest.
 
         >>> Tensor([[4, 2, 2], [0, 9, 0]]).argmin(axis=-1).tolist()
         [1, 0]
@@ -316,7 +323,7 @@ class ReduceOps(TensorBase):
         """
         ax = self._scan_axis(axis)
         if self.ndim == 0 or self.shape[ax] == 0:
-            return (self, self.zeros_like(dtypes.int64)) if return_indices else self
+            return (self, self.zeros_like(default_int(self.device))) if return_indices else self
         n = self.shape[ax]
         running = self.detach()._scan(Ops.MAX, ax)
         new_top = self == running  # where the running max was (re)reached: the last such j <= i is its index
@@ -327,7 +334,7 @@ class ReduceOps(TensorBase):
         if self.dtype.is_float:  # values as x[index], a one-hot pick: each value's gradient goes where it came from
             picked = index.unsqueeze(ax + 1) == self._positions(n, ax + 1, self.ndim + 1)  # [..., i, j, ...]
             values = picked.where(self.unsqueeze(ax), 0.0)._reduce(Ops.ADD, ax + 1, False)
-        return (values, index.cast(dtypes.int64)) if return_indices else values
+        return (values, index.cast(default_int(self.device))) if return_indices else values
 
     def cummin(self, axis: int = 0, return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Running minima along an axis; with return_indices, (values, indices) as torch.cummin.
@@ -350,7 +357,7 @@ class ReduceOps(TensorBase):
     def _accumulated_scan(self, op: Ops, axis: int) -> Tensor:
         ax = self._scan_axis(axis)
         if self.dtype.is_bool or self.dtype.is_int:
-            x = self.cast(dtypes.uint64 if self.dtype == dtypes.uint64 else dtypes.int64)
+            x = self.cast(self._wide_int())
         else:
             x = self.cast(dtypes.float32) if self.dtype.itemsize < 4 else self
         out = x if x.ndim == 0 or x.shape[ax] == 0 else x._scan(op, ax)
@@ -421,11 +428,11 @@ class ReduceOps(TensorBase):
         """The first k elements along axis ax in sorted order, and their indices: each element's rank is the
         number of elements that sort before it, and output slot r picks the element of rank r."""
         if self.ndim == 0:
-            return self, self.zeros_like(dtypes.int64)
+            return self, self.zeros_like(default_int(self.device))
         n, nd = self.shape[ax], self.ndim + 1
         if n == 0 or k == 0:
             values = self.shrink(_on(ax, self.ndim, (0, k), None))
-            return values, values.zeros_like(dtypes.int64)
+            return values, values.zeros_like(default_int(self.device))
         mine, other = self.unsqueeze(ax + 1), self.unsqueeze(ax)  # [..., i, j, ...]: element i against element j
         ahead = _sorts_before(mine, other) if descending else _sorts_before(other, mine)
         j = self._positions(n, ax + 1, nd)
@@ -436,7 +443,7 @@ class ReduceOps(TensorBase):
             values = picked.where(self.unsqueeze(ax), 0.0)._reduce(Ops.ADD, ax + 1, False)
         else:
             values = picked.where(self.unsqueeze(ax), self.dtype.min)._reduce(Ops.MAX, ax + 1, False)
-        indices = picked.where(j, 0)._reduce(Ops.ADD, ax + 1, False).cast(dtypes.int64)
+        indices = picked.where(j, 0)._reduce(Ops.ADD, ax + 1, False).cast(default_int(self.device))
         return values, indices
 
     # ---- matmul

@@ -15,7 +15,7 @@ from tiny.ir.schedule import ScheduleItem, create_schedule, is_realized
 from tiny.ir.uop import Ops, UOp, substitute
 from tiny.tensor.activations import ActivationOps
 from tiny.tensor.autograd import AutogradOps, no_grad_wrap, record_origins
-from tiny.tensor.checks import check_dtype, const
+from tiny.tensor.checks import check_dtype, const, default_int, on_device, wide_ints
 from tiny.tensor.creation import CreationOps
 from tiny.tensor.elementwise import ElementwiseOps
 from tiny.tensor.functional import FunctionalOps
@@ -74,12 +74,13 @@ class Tensor(
         if isinstance(data, Tensor):
             self.uop = data.to(dev).cast(dt or data.dtype).uop
         elif isinstance(data, (bool, int, float)):
-            dt = dt or dtypes.from_py(data)
+            dt = dt or on_device(dtypes.from_py(data), dev)
             check_dtype(dev, dt)
             self.uop = const(data, dt, dev)
         elif isinstance(data, (list, tuple, np.ndarray)) or hasattr(data, "__array__"):
             if isinstance(data, (list, tuple)):
-                arr = np.array(data, dtype=_np_dtype(dt or dtypes.from_py(data)) if dt != dtypes.bfloat16 else None)
+                inferred = dt or on_device(dtypes.from_py(data), dev)
+                arr = np.array(data, dtype=_np_dtype(inferred) if dt != dtypes.bfloat16 else None)
             else:
                 arr = np.asarray(data)
             if arr.dtype == object:
@@ -201,6 +202,12 @@ def _upload(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
     src_dt = _NP_TO_DTYPE.get(arr.dtype, dtypes.float64)
     if dtype is None and src_dt == dtypes.float64 and arr.dtype != np.float64:
         dtype = dtypes.default_float
+    if dtype is None and src_dt == dtypes.int64 and (narrow := default_int(device)) != dtypes.int64:
+        # NumPy's integers are int64 by default; a device without int64 takes them as its default int if they fit
+        info = np.iinfo(_np_dtype(narrow))
+        if arr.size and not (info.min <= arr.min() and arr.max() <= info.max):
+            wide_ints(device, f"these NumPy integers span {arr.min()}..{arr.max()}, more than {narrow.name} holds")
+        dtype = narrow
     dt = dtype or src_dt
     check_dtype(device, dt)
     if dt == dtypes.bfloat16:

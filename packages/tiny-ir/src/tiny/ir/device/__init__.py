@@ -57,6 +57,7 @@ class RendererCaps:
     dtypes: frozenset[DType] = frozenset(dtypes.all())  # dtypes it computes on
     tensor_cores: tuple[TensorCore, ...] = ()
     max_buffers: int = 0  # buffers and variables one kernel may bind (WebGPU: the adapter's limit); 0: no limit
+    max_loop_iterations: int = 0  # loop iterations one thread may run in all (llvmpipe stops at 65535); 0: no limit
     supports_float_div: bool = True
 
 
@@ -390,11 +391,11 @@ def device_computes(name: str) -> bool:
     return _class_computes(name.split(":", 1)[0].upper())
 
 
-def kernel_buffer_limit(name: str) -> int:
-    """The buffers (and variables) one kernel may bind on a device, from its renderer's caps; 0 for no limit.
-    Only an opened device has a renderer to ask: the scheduler plans for devices it has not opened as unlimited."""
+def opened_caps(name: str) -> RendererCaps | None:
+    """The renderer caps of an opened device that computes (its limits: buffers per kernel, loop iterations ...);
+    None for a device not opened: the scheduler plans for devices it has not opened as unlimited."""
     opened = Device._open.get(name)
-    return opened.renderer.caps.max_buffers if isinstance(opened, Compiled) and opened.computes else 0
+    return opened.renderer.caps if isinstance(opened, Compiled) and opened.computes else None
 
 
 @functools.cache
