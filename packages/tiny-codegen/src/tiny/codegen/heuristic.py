@@ -56,12 +56,17 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
         for p in list(k.of_kind(Kind.REDUCE)):  # small reduce dims (a convolution's window) written out in full
             if p.size <= SMALL_DIM and len(k.of_kind(Kind.REDUCE)) > 1:
                 attempt(OptOps.UNROLL, k.axes.index(p), (0,))
+        vector_loads = [v for v in loads if out_dim is not None and _stride(v, out_dim) == 1]
         if out_dim is not None:
             attempt(OptOps.UPCAST, _axis(k, out_dim), (2 * lanes, lanes, 4, 2) + _whole(k, out_dim))
-        for d in reversed([d for d in sorted(reuse) if d != out_dim]):  # more outputs per loaded value
+        # more outputs per loaded value: first along dims the vectors are broadcast along (each row of the tile
+        # reuses the vectors and costs one scalar), innermost first
+        tile_dims = sorted(reuse - {out_dim}, key=lambda d: (not any(_broadcast(v, d) for v in vector_loads), -d))
+        for d in tile_dims:
             if math.prod(p.size for p in k.of_kind(Kind.UPCAST)) >= TILE_LANES:
                 break
             attempt(OptOps.UPCAST, _axis(k, d), (4, 3, 2) + _whole(k, d))
+        _panel_order(k, out_dim, vector_loads, attempt)
         last_reduce = max(p.dim for p in k.of_kind(Kind.REDUCE)) if k.of_kind(Kind.REDUCE) else None
         if last_reduce is not None:
             attempt(OptOps.UNROLL, _axis(k, last_reduce), (4, 2))
@@ -124,6 +129,30 @@ def _tc_plan(k: Kernel, core: int, axis: int) -> list[Opt]:
     except KernelOptError:
         return []
     return plan
+
+
+def _panel_order(
+    k: Kernel,
+    out_dim: int | None,
+    vector_loads: list[View],
+    attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool],
+) -> None:
+    """Where the vectors come from a panel (a block of the tile's width by the whole reduction, contiguous: B copied
+    into panels for a matrix product), the loop over the dim the panel is broadcast along (A's rows) goes innermost:
+    one panel stays in cache while every row block passes it, instead of all of B streaming past each row block."""
+    reduce_parts = k.of_kind(Kind.REDUCE) + k.of_kind(Kind.UNROLL)
+    if out_dim is None or not reduce_parts:
+        return
+    inner_reduce = max(p.dim for p in reduce_parts)
+    width = math.prod(p.size for p in k.of_kind(Kind.UPCAST) if p.dim == out_dim)
+    globals_ = [p for p in k.axes if p.kind is Kind.GLOBAL]
+    for v in vector_loads:
+        if width != k.full_shape[out_dim] or _stride(v, inner_reduce) != width:
+            continue  # the tile's columns of this operand are not one contiguous block
+        rows = [p for p in globals_ if _broadcast(v, p.dim)]
+        if rows and globals_[-1] is not rows[-1]:
+            attempt(OptOps.SWAP, k.axes.index(rows[-1]), (k.axes.index(globals_[-1]),))
+        return
 
 
 def _local_opts(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> None:

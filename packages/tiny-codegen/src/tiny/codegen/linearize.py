@@ -3,8 +3,9 @@
 Loops nest as a tree. Output loops form a chain (in axis order); a REDUCE's loops hang below the
 deepest loop its result depends on. Each node is placed in the deepest loop it depends on, so work that
 does not change inside a loop is done outside it. A REDUCE becomes an accumulator (DEFINE_ACC) before
-its loops and an ASSIGN at the end of its innermost loop; its users read the ASSIGN after the loops. A sum of
-WMMAs (tensor cores) accumulates through the WMMA itself: the accumulator is its C operand.
+its loops and an ASSIGN at the end of its innermost loop (a sum of unrolled lanes is added to it lane by lane);
+its users read the ASSIGN after the loops. A sum of WMMAs (tensor cores) accumulates through the WMMA itself:
+the accumulator is its C operand.
 """
 
 from __future__ import annotations
@@ -63,6 +64,18 @@ class _Linearizer:
             if chain and r.arg is Ops.ADD and w.op is Ops.CONST:
                 self.wmma_chains[r.value] = chain
         chained = {w for chain in self.wmma_chains.values() for w in chain}
+        # a sum of unrolled lanes ((v0 + v1) + v2 ...) that only its REDUCE uses, computed inside its loop, is added
+        # to the accumulator one lane at a time ((acc + v0) + v1 ...): a chain of multiply-adds the compiler fuses
+        self.lane_terms: dict[UOp, list[UOp]] = {}
+        for r in self.reduces:
+            spine, terms, v = [], [], r.value
+            while v.op is r.arg and len(v.src) == 2 and uses[v] == 1 and r.ranges[-1] in self.scope[v]:
+                spine.append(v)
+                terms.append(v.src[1])
+                v = v.src[0]
+            if spine:
+                self.lane_terms[r.value] = [v] + terms[::-1]
+                chained.update(spine)
         for u in self.topo:
             if u in chained:
                 continue
@@ -192,11 +205,12 @@ class _Linearizer:
                     for w in reversed(self.wmma_chains[red.value]):  # the first WMMA of the chain first
                         a, b, _ = w.src
                         update = w.replace(src=(self.emit_src(a), self.emit_src(b), update))
-                        if w is not red.value:
-                            self.out.append(update)
+                        self.out.append(update)
                 else:
-                    update = acc.alu(red.arg, self.emit_src(red.value))
-                self.out.append(update)
+                    update = acc
+                    for term in self.lane_terms.get(red.value, [red.value]):
+                        update = update.alu(red.arg, self.emit_src(term))
+                        self.out.append(update)
                 assign = UOp(Ops.ASSIGN, red.dtype, (acc, update))
                 self.out.append(assign)
                 self.accs[red] = assign

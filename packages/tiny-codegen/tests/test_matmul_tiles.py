@@ -1,0 +1,108 @@
+"""Matrix products on the CPU: the register tile the hand-written rules choose, the loop order over B copied into
+panels (tiny.tensor's matmul makes that copy for big products), and sums of unrolled lanes added to the
+accumulator one lane at a time (a chain of multiply-adds)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from kernel_helpers import expand, move, reduce, tensor
+from test_cstyle import compilers
+
+from tiny.codegen import Kernel, Opt, OptOps
+from tiny.codegen.cstyle import CRenderer
+from tiny.codegen.heuristic import hand_opts
+from tiny.codegen.linearize import linearize
+from tiny.codegen.lower import lower
+from tiny.codegen.opt import Kind
+from tiny.codegen.vectorize import vectorize
+from tiny.ir.device import RendererCaps
+from tiny.ir.pattern import graph_rewrite
+from tiny.ir.schedule import create_schedule
+from tiny.ir.symbolic import symbolic
+from tiny.ir.uop import Ops, UOp
+
+CPU = RendererCaps(language="C", vector_width=8, threads=2)
+
+
+def ast_of(target: UOp) -> UOp:
+    return create_schedule([target]).items[-1].ast
+
+
+def panel_matmul(m: int, k: int, n: int, width: int = 16) -> UOp:
+    """C (m, n) = A (m, k) @ B where B is given as panels (n / width, k, width): the kernel's shape is
+    (m, n / width, width, k)."""
+    a, panels = tensor(m, k), tensor(n // width, k, width)
+    full = (m, n // width, width, k)
+    rows = expand(move(Ops.RESHAPE, a, (m, 1, 1, k)), full)
+    cols = expand(move(Ops.RESHAPE, move(Ops.PERMUTE, panels, (0, 2, 1)), (1, n // width, width, k)), full)
+    out = move(Ops.RESHAPE, reduce(rows * cols, (3,)), (m, n))
+    return ast_of(out)
+
+
+def plain_matmul(m: int, k: int, n: int) -> UOp:
+    a, b = tensor(m, k), tensor(k, n)
+    prod = expand(move(Ops.RESHAPE, a, (m, 1, k)), (m, n, k)) * expand(
+        move(Ops.RESHAPE, move(Ops.PERMUTE, b, (1, 0)), (1, n, k)), (m, n, k)
+    )
+    return ast_of(move(Ops.RESHAPE, reduce(prod, (2,)), (m, n)))
+
+
+def uops_of(ast: UOp, caps: RendererCaps, opts: list[Opt]) -> list[UOp]:
+    sink = graph_rewrite(graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=caps.vector_width * 4)
+    return linearize(sink)
+
+
+def global_order(k: Kernel) -> list[int]:
+    """The dims of the output loops, outermost first (the thread piece left out)."""
+    return [p.dim for p in k.parts if p.kind is Kind.GLOBAL]
+
+
+def test_panels_tile_rows_of_a_and_keep_a_panel_in_cache() -> None:
+    ast = panel_matmul(128, 128, 128)  # enough work to share across threads
+    k = Kernel(ast, CPU)
+    opts = hand_opts(k)
+    k.apply_opts(opts)
+    upcasts = {p.dim: p.size for p in k.of_kind(Kind.UPCAST)}
+    assert upcasts == {2: 16, 0: 4}, "two vectors of a panel's row times four rows of A (not four panels)"
+    assert global_order(k) == [1, 0], "the loop over panels outside, the loop over A's row blocks inside"
+    assert any(o.op is OptOps.SWAP for o in opts)
+    assert k.of_kind(Kind.THREAD) and k.of_kind(Kind.THREAD)[0].dim == 1, "threads take panels of their own"
+
+
+def test_plain_matmul_keeps_its_loop_order() -> None:
+    """B read in place: its column block is strided, so streaming B past a row block of A stays the order."""
+    for m, kk, n in ((64, 128, 64), (100, 30, 20)):
+        k = Kernel(plain_matmul(m, kk, n), CPU)
+        opts = hand_opts(k)
+        assert not any(o.op is OptOps.SWAP for o in opts), (m, kk, n, opts)
+        k.apply_opts(opts)
+        assert global_order(k)[-1] == 1, "columns of C innermost"
+
+
+def test_unrolled_lanes_add_to_the_accumulator_one_at_a_time() -> None:
+    ast = plain_matmul(8, 16, 8)
+    uops = uops_of(ast, CPU, [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UNROLL, 1, 4)])
+    (assign,) = [u for u in uops if u.op is Ops.ASSIGN]
+    acc, update = assign.src
+    chain = []
+    while update is not acc:
+        assert update.op is Ops.ADD, f"the update is a chain of adds onto the accumulator, found {update.op}"
+        chain.append(update.src[1])
+        update = update.src[0]
+    assert len(chain) == 4 and all(t.op is Ops.MUL for t in chain), "one product per unrolled lane"
+
+
+@pytest.mark.skipif(not compilers(), reason="no C compiler on PATH")
+def test_panel_kernel_compiles_to_fused_multiply_adds() -> None:
+    ast = panel_matmul(64, 128, 64)
+    r = CRenderer("x86_64;vector_width=8;threads=2;")
+    src = r.render("mm", uops_of(ast, r.caps, hand_opts(Kernel(ast, r.caps))))
+    assert "acc0 = ((((acc0+" in src, "lanes chained onto the accumulator"
+    cc = compilers()[0]
+    args = [cc, "-O2", "-mavx2", "-mfma", "-ffp-contract=fast", "-S", "-x", "c", "-", "-o", "-"]
+    out = subprocess.run(args, input=src.encode(), capture_output=True)
+    assert out.returncode == 0, out.stderr.decode()
+    asm = out.stdout.decode()
+    assert asm.count("vfmadd") >= 32, "8 accumulators x 4 unrolled steps, each a fused multiply-add"
