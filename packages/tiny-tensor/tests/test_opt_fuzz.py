@@ -30,9 +30,17 @@ def _t(*shape: int, dtype=dtypes.float32, device: str = "CPU") -> Tensor:  # noq
     return Tensor(rng.standard_normal(shape).astype(np.float32), device=device).cast(dtype).realize()
 
 
+def _panel_product(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b with b copied into panels of 16 columns, as matmul does for big products on the CPU."""
+    (m, k), n = a.shape, b.shape[1]
+    panels = b.reshape(k, n // 16, 16).permute(1, 0, 2).contiguous()
+    return (a.reshape(m, 1, 1, k) * panels.permute(0, 2, 1).reshape(1, n // 16, 16, k)).sum(3).reshape(m, n)
+
+
 # name -> (tensor program on a device); each makes one or more kernels, the last is fuzzed
 PROGRAMS: dict[str, Callable[[str], Tensor]] = {
     "matmul": lambda d: _t(13, 17, device=d) @ _t(17, 24, device=d),
+    "matmul_panels": lambda d: _panel_product(_t(12, 20, device=d), _t(20, 32, device=d)),
     "matmul_relu_bias": lambda d: ((_t(16, 32, device=d) @ _t(32, 8, device=d)) + _t(8, device=d)).relu(),
     "batched_matmul": lambda d: _t(3, 5, 7, device=d) @ _t(3, 7, 6, device=d),
     "conv2d": lambda d: _t(2, 3, 9, 9, device=d).conv2d(_t(4, 3, 3, 3, device=d), padding=1, stride=2),

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from tiny.ir.device import Device
 from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
@@ -26,6 +27,10 @@ Axis = int | Sequence[int] | None
 
 # a scan along an axis longer than this runs in blocks (see _scan); shorter ones compare all pairs at once
 SCAN_DIRECT_MAX = 64
+# matrix products on the CPU copy B into panels (see _panel_width) from this many elements of B and rows of A
+PANEL_MIN_B = 1 << 18
+PANEL_MIN_ROWS = 64
+PANEL_DTYPES = frozenset({dtypes.float32, dtypes.float64})
 
 
 class ReduceOps(TensorBase):
@@ -473,13 +478,19 @@ class ReduceOps(TensorBase):
         k = x2.shape[-1]
         batch = broadcast_shape(x2.shape[:-2], y2.shape[:-2])
         n, m = x2.shape[-2], y2.shape[-1]
-        a = x2._broadcast_to(batch + (n, k)).reshape(*batch, n, 1, k)
-        b = y2._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(*batch, 1, m, k)
         acc = dtypes.float32 if dt.is_float and dt.itemsize < 4 else dt
-        prod = (a * b).cast(acc)
-        out = self._new(
-            UOp(Ops.REDUCE_AXIS, acc, (prod._broadcast_to(batch + (n, m, k)).uop,), (Ops.ADD, (len(batch) + 2,)))
-        )
+        width = _panel_width(x.device, dt, prod(x2.shape[:-1]), m, k)
+        if width:  # B copied into panels of `width` columns, each contiguous: C's columns in panels too
+            panels = y2._panels(width).transpose(-1, -2)  # (..., m / width, width, k)
+            a = x2._broadcast_to(batch + (n, k)).reshape(*batch, n, 1, 1, k)
+            b = panels._broadcast_to(batch + panels.shape[-3:]).reshape(*batch, 1, *panels.shape[-3:])
+            full = batch + (n, m // width, width, k)
+        else:
+            a = x2._broadcast_to(batch + (n, k)).reshape(*batch, n, 1, k)
+            b = y2._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(*batch, 1, m, k)
+            full = batch + (n, m, k)
+        product = (a * b).cast(acc)
+        out = self._new(UOp(Ops.REDUCE_AXIS, acc, (product._broadcast_to(full).uop,), (Ops.ADD, (len(full) - 1,))))
         out = out.reshape(*batch, n, m).cast(dt)
         if self.ndim == 1:
             out = out.reshape(*out.shape[:-2], m) if w.ndim > 1 else out.reshape(*out.shape[:-2])
@@ -489,8 +500,33 @@ class ReduceOps(TensorBase):
 
     dot = matmul
 
+    def _panels(self, width: int) -> Tensor:
+        """A (..., k, m) matrix copied into m / width panels of `width` columns, each row of a panel next to the
+        last: (..., m / width, k, width), contiguous."""
+        *lead, k, m = self.shape
+        split = self.reshape(*lead, k, m // width, width)
+        nb = len(lead)
+        return split.permute(*range(nb), nb + 1, nb, nb + 2).contiguous()
+
 
 # ---------------------------------------------------------------- helpers
+
+
+def _panel_width(device: str, dtype: DType, rows: int, m: int, k: int) -> int:
+    """Columns per panel of B where a matrix product on a loop device (CPU) reads B from panels, else 0.
+
+    A register tile of C reads B `width` columns at a time down all k rows. Where B's rows are long, those reads
+    are a page or more apart: they evict each other from the cache and defeat the prefetcher, so the product waits
+    on memory. A copy of B in panels (each width x k block contiguous) costs one pass over B and lets a panel stay
+    in cache while every row block of A passes it. Only where B is too big for the cache anyway and enough rows
+    of A share the copy; width is two hardware vectors, the tile's width."""
+    caps = Device[device].renderer.caps
+    if caps.has_local or dtype not in PANEL_DTYPES:
+        return 0
+    width = 2 * max(1, caps.vector_width * 4 // dtype.itemsize)
+    if m % width or m * k < PANEL_MIN_B or rows < PANEL_MIN_ROWS:
+        return 0
+    return width
 
 
 def _along(n: int, axis: int, ndim: int) -> tuple[int, ...]:

@@ -1,0 +1,89 @@
+"""Big matrix products on the CPU read B from a copy in panels (tiny.tensor.reduce._panel_width): one more kernel,
+the same values, the same gradients; small ones, odd widths, integer products and devices with workgroups read B
+in place."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tiny.codegen.lower import kernel_name
+from tiny.tensor import Tensor, dtypes
+from tiny.tensor.reduce import PANEL_MIN_B, PANEL_MIN_ROWS, _panel_width
+
+rng = np.random.default_rng(0)
+
+
+def _arr(*shape: int, dtype: type = np.float32) -> np.ndarray:
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _kernels(t: Tensor) -> list[str]:
+    return [kernel_name(item.ast) for item in t.schedule()]
+
+
+def test_big_product_reads_b_from_panels() -> None:
+    a, b = _arr(64, 512), _arr(512, 512)
+    out = Tensor(a) @ Tensor(b)
+    assert _kernels(out) == ["E_32_512_16", "r_64_32_16_512"], "B copied into 32 panels of 16 columns, then the product"
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [
+        ((2, 64, 512), (512, 512)),  # a batch of A against one B: B is copied once, not per batch
+        ((64, 512), (3, 512, 512)),  # one A against a batch of B
+        ((2, 1, 32, 512), (3, 512, 512)),  # broadcast batch dims on both sides
+    ],
+)
+def test_batched_and_broadcast_products(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
+    a, b = _arr(*a_shape), _arr(*b_shape)
+    out = Tensor(a) @ Tensor(b)
+    kernels = _kernels(out)
+    assert len(kernels) == 2 and kernels[0].startswith("E_"), kernels
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_float64_product_uses_panels_of_its_own_width() -> None:
+    a, b = _arr(64, 512, dtype=np.float64), _arr(512, 512, dtype=np.float64)
+    width = _panel_width("CPU", dtypes.float64, 64, 512, 512)
+    assert width > 0
+    out = Tensor(a) @ Tensor(b)
+    assert len(_kernels(out)) == 2
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-10, atol=1e-10)
+
+
+def test_gradients_through_the_panels() -> None:
+    a, b, g = _arr(64, 512), _arr(512, 512), _arr(64, 512)
+    ta, tb = Tensor(a, requires_grad=True), Tensor(b, requires_grad=True)
+    ((ta @ tb) * Tensor(g)).sum().backward()
+    assert ta.grad is not None and tb.grad is not None
+    np.testing.assert_allclose(ta.grad.numpy(), g @ b.T, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(tb.grad.numpy(), a.T @ g, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape, dtype, why",
+    [
+        ((64, 128), (128, 128), np.float32, "B fits in cache"),
+        ((8, 512), (512, 512), np.float32, "too few rows of A to pay for the copy"),
+        ((64, 512), (512, 520), np.float32, "520 columns are not whole panels"),
+        ((64, 512), (512, 512), np.int32, "integer products"),
+    ],
+)
+def test_products_that_read_b_in_place(
+    a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype: type, why: str
+) -> None:
+    a, b = (rng.integers(-4, 4, s).astype(dtype) for s in (a_shape, b_shape))
+    out = Tensor(a) @ Tensor(b)
+    assert len(_kernels(out)) == 1, why
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_panel_rule() -> None:
+    assert _panel_width("CPU", dtypes.float32, PANEL_MIN_ROWS, 512, PANEL_MIN_B // 512) % 2 == 0
+    assert _panel_width("CPU", dtypes.float32, PANEL_MIN_ROWS - 1, 512, 1024) == 0
+    assert _panel_width("CPU", dtypes.float32, 1024, 512, PANEL_MIN_B // 512 - 1) == 0
+    assert _panel_width("CPU", dtypes.float16, 1024, 1024, 1024) == 0
+    assert _panel_width("PYTHON", dtypes.float32, 1024, 1024, 1024) == 0, "a device with workgroups tiles on its own"
