@@ -80,6 +80,13 @@ BEAM = _flag(
     "the winner is cached on disk",
 )
 BEAM_BUDGET = _flag("BEAM_BUDGET", int, 60, "seconds a BEAM search may spend on one kernel")
+SCHEDULE_CACHE = _flag(
+    "SCHEDULE_CACHE",
+    int,
+    1,
+    "1: a graph with the structure of one scheduled before (other input buffers) reuses its schedule; 0: schedule "
+    "every graph anew; 2: schedule anew and fail where the cached schedule differs (a test of the cache)",
+)
 CC = _flag("CC", str, "", "the C compiler the CPU device uses; empty finds clang, then gcc, on PATH")
 AMD_MOCK = _flag(
     "AMD_MOCK",
