@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import subprocess
 
+import numpy as np
 import pytest
-from kernel_helpers import expand, move, reduce, tensor
+from kernel_helpers import LOOPS, expand, interpret, move, reduce, tensor
 from test_cstyle import compilers
 
 from tiny.codegen import Kernel, Opt, OptOps
@@ -92,6 +93,21 @@ def test_unrolled_lanes_add_to_the_accumulator_one_at_a_time() -> None:
         chain.append(update.src[1])
         update = update.src[0]
     assert len(chain) == 4 and all(t.op is Ops.MUL for t in chain), "one product per unrolled lane"
+
+
+def test_a_term_outside_the_loop_is_computed_before_it() -> None:
+    """sum_k (x[i, k] + y[i]): y[i] does not change inside the loop; added to the accumulator as a term of its own,
+    it is still loaded before the loop starts."""
+    x, y = tensor(4, 8), tensor(4, 1)
+    ast = ast_of(move(Ops.RESHAPE, reduce(x + expand(y, (4, 8)), (1,)), (4,)))
+    uops = uops_of(ast, LOOPS, [])
+    loads = [i for i, u in enumerate(uops) if u.op is Ops.LOAD and u.address.pointer.arg == 2]
+    assert loads and loads[0] < next(i for i, u in enumerate(uops) if u.op is Ops.RANGE and u.arg == 1)
+    rng = np.random.default_rng(0)
+    xs, ys = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((4, 1)).astype(np.float32)
+    out = np.zeros(4, np.float32)
+    interpret(uops, [out, xs.reshape(-1), ys.reshape(-1)])
+    np.testing.assert_allclose(out, (xs + ys).sum(1), rtol=1e-5)
 
 
 @pytest.mark.skipif(not compilers(), reason="no C compiler on PATH")

@@ -145,7 +145,10 @@ class _Linearizer:
         """The items of block b that must come before this one."""
         if item.op is Ops.RANGE:  # a loop waits for everything its body uses, and for what its reduces add up
             nodes, loops = self.subtree(item)
-            srcs = [s for n in nodes for s in n.src] + [red.value for red in self.reduces if red.ranges[-1] in loops]
+            srcs = [s for n in nodes for s in n.src]
+            for red in self.reduces:
+                if red.ranges[-1] in loops:
+                    srcs += self.lane_terms.get(red.value, [red.value])
         else:
             srcs = list(item.src)
         found = {self.item_in(s, b) for s in srcs} - {None, item}
