@@ -20,6 +20,22 @@ class DType:
     fmt: str | None  # struct/NumPy format character of the scalar; None where struct has none (bfloat16)
     count: int = 1  # vector width; 1 for a scalar
 
+    def __post_init__(self) -> None:  # every UOp's hash-consing key hashes its dtype: hash the fields once
+        object.__setattr__(self, "_hash", hash(self._fields()))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __eq__(self, other: object) -> bool:  # the same object, mostly: say so before comparing the fields
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def _fields(self) -> tuple:
+        return (self.name, self.itemsize, self.kind, self.fmt, self.count)
+
     def __repr__(self) -> str:
         return f"dtypes.{self.name}" if self.count == 1 else f"dtypes.{self.name}.vec({self.count})"
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tiny.ir.config import SCHEDULE_CACHE
 from tiny.ir.device import Buffer, buffer_of, device_computes, new_buffer, new_buffer_view, opened_caps
 from tiny.ir.dtypes import dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
+from tiny.ir.schedule_cache import SCHEDULES, Plan, Template, check_same, structure_of
 from tiny.ir.uop import GroupOp, Ops, UOp, evaluate
 from tiny.ir.views import View, strides_for_shape
 
@@ -264,7 +266,7 @@ def _split_reduce(r: UOp) -> UOp | None:
     x, (op, axes) = r.source, r.arg
     axes = tuple(sorted(axes))
     n = _prod([x.shape[a] for a in axes])
-    if axes != tuple(range(axes[0], axes[-1] + 1)):
+    if not axes or axes != tuple(range(axes[0], axes[-1] + 1)):
         return None
     loops = caps.max_loop_iterations if (caps := opened_caps(r.device)) is not None else 0
     if loops and n > loops:  # two stages of about sqrt(n) iterations each
@@ -326,7 +328,29 @@ prepare = data_views + split_reductions
 
 
 def create_schedule(targets: list[UOp]) -> Schedule:
-    """Schedule the kernels and copies that realize `targets` (tensor-level nodes), in execution order."""
+    """Schedule the kernels and copies that realize `targets` (tensor-level nodes), in execution order. A graph of
+    the structure of one scheduled before (other input buffers) takes that schedule from the cache, rebound."""
+    mode = SCHEDULE_CACHE.value
+    graph = structure_of(targets) if mode else None
+    cached = SCHEDULES.get(graph.key) if graph is not None else None
+    if cached is not None and mode == 1:
+        return _with_buffers(cached.instantiate(graph))  # type: ignore[arg-type]
+    plan = _plan(targets)
+    if graph is not None:
+        if cached is not None:  # SCHEDULE_CACHE=2: the cache must have given this very schedule
+            check_same(cached, plan, graph)
+        elif (template := Template.record(plan, graph)) is not None:
+            SCHEDULES.put(graph.key, template)
+    return _with_buffers(plan)
+
+
+def _with_buffers(plan: Plan) -> Schedule:
+    items = [ScheduleItem(ast, tuple(buffer_of(b) for b in bufs)) for ast, bufs in plan.steps]
+    return Schedule(items, plan.becomes, plan.renamed)
+
+
+def _plan(targets: list[UOp]) -> Plan:
+    """The scheduler itself: rewrite the graph, choose the nodes that become buffers, build a kernel for each."""
     given = UOp(Ops.SINK, src=tuple(_as_data_view(t) for t in targets))
     memos: list[dict[UOp, UOp]] = [{}, {}]
     # values on data-only devices become buffer views; big reductions into few outputs split in two
@@ -336,8 +360,9 @@ def create_schedule(targets: list[UOp]) -> Schedule:
     while True:
         realize = _realize_set(sink, forced)
         buffers = {u: memory_of(u.target)[0] if u.op is Ops.ASSIGN else _fresh(u) for u in realize}
+        order = [u for u in sink.toposort if u in realize]
         try:
-            items = [_item(u, realize, buffers) for u in sink.toposort if u in realize]
+            steps = tuple(_step(u, realize, buffers) for u in order)
             break
         except _Unexpressible as e:
             forced.add(e.node)
@@ -351,7 +376,7 @@ def create_schedule(targets: list[UOp]) -> Schedule:
         if final in realize:
             originals.setdefault(final, []).append(node)
     becomes: dict[UOp, UOp] = {}
-    for u in realize:
+    for u in order:
         view = u.target if u.op is Ops.ASSIGN else _buffer_view(buffers[u], u.shape)
         for name in originals.get(u, [u]):
             becomes[name] = view
@@ -363,14 +388,16 @@ def create_schedule(targets: list[UOp]) -> Schedule:
             becomes[original] = becomes.pop(rewritten)
         elif rewritten is not original and is_realized(rewritten):  # the rewrite alone made it a view of memory
             renamed[original] = rewritten
-    return Schedule(items, becomes, renamed)
+    fresh = tuple(buffers[u] for u in order if u.op is not Ops.ASSIGN)
+    return Plan(steps, becomes, renamed, fresh)
 
 
-def _item(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> ScheduleItem:
+def _step(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> tuple[UOp, tuple[UOp, ...]]:
+    """The kernel (or copy) that computes realized node u, and its BUFFER nodes (the output first)."""
     if u.op is Ops.COPY:
         src = u.source
         src_buf = buffers[src] if src in realize else (src if src.op is Ops.BUFFER else src.source)
-        return ScheduleItem(u, (buffer_of(buffers[u]), buffer_of(src_buf)))
+        return u, (buffers[u], src_buf)
     if not device_computes(u.device):
         raise ValueError(
             f"no kernels run on {u.device}, which only holds data; copy the tensor to a compute device with .to() "
@@ -381,7 +408,7 @@ def _item(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> ScheduleItem:
     limit = caps.max_buffers if (caps := opened_caps(u.device)) is not None else 0
     if limit and len(builder.args) + (n_vars := sum(x.op is Ops.DEFINE_VAR for x in ast.toposort)) > limit:
         raise _Unexpressible(_split_point(u, realize, limit - n_vars - 1, len(builder.args)))
-    return ScheduleItem(ast, tuple(buffer_of(b) for b in builder.args))
+    return ast, tuple(builder.args)
 
 
 def _split_point(root: UOp, realize: set[UOp], room: int, n_args: int) -> UOp:

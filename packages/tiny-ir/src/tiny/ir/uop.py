@@ -6,8 +6,7 @@ import enum
 import math
 import weakref
 from collections.abc import Callable, Hashable
-from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from tiny.ir.dtypes import DType, dtypes, truncate
 
@@ -74,6 +73,8 @@ class Ops(enum.Enum):
     SHR = enum.auto()
     WHERE = enum.auto()
 
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash (of the name) is a Python call
+
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
 
@@ -124,37 +125,77 @@ _ONE_INPUT = (
 )
 
 
-def _argkey(arg: Any) -> Any:
+def arg_key(arg: Any) -> Any:
     """A hashing key that tells apart what == confuses: -0.0 and 0.0, NaNs, 1 and True and 1.0."""
+    if arg is None:
+        return None
     if isinstance(arg, float):
         return ("f", arg.hex())
     if isinstance(arg, (bool, int)):
         return (type(arg), arg)
     if isinstance(arg, tuple):
-        return tuple(_argkey(a) for a in arg)
+        return tuple(map(arg_key, arg))
     return arg
+
+
+T = TypeVar("T")
+
+
+class cached_property(Generic[T]):  # noqa: N801  (named as the functools one it replaces)
+    """functools.cached_property without the lock Python 3.11 takes on each first access: the value is computed
+    once and stored in the instance's __dict__, where later lookups find it before this descriptor."""
+
+    def __init__(self, fn: Callable[[Any], T]) -> None:
+        self.fn, self.name = fn, fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> cached_property[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> T | cached_property[T]:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
+def _forget(nodes: dict[tuple, weakref.ref], key: tuple) -> Callable[[weakref.ref], None]:
+    """The callback that drops a dead node's entry from the hash-consing table (unless a new node took the key)."""
+
+    def forget(ref: weakref.ref) -> None:
+        if nodes.get(key) is ref:
+            del nodes[key]
+
+    return forget
 
 
 class UOp:
     """A node of the graph. Structurally equal UOps are the same object, so `is` and `==` agree."""
 
-    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+    __slots__ = ("op", "dtype", "src", "arg", "argkey", "__weakref__", "__dict__")
     op: Ops
     dtype: DType
     src: tuple[UOp, ...]
     arg: Any
-    _cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+    argkey: Any  # arg_key(arg): the arg as the hash-consing key holds it
+    # the hash-consing table: each live node by (op, dtype, src, arg_key(arg)), held weakly
+    _cache: dict[tuple, weakref.ref[UOp]] = {}
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        key = (op, dtype, src, _argkey(arg))
-        if (hit := UOp._cache.get(key)) is not None:
+        key = (op, dtype, src, argkey := arg_key(arg))
+        if (ref := UOp._cache.get(key)) is not None and (hit := ref()) is not None:
             return hit
         self = super().__new__(cls)
         object.__setattr__(self, "op", op)
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "src", src)
         object.__setattr__(self, "arg", arg)
-        UOp._cache[key] = self
+        object.__setattr__(self, "argkey", argkey)
+        UOp._cache[key] = weakref.ref(self, _forget(UOp._cache, key))
         return self
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -326,6 +326,8 @@ class _Registry:
     def canonicalize(self, name: str) -> str:
         """'cuda:1' -> 'CUDA:1'; a device's default renderer is left out ('CPU:C' -> 'CPU'); a file-backed
         device's path is made absolute ('disk:w.bin' -> 'DISK:/home/me/w.bin')."""
+        if isinstance(name, str) and name in self._open:  # an opened device's name is canonical (each op asks again)
+            return name
         if (path := _file_path(name)) is not None:
             return path
         parsed = DeviceName.parse(name)
