@@ -555,3 +555,15 @@ def test_memory_outside_the_gpu_vm_aperture_is_refused(monkeypatch: pytest.Monke
     with pytest.raises(MemoryError, match="outside the GPU's VM aperture"):
         kfd.alloc(4096, aql.HOST_FLAGS, host=True)
     kfd.close()
+
+
+def test_freed_memory_goes_back_and_is_reused(rig: Rig) -> None:
+    a = rig.kfd.alloc(3 * 4096, aql.HOST_FLAGS, host=True)
+    a.view(0, 4)[:] = b"abcd"
+    offset = rig.mock.memory[a.handle].mmap_offset
+    rig.kfd.free(a)
+    b = rig.kfd.alloc(2 * 4096, aql.HOST_FLAGS, host=True)  # first fit: the hole a left
+    assert rig.mock.memory[b.handle].mmap_offset == offset
+    assert bytes(b.view(0, 4)) == bytes(4)  # its pages were given back: fresh zeros
+    holes = rig.mock._holes
+    assert all(o1 + n1 < o2 for (o1, n1), (o2, _) in zip(holes, holes[1:]))  # sorted, neighbours merged

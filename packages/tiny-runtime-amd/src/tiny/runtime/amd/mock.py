@@ -7,9 +7,10 @@ through the real operating system, and cannot tell the difference. It plays one 
 - Every ioctl is checked like the real driver checks it, and more strictly: the structure's size against the
   request, gpu ids, flags, that addresses lie inside live allocations; a bad call is an OSError with the errno the
   driver would give and a message saying what was wrong.
-- Memory is real host memory (one memfd per allocation): the mock reads and writes it through its own mapping, as
-  the GPU would through its page tables, and an mmap of the render node maps the same pages at the address the
-  runtime asks for. Doorbells are a memfd page mapped the same way.
+- Memory is real host memory: one sparse memfd holds every allocation's pages at its own offset (which is the
+  render node's mmap offset the driver returns). The mock reads and writes it through one mapping of the whole file,
+  as the GPU would through its page tables, and an mmap of the render node maps the same pages at the address the
+  runtime asks for; freeing gives the pages back. Doorbells are a memfd page mapped the same way.
 - The GPU runs when the runtime would block: on WAIT_EVENTS the mock's packet processor takes the AQL packets
   between each queue's read pointer and the doorbell, checks each (header, dimensions, workgroup and grid sizes,
   that kernel_object is the descriptor of a kernel of a code object loaded at that address, the kernarg block and
@@ -74,6 +75,7 @@ GPUS = {
 GPU_ID = 0x4A1D  # the mock GPU's gpu_id in the topology
 RENDER_MINOR = 128
 VRAM_BYTES = 16 << 30  # how much VRAM the mock GPU claims (host memory is used only where pages are touched)
+MEMORY_FILE_BYTES = 1 << 40  # the sparse file behind all of the mock's VRAM and GTT allocations
 GPUVM_BASE, GPUVM_LIMIT = 0x1000000, (1 << 47) - 1
 CWSR_PER_CU = 0x70000  # context-save bytes per compute unit: registers, LDS and wave state
 DOORBELL_BYTES = 8192
@@ -112,6 +114,10 @@ class MockKFD:
         self._next_fd = 1 << 20  # far above the real ones, so a mock fd given to the real OS fails loudly
         self.vm_acquired = False
         self.memory: dict[int, GpuMemory] = {}  # handle -> allocation
+        self.heap_fd = os.memfd_create("tiny-amd-mock-memory", os.MFD_CLOEXEC)  # sparse: pages exist once touched
+        os.ftruncate(self.heap_fd, MEMORY_FILE_BYTES)
+        self.heap = mmap.mmap(self.heap_fd, MEMORY_FILE_BYTES)
+        self._holes: list[tuple[int, int]] = [(0, MEMORY_FILE_BYTES)]  # free (offset, size) of the file, sorted
         self._starts: list[int] = []  # sorted allocation addresses, for finding the one holding an address
         self._by_va: dict[int, GpuMemory] = {}
         self._next_handle = 1
@@ -242,7 +248,7 @@ class MockKFD:
         if not mem.host_visible:
             raise OSError(errno.EINVAL, f"mock KFD: {mem.describe()} is VRAM without PUBLIC: the CPU cannot map it")
         mem.cpu_mapped = True
-        return kfd.host_mmap(addr, length, prot, flags, mem.fd, 0)
+        return kfd.host_mmap(addr, length, prot, flags, self.heap_fd, mem.mmap_offset)
 
     def munmap(self, addr: int, length: int) -> None:
         if (mem := self._by_va.get(addr)) is not None and length == mem.size:
@@ -332,16 +338,38 @@ class MockKFD:
             raise self._fail(errno.EINVAL, call, f"{a.size} bytes at {a.va_addr:#x} overlap {other.describe()}")
         if a.flags & kfd.MEM_VRAM and self.vram_used + a.size > VRAM_BYTES:
             raise self._fail(errno.ENOMEM, call, f"{a.size} bytes of VRAM: {VRAM_BYTES - self.vram_used} are free")
-        fd = os.memfd_create(f"tiny-amd-mock-{self._next_handle}", os.MFD_CLOEXEC)
-        os.ftruncate(fd, a.size)
-        handle = self._next_handle
-        mem = GpuMemory(handle, a.va_addr, a.size, a.flags, handle << 32, fd, mmap.mmap(fd, a.size))
+        offset = self._heap_take(a.size)
+        if offset is None:
+            raise self._fail(errno.ENOMEM, call, f"{a.size} bytes: the mock's {MEMORY_FILE_BYTES >> 30} GiB are taken")
+        view = memoryview(self.heap)[offset : offset + a.size]
+        mem = GpuMemory(self._next_handle, a.va_addr, a.size, a.flags, offset, view)
         self._next_handle += 1
         self.vram_used += a.size if a.flags & kfd.MEM_VRAM else 0
         self.memory[mem.handle] = mem
         self._by_va[mem.va] = mem
         bisect.insort(self._starts, mem.va)
         a.handle, a.mmap_offset = mem.handle, mem.mmap_offset
+
+    def _heap_take(self, size: int) -> int | None:
+        """The offset of `size` free bytes of the memory file (first fit), or None."""
+        for i, (offset, hole) in enumerate(self._holes):
+            if hole >= size:
+                self._holes[i : i + 1] = [(offset + size, hole - size)] if hole > size else []
+                return offset
+        return None
+
+    def _heap_give(self, offset: int, size: int) -> None:
+        """Free `size` bytes at `offset`: their pages go back to the system, the hole joins its neighbours."""
+        self.heap.madvise(mmap.MADV_REMOVE, offset, size)
+        i = bisect.bisect(self._holes, (offset, size))
+        self._holes.insert(i, (offset, size))
+        merged: list[tuple[int, int]] = []
+        for o, n in self._holes[max(i - 1, 0) : i + 2]:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((o, n))
+        self._holes[max(i - 1, 0) : i + 2] = merged
 
     def _memory(self, call: str, handle: int) -> GpuMemory:
         if (mem := self.memory.get(handle)) is None:
@@ -358,11 +386,7 @@ class MockKFD:
         del self.memory[mem.handle], self._by_va[mem.va]
         self._starts.remove(mem.va)
         self.vram_used -= mem.size if mem.flags & kfd.MEM_VRAM else 0
-        try:
-            mem.view.close()
-        except BufferError:  # a view of it is still alive somewhere; the pages go when it does
-            pass
-        os.close(mem.fd)  # a CPU mapping keeps its pages until munmap
+        self._heap_give(mem.mmap_offset, mem.size)  # a CPU mapping still there now reads zeros
 
     def _check_unused(self, call: str, mem: GpuMemory) -> None:
         for q in self.queues.values():

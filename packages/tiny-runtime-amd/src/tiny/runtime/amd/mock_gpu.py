@@ -37,9 +37,8 @@ class GpuMemory:
     va: int
     size: int
     flags: int
-    mmap_offset: int
-    fd: int  # the memfd holding its pages
-    view: mmap.mmap  # the GPU's view of it
+    mmap_offset: int  # where its pages are in the mock's memory file (and so the render node's mmap offset)
+    view: memoryview  # the GPU's view of it
     gpu_mapped: bool = False
     cpu_mapped: bool = False
 
