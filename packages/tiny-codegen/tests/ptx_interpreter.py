@@ -400,6 +400,8 @@ def _arith(op: list[str], xs: list[Any]) -> Any:
         return xs[0] * xs[1] + xs[2]
     if name == "neg":
         return -xs[0]
+    if name == "clz":
+        return w - (xs[0] & _mask(w)).bit_length()
     if name in ("min", "max"):
         return (min if name == "min" else max)(xs)
     if name in ("div", "rem"):
@@ -423,6 +425,8 @@ def _float_arith(name: str, t: str, xs: list[Any]) -> Any:
             return v[0] * v[1]
         if name == "neg":
             return -v[0]
+        if name == "abs":
+            return np.abs(v[0])
         if name == "div":
             return v[0] / v[1]
         if name == "rcp":

@@ -27,7 +27,7 @@ import struct
 from collections.abc import Callable
 
 from tiny.codegen.cstyle import target_fields
-from tiny.codegen.ptx_math import exp2_f64, log2_f64, sin_f64
+from tiny.codegen.ptx_math import exp2_f64, fmod_f64, log2_f64, sin_f64
 from tiny.ir.device import Renderer, RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
@@ -558,12 +558,13 @@ class PTXRenderer(Renderer):
             k.emit(f"setp.ge.{t} {ge}, {xs[0]}, {xs[1]}")
             k.emit(f"or.pred {nan}, {nan}, {ge}")
             k.emit(f"selp.{reg_class(dt)} {r}, {xs[0]}, {xs[1]}, {nan}")
-        elif op is Ops.MOD:  # a - trunc(a / b) * b, the sign of the dividend, as fmod
-            q = k.new(dt)
-            k.emit(f"div.rn.{t} {q}, {xs[0]}, {xs[1]}")
-            k.emit(f"cvt.rzi.{t}.{t} {q}, {q}")
-            k.emit(f"neg.{t} {q}, {q}")
-            k.emit(f"fma.rn.{t} {r}, {q}, {xs[1]}, {xs[0]}")
+        elif op is Ops.MOD:  # fmod, exactly, in float64 (where every float32 remainder is exact too)
+            if dt == dtypes.float64:
+                return fmod_f64(k, xs[0], xs[1])
+            wide = [k.reg("b64"), k.reg("b64")]
+            for w, x in zip(wide, xs):
+                k.emit(f"cvt.f64.f32 {w}, {x}")
+            k.emit(f"cvt.rn.f32.f64 {r}, {fmod_f64(k, *wide)}")
         elif op in (Ops.EXP2, Ops.LOG2, Ops.SIN):
             return self._transcendental(k, op, dt, xs[0])
         else:

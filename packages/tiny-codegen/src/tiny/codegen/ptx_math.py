@@ -131,3 +131,67 @@ def sin_f64(k: Any, x: str) -> str:
     k.emit(f"setp.ne.u32 {negate}, {bit}, 0")
     k.emit(f"@{negate} neg.f64 {out}, {out}")
     return out
+
+
+def _ilogb(k: Any, x: str) -> str:
+    """floor(log2(x)) of a positive finite float64, subnormals included, as a 32-bit integer."""
+    bits, e64, m, lz, e, sub = k.reg("b64"), k.reg("b64"), k.reg("b64"), k.reg("b32"), k.reg("b32"), k.reg("pred")
+    k.emit(f"mov.b64 {bits}, {x}")
+    k.emit(f"shr.u64 {e64}, {bits}, 52")
+    k.emit(f"cvt.u32.u64 {e}, {e64}")
+    k.emit(f"sub.s32 {e}, {e}, 1023")
+    k.emit(f"setp.eq.s32 {sub}, {e}, -1023")  # a subnormal: its exponent is where its highest bit is
+    k.emit(f"and.b64 {m}, {bits}, 0xFFFFFFFFFFFFF")
+    k.emit(f"clz.b64 {lz}, {m}")
+    k.emit(f"@{sub} neg.s32 {lz}, {lz}")
+    k.emit(f"@{sub} add.s32 {e}, {lz}, -1011")  # (64 - lz) - 1 - 1074
+    return e
+
+
+def fmod_f64(k: Any, a: str, b: str) -> str:
+    """fmod(a, b), exactly: |a| reduced by |b| * 2^e for the largest such that fits, each step exact (the two are
+    within a factor of two) and halving the remainder at least, until it is below |b|; the sign is a's. NaN where a
+    is infinite, b is zero or either is NaN; a itself where b is infinite."""
+    r, big, t, half, p = k.reg("b64"), k.reg("b64"), k.reg("b64"), k.reg("b64"), k.reg("b64")
+    done, again, small = k.label("fmod_done"), k.label("fmod_loop"), k.reg("pred")
+    k.emit(f"abs.f64 {r}, {a}")
+    k.emit(f"abs.f64 {big}, {b}")
+    zero = k.reg("pred")
+    k.emit(f"setp.eq.f64 {zero}, {big}, {_d(0.0)}")  # fmod(a, 0) is NaN (below); nothing to reduce by
+    k.emit(f"@{zero} bra {done}")
+    k.put(again)
+    k.emit(f"setp.ltu.f64 {small}, {r}, {big}")  # r < |b|, or a NaN: finished
+    k.emit(f"@{small} bra {done}")
+    infinite = k.reg("pred")
+    k.emit(f"setp.eq.f64 {infinite}, {r}, {_d(math.inf)}")
+    k.emit(f"@{infinite} bra {done}")
+    e = k.reg("b32")
+    k.emit(f"sub.s32 {e}, {_ilogb(k, r)}, {_ilogb(k, big)}")
+    k.emit(f"mov.b64 {t}, {big}")
+    third = k.reg("b32")
+    for part in range(3):  # 2^e in three factors: each one a normal float64 for e up to 2098
+        if part < 2:
+            k.emit(f"div.s32 {third}, {e}, {3 - part}")
+        else:
+            k.emit(f"mov.b32 {third}, {e}")
+        k.emit(f"sub.s32 {e}, {e}, {third}")
+        k.emit(f"mul.f64 {t}, {t}, {_pow2(k, third)}")
+    over = k.reg("pred")
+    k.emit(f"setp.gt.f64 {over}, {t}, {r}")
+    k.emit(f"mul.f64 {half}, {t}, {_d(0.5)}")
+    k.emit(f"selp.b64 {t}, {half}, {t}, {over}")
+    k.emit(f"sub.f64 {r}, {r}, {t}")
+    k.emit(f"bra {again}")
+    k.put(done)
+    out, nan = k.reg("b64"), k.reg("pred")
+    k.emit(f"mov.b64 {p}, {a}")
+    k.emit(f"and.b64 {p}, {p}, 0x8000000000000000")  # a's sign
+    k.emit(f"mov.b64 {out}, {r}")
+    k.emit(f"or.b64 {out}, {out}, {p}")
+    k.emit(f"abs.f64 {r}, {a}")
+    k.emit(f"setp.equ.f64 {nan}, {r}, {_d(math.inf)}")  # a infinite or NaN
+    bad = k.reg("pred")
+    k.emit(f"setp.equ.f64 {bad}, {big}, {_d(0.0)}")  # b zero or NaN
+    k.emit(f"or.pred {nan}, {nan}, {bad}")
+    k.emit(f"@{nan} mov.b64 {out}, {_d(math.nan)}")
+    return out
