@@ -395,13 +395,13 @@ class PTXRenderer(Renderer):
             for i, r in enumerate(raw):
                 k.emit(f"@{unaligned} ld.{space}.{mt} {r}, [{regs[addr]}+{i * dt.itemsize}]")
         out = []
-        for r in raw:
+        for r in raw:  # the loaded bits as a register value, where they were loaded
             if dt == dtypes.bool:
                 p = k.reg("pred")
-                k.emit(f"setp.ne.u32 {p}, {r}, 0")
+                k.emit(f"{on}setp.ne.u32 {p}, {r}, 0")
                 r = p
             elif dt == dtypes.bfloat16:
-                k.emit(f"shl.b32 {r}, {r}, 16")
+                k.emit(f"{on}shl.b32 {r}, {r}, 16")
             out.append(r)
         if gate is not None and u.alternative is not None:
             for r, alt in zip(out, _as_list(regs[u.alternative]) if n > 1 else [_scalar(regs[u.alternative])]):
