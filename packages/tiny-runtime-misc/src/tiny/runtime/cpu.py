@@ -171,6 +171,7 @@ class CPUProgram(Program):
         super().__init__(device, name, binary)
         self.fn = self.load_function(name, binary)
         self.fn.restype = None
+        self.signature: tuple[int, int, bool] | None = None  # (buffers, ints, threaded) its argtypes declare
 
     def load_function(self, name: str, binary: bytes) -> Any:
         # a file of its own name each time: the dynamic loader would hand back an earlier library by name
@@ -183,16 +184,24 @@ class CPUProgram(Program):
         return getattr(self.lib, name)
 
     def __call__(self, *bufs: Any, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False) -> float | None:
-        args = [ctypes.c_void_p(b[1]) for b in bufs] + [ctypes.c_int(v) for v in vals]
-        start = time.perf_counter()
         threads = global_size[0]
+        if self.signature != (len(bufs), len(vals), threads > 1):
+            self.declare(len(bufs), len(vals), threads > 1)
+        args = [b[1] for b in bufs]  # addresses and ints: ctypes converts them by the declared argtypes
+        args.extend(vals)
+        start = time.perf_counter()
         if threads == 1:
             self.fn(*args)
         else:  # one call per thread, its number last (gidx0); ctypes lets go of the GIL during each
             pool = _pool(self.device.threads)
-            for f in [pool.submit(self.fn, *args, ctypes.c_int(t)) for t in range(threads)]:
+            for f in [pool.submit(self.fn, *args, t) for t in range(threads)]:
                 f.result()
         return time.perf_counter() - start if wait else None
+
+    def declare(self, n_bufs: int, n_vals: int, threaded: bool) -> None:
+        """The kernel's C signature for ctypes: buffer pointers, int variables, then the thread number if threaded."""
+        self.fn.argtypes = [ctypes.c_void_p] * n_bufs + [ctypes.c_int] * (n_vals + threaded)
+        self.signature = (n_bufs, n_vals, threaded)
 
 
 class LLVMProgram(CPUProgram):

@@ -79,7 +79,8 @@ def compiled(ast: UOp, device: str) -> tuple[CompiledProgram, Program]:
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
-    if DEBUG >= 1 and items:
+    debug = DEBUG.value
+    if debug >= 1 and items:
         kernels = sum(1 for i in items if i.ast.op is Ops.SINK)
         print(f"schedule: {kernels} kernel(s), {len(items) - kernels} copy(ies)")
     for item in items:
@@ -90,14 +91,14 @@ def run_schedule(items: list[ScheduleItem]) -> None:
             GlobalCounters.copies += 1
             if _captures:
                 _captures[-1].append(Launch((out, src)))
-            if DEBUG >= 2:
+            if debug >= 2:
                 ms = (time.perf_counter() - start) * 1e3
                 print(f"*** copy {src.device} -> {out.device} {out.nbytes / 1e6:9.3f} MB {ms:8.3f} ms")
             continue
         device = item.buffers[0].device
         prog, runner = compiled(item.ast, device)
-        bufs = [b.ensure_allocated().opaque for b in item.buffers]
-        elapsed = runner(*bufs, global_size=prog.global_size, local_size=prog.local_size, wait=DEBUG >= 2)
+        bufs = [b.opaque for b in item.buffers]  # (allocated when first used)
+        elapsed = runner(*bufs, global_size=prog.global_size, local_size=prog.local_size, wait=debug >= 2)
         if _captures:
             _captures[-1].append(Launch(item.buffers, prog, runner))
         GlobalCounters.kernels += 1
@@ -105,7 +106,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         GlobalCounters.mem_bytes += prog.mem_bytes
         if elapsed is not None:
             GlobalCounters.time_s += elapsed
-            if DEBUG >= 2:
+            if debug >= 2:
                 gflops = prog.flops / elapsed / 1e9 if elapsed > 0 else 0.0
                 gbs = prog.mem_bytes / elapsed / 1e9 if elapsed > 0 else 0.0
                 print(

@@ -115,13 +115,14 @@ class Tensor(
             return self
         sched = create_schedule(targets)
         run_schedule(sched.items)
-        record_origins(sched.becomes | sched.renamed)
         done = sched.becomes | sched.renamed
-        for t in list(Tensor._live):
-            if t.uop in done:
-                t.uop = done[t.uop]
-            elif not is_realized(t.uop):
-                t.uop = substitute(t.uop, done)
+        record_origins(done)
+        computed = done.keys()
+        for t in list(Tensor._live):  # every tensor reads what was computed from its buffer from now on
+            if (u := t.uop) in done:
+                t.uop = done[u]
+            elif not is_realized(u) and not computed.isdisjoint(u.toposort):
+                t.uop = substitute(u, done)
         return self
 
     def _buffer(self):  # noqa: ANN202
