@@ -3,10 +3,14 @@ truncation to a dtype's range and precision (against NumPy), bfloat16 bit helper
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+import pickle
 import random
 import struct
+import subprocess
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -348,3 +352,19 @@ def test_pointers() -> None:
     vp = dtypes.float32.vec(4).ptr(2)
     assert vp.base == dtypes.float32.vec(4) and vp.count == 4
     assert len({p, dtypes.float32.ptr(16), dtypes.float32, vp}) == 3  # usable as dict and set keys
+
+
+def test_pickles_are_the_same_in_every_process() -> None:
+    """A dtype pickles as its fields, not its cached hash (str hashes differ per process): BEAM keys its disk cache
+    by a kernel's pickle, and a dtype unpickled from another process must hash as this process's does."""
+    code = (
+        "import pickle, sys; from tiny.ir.dtypes import dtypes; "
+        "sys.stdout.write(pickle.dumps((dtypes.float32, dtypes.half.vec(4), dtypes.int8.ptr(16))).hex())"
+    )
+    runs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        for _ in range(2)
+    }
+    assert len(runs) == 1
+    for dt in pickle.loads(bytes.fromhex(runs.pop())):
+        assert hash(dt) == hash(type(dt)(*(getattr(dt, f.name) for f in dataclasses.fields(dt))))

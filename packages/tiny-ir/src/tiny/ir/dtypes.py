@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Final, Literal
 
 Kind = Literal["v", "b", "i", "u", "f"]  # void, bool, signed integer, unsigned integer, floating point
@@ -25,6 +25,9 @@ class DType:
 
     def __hash__(self) -> int:
         return self._hash  # type: ignore[attr-defined]
+
+    def __reduce__(self) -> tuple:  # rebuilt from its fields: a hash is this process's (str hashes are salted)
+        return (self.__class__, tuple(getattr(self, f.name) for f in fields(self)))
 
     def __eq__(self, other: object) -> bool:  # the same object, mostly: say so before comparing the fields
         if self is other:
