@@ -19,7 +19,7 @@ through the real operating system, and cannot tell the difference. It plays one 
 - A kernel runs as the linearized program it was compiled from, on the PYTHON device (tiny-runtime-misc's
   emulator, reached through the device registry and needed only here: `pip install tiny-runtime-amd[mock]`).
   `watch(device)` wraps the AMD device's renderer and compile so the mock learns which program each code object
-  holds; `register` tells it directly. Under the mock the renderer offers no tensor cores (the emulator has none).
+  holds; `register` tells it directly. Tensor-core kernels (WMMA) run too: the emulator has the same layouts.
   The GPU side (packet processor, kernel table) is tiny.runtime.amd.mock_gpu.
 
 The mock is chosen only by the AMD_MOCK flag (tiny.runtime.amd.kfd.host_os), never automatically.
