@@ -12,6 +12,7 @@ from tiny.tensor import Tensor, dtypes
 from tiny.tensor.reduce import PANEL_MIN_B, PANEL_MIN_ROWS, _panel_width
 
 rng = np.random.default_rng(0)
+CPU = "CPU"  # panels are for devices without workgroups: these tests pin the CPU, whatever DEVICE says
 
 
 def _arr(*shape: int, dtype: type = np.float32) -> np.ndarray:
@@ -24,7 +25,7 @@ def _kernels(t: Tensor) -> list[str]:
 
 def test_big_product_reads_b_from_panels() -> None:
     a, b = _arr(64, 512), _arr(512, 512)
-    out = Tensor(a) @ Tensor(b)
+    out = Tensor(a, device=CPU) @ Tensor(b, device=CPU)
     assert _kernels(out) == ["E_32_512_16", "r_64_32_16_512"], "B copied into 32 panels of 16 columns, then the product"
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
 
@@ -39,7 +40,7 @@ def test_big_product_reads_b_from_panels() -> None:
 )
 def test_batched_and_broadcast_products(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
     a, b = _arr(*a_shape), _arr(*b_shape)
-    out = Tensor(a) @ Tensor(b)
+    out = Tensor(a, device=CPU) @ Tensor(b, device=CPU)
     kernels = _kernels(out)
     assert len(kernels) == 2 and kernels[0].startswith("E_"), kernels
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
@@ -49,15 +50,15 @@ def test_float64_product_uses_panels_of_its_own_width() -> None:
     a, b = _arr(64, 512, dtype=np.float64), _arr(512, 512, dtype=np.float64)
     width = _panel_width("CPU", dtypes.float64, 64, 512, 512)
     assert width > 0
-    out = Tensor(a) @ Tensor(b)
+    out = Tensor(a, device=CPU) @ Tensor(b, device=CPU)
     assert len(_kernels(out)) == 2
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-10, atol=1e-10)
 
 
 def test_gradients_through_the_panels() -> None:
     a, b, g = _arr(64, 512), _arr(512, 512), _arr(64, 512)
-    ta, tb = Tensor(a, requires_grad=True), Tensor(b, requires_grad=True)
-    ((ta @ tb) * Tensor(g)).sum().backward()
+    ta, tb = Tensor(a, device=CPU, requires_grad=True), Tensor(b, device=CPU, requires_grad=True)
+    ((ta @ tb) * Tensor(g, device=CPU)).sum().backward()
     assert ta.grad is not None and tb.grad is not None
     np.testing.assert_allclose(ta.grad.numpy(), g @ b.T, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(tb.grad.numpy(), a.T @ g, rtol=1e-4, atol=1e-3)
@@ -76,7 +77,7 @@ def test_products_that_read_b_in_place(
     a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype: type, why: str
 ) -> None:
     a, b = (rng.integers(-4, 4, s).astype(dtype) for s in (a_shape, b_shape))
-    out = Tensor(a) @ Tensor(b)
+    out = Tensor(a, device=CPU) @ Tensor(b, device=CPU)
     assert len(_kernels(out)) == 1, why
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
 
