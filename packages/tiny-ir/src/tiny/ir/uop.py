@@ -125,10 +125,15 @@ _ONE_INPUT = (
 )
 
 
+_INTS = object()  # marks the key of a tuple of plain ints (shapes, axes): the tuple itself, no key per element
+
+
 def arg_key(arg: Any) -> Any:
     """A hashing key that tells apart what == confuses: -0.0 and 0.0, NaNs, 1 and True and 1.0."""
     if arg is None:
         return None
+    if type(arg) is tuple and arg and set(map(type, arg)) == {int}:
+        return (_INTS, arg)
     if isinstance(arg, float):
         return ("f", arg.hex())
     if isinstance(arg, (bool, int)):
@@ -410,18 +415,18 @@ class UOp:
     @cached_property
     def shape(self) -> tuple[int, ...]:
         """The shape of a tensor-level node (or of a kernel-level VIEW, LOAD, STORE or CONST with a view)."""
-        self._sources_know("shape")
         op = self.op
         if op is Ops.BUFFER:
             return (self.arg[1],)
-        if op is Ops.CONST:
-            return self.src[0].shape if self.src and self.src[0].op is Ops.VIEW else ()
         if op is Ops.VIEW:
             return self.arg.shape
-        if op in (Ops.LOAD, Ops.STORE):
-            return self.src[1].shape
         if op in (Ops.RESHAPE, Ops.EXPAND):
             return self.arg
+        self._sources_know("shape")
+        if op is Ops.CONST:
+            return self.src[0].shape if self.src and self.src[0].op is Ops.VIEW else ()
+        if op in (Ops.LOAD, Ops.STORE):
+            return self.src[1].shape
         if not self.src:
             return ()  # kernel-level leaves (DEFINE_GLOBAL, RANGE ...) have no tensor shape
         src = self.src[0].shape
@@ -439,15 +444,24 @@ class UOp:
 
     @cached_property
     def device(self) -> str:
-        """The device a tensor-level node lives on."""
-        self._sources_know("device")
+        """The device a tensor-level node lives on: its first source's, down to a DEVICE, a COPY (to its DEVICE), or
+        a BUFFER or CONST (on theirs)."""
         if self.op is Ops.DEVICE:
             return self.arg
         if self.op is Ops.COPY:
             return self.src[1].arg
         if self.op in (Ops.BUFFER, Ops.CONST) and self.src:
             return self.src[0].arg
-        return self.src[0].device if self.src else ""
+        if not self.src:
+            return ""
+        below: list[UOp] = []  # first sources that do not know theirs yet, walked without recursion
+        u = self.src[0]
+        while "device" not in u.__dict__ and u.src and u.op not in (Ops.DEVICE, Ops.COPY, Ops.BUFFER, Ops.CONST):
+            below.append(u)
+            u = u.src[0]
+        for v in (u, *reversed(below)):
+            v.device  # noqa: B018  (each one's first source knows its device now: no recursion)
+        return self.src[0].device
 
     # ---- value bounds, for symbolic simplification
 

@@ -18,6 +18,7 @@ from tiny.ir.device import device_computes, new_buffer_view
 from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
 from tiny.ir.schedule import data_view
 from tiny.ir.uop import GroupOp, Ops, UOp
+from tiny.tensor.autograd import no_grad_wrap
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import check_dtype, default_int
 from tiny.tensor.shapes import broadcast_shape
@@ -26,6 +27,11 @@ if TYPE_CHECKING:
     from tiny.tensor.tensor import Tensor
 
 Scalar = int | float | bool
+
+
+def _expands(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    """Whether expand() takes `shape` to `to` (of as many dims) as it is: each size kept, or 1 made a size >= 0."""
+    return all(type(t) is int and (s == t or (s == 1 and t >= 0)) for s, t in zip(shape, to))
 
 
 def _float32_math(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -122,7 +128,13 @@ class ElementwiseOps(TensorBase):
         if self.shape == shape:
             return self
         padded = (1,) * (len(shape) - self.ndim) + self.shape
-        return self.reshape(padded).expand(shape)
+        if type(shape) is not tuple or len(shape) < self.ndim or not _expands(padded, shape):
+            return self.reshape(padded).expand(shape)  # which says what is wrong
+        # the nodes reshape(padded).expand(shape) makes, without two tensors and their checks (every op with a scalar)
+        u = self.uop
+        if padded != self.shape:
+            u = no_grad_wrap(UOp(Ops.RESHAPE, u.dtype, (u,), padded))
+        return self._new(UOp(Ops.EXPAND, u.dtype, (u,), shape) if padded != shape else u)
 
     def add(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """self + x, broadcast and promoted as in PyTorch.
