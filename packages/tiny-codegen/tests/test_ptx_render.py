@@ -15,18 +15,16 @@ from alu_cases import ALL, EDGE, loop_uops, read, same, to_memory, values
 from kernel_helpers import NUMPY, make_cases, reduce, run_case, tensor
 from ptx_interpreter import PTXError, run
 
-from tiny.codegen.heuristic import hand_opts
+from tiny.codegen import render_for
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, lower_kernel
 from tiny.codegen.opt import Kernel, Opt, OptOps
 from tiny.codegen.ptx import PTXRenderer
-from tiny.codegen.vectorize import vectorize
 from tiny.ir.alu import exec_alu
 from tiny.ir.device import fold_grid
 from tiny.ir.dtypes import DType, bf16_to_float, dtypes, float_to_bf16, truncate
 from tiny.ir.pattern import graph_rewrite
 from tiny.ir.schedule import create_schedule
-from tiny.ir.spec import validate
 from tiny.ir.symbolic import symbolic
 from tiny.ir.uop import Ops, UOp
 
@@ -37,13 +35,8 @@ CASES = make_cases()
 
 def render(ast: UOp, opts: list[Opt] | None = None) -> tuple[str, LoweredKernel]:
     """Plan (the hand-written rules unless opts are given), lower, vectorize, linearize and render for the GPU."""
-    k = Kernel(ast, R.caps)
-    k.apply_opts(hand_opts(k) if opts is None else opts)
-    lowered = lower_kernel(k)
-    sink = graph_rewrite(graph_rewrite(lowered.sink, symbolic), vectorize, ctx=R.caps.vector_width * 4)
-    uops = linearize(sink)
-    validate(uops)
-    return R.render(lowered.name, uops), lowered
+    r = render_for(ast, R, opts)
+    return r.src, r.kernel
 
 
 def run_ptx(ast: UOp, arrays: list[np.ndarray], opts: list[Opt] | None = None, misalign: int = 0) -> str:
