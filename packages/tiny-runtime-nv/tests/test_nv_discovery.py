@@ -23,6 +23,8 @@ def test_nvrtc_candidates_are_libraries() -> None:
 
 
 def test_device_says_why_it_cannot_start() -> None:
+    if find_stack().problem is None:
+        pytest.skip("a CUDA GPU opens here; the refusals are tested with stand-ins in test_cuda_device.py")
     with pytest.raises(DeviceUnavailable) as e:
         CUDADevice("CUDA", "CUDA")
     if ctypes.util.find_library("cuda") is None:

@@ -103,6 +103,25 @@ def test_floordiv_mod_negative_ints(device, dtype):
     check(device, lambda x: 7 % x, lambda x: 7 % x, divs, dtype=dtype)
 
 
+def test_int_division_corners(device):
+    # C leaves MIN / -1 and division by zero undefined (x86 traps on both); tiny defines them: no trap, MIN // -1
+    # wraps to MIN (as PyTorch's int32 does), MIN % -1 is 0, and a zero divisor gives 0 (PyTorch raises there)
+    lo = -(2**31)
+    a = Tensor(np.array([lo, lo, lo + 1, 5, -5, 0], np.int32), device=device)
+    b = Tensor(np.array([-1, 1, -1, 0, 0, 0], np.int32), device=device)
+    assert (a // b).tolist() == [lo, lo, 2**31 - 1, 0, 0, 0]
+    assert (a % b).tolist() == [0, 0, 0, 0, 0, 0]
+
+
+def test_shifts_by_the_width_or_more(device):
+    # a shift amount from data, at or past the width: 0, or the sign in every bit for >> of a negative value
+    # (C leaves it undefined and x86 takes the amount modulo 32)
+    a = Tensor(np.array([1, -8, 3, 3, -1], np.int32), device=device)
+    s = Tensor(np.array([33, 40, 32, 31, 32], np.int32), device=device)
+    assert (a << s).tolist() == [0, 0, 0, -(2**31), 0]
+    assert (a >> s).tolist() == [0, -1, 0, 0, -1]
+
+
 def test_floordiv_mod_uint8(device):
     a = np.array([0, 1, 7, 200, 255], dtype=np.uint8).reshape(-1, 1)
     b = np.array([1, 3, 16, 255], dtype=np.uint8).reshape(1, -1)

@@ -209,12 +209,41 @@ class CStyleRenderer(Renderer):
         if op is Ops.MOD and dt.is_float:
             return self.float_math("fmod", args, dt)
         if op in (Ops.IDIV, Ops.MOD):
-            sym = "/" if op is Ops.IDIV else "%"
-            b_const = u.src[1].op is Ops.CONST and u.src[1].arg != 0
-            return f"({args[0]}{sym}{args[1]})" if b_const else f"(({args[1]})==0?0:({args[0]}{sym}{args[1]}))"
+            return self._int_div(u, *args)
+        if op in (Ops.SHL, Ops.SHR) and dt.is_int:
+            return self._shift(u, *args)
         if op in (Ops.ADD, Ops.MUL) and dt.is_bool:
             return f"({args[0]}{'|' if op is Ops.ADD else '&'}{args[1]})"
         return _CODE[op](*args)
+
+    def _wide(self, x: str) -> str:
+        """x as the unsigned 64-bit type (OpenCL C spells it ulong, the others unsigned long long)."""
+        return f"(({self.type_name(dtypes.uint64)})({x}))"
+
+    def _shift(self, u: UOp, a: str, b: str) -> str:
+        """A shift by the type's width or more (or by a negative amount) gives 0, or the sign in every bit for a
+        signed right shift, as tiny.ir.alu says; C leaves it undefined (x86 takes the amount modulo the width)."""
+        bits = u.dtype.scalar.itemsize * 8
+        amount = u.src[1]
+        text = f"({a}{'<<' if u.op is Ops.SHL else '>>'}{b})"
+        if amount.op is Ops.CONST and 0 <= amount.arg < bits:
+            return text
+        far = f"({a}>>{bits - 1})" if u.op is Ops.SHR and u.dtype.scalar.kind == "i" else "0"
+        return f"({self._wide(b)}>={bits}?{far}:{text})"
+
+    def _int_div(self, u: UOp, a: str, b: str) -> str:
+        """C's / and % toward zero; a zero divisor gives 0; for signed types MIN / -1 wraps to MIN and MIN % -1 is
+        0 (C leaves both undefined, and a CPU running this code traps)."""
+        sym, divisor = "/" if u.op is Ops.IDIV else "%", u.src[1]
+        signed = u.dtype.scalar.kind == "i"
+        if divisor.op is Ops.CONST and divisor.arg != 0 and not (signed and divisor.arg == -1):
+            return f"({a}{sym}{b})"
+        if not signed:
+            return f"(({b})==0?0:({a}{sym}{b}))"
+        if u.op is Ops.MOD:
+            return f"((({b})==0||({b})==-1)?0:({a}%{b}))"
+        wrapped = f"(({self.type_name(u.dtype)})({self._wide(0)}-{self._wide(a)}))"
+        return f"(({b})==0?0:(({b})==-1?{wrapped}:({a}/{b})))"
 
     def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
         return f"{self.kernel_prefix} {name}({', '.join(params)}) {{\n" + "\n".join(body) + "\n}\n"

@@ -200,33 +200,7 @@ class CUDARenderer(GPUCStyleRenderer):
             return f"tiny_vwhere({', '.join(args)})"
         if dt.count > 1 and op is Ops.MAX:
             return f"tiny_vmax({args[0]}, {args[1]})"
-        if op in (Ops.IDIV, Ops.MOD) and dt.is_int and dt.scalar.kind == "i":
-            return self._signed_div(u, *args)
-        if op in (Ops.SHL, Ops.SHR) and dt.is_int:
-            return self._shift(u, *args)
         return super().alu(u, args)
-
-    def _shift(self, u: UOp, a: str, b: str) -> str:
-        """A shift by the type's width or more (or by a negative amount) gives 0, or the sign in every bit for a
-        signed right shift, as tiny.ir.alu says; C leaves it undefined."""
-        bits = u.dtype.scalar.itemsize * 8
-        amount = u.src[1]
-        text = f"({a}{'<<' if u.op is Ops.SHL else '>>'}{b})"
-        if amount.op is Ops.CONST and 0 <= amount.arg < bits:
-            return text
-        far = f"({a}>>{bits - 1})" if u.op is Ops.SHR and u.dtype.scalar.kind == "i" else "0"
-        return f"(((unsigned long long)({b}))>={bits}?{far}:{text})"
-
-    def _signed_div(self, u: UOp, a: str, b: str) -> str:
-        """C's / and % toward zero; a zero divisor gives 0; MIN / -1 wraps to MIN and MIN % -1 is 0 (C leaves both
-        undefined, and a CPU running this code traps)."""
-        divisor = u.src[1]
-        if divisor.op is Ops.CONST and divisor.arg not in (0, -1):
-            return f"({a}{'/' if u.op is Ops.IDIV else '%'}{b})"
-        if u.op is Ops.MOD:
-            return f"((({b})==0||({b})==-1)?0:({a}%{b}))"
-        wrapped = f"(({self.type_name(u.dtype)})(0ull-(unsigned long long)({a})))"
-        return f"(({b})==0?0:(({b})==-1?{wrapped}:({a}/{b})))"
 
     # ---------------------------------------------------------------- the kernel
 
