@@ -16,6 +16,8 @@ from typing import Any
 
 FRAMEWORKS = ("tiny", "numpy", "torch", "tinygrad")
 REFERENCES = FRAMEWORKS[1:]
+# the --gpu suite's columns: tiny against PyTorch, and against "peak", the GPU's copy bandwidth measured in the run
+GPU_FRAMEWORKS = ("tiny", "torch", "peak")
 MAX_RUNS = 1000  # timed runs of one side at most, however short they are
 
 Params = dict[str, Any]
@@ -49,6 +51,7 @@ class Metric:
 
 
 GFLOPS = Metric("GFLOPS", 1e-9, "flops")
+TFLOPS = Metric("TFLOPS", 1e-12, "flops")
 GBS = Metric("GB/s", 1e-9, "bytes")
 MS = Metric("ms", 1e3)
 US_PER_KERNEL = Metric("us/kernel", 1e6)
@@ -75,11 +78,13 @@ class Target:
 @dataclass(frozen=True)
 class Prepared:
     """One framework's side of a workload, ready to time: run() does the work once and waits for it. Figures are
-    per unit, where one run covers `units` of them (the kernels of one jitted call); note is shown with the row."""
+    per unit, where one run covers `units` of them (the kernels of one jitted call); note is shown with the row.
+    A side whose run does other work than the workload's (the peak bandwidth's copy) states its own amounts."""
 
     run: Callable[[], object]
     units: int = 1
     note: str = ""
+    amounts: dict[str, float] | None = None  # None: the workload's amounts
 
 
 Setup = Callable[[Params, str], Prepared]  # (sizes, tiny's device) -> the prepared side
@@ -118,6 +123,7 @@ class Result:
     units: int = 1
     over_budget: bool = False  # the warmup alone ran past the budget: its time is the one measurement
     note: str = ""
+    amounts: dict[str, float] | None = None  # the side's own amounts of work (Prepared.amounts), else None
     error: str = ""  # the exception's type and first line
     traceback: str = ""  # its innermost frames and whole message
 
@@ -140,7 +146,7 @@ def measure(prepared: Prepared, warmup: int, reps: int, budget: float, min_secon
     """Warm up, then time runs with perf_counter: at least `reps` of them, more while they add up to less than
     min_seconds (short workloads get many runs, so the minimum escapes a noisy neighbour), none past the budget.
     When the warmup alone exceeds the budget, its last run is the one measurement."""
-    result = Result("ok", units=prepared.units, note=prepared.note)
+    result = Result("ok", units=prepared.units, note=prepared.note, amounts=prepared.amounts)
     spent = 0.0
     for _ in range(max(warmup, 1)):
         seconds = _timed(prepared.run)

@@ -1,4 +1,5 @@
-"""The frameworks the suite compares: tiny, and the references NumPy, PyTorch and tinygrad where installed.
+"""The frameworks the suite compares: tiny, and the references NumPy, PyTorch and tinygrad where installed (and
+with --gpu "peak", the GPU's copy bandwidth as PyTorch measures it).
 
 Each `*_done` function makes sure the work behind its tensors has finished, so the time taken covers it.
 """
@@ -41,7 +42,10 @@ def versions() -> dict[str, str | None]:
 
 
 def installed(framework: str) -> bool:
-    return {"tiny": True, "numpy": True, "torch": torch is not None, "tinygrad": tinygrad is not None}[framework]
+    """Whether the framework can be imported here ("peak" is measured with PyTorch)."""
+    if framework in ("torch", "peak"):
+        return torch is not None
+    return tinygrad is not None if framework == "tinygrad" else framework in ("tiny", "numpy")
 
 
 def tiny_done(*tensors: Tensor) -> None:
@@ -49,6 +53,13 @@ def tiny_done(*tensors: Tensor) -> None:
     tensors[0].realize(*tensors[1:])
     for device in {t.device for t in tensors}:
         Device[device].synchronize()
+
+
+def torch_done(*tensors: object) -> None:
+    """Wait for the GPU behind the torch tensors; eager work on the CPU is done when the op returns."""
+    for device in {t.device for t in tensors}:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
 
 def tinygrad_done(*tensors: object) -> None:
@@ -60,6 +71,11 @@ def tinygrad_done(*tensors: object) -> None:
 def tiny_upload(array: np.ndarray, device: str) -> Tensor:
     """A realized tiny tensor holding the array's values."""
     return Tensor(array, device=device).realize()
+
+
+def torch_upload(array: np.ndarray, device: str) -> object:
+    """A torch tensor on the device holding the array's values (on "cpu", the array's own memory)."""
+    return torch.from_numpy(array).to(device)
 
 
 def tinygrad_upload(array: np.ndarray) -> object:

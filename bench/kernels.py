@@ -80,14 +80,20 @@ def _chain_torch(params: Params, device: str) -> Prepared:
     return Prepared(lambda: torch.exp2(torch.relu(a * b + c) * d - a))
 
 
+def chain(a, b, c, d):  # tiny, tinygrad or torch tensors of one shape
+    """The elementwise workload's 6 ops, for any tensor type with relu() and exp2() methods (tiny, tinygrad,
+    torch; the --gpu suite runs it too)."""
+    return ((a * b + c).relu() * d - a).exp2()
+
+
 def _chain_tiny(params: Params, device: str) -> Prepared:
     a, b, c, d = (tiny_upload(x, device) for x in random_arrays((params["n"],), 4))
-    return Prepared(lambda: tiny_done(((a * b + c).relu() * d - a).exp2()))
+    return Prepared(lambda: tiny_done(chain(a, b, c, d)))
 
 
 def _chain_tinygrad(params: Params, device: str) -> Prepared:
     a, b, c, d = (tinygrad_upload(x) for x in random_arrays((params["n"],), 4))
-    return Prepared(lambda: tinygrad_done(((a * b + c).relu() * d - a).exp2()))
+    return Prepared(lambda: tinygrad_done(chain(a, b, c, d)))
 
 
 ELEMENTWISE = Workload(

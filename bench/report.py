@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from bench.core import FRAMEWORKS, REFERENCES, Result, Workload
+from bench.core import FRAMEWORKS, Result, Workload
 from bench.frameworks import torch, versions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,8 +45,33 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def machine(device: str) -> dict[str, Any]:
-    """Where and with what the figures were taken."""
+def _nvidia_driver() -> str | None:
+    """The NVIDIA driver's version as nvidia-smi says it, None where there is no nvidia-smi or it fails."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return lines[0].strip() if done.returncode == 0 and lines else None
+
+
+def gpu(torch_device: str) -> dict[str, Any]:
+    """The GPU of a --gpu run: its name as PyTorch says it (None where PyTorch's device is not a CUDA GPU), the
+    driver's version (nvidia-smi) and the CUDA PyTorch was built with."""
+    name = None
+    if torch is not None and torch.device(torch_device).type == "cuda" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(torch.device(torch_device))
+    cuda = torch.version.cuda if torch is not None else None
+    return {"gpu": name, "gpu_driver": _nvidia_driver(), "torch_cuda": cuda, "torch_device": torch_device}
+
+
+def machine(device: str, torch_device: str | None = None) -> dict[str, Any]:
+    """Where and with what the figures were taken; with torch_device (a --gpu run), the GPU too."""
     commit = _git("rev-parse", "--short=12", "HEAD")
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else False
     return {
@@ -59,6 +84,7 @@ def machine(device: str) -> dict[str, Any]:
         "tiny_commit": (commit + " (with uncommitted changes)" if dirty else commit) if commit else None,
         "tiny_device": device,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        **(gpu(torch_device) if torch_device is not None else {}),
     }
 
 
@@ -69,7 +95,7 @@ def _side(workload: Workload, result: Result, quick: bool) -> dict[str, Any]:
     """One framework's entry in the JSON: its status and, when it ran, its figures."""
     entry: dict[str, Any] = {"status": result.status}
     if result.ok:
-        amounts = workload.amounts(workload.params(quick))
+        amounts = result.amounts or workload.amounts(workload.params(quick))
         best, median = max(result.best(), 1e-12), max(result.median(), 1e-12)
         entry["figures"] = {m.unit: m.figure(best, amounts) for m in workload.metrics}
         entry["median_figures"] = {m.unit: m.figure(median, amounts) for m in workload.metrics}
@@ -82,13 +108,13 @@ def _side(workload: Workload, result: Result, quick: bool) -> dict[str, Any]:
 
 
 def workload_entry(workload: Workload, results: dict[str, Result], quick: bool) -> dict[str, Any]:
-    """A workload's JSON entry: what it measures, each framework's side, tiny's ratios, and its target (not checked
-    with --quick, whose sizes are not the target's)."""
-    sides = {fw: _side(workload, results[fw], quick) for fw in FRAMEWORKS}
+    """A workload's JSON entry: what it measures, each framework's side (every framework of the suite, tiny first),
+    tiny's ratios, and its target (not checked with --quick, whose sizes are not the target's)."""
+    sides = {fw: _side(workload, result, quick) for fw, result in results.items()}
     first = workload.metrics[0]
     tiny = sides["tiny"].get("figures", {}).get(first.unit)
     ratios = {}
-    for ref in REFERENCES:
+    for ref in list(sides)[1:]:
         theirs = sides[ref].get("figures", {}).get(first.unit)
         if tiny is not None and theirs is not None:
             ratios[ref] = first.ratio(tiny, theirs)
@@ -146,8 +172,20 @@ def _cell(side: dict[str, Any], unit: str) -> str:
     return _number(side["figures"][unit]) + ("*" if side["over_budget"] else "")
 
 
-HEADER = ["workload", "size", "unit", *FRAMEWORKS, *(f"vs {r}" for r in REFERENCES), "target", "met?"]
-RIGHT = {"tiny", "numpy", "torch", "tinygrad", *(f"vs {r}" for r in REFERENCES)}
+def frameworks(report: dict) -> list[str]:
+    """The suite's frameworks, tiny first: every workload's results name all of them."""
+    entries = list(report["workloads"].values())
+    return list(entries[0]["results"]) if entries else list(FRAMEWORKS)
+
+
+def header(report: dict) -> list[str]:
+    names = frameworks(report)
+    return ["workload", "size", "unit", *names, *(f"vs {r}" for r in names[1:]), "target", "met?"]
+
+
+def _right(column: str) -> bool:
+    """Figures and ratios are right-aligned."""
+    return column not in ("workload", "size", "unit", "target", "met?")
 
 
 def _met(entry: dict[str, Any], quick: bool) -> str:
@@ -159,12 +197,13 @@ def _met(entry: dict[str, Any], quick: bool) -> str:
 def rows(report: dict) -> list[list[str]]:
     """One row per workload and unit: each framework's figure, tiny's ratios, the target and whether it is met."""
     quick = report["options"]["quick"]
+    names = frameworks(report)
     out = []
     for name, entry in report["workloads"].items():
         sides, ratios = entry["results"], entry["ratios"]
         for i, unit in enumerate(entry["metrics"]):
-            row = [name, _size(entry["params"]), unit, *(_cell(sides[fw], unit) for fw in FRAMEWORKS)]
-            row += [_ratio(ratios[r]) if r in ratios else "-" for r in REFERENCES]
+            row = [name, _size(entry["params"]), unit, *(_cell(sides[fw], unit) for fw in names)]
+            row += [_ratio(ratios[r]) if r in ratios else "-" for r in names[1:]]
             row += [entry["target"] or "", _met(entry, quick)] if i == 0 else ["", ""]
             out.append(row)
     return out
@@ -186,15 +225,16 @@ def notes(report: dict) -> list[str]:
 
 
 def text(report: dict) -> str:
-    table = [HEADER, *rows(report)]
-    widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
+    head = header(report)
+    table = [head, *rows(report)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
 
     def line(row: list[str]) -> str:
-        cells = [c.rjust(w) if h in RIGHT else c.ljust(w) for c, w, h in zip(row, widths, HEADER)]
+        cells = [c.rjust(w) if _right(h) else c.ljust(w) for c, w, h in zip(row, widths, head)]
         return "  ".join(cells).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    body = [line(HEADER), rule, *(line(r) for r in table[1:])]
+    body = [line(head), rule, *(line(r) for r in table[1:])]
     quick = [QUICK] if report["options"]["quick"] else []
     return "\n".join([*body, "", CONVENTION + "; " + STATISTIC, *quick, *notes(report)])
 
@@ -203,11 +243,13 @@ def markdown(report: dict) -> str:
     m, opts = report["machine"], report["options"]
     torch_text = f"{m['torch']} ({m['torch_threads']} threads)" if m["torch"] else "not installed"
     tinygrad_text = m["tinygrad"] or "not installed"
+    columns = header(report)
     head = [
-        "# tiny benchmark results",
+        "# tiny GPU benchmark results" if "gpu" in m else "# tiny benchmark results",
         "",
         f"Written by `{opts['command']}` on {m['date']}.",
         "",
+        *([_gpu_line(m)] if "gpu" in m else []),
         f"- CPU: {m['cpu']}, {m['cores']} cores; {m['os']}",
         f"- Python {m['python']}, NumPy {m['numpy']}, PyTorch {torch_text}, tinygrad {tinygrad_text}",
         f"- tiny: commit {m['tiny_commit'] or 'unknown'}, device {m['tiny_device']}",
@@ -215,9 +257,18 @@ def markdown(report: dict) -> str:
         *([f"- {QUICK}"] if opts["quick"] else []),
         f"- {CONVENTION}",
         "",
-        "| " + " | ".join(HEADER) + " |",
-        "|" + "|".join("---:" if h in RIGHT else "---" for h in HEADER) + "|",
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join("---:" if _right(h) else "---" for h in columns) + "|",
     ]
     body = ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows(report)]
     tail = notes(report)
     return "\n".join([*head, *body, *(["", "Notes:", ""] + [f"- {n}" for n in tail] if tail else []), ""])
+
+
+def _gpu_line(m: dict[str, Any]) -> str:
+    """The markdown header's line for the GPU of a --gpu run."""
+    name = m["gpu"] or f"none seen by PyTorch on {m['torch_device']}"
+    return (
+        f"- GPU: {name}; NVIDIA driver {m['gpu_driver'] or 'unknown (no nvidia-smi)'}; "
+        f"PyTorch's CUDA {m['torch_cuda'] or 'none'}, PyTorch on {m['torch_device']}"
+    )

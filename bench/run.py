@@ -4,6 +4,7 @@ and tiny's ratios, and write the JSON (and, with --markdown, the results file).
     python -m bench.run                         # everything, full sizes
     python -m bench.run --quick --only sum,softmax --json /tmp/r.json
     python -m bench.run --markdown bench/RESULTS.md
+    python -m bench.run --gpu                   # the GPU suite: tiny on CUDA against PyTorch on cuda
 """
 
 from __future__ import annotations
@@ -16,20 +17,31 @@ import sys
 from pathlib import Path
 
 from bench import report
-from bench.core import FRAMEWORKS, Result, Workload, guarded
+from bench.core import FRAMEWORKS, GPU_FRAMEWORKS, Result, Workload, guarded
 from bench.frameworks import installed
+from bench.gpu import gpu_workloads
 from bench.workloads import WORKLOADS, select
 from tiny.tensor import Device
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
+DEFAULT_GPU_JSON = DEFAULT_JSON.with_name("results_gpu.json")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     names = ", ".join(w.name for w in WORKLOADS)
+    gpu_names = ", ".join(w.name for w in gpu_workloads())
     p.add_argument("--quick", action="store_true", help="small sizes and 1-2 timed runs (the smoke test's mode)")
-    p.add_argument("--only", metavar="NAME[,NAME]", help=f"workloads or groups to run, of: {names}")
-    p.add_argument("--device", metavar="DEV", help="tiny's device (default: the default device)")
+    p.add_argument(
+        "--only", metavar="NAME[,NAME]", help=f"workloads or groups to run, of: {names} (--gpu: {gpu_names})"
+    )
+    p.add_argument("--device", metavar="DEV", help="tiny's device (default: the default device; CUDA with --gpu)")
+    p.add_argument("--gpu", action="store_true", help="run the GPU suite instead: tiny on --device, PyTorch on a GPU")
+    p.add_argument(
+        "--torch-device",
+        metavar="DEV",
+        help="PyTorch's device in the GPU suite (default cuda; cpu runs its code paths without a GPU, for the tests)",
+    )
     p.add_argument("--budget", type=float, default=120.0, metavar="SECONDS", help="time per workload and framework")
     p.add_argument("--reps", type=int, metavar="N", help="timed runs per workload (default: each workload's own)")
     p.add_argument(
@@ -38,17 +50,24 @@ def parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="keep timing a short workload until its runs add up to this (default 1, 0 with --quick)",
     )
-    p.add_argument("--json", type=Path, default=DEFAULT_JSON, metavar="PATH", help="where the JSON goes")
+    p.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="where the JSON goes (default bench/results.json; --gpu: results_gpu.json)",
+    )
     p.add_argument("--markdown", type=Path, metavar="PATH", help="also write the table as markdown, with a header")
     return p
 
 
-def run_workload(workload: Workload, args: argparse.Namespace, device: str) -> dict[str, Result]:
+def run_workload(
+    workload: Workload, args: argparse.Namespace, device: str, frameworks: tuple[str, ...] = FRAMEWORKS
+) -> dict[str, Result]:
     """Each framework's side of one workload; a side that fails is an error result, the others still run."""
     params = workload.params(args.quick)
     reps = args.reps or (workload.quick_reps if args.quick else workload.reps)
     results = {}
-    for fw in FRAMEWORKS:
+    for fw in frameworks:
         if not installed(fw):
             results[fw] = Result("not installed")
         elif fw not in workload.setups:
@@ -59,7 +78,7 @@ def run_workload(workload: Workload, args: argparse.Namespace, device: str) -> d
             results[fw] = result
             gc.collect()  # drop this side's inputs before the next side makes its own
             shown = f"{result.best():.6f} s" if result.ok else result.status
-            print(f"  {workload.name:<14} {fw:<9} {shown}", file=sys.stderr, flush=True)
+            print(f"  {workload.name:<20} {fw:<9} {shown}", file=sys.stderr, flush=True)
     return results
 
 
@@ -68,22 +87,29 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.min_time is None:
         args.min_time = 0.0 if args.quick else 1.0
+    if args.torch_device is not None and not args.gpu:
+        p.error("--torch-device goes with --gpu (the CPU suite runs PyTorch on the CPU)")
+    torch_device = (args.torch_device or "cuda") if args.gpu else None
+    json_path = args.json or (DEFAULT_GPU_JSON if args.gpu else DEFAULT_JSON)
     try:
-        workloads = select(args.only)
-        device = Device.canonicalize(args.device) if args.device else Device.DEFAULT
+        workloads = select(args.only, gpu_workloads(torch_device) if args.gpu else WORKLOADS)
+        name = args.device or ("CUDA" if args.gpu else None)
+        device = Device.canonicalize(name) if name else Device.DEFAULT
     except Exception as exc:  # an unknown workload or device name
         p.error(str(exc))
     command = shlex.join(["python", "-m", "bench.run", *(sys.argv[1:] if argv is None else argv)])
     options = {"quick": args.quick, "budget_s": args.budget, "min_time_s": args.min_time, "reps": args.reps}
     options["command"] = command
-    meta = {"machine": report.machine(device), "options": options}
-    print(f"bench: {len(workloads)} workload(s), tiny on {device}", file=sys.stderr, flush=True)
-    results = {w.name: run_workload(w, args, device) for w in workloads}
+    meta = {"machine": report.machine(device, torch_device), "options": options}
+    where = f", PyTorch on {torch_device} ({meta['machine']['gpu'] or 'no GPU'})" if args.gpu else ""
+    print(f"bench: {len(workloads)} workload(s), tiny on {device}{where}", file=sys.stderr, flush=True)
+    frameworks = GPU_FRAMEWORKS if args.gpu else FRAMEWORKS
+    results = {w.name: run_workload(w, args, device, frameworks) for w in workloads}
     full = report.build(workloads, results, meta)
     print(report.text(full))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(full, indent=2) + "\n")
-    print(f"\nJSON written to {args.json}")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(full, indent=2) + "\n")
+    print(f"\nJSON written to {json_path}")
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(report.markdown(full))

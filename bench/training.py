@@ -1,5 +1,6 @@
 """One training step of a small MNIST CNN with Adam, on tiny (jitted when TinyJit exists), PyTorch eager and
-tinygrad (TinyJit). The batch is random data of MNIST's shape; the same batch is used for every step.
+tinygrad (TinyJit). The batch is random data of MNIST's shape; the same batch is used for every step. The --gpu
+suite runs the same step: tiny's side on tiny's GPU device, `torch_mnist_step` on torch's.
 
 The model: Conv2d(1,32,5) relu, Conv2d(32,32,5) relu, BatchNorm2d(32), max_pool2d(2), Conv2d(32,64,3) relu,
 Conv2d(64,64,3) relu, BatchNorm2d(64), max_pool2d(2), flatten, Linear(576,10); cross-entropy loss; Adam lr 1e-3.
@@ -13,7 +14,17 @@ from functools import partial
 import numpy as np
 
 from bench.core import MS, Params, Prepared, Target, Workload
-from bench.frameworks import TinyJit, tiny_done, tiny_upload, tinygrad, tinygrad_done, tinygrad_upload, torch
+from bench.frameworks import (
+    TinyJit,
+    tiny_done,
+    tiny_upload,
+    tinygrad,
+    tinygrad_done,
+    tinygrad_upload,
+    torch,
+    torch_done,
+    torch_upload,
+)
 from tiny import nn
 from tiny.nn.state import get_parameters
 from tiny.tensor import Tensor
@@ -64,6 +75,11 @@ def _mnist_tiny(params: Params, device: str) -> Prepared:
 
 
 def _mnist_torch(params: Params, device: str) -> Prepared:
+    return torch_mnist_step(params, "cpu")
+
+
+def torch_mnist_step(params: Params, torch_device: str) -> Prepared:
+    """PyTorch's side, eager, on torch_device ("cpu" here, "cuda" in the --gpu suite)."""
     torch.manual_seed(0)
     layers = torch.nn
     model = layers.Sequential(
@@ -81,16 +97,18 @@ def _mnist_torch(params: Params, device: str) -> Prepared:
         layers.MaxPool2d(2),
         layers.Flatten(),
         layers.Linear(576, 10),
-    ).train()
+    )
+    model = model.to(torch_device).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     images, labels = _batch(params)
-    x, y = torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
+    x, y = torch_upload(images, torch_device), torch_upload(labels.astype(np.int64), torch_device)
 
     def step() -> object:
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
+        torch_done(loss)
         return loss
 
     return Prepared(step, note="eager")

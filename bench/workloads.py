@@ -23,14 +23,14 @@ WORKLOADS: tuple[Workload, ...] = (
 )
 
 
-def select(only: str | None) -> list[Workload]:
+def select(only: str | None, workloads: tuple[Workload, ...] = WORKLOADS) -> list[Workload]:
     """The workloads named in a comma-separated list (a workload's name, or its group: "matmul" is all three);
-    every workload when only is None."""
+    every workload when only is None. `workloads` is the suite to choose from (the GPU suite's, with --gpu)."""
     if not only:
-        return list(WORKLOADS)
+        return list(workloads)
     names = [n.strip() for n in only.split(",") if n.strip()]
-    known = {w.name for w in WORKLOADS} | {w.group for w in WORKLOADS}
+    known = {w.name for w in workloads} | {w.group for w in workloads}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown workload(s) {unknown}; the workloads are {[w.name for w in WORKLOADS]}")
-    return [w for w in WORKLOADS if w.name in names or w.group in names]
+        raise ValueError(f"unknown workload(s) {unknown}; the workloads are {[w.name for w in workloads]}")
+    return [w for w in workloads if w.name in names or w.group in names]

@@ -1,5 +1,6 @@
 """Smoke test of the benchmark suite at the repository root: `python -m bench.run --quick` on a few fast workloads
-runs, prints its table and writes JSON with finite, positive figures for tiny and NumPy. It never checks a time:
+runs, prints its table and writes JSON with finite, positive figures for tiny and NumPy; the GPU suite
+(`--gpu --quick`) runs every workload with tiny on the CPU device and PyTorch on the CPU. It never checks a time:
 benchmarks measure, tests check."""
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 WORKLOADS = ("matmul512", "elementwise", "sum", "softmax", "overhead_each")
 FRAMEWORKS = ("tiny", "numpy", "torch", "tinygrad")
+GPU_WORKLOADS = (
+    *(f"gpu_matmul_{dtype}_{n}" for n in (4096, 8192) for dtype in ("fp16", "bf16")),
+    "gpu_elementwise",
+    "gpu_softmax",
+    "gpu_mnist_step",
+    "gpu_jit_launch",
+)
+GPU_FRAMEWORKS = ("tiny", "torch", "peak")
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +83,57 @@ def test_table_has_a_row_per_workload_and_unit(run: tuple[dict, str]) -> None:
     for name in WORKLOADS:
         assert any(line.startswith(name + " ") for line in lines), name
     assert sum(line.startswith("sum ") for line in lines) == 2  # GB/s and ms
+
+
+@pytest.fixture(scope="module")
+def gpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    """The JSON report and the table of one quick run of the GPU suite with tiny on the CPU device and PyTorch on
+    the CPU (--torch-device cpu): every code path of the GPU workloads but PyTorch's CUDA graph capture."""
+    out = tmp_path_factory.mktemp("bench_gpu") / "results_gpu.json"
+    cmd = [sys.executable, "-m", "bench.run", "--gpu", "--quick", "--device", "CPU", "--torch-device", "cpu"]
+    done = subprocess.run([*cmd, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"bench.run --gpu exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return json.loads(out.read_text()), done.stdout
+
+
+def test_gpu_suite_has_its_workloads_columns_and_machine(gpu_run: tuple[dict, str]) -> None:
+    report, table = gpu_run
+    assert list(report["workloads"]) == list(GPU_WORKLOADS)
+    assert report["machine"]["tiny_device"] == "CPU" and report["machine"]["torch_device"] == "cpu"
+    assert report["machine"]["gpu"] is None  # PyTorch on the CPU names no GPU
+    assert "gpu_driver" in report["machine"] and "torch_cuda" in report["machine"]
+    head = table.splitlines()[0].split()
+    assert head[:6] == ["workload", "size", "unit", *GPU_FRAMEWORKS] and "peak" in head[6:], head
+
+
+@pytest.mark.parametrize("name", GPU_WORKLOADS)
+def test_gpu_workload_has_tiny_and_torch_figures_and_its_target_ratio(gpu_run: tuple[dict, str], name: str) -> None:
+    entry = gpu_run[0]["workloads"][name]
+    assert tuple(entry["results"]) == GPU_FRAMEWORKS
+    for framework in ("tiny", "torch"):
+        side = entry["results"][framework]
+        assert side["status"] == "ok", side
+        assert set(side["figures"]) == set(entry["metrics"])
+        assert all(_finite_positive(v) for v in side["figures"].values()), side["figures"]
+    assert _finite_positive(entry["ratios"]["torch"])
+    if entry["target"]:  # ">=0.7x torch": the ratio its check reads is there; --quick does not check it
+        assert _finite_positive(entry["ratios"][entry["target"].split()[-1]]), entry["target"]
+        assert entry["target_met"] is None
+    expected_peak = "ok" if name == "gpu_elementwise" else "none"
+    assert entry["results"]["peak"]["status"] == expected_peak
+
+
+def test_gpu_elementwise_ratio_is_against_the_copy_bandwidth(gpu_run: tuple[dict, str]) -> None:
+    entry = gpu_run[0]["workloads"]["gpu_elementwise"]
+    tiny, peak = entry["results"]["tiny"], entry["results"]["peak"]
+    # the peak counts its own copy's bytes, read and written; tiny counts the chain's 4 inputs and 1 output
+    assert peak["figures"]["GB/s"] == pytest.approx(2 * entry["params"]["copy_bytes"] / peak["seconds"] / 1e9)
+    assert tiny["figures"]["GB/s"] == pytest.approx(5 * 4 * entry["params"]["n"] / tiny["seconds"] / 1e9)
+    assert entry["ratios"]["peak"] == pytest.approx(tiny["figures"]["GB/s"] / peak["figures"]["GB/s"])
+    assert entry["target"] == ">=0.85x peak"
+
+
+def test_torch_device_is_refused_without_gpu() -> None:
+    cmd = [sys.executable, "-m", "bench.run", "--torch-device", "cpu", "--only", "sum"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--torch-device goes with --gpu" in done.stderr

@@ -1,0 +1,212 @@
+"""The GPU suite (`python -m bench.run --gpu`): tiny on a GPU device against PyTorch on CUDA, in the same run.
+
+fp16 and bf16 matmul, the fused elementwise chain against the GPU's copy bandwidth measured in the run ("peak"),
+softmax, the MNIST training step and a jitted function's cost per replayed kernel. tiny's sides are the CPU suite's
+tiny setups, run on tiny's GPU device, except matmul (its dtype); PyTorch's run on `torch_device` and wait for it
+inside the timed function (torch.cuda.synchronize). `gpu_workloads("cpu")` points PyTorch at the CPU, which is how
+the smoke test runs every code path here but the CUDA graph capture on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from bench.core import GBS, MS, TFLOPS, US_PER_KERNEL, Params, Prepared, Target, Workload
+from bench.frameworks import random_arrays, tiny_done, tiny_upload, torch, torch_done, torch_upload
+from bench.kernels import ELEMENTWISE, SOFTMAX, chain
+from bench.overhead import JIT_REPLAY, SMALL
+from bench.training import MNIST_STEP, torch_mnist_step
+from tiny.tensor import dtypes
+
+CHECKED = 64  # the top-left CHECKED x CHECKED block of tiny's matmul is compared with NumPy's
+MATMUL_RTOL = 1e-2  # of the block's largest value: fp16/bf16 inputs and output, accumulation in float32
+
+# ---------------------------------------------------------------- matmul: C = A @ B, N x N, fp16 or bf16
+
+
+def _matmul_inputs(params: Params) -> list[np.ndarray]:
+    """float32 inputs, the same for both sides; each side casts them on its device."""
+    return random_arrays((params["N"], params["N"]), 2)
+
+
+def _matmul_tiny(params: Params, device: str) -> Prepared:
+    a32, b32 = _matmul_inputs(params)
+    dtype = getattr(dtypes, params["dtype"])
+    a, b = (tiny_upload(x, device).cast(dtype).realize() for x in (a32, b32))
+    product = (a @ b).realize()  # the kernel the timed runs use, compiled here and checked once
+    got = product[:CHECKED, :CHECKED].float().numpy()
+    want = a32[:CHECKED] @ b32[:, :CHECKED]
+    error = float(np.abs(got - want).max() / np.abs(want).max())
+    if not error <= MATMUL_RTOL:  # a wrong kernel is reported as an error, not as a figure
+        raise RuntimeError(f"tiny's {params['dtype']} product is off by {error:.3g} of its largest value")
+    return Prepared(lambda: tiny_done(a @ b))
+
+
+def _matmul_torch(params: Params, device: str, torch_device: str) -> Prepared:
+    dtype = getattr(torch, params["dtype"])
+    a, b = (torch_upload(x, torch_device).to(dtype) for x in _matmul_inputs(params))
+    return Prepared(lambda: torch_done(a @ b))
+
+
+def _matmul(n: int, quick_n: int, dtype: str, torch_device: str) -> Workload:
+    short = {"float16": "fp16", "bfloat16": "bf16"}[dtype]
+    return Workload(
+        name=f"gpu_matmul_{short}_{n}",
+        group="gpu_matmul",
+        what=f"{dtype} matmul of two N x N matrices (float32 inputs cast on the device), N={n}; TFLOPS = 2 N^3 / time",
+        metrics=(TFLOPS,),
+        full={"N": n, "dtype": dtype},
+        quick={"N": quick_n, "dtype": dtype},
+        amounts=lambda p: {"flops": 2 * p["N"] ** 3},
+        setups={"tiny": _matmul_tiny, "torch": partial(_matmul_torch, torch_device=torch_device)},
+        target=Target(">=0.7x torch", "torch", 0.7),
+    )
+
+
+# ---------------------------------------------------------------- elementwise, against the GPU's copy bandwidth
+
+
+def _chain_torch(params: Params, device: str, torch_device: str) -> Prepared:
+    a, b, c, d = (torch_upload(x, torch_device) for x in random_arrays((params["n"],), 4))
+    return Prepared(lambda: torch_done(chain(a, b, c, d)), note="eager: a kernel per op")
+
+
+def _copy_peak(params: Params, device: str, torch_device: str) -> Prepared:
+    """The GPU's bandwidth as measured here: PyTorch's device-to-device copy of copy_bytes, counting the bytes read
+    and the bytes written."""
+    size = params["copy_bytes"]
+    src = torch.rand(size // 4, device=torch_device)
+    dst = torch.empty_like(src)
+    amount = f"{size / 2**30:g} GiB" if size >= 2**30 else f"{size / 2**20:g} MiB"
+    note = f"PyTorch dst.copy_(src) of {amount}, bytes read + written: measured, not a datasheet figure"
+    return Prepared(lambda: torch_done(dst.copy_(src)), amounts={"bytes": 2 * size}, note=note)
+
+
+def _elementwise(torch_device: str) -> Workload:
+    return Workload(
+        name="gpu_elementwise",
+        group="gpu_elementwise",
+        what=f"{ELEMENTWISE.what}; ratio against peak, the GPU's copy bandwidth measured in the run",
+        metrics=(GBS,),
+        full={"n": 64 * 2**20, "copy_bytes": 2**30},
+        quick={"n": 2**20, "copy_bytes": 4 * 2**20},
+        amounts=ELEMENTWISE.amounts,
+        setups={
+            "tiny": ELEMENTWISE.setups["tiny"],
+            "torch": partial(_chain_torch, torch_device=torch_device),
+            "peak": partial(_copy_peak, torch_device=torch_device),
+        },
+        target=Target(">=0.85x peak", "peak", 0.85),
+    )
+
+
+# ---------------------------------------------------------------- softmax
+
+
+def _softmax_torch(params: Params, device: str, torch_device: str) -> Prepared:
+    x = torch_upload(random_arrays((params["rows"], params["cols"]), 1)[0], torch_device)
+    return Prepared(lambda: torch_done(torch.softmax(x, dim=-1)))
+
+
+def _softmax(torch_device: str) -> Workload:
+    return Workload(
+        name="gpu_softmax",
+        group="gpu_softmax",
+        what="softmax of a rows x cols float32 matrix along the last axis",
+        metrics=(MS,),
+        full={"rows": 8192, "cols": 8192},
+        quick={"rows": 256, "cols": 256},
+        setups={"tiny": SOFTMAX.setups["tiny"], "torch": partial(_softmax_torch, torch_device=torch_device)},
+    )
+
+
+# ---------------------------------------------------------------- the MNIST training step
+
+
+def _mnist_torch(params: Params, device: str, torch_device: str) -> Prepared:
+    return torch_mnist_step(params, torch_device)
+
+
+def _mnist(torch_device: str) -> Workload:
+    return Workload(
+        name="gpu_mnist_step",
+        group="gpu_mnist",
+        what=f"{MNIST_STEP.what}; tiny under TinyJit, PyTorch eager",
+        metrics=(MS,),
+        full=MNIST_STEP.full,
+        quick=MNIST_STEP.quick,
+        setups={"tiny": MNIST_STEP.setups["tiny"], "torch": partial(_mnist_torch, torch_device=torch_device)},
+        target=Target(">=1x torch", "torch", 1.0),
+        warmup=MNIST_STEP.warmup,
+        reps=MNIST_STEP.reps,
+        quick_reps=MNIST_STEP.quick_reps,
+    )
+
+
+# ---------------------------------------------------------------- a jitted function's launch cost per kernel
+
+
+def _launch_torch(params: Params, device: str, torch_device: str) -> Prepared:
+    """The same kernels as tiny's jit replay (x * 0.5 + 1, one kernel each: torch.add(one, x, alpha=0.5)) captured
+    once in a CUDA graph and replayed; eager where PyTorch's device is not a GPU (the smoke test)."""
+    kernels, calls = params["kernels"], params["calls"]
+    start = torch_upload(SMALL, torch_device)
+    one = torch.ones_like(start)
+
+    def chain_of_kernels() -> object:
+        x = start
+        for _ in range(kernels):
+            x = torch.add(one, x, alpha=0.5)
+        return x
+
+    if start.device.type != "cuda":
+
+        def run_eagerly() -> None:
+            for _ in range(calls):
+                out = chain_of_kernels()
+            torch_done(out)
+
+        return Prepared(run_eagerly, units=calls * kernels, note=f"{kernels} kernels per call, eager: not a GPU")
+    side = torch.cuda.Stream(device=start.device)  # warm up on a side stream before capturing, as torch asks
+    side.wait_stream(torch.cuda.current_stream(start.device))
+    with torch.cuda.stream(side):
+        chain_of_kernels()
+    torch.cuda.current_stream(start.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain_of_kernels()
+
+    def replay() -> None:
+        for _ in range(calls):
+            graph.replay()
+        torch_done(out)
+
+    return Prepared(replay, units=calls * kernels, note=f"{kernels} kernels per call in a torch.cuda.CUDAGraph")
+
+
+def _jit_launch(torch_device: str) -> Workload:
+    return Workload(
+        name="gpu_jit_launch",
+        group="gpu_overhead",
+        what=f"{JIT_REPLAY.what}; PyTorch: the same kernels replayed from a CUDA graph",
+        metrics=(US_PER_KERNEL,),
+        full=JIT_REPLAY.full,
+        quick=JIT_REPLAY.quick,
+        setups={"tiny": JIT_REPLAY.setups["tiny"], "torch": partial(_launch_torch, torch_device=torch_device)},
+    )
+
+
+def gpu_workloads(torch_device: str = "cuda") -> tuple[Workload, ...]:
+    """The GPU suite in table order, with PyTorch's sides on torch_device."""
+    return (
+        _matmul(4096, 64, "float16", torch_device),
+        _matmul(4096, 64, "bfloat16", torch_device),
+        _matmul(8192, 128, "float16", torch_device),
+        _matmul(8192, 128, "bfloat16", torch_device),
+        _elementwise(torch_device),
+        _softmax(torch_device),
+        _mnist(torch_device),
+        _jit_launch(torch_device),
+    )
