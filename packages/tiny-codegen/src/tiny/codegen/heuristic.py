@@ -18,6 +18,8 @@ THREAD_MIN_WORK = 1 << 20  # iterations below which splitting across threads cos
 SMALL_DIM = 7  # dims this small are written out whole where that lets masks fold away
 MASKED_LANES = 64  # ... up to this many values per thread
 TILE_LANES = 32  # register tiles of a matrix product or convolution grow until they hold this many outputs
+WORKGROUP = 256  # threads per workgroup on GPUs
+GROUP_THREADS = (256, 128, 64, 32, 16)  # threads that share one output of a reduction read along its memory
 
 
 def hand_opts(kernel: Kernel) -> list[Opt]:
@@ -74,6 +76,10 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
         red_dim = next((d for d in sorted(k.reduce_dims) if any(_stride(v, d) == 1 for v in loads)), None)
         if red_dim is not None:  # reading along the reduction: accumulate lanes in a vector register
             attempt(OptOps.UNROLL, _axis(k, red_dim), (2 * lanes, lanes, 4, 2))
+            if caps.has_shared:  # a workgroup's threads share each output, reading side by side (coalesced)
+                axis = _axis(k, red_dim)
+                size = k.axes[axis].size if axis is not None else 0
+                attempt(OptOps.GROUP, axis, tuple(g for g in GROUP_THREADS if size >= 4 * g))
         elif out_dim is not None:  # reading across the outputs: vectors of outputs
             attempt(OptOps.UPCAST, _axis(k, out_dim), (lanes, 4, 2))
     elif out_dim is not None:  # elementwise: vector loads and stores along the contiguous dim
@@ -156,13 +162,16 @@ def _panel_order(
 
 
 def _local_opts(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> None:
-    """Workgroups on GPUs: group up to 16 x 16 threads from the innermost global dims."""
-    budget = 256
+    """Workgroups on GPUs: up to 256 threads (with those a grouped reduction has already), 16 x 16 from the two
+    innermost global dims, or all from the one where the output has only one dim of any size."""
+    budget = WORKGROUP // math.prod(p.size for p in k.of_kind(Kind.GROUP))
+    globals_ = [p for p in k.axes if p.kind is Kind.GLOBAL and p.size > 1]
+    widest = budget if len(globals_) == 1 else 16
     for i in reversed(range(len(k.axes))):
         p = k.axes[i]
         if p.kind is not Kind.GLOBAL or budget < 2:
             continue
-        for amt in (16, 8, 4, 2):
+        for amt in (a for a in (256, 128, 64, 32, 16, 8, 4, 2) if a <= widest):
             if amt <= budget and p.size % amt == 0 and attempt(OptOps.LOCAL, i, (amt,)):
                 budget //= amt
                 break

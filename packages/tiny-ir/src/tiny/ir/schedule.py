@@ -257,6 +257,7 @@ lift_reshapes = PatternMatcher(
 
 SPLIT_MIN = 1 << 15  # a reduction of at least this many elements into ...
 SPLIT_MAX_OUT = 16  # ... at most this many outputs runs as two kernels, the first with many outputs (cores, vectors)
+SPLIT_DS = (256, 128, 64, 32, 16, 8)  # the number of partial results, the largest that leaves each 1024 or more
 
 
 def _split_reduce(r: UOp) -> UOp | None:
@@ -272,7 +273,10 @@ def _split_reduce(r: UOp) -> UOp | None:
     if loops and n > loops:  # two stages of about sqrt(n) iterations each
         d = next((d for d in range(math.isqrt(n), 1, -1) if n % d == 0 and n // d <= loops), None)
     elif n >= SPLIT_MIN and _prod(r.shape) <= SPLIT_MAX_OUT:
-        d = next((d for d in (256, 128, 64, 32, 16, 8) if n % d == 0 and n // d >= 1024), None)
+        # a GPU's workgroups each take one partial (its threads sharing it): as many as fill the GPU, each long enough
+        # for a workgroup; a CPU's threads and vectors are fed by fewer, longer partials
+        ds, least = ((1024, 512, 256, 128, 64, 32, 16, 8), 4096) if caps and caps.has_shared else (SPLIT_DS, 1024)
+        d = next((d for d in ds if n % d == 0 and n // d >= least), None)
     else:
         return None
     if d is None:
