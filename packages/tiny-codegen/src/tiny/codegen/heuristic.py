@@ -20,6 +20,8 @@ MASKED_LANES = 64  # ... up to this many values per thread
 TILE_LANES = 32  # register tiles of a matrix product or convolution grow until they hold this many outputs
 WORKGROUP = 256  # threads per workgroup on GPUs
 GROUP_THREADS = (256, 128, 64, 32, 16)  # threads that share one output of a reduction read along its memory
+GPU_BIG = 1 << 22  # elements of an elementwise GPU kernel from which each thread takes two vectors
+FEW_OUTPUTS = 1 << 16  # a GPU kernel with fewer outputs than this shares each one across a workgroup
 
 
 def hand_opts(kernel: Kernel) -> list[Opt]:
@@ -49,12 +51,17 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
     store_view: View = k.store.src[1].arg
     out_dim = _contiguous_dim(store_view, k)
     masked = {d for v in loads if v.mask for d, (lo, hi) in enumerate(v.mask) if (lo, hi) != (0, v.shape[d])}
+    outputs = [d for d in range(len(k.full_shape)) if d not in k.reduce_dims]
+    # on a GPU, a reduction with few outputs (a weight's gradient: a long reduction over the batch) needs its threads
+    # for the reduction, not for register tiles: there it is a plain reduction shared by workgroups
+    few = caps.has_shared and bool(k.reduce_dims) and math.prod(k.full_shape[d] for d in outputs) < FEW_OUTPUTS
     for p in list(k.axes):  # small dims that masks depend on (a window's offsets): written out, the masks fold away
+        if few:
+            break
         if p.dim in masked and p.size <= SMALL_DIM and k.lanes() * p.size <= MASKED_LANES:
             attempt(OptOps.UPCAST if p.kind is Kind.GLOBAL else OptOps.UNROLL, k.axes.index(p), (0,))
-    outputs = [d for d in range(len(k.full_shape)) if d not in k.reduce_dims]
     reuse = {d for d in outputs if any(_broadcast(v, d) for v in loads) and k.reduce_dims}
-    if k.reduce_dims and reuse:  # a matrix product or a convolution: tile outputs in registers
+    if k.reduce_dims and reuse and not few:  # a matrix product or a convolution: tile outputs in registers
         for p in list(k.of_kind(Kind.REDUCE)):  # small reduce dims (a convolution's window) written out in full
             if p.size <= SMALL_DIM and len(k.of_kind(Kind.REDUCE)) > 1:
                 attempt(OptOps.UNROLL, k.axes.index(p), (0,))
@@ -76,14 +83,15 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
         red_dim = next((d for d in sorted(k.reduce_dims) if any(_stride(v, d) == 1 for v in loads)), None)
         if red_dim is not None:  # reading along the reduction: accumulate lanes in a vector register
             attempt(OptOps.UNROLL, _axis(k, red_dim), (2 * lanes, lanes, 4, 2))
-            if caps.has_shared:  # a workgroup's threads share each output, reading side by side (coalesced)
-                axis = _axis(k, red_dim)
-                size = k.axes[axis].size if axis is not None else 0
-                attempt(OptOps.GROUP, axis, tuple(g for g in GROUP_THREADS if size >= 4 * g))
         elif out_dim is not None:  # reading across the outputs: vectors of outputs
             attempt(OptOps.UPCAST, _axis(k, out_dim), (lanes, 4, 2))
+        if caps.has_shared:
+            _group(k, red_dim, few, attempt)
     elif out_dim is not None:  # elementwise: vector loads and stores along the contiguous dim
-        attempt(OptOps.UPCAST, _axis(k, out_dim), (lanes, 4, 2))
+        # a big one on a GPU: two vectors per thread, more bytes in flight (64M floats on an H100: 3.0 TB/s, 2.8
+        # with one)
+        big = caps.has_local and math.prod(k.full_shape) >= GPU_BIG
+        attempt(OptOps.UPCAST, _axis(k, out_dim), ((2 * lanes,) if big else ()) + (lanes, 4, 2))
     work = math.prod(k.full_shape)
     if caps.threads > 1 and work >= THREAD_MIN_WORK:
         counts = [t for t in range(caps.threads, 1, -1)]
@@ -159,6 +167,22 @@ def _panel_order(
         if rows and globals_[-1] is not rows[-1]:
             attempt(OptOps.SWAP, k.axes.index(rows[-1]), (k.axes.index(globals_[-1]),))
         return
+
+
+def _group(
+    k: Kernel, red_dim: int | None, few: bool, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]
+) -> None:
+    """A workgroup's threads share each output of a reduction: along memory where the reduction reads a long
+    contiguous stretch (side by side: coalesced), else, where outputs are few, along the longest reduce dim."""
+    axis = _axis(k, red_dim) if red_dim is not None else None
+    if axis is not None and k.axes[axis].size >= 4 * GROUP_THREADS[-1]:
+        size = k.axes[axis].size
+        attempt(OptOps.GROUP, axis, tuple(g for g in GROUP_THREADS if size >= 4 * g))
+    elif few:
+        reduce_axes = [i for i, p in enumerate(k.axes) if p.kind is Kind.REDUCE]
+        if reduce_axes:
+            axis = max(reduce_axes, key=lambda i: k.axes[i].size)
+            attempt(OptOps.GROUP, axis, tuple(g for g in GROUP_THREADS if k.axes[axis].size >= g))
 
 
 def _local_opts(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> None:
