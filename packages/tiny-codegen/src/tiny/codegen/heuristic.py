@@ -179,6 +179,11 @@ def _group(
         size = k.axes[axis].size
         attempt(OptOps.GROUP, axis, tuple(g for g in GROUP_THREADS if size >= 4 * g))
     elif few:
+        # a workgroup shares an output only where at most 3 output dims are left (the hardware's): small ones
+        # (a convolution window's, in its weight's gradient) are written out
+        while len(outer := [p for p in k.axes if p.kind is Kind.GLOBAL and p.size > 1]) > 3:
+            if not attempt(OptOps.UPCAST, k.axes.index(min(outer, key=lambda p: p.size)), (0,)):
+                return
         reduce_axes = [i for i, p in enumerate(k.axes) if p.kind is Kind.REDUCE]
         if reduce_axes:
             axis = max(reduce_axes, key=lambda i: k.axes[i].size)
