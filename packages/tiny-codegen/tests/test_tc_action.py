@@ -224,7 +224,8 @@ def test_a_warp_must_fit_the_workgroup() -> None:
 def test_heuristics_and_beam_offer_tensor_cores() -> None:
     caps = caps_of("sm_80")
     opts = hand_opts(Kernel(matmul(64, 64, 64), caps))
-    assert opts[0] == Opt(OptOps.TC, 2, 0) and Opt(OptOps.UPCAST, 0, 2) in opts
+    assert opts[0] == Opt(OptOps.TC, 2, 0) and Opt(OptOps.UPCAST, 0, 4) in opts, "4 tiles along M per warp"
+    assert Kernel(matmul(64, 64, 64), caps).apply_opts(opts).lanes() >= 32, "and 8 along N: a 64 x 64 warp tile"
     bf = hand_opts(Kernel(matmul(64, 64, 64, bf16), caps))
     assert bf[0] == Opt(OptOps.TC, 2, 1), "the bfloat16 tensor core"
     assert all(o.op is not OptOps.TC for o in hand_opts(Kernel(matmul(64, 64, 64, f32), caps)))

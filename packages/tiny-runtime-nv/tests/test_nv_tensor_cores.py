@@ -37,7 +37,7 @@ def mma(dtype: str) -> str:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cuda_c_compiles_to_mma(arch: str, dtype: str) -> None:
     (k,) = render_schedule("matmul", matmul(dtype), CUDARenderer(target(arch)))
-    assert sum(u.op is Ops.WMMA for u in k.uops) == 4, "the heuristics' plan: two tiles per warp, two steps of K"
+    assert sum(u.op is Ops.WMMA for u in k.uops) == 64, "the heuristics' plan: 4 x 8 tiles per warp, two steps of K"
     assert mma(dtype) in k.src
     assert mma(dtype) in nvrtc_ptx(k.src, arch), "NVRTC keeps the instruction"
     assert compile_cuda(nvrtc(), k.src, arch, cubin=True)[:4] == b"\x7fELF"
