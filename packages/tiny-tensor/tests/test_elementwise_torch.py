@@ -162,6 +162,11 @@ UNIT = values(0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, -1.5, INF, -INF, NAN, 1e-3)
 
 @pytest.mark.parametrize("name", [n for n in UNARY if n not in ("asin", "acos", "atanh", "acosh", "log1p")])
 def test_special_values(device: str, name: str) -> None:
+    if name == "gelu" and torch.isnan(torch.nn.functional.gelu(torch.tensor(INF))):
+        # PyTorch before 2.12 gives NaN for gelu(inf) on the CPU (inf * 0.5 * erfc(-inf) is inf): compare the rest
+        forward(device, UNARY[name][0], SPECIAL[SPECIAL != INF])
+        assert Tensor([INF], device=device).gelu().tolist() == [INF]
+        return
     forward(device, UNARY[name][0], SPECIAL)
 
 

@@ -1,0 +1,70 @@
+"""The hand-written rules' choices for GPUs (what an H100 measured them against is in bench/RESULTS_GPU.md): kernels
+scheduled on PYTHON (a device with workgroups and local memory, as a GPU's) and planned for the CUDA renderer."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tiny import nn
+from tiny.codegen.cuda import CUDARenderer
+from tiny.codegen.heuristic import hand_opts
+from tiny.codegen.lower import kernel_name
+from tiny.codegen.opt import Kernel, Kind
+from tiny.tensor import Tensor
+
+CAPS = CUDARenderer("arch=sm_90").caps
+DEV = "PYTHON"
+
+
+def plans(t: Tensor) -> list[tuple[str, Kernel]]:
+    out = []
+    for item in t.schedule():
+        k = Kernel(item.ast, CAPS)
+        out.append((kernel_name(item.ast), k.apply_opts(hand_opts(k))))
+    return out
+
+
+def threads(k: Kernel) -> int:
+    return math.prod(p.size for p in k.of_kind(Kind.LOCAL) + k.of_kind(Kind.GROUP))
+
+
+def test_a_big_elementwise_kernel_takes_256_threads_and_two_vectors_each() -> None:
+    a, b = Tensor.empty(1 << 22, device=DEV).realize(), Tensor.empty(1 << 22, device=DEV).realize()
+    ((_, k),) = plans((a * b + 1).exp2())
+    assert threads(k) == 256 and math.prod(p.size for p in k.of_kind(Kind.UPCAST)) == 2 * CAPS.vector_width
+
+
+def test_a_full_sum_splits_into_partials_that_workgroups_share() -> None:
+    x = Tensor.empty(1 << 22, device=DEV).realize()
+    (first, k1), (second, k2) = plans(x.sum())
+    assert first == "r_1024_4096" and second == "r_1024", "1024 partials of 4096, then one sum of them"
+    assert k1.of_kind(Kind.GROUP) and threads(k1) >= 128, "each partial shared by a workgroup, reading side by side"
+    assert k2.of_kind(Kind.GROUP)
+
+
+def test_rows_of_a_softmax_are_each_shared_by_a_workgroup() -> None:
+    x = Tensor.empty(64, 8192, device=DEV).realize()
+    reductions = [k for name, k in plans(x.softmax(-1)) if name.startswith("r_")]
+    assert len(reductions) == 2 and all(threads(k) == 256 and k.of_kind(Kind.GROUP) for k in reductions)
+
+
+def test_a_weight_gradient_shares_each_output_over_the_batch() -> None:
+    # 32*32*5*5 = 25600 outputs, each a sum over 128 x 20 x 20: no register tile (too few outputs for the GPU's
+    # threads); the smallest output dim is written out so that at most 3 remain, and a workgroup shares the batch
+    x = Tensor.empty(128, 32, 24, 24, device=DEV).realize()
+    x.requires_grad = True
+    conv = nn.Conv2d(32, 32, 5, device=DEV)
+    conv(x).sum().backward()
+    (k,) = [k for name, k in plans(conv.weight.grad) if name == "r_32_32_5_5_128_20_20"]
+    assert len([p for p in k.of_kind(Kind.GLOBAL) if p.size > 1]) <= 3 and threads(k) >= 128
+    assert k.of_kind(Kind.GROUP) and not any(p.size == 4 for p in k.of_kind(Kind.UPCAST)), "no register tile"
+
+
+def test_the_shared_reductions_compute_what_numpy_does() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(1 << 16).astype(np.float32)
+    m = rng.standard_normal((16, 4096)).astype(np.float32)
+    np.testing.assert_allclose(Tensor(a, device=DEV).sum().item(), a.sum(dtype=np.float64), rtol=1e-4)
+    np.testing.assert_allclose(Tensor(m, device=DEV).softmax(-1).numpy().sum(-1), np.ones(16), rtol=1e-5)
