@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from tiny import nn
 from tiny.codegen.cuda import CUDARenderer
@@ -50,16 +51,21 @@ def test_rows_of_a_softmax_are_each_shared_by_a_workgroup() -> None:
     assert len(reductions) == 2 and all(threads(k) == 256 and k.of_kind(Kind.GROUP) for k in reductions)
 
 
-def test_a_weight_gradient_shares_each_output_over_the_batch() -> None:
-    # 32*32*5*5 = 25600 outputs, each a sum over 128 x 20 x 20: no register tile (too few outputs for the GPU's
-    # threads); the smallest output dim is written out so that at most 3 remain, and a workgroup shares the batch
-    x = Tensor.empty(128, 32, 24, 24, device=DEV).realize()
+@pytest.mark.parametrize("size, channels, window, tile", [(24, 32, 5, 2), (8, 64, 3, 8)])
+def test_a_weight_gradient_shares_each_output_over_the_batch(size: int, channels: int, window: int, tile: int) -> None:
+    # 32*32*5*5 = 25600 outputs, each a sum over 128 x 20 x 20: too few outputs for a register tile of the product;
+    # the smallest output dim is written out so that at most 3 remain, a workgroup shares the batch, and each thread
+    # takes `tile` output channels (one load of the layer's input serves them; BEAM's choice on an H100)
+    x = Tensor.empty(128, channels, size, size, device=DEV).realize()
     x.requires_grad = True
-    conv = nn.Conv2d(32, 32, 5, device=DEV)
+    conv = nn.Conv2d(channels, channels, window, device=DEV)
     conv(x).sum().backward()
-    (k,) = [k for name, k in plans(conv.weight.grad) if name == "r_32_32_5_5_128_20_20"]
+    out = size - window + 1
+    name = f"r_{channels}_{channels}_{window}_{window}_128_{out}_{out}"
+    (k,) = [k for n, k in plans(conv.weight.grad) if n == name]
     assert len([p for p in k.of_kind(Kind.GLOBAL) if p.size > 1]) <= 3 and threads(k) >= 128
-    assert k.of_kind(Kind.GROUP) and not any(p.size == 4 for p in k.of_kind(Kind.UPCAST)), "no register tile"
+    channel_tiles = [p.size for p in k.of_kind(Kind.UPCAST) if p.size > 1 and k.full_shape[p.dim] == channels]
+    assert k.of_kind(Kind.GROUP) and channel_tiles == [tile]
 
 
 def test_the_shared_reductions_compute_what_numpy_does() -> None:
