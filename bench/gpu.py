@@ -9,11 +9,12 @@ the smoke test runs every code path here but the CUDA graph capture on a machine
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
 
-from bench.core import GBS, MS, TFLOPS, US_PER_KERNEL, Params, Prepared, Target, Workload
+from bench.core import GBS, TFLOPS, Params, Prepared, Setup, Target, Workload
 from bench.frameworks import random_arrays, tiny_done, tiny_upload, torch, torch_done, torch_upload
 from bench.kernels import ELEMENTWISE, SOFTMAX, chain
 from bench.overhead import JIT_REPLAY, SMALL
@@ -119,14 +120,14 @@ def _softmax_torch(params: Params, device: str, torch_device: str) -> Prepared:
 
 
 def _softmax(torch_device: str) -> Workload:
-    return Workload(
+    return _on_gpu(
+        SOFTMAX,
+        partial(_softmax_torch, torch_device=torch_device),
         name="gpu_softmax",
         group="gpu_softmax",
         what="softmax of a rows x cols float32 matrix along the last axis",
-        metrics=(MS,),
         full={"rows": 8192, "cols": 8192},
-        quick={"rows": 256, "cols": 256},
-        setups={"tiny": SOFTMAX.setups["tiny"], "torch": partial(_softmax_torch, torch_device=torch_device)},
+        target=None,
     )
 
 
@@ -138,18 +139,12 @@ def _mnist_torch(params: Params, device: str, torch_device: str) -> Prepared:
 
 
 def _mnist(torch_device: str) -> Workload:
-    return Workload(
+    return _on_gpu(
+        MNIST_STEP,
+        partial(_mnist_torch, torch_device=torch_device),
         name="gpu_mnist_step",
         group="gpu_mnist",
         what=f"{MNIST_STEP.what}; tiny under TinyJit, PyTorch eager",
-        metrics=(MS,),
-        full=MNIST_STEP.full,
-        quick=MNIST_STEP.quick,
-        setups={"tiny": MNIST_STEP.setups["tiny"], "torch": partial(_mnist_torch, torch_device=torch_device)},
-        target=Target(">=1x torch", "torch", 1.0),
-        warmup=MNIST_STEP.warmup,
-        reps=MNIST_STEP.reps,
-        quick_reps=MNIST_STEP.quick_reps,
     )
 
 
@@ -195,15 +190,19 @@ def _launch_torch(params: Params, device: str, torch_device: str) -> Prepared:
 
 
 def _jit_launch(torch_device: str) -> Workload:
-    return Workload(
+    return _on_gpu(
+        JIT_REPLAY,
+        partial(_launch_torch, torch_device=torch_device),
         name="gpu_jit_launch",
         group="gpu_overhead",
         what=f"{JIT_REPLAY.what}; PyTorch: the same kernels replayed from a CUDA graph",
-        metrics=(US_PER_KERNEL,),
-        full=JIT_REPLAY.full,
-        quick=JIT_REPLAY.quick,
-        setups={"tiny": JIT_REPLAY.setups["tiny"], "torch": partial(_launch_torch, torch_device=torch_device)},
+        target=None,
     )
+
+
+def _on_gpu(cpu: Workload, torch_setup: Setup, **changes: object) -> Workload:
+    """A workload of the CPU suite with its tiny side as it is (on the GPU device) and PyTorch's side on the GPU."""
+    return replace(cpu, setups={"tiny": cpu.setups["tiny"], "torch": torch_setup}, **changes)
 
 
 def gpu_workloads(torch_device: str = "cuda") -> tuple[Workload, ...]:
