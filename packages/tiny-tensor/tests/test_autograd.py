@@ -178,3 +178,45 @@ def test_linear_relu_backward_takes_at_most_three_kernels(device: str) -> None:
     assert w.grad is not None and b.grad is not None
     items = w.grad.schedule(b.grad)
     assert len([i for i in items if i.ast.op is Ops.SINK]) <= 3
+
+
+# ---- gradients read what the forward pass computed
+
+
+def test_backward_reads_realized_forward_values_instead_of_recomputing(device: str) -> None:
+    """Batch norm's running statistics realize the forward pass up to each norm while the model runs; the backward
+    pass reads the convolutions computed then (their buffers, kept alive with the graph) instead of computing them
+    again, also where no tensor holds them any more (the first convolution's output here)."""
+    from tiny import nn
+
+    Tensor.manual_seed(0)
+    c1, c2, bn = nn.Conv2d(1, 4, 3, device=device), nn.Conv2d(4, 4, 3, device=device), nn.BatchNorm2d(4, device=device)
+    x = Tensor.randn(2, 1, 10, 10, device=device).realize()
+    forward = [c1(x).relu(), c2(c1(x).relu())]  # the convolutions' kernels, to look for later
+    convs = {i.ast for t in forward for i in t.schedule() if i.ast.op is Ops.SINK}
+    with Tensor.train():
+        y = bn(c2(c1(x).relu()).relu()).max_pool2d(2)  # the running statistics realize both convolutions
+        y.sum().backward()
+    assert c1.weight.grad is not None and c2.weight.grad is not None
+    items = c1.weight.grad.schedule(c2.weight.grad)
+    assert convs and not convs & {i.ast for i in items}
+
+
+def test_backward_never_reads_a_value_computed_before_its_inputs_changed(device: str) -> None:
+    """A graph over parameters alone is the same node in the next step; what it computed then is stale once the
+    optimizer wrote the parameter: the gradient computes it again."""
+    from tiny import nn
+
+    w = Tensor([1.0, 2.0], device=device, requires_grad=True)
+    opt = nn.optim.SGD([w], lr=0.5)
+    for step in range(3):
+        s = (w * w).sum()
+        loss = (s * w).sum()
+        loss.realize()  # computes s into a buffer of its own on the way
+        v = w.numpy()
+        opt.zero_grad()
+        loss.backward()
+        assert w.grad is not None
+        want = (v**2).sum() + 2 * v * v.sum()  # d/dw of sum(w*w) * sum(w)
+        np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-6, err_msg=f"step {step}")
+        opt.step()

@@ -372,18 +372,24 @@ def _plan(targets: list[UOp]) -> Plan:
             forced.add(e.node)
     # each realized node under the names it had before the rewrites: tensors hold those, and gradients expand a
     # buffer back into the graph it came from
+    # (a node whose rewrite is a reshape of a realized node -- a reduction whose reshape rose -- is a view of it too)
     originals: dict[UOp, list[UOp]] = {}
+    reshaped: dict[UOp, list[UOp]] = {}
     for node in given.toposort:
         final = memos[0][node]
         for memo in memos[1:]:  # (a node a rewrite cut out of the graph is not in the later passes' memos)
             final = memo.get(final, final)
         if final in realize:
             originals.setdefault(final, []).append(node)
+        elif final.op is Ops.RESHAPE and final.src[0] in realize and final.src[0].op is not Ops.ASSIGN:
+            reshaped.setdefault(final.src[0], []).append(node)
     becomes: dict[UOp, UOp] = {}
     for u in order:
         view = u.target if u.op is Ops.ASSIGN else _buffer_view(buffers[u], u.shape)
         for name in originals.get(u, [u]):
             becomes[name] = view
+        for name in reshaped.get(u, ()):
+            becomes[name] = _buffer_view(buffers[u], name.shape)
     renamed: dict[UOp, UOp] = {}
     for original, rewritten in zip(targets, sink.src):
         if original in becomes:

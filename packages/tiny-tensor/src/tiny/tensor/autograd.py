@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import weakref
 from typing import TYPE_CHECKING
 
-from tiny.ir.uop import Ops, UOp
+from tiny.ir.schedule import memory_of
+from tiny.ir.uop import Ops, UOp, substitute
 from tiny.tensor.base import TensorBase
 from tiny.tensor.gradient import compute_gradient, substitute_keeping_rules
 
@@ -15,6 +17,13 @@ if TYPE_CHECKING:
 
 # each buffer view that realize() made -> the graph it computed, so that gradients flow through realized values
 ORIGINS: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+# each buffer view -> one realized with it earlier in the same schedule, kept alive with it (see record_origins)
+SAVED: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+# when (which realize() call) each buffer view was computed, and when an assign last wrote into each BUFFER: a view
+# holds the value of its ORIGINS graph while no buffer that graph reads, nor its own, has been written since
+COMPUTED: weakref.WeakKeyDictionary[UOp, int] = weakref.WeakKeyDictionary()
+WRITTEN: weakref.WeakKeyDictionary[UOp, int] = weakref.WeakKeyDictionary()
+_clock = itertools.count(1)
 
 
 class _Switch:
@@ -86,8 +95,12 @@ class AutogradOps(TensorBase):
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor | None]:
         """d(self)/d(target) for each target, as new tensors (None where self does not depend on it)."""
         seed = self._seed_gradient(gradient)
-        root = _through_realized(self.uop, {t.uop for t in targets})
+        became: dict[UOp, UOp] = {}
+        root = _through_realized(self.uop, {t.uop for t in targets}, became)
         grads = compute_gradient(root, seed.uop, [t.uop for t in targets])
+        if any(g is not None for g in grads):  # what the forward pass computed is read from its buffers, not recomputed
+            together = iter(_read_computed(UOp(Ops.SINK, src=tuple(g for g in grads if g is not None)), became).src)
+            grads = [None if g is None else next(together) for g in grads]
         return [None if g is None else self._new(g) for g in grads]
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
@@ -114,10 +127,11 @@ class AutogradOps(TensorBase):
         return gradient.cast(self.dtype)
 
 
-def _through_realized(root: UOp, keep: set[UOp]) -> UOp:
+def _through_realized(root: UOp, keep: set[UOp], became: dict[UOp, UOp]) -> UOp:
     """root with every buffer that realize() made replaced by the graph that computed it (but the targets), and the
-    buffers in those graphs likewise: each buffer's graph is expanded once and used wherever the buffer appears. A
-    buffer met again inside its own graph (a write that read what it overwrote) stays a buffer there."""
+    buffers in those graphs likewise: each buffer's graph is expanded once and used wherever the buffer appears
+    (`became`: each node of the graphs expanded -> what it became). A buffer met again inside its own graph (a write
+    that read what it overwrote) stays a buffer there."""
     full: dict[UOp, UOp] = {}
 
     def expand(graph: UOp, inside: tuple[UOp, ...]) -> UOp:
@@ -125,15 +139,50 @@ def _through_realized(root: UOp, keep: set[UOp]) -> UOp:
         for v in views:
             if v not in full:
                 full[v] = expand(ORIGINS[v], (*inside, v))
-        return substitute_keeping_rules(graph, {v: full[v] for v in views}) if views else graph
+        return substitute_keeping_rules(graph, {v: full[v] for v in views}, became) if views else graph
 
     return expand(root, ())
 
 
+def _read_computed(sink: UOp, became: dict[UOp, UOp]) -> UOp:
+    """sink with each node that a buffer view still holds the value of (realize() computed it, as it was or as
+    _through_realized expanded it, and nothing it reads was written since) replaced by that view."""
+    computed_as: dict[UOp, UOp] = {}
+    for view, node in list(ORIGINS.items()):
+        computed_as[node] = computed_as[became.get(node, node)] = view
+    newest: dict[UOp, int] = {}  # each node -> the last write into a buffer it reads (0: none)
+    reuse: dict[UOp, UOp] = {}
+    for u in sink.toposort:
+        last = max(map(newest.__getitem__, u.src), default=0)
+        newest[u] = max(last, WRITTEN.get(u, 0)) if u.op is Ops.BUFFER else last
+        if (view := computed_as.get(u)) is not None and newest[u] < COMPUTED.get(view, 0) and _unwritten(view):
+            reuse[u] = view
+    return substitute(sink, reuse)
+
+
+def _unwritten(view: UOp) -> bool:
+    """Whether no assign has written into a view's buffer since realize() computed it."""
+    try:
+        base = memory_of(view)[0]
+    except ValueError:  # not a plain view of memory: do not vouch for it
+        return False
+    return WRITTEN.get(base, 0) < COMPUTED[view]
+
+
 def record_origins(becomes: dict[UOp, UOp]) -> None:
+    """Remember the graph each new buffer view computed (the first one: later ones are writes into it), and when.
+    Outside no_grad, the views of one schedule stay alive together, each with the one before it: a graph computed
+    there reads values computed before it in the same schedule, and its gradient reads them from their buffers for
+    as long as it may be asked for (what PyTorch's saved tensors do)."""
+    now, saving, before = next(_clock), not NO_GRAD.value, None
     for node, view in becomes.items():
+        if node.op is Ops.ASSIGN:
+            WRITTEN[memory_of(view)[0]] = now
         if view not in ORIGINS:  # the first graph that computed a buffer is where its gradient comes from
-            ORIGINS[view] = node
+            ORIGINS[view], COMPUTED[view] = node, now
+            if saving and before is not None:
+                SAVED[view] = before
+            before = view
 
 
 def no_grad_wrap(uop: UOp) -> UOp:

@@ -187,10 +187,10 @@ def set_composite_rule(node: UOp, inputs: tuple[UOp, ...], rule: CompositeRule) 
     COMPOSITE[node] = (inputs, rule)
 
 
-def substitute_keeping_rules(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+def substitute_keeping_rules(root: UOp, mapping: dict[UOp, UOp], done: dict[UOp, UOp] | None = None) -> UOp:
     """Replace nodes by the mapping, rebuilding everything above them; a rebuilt node keeps its composite rule
-    (with its inputs replaced the same way)."""
-    done: dict[UOp, UOp] = {}
+    (with its inputs replaced the same way). `done`, where given, receives what each node became."""
+    done = {} if done is None else done
     for u in root.toposort:
         if u in mapping:
             done[u] = mapping[u]
