@@ -19,11 +19,16 @@ from kernel_helpers import (
     tensor,
 )
 
+from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import identity, kernel_name, lower
+from tiny.codegen.opt import Opt, OptOps
 from tiny.codegen.program import estimate, format_uops
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import dtypes
+from tiny.ir.pattern import graph_rewrite
 from tiny.ir.schedule import create_schedule
+from tiny.ir.spec import validate
+from tiny.ir.symbolic import symbolic
 from tiny.ir.uop import Ops, UOp
 from tiny.ir.views import View
 
@@ -209,6 +214,24 @@ def test_a_gated_load_reads_zero_in_the_padding() -> None:
     _, uops = kernel_uops(only_ast(move(Ops.PAD, a, ((2, 2),))))
     (load,) = [u for u in uops if u.op is Ops.LOAD]
     assert load.address.gate is not None and load.alternative is not None and load.alternative.arg == 0.0
+
+
+def test_padding_known_at_a_lane_is_no_load_and_no_add() -> None:
+    """A window is a sum of padded views (one per offset); where a lane's index is a constant (an upcast or unrolled
+    dim) each gate is known: the lane reads the one real view, ungated, with no `+ 0.0` for the others."""
+    a = tensor(4, 6)
+    left = move(Ops.PAD, move(Ops.SHRINK, a, ((0, 4), (0, 3))), ((0, 0), (0, 3)))  # columns 0-2 of a, then zeros
+    right = move(Ops.PAD, move(Ops.SHRINK, a, ((0, 4), (3, 6))), ((0, 0), (3, 0)))  # zeros, then columns 3-5
+    ast = only_ast(left + right)
+    kernel = lower(ast, LOOPS, [Opt(OptOps.UPCAST, 1, 0)])  # the 6 columns written out: every gate a constant
+    uops = linearize(graph_rewrite(kernel.sink, symbolic))
+    validate(uops)
+    loads = [u for u in uops if u.op is Ops.LOAD]
+    assert len(loads) == 6 and all(u.address.gate is None for u in loads)
+    assert not [u for u in uops if u.op is Ops.ADD and u.dtype == f32]
+    res, src = np.zeros((4, 6), np.float32), np.arange(24, dtype=np.float32) - 12
+    interpret_ast(ast, [res.reshape(-1), src])
+    np.testing.assert_array_equal(res, src.reshape(4, 6))
 
 
 def test_hand_built_ast() -> None:

@@ -157,6 +157,18 @@ def test_where() -> None:
     check(r.lt(100).where(r, s), r)  # the condition is decided by bounds
 
 
+def test_a_load_whose_gate_is_known() -> None:
+    buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(8), (), 0)
+    zero = UOp.const(dtypes.float32, 0.0)
+
+    def load(gate: UOp) -> UOp:
+        return UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, buf.dtype, (buf, r, gate)), zero))
+
+    assert simplify(load(r.lt(100))) is UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, buf.dtype, (buf, r)),))
+    assert simplify(load(r.lt(0))) is zero  # never inside: the alternative, no memory read
+    assert simplify(load(r.lt(3))).address.gate is not None  # decided at run time
+
+
 def test_float_rules_stay_exact() -> None:
     zero, one = c(0.0, dtypes.float32), c(1.0, dtypes.float32)
     for unsafe in (f * zero, f + zero, f - f, zero + f, f * 0, (f + one) + one, f.ne(f), f / f):

@@ -88,6 +88,8 @@ class _Lowerer:
         self.local_stores: list[UOp] = []
         self.barrier = UOp(Ops.BARRIER, arg="pending")
         self.group_gate: UOp | None = None
+        self.simplified: dict[UOp, UOp] = {}  # gates simplified so far (graph_rewrite's memo)
+        self.padding: set[tuple[UOp, tuple[UOp, ...]]] = set()  # (AST node, index) that reads padding only
         # tensor cores: the warp's lane, and for each output index the C element there (with the env of its tile)
         self.lane: UOp | None = None
         self.tc_element: dict[tuple[UOp, ...], tuple[dict[int, UOp], int]] = {}
@@ -264,8 +266,22 @@ class _Lowerer:
         u, idxs = key
         if u.op is Ops.LOAD:
             addr = self.access(u.src[0], u.src[1].arg, idxs)
-            alt = (UOp.const(u.dtype, 0),) if addr.gate is not None else ()
-            return UOp(Ops.LOAD, u.dtype, (addr,) + alt)
+            if addr.gate is None:
+                return UOp(Ops.LOAD, u.dtype, (addr,))
+            gate = graph_rewrite(addr.gate, symbolic, memo=self.simplified)
+            if gate.op is Ops.CONST and not gate.arg:  # reads padding here: 0, and absent from a sum (below)
+                self.padding.add(key)
+                return UOp.const(u.dtype, 0)
+            if gate.op is Ops.CONST:  # always inside
+                return UOp(Ops.LOAD, u.dtype, (UOp(Ops.INDEX, addr.dtype, addr.src[:2], addr.arg),))
+            return UOp(Ops.LOAD, u.dtype, (addr, UOp.const(u.dtype, 0)))
+        if u.op is Ops.ADD and u.dtype.is_float and any((s, idxs) in self.padding for s in u.src):
+            # a sum with padding in it (a window of a convolution or pool is a sum of padded views, one per offset,
+            # of which one is real at each offset): x, not x + 0.0, which would cost an add and turn -0.0 into 0.0
+            real = [v for s, v in zip(u.src, srcs) if (s, idxs) not in self.padding]
+            if not real:
+                self.padding.add(key)
+            return real[0] if real else srcs[0]  # (an ADD has two sources)
         if u.op is Ops.CONST:
             value = UOp.const(u.dtype, u.arg)
             _, valid = u.src[0].arg.to_index(idxs) if u.src else (None, None)

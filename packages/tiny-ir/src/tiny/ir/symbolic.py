@@ -372,6 +372,16 @@ def _add_negative_zero(x: UOp, z: UOp) -> UOp | None:
     return x
 
 
+def _load_constant_gate(u: UOp) -> UOp | None:
+    addr = u.src[0]
+    if addr.op is not Ops.INDEX or (gate := addr.gate) is None or gate.op is not Ops.CONST or u.alternative is None:
+        return None
+    if not gate.arg:
+        return u.alternative
+    rest = tuple(s for s in u.src[1:] if s is not u.alternative)
+    return UOp(Ops.LOAD, u.dtype, (UOp(Ops.INDEX, addr.dtype, addr.src[:2], addr.arg), *rest), u.arg)
+
+
 def _cast_noop(u: UOp, x: UOp) -> UOp | None:
     """A CAST to the dtype it already has."""
     return x if u.dtype == x.dtype else None
@@ -620,6 +630,8 @@ symbolic = PatternMatcher(
         (_x & _x, lambda x: x),  # x & x -> x
         (_x | _x, lambda x: x),  # x | x -> x
         (UPat.var("c", dtypes.bool).where(UPat.const(True), UPat.const(False)), lambda c: c),  # c ? True : False -> c
+        # ---- memory: a gate known to hold or to fail
+        (UPat(Ops.LOAD, name="u"), _load_constant_gate),  # a load gated by False -> its alternative; by True -> plain
         # ---- ints: identities that hold for vectors too (scalar sums are canonicalized above)
         (_x_int // 1, lambda x: x),  # x//1 -> x
         (_x_int % 1, lambda x: x.const_like(0)),  # x%1 -> 0
