@@ -122,3 +122,27 @@ def test_panel_kernel_compiles_to_fused_multiply_adds() -> None:
     assert out.returncode == 0, out.stderr.decode()
     asm = out.stdout.decode()
     assert asm.count("vfmadd") >= 32, "8 accumulators x 4 unrolled steps, each a fused multiply-add"
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel", "padding", "want"),
+    [
+        ((8, 64, 56, 56), 3, 1, {"x": 8, "cout": 8}),  # an 8-wide row vector serves 8 output channels: 8 vectors
+        ((8, 32, 24, 24), 5, 0, {"x": 4, "cout": 8}),  # a 20-wide row: vectors of 4; 25 offsets keep the tile smaller
+    ],
+)
+def test_a_convolution_tiles_output_channels_against_a_row_vector(
+    shape: tuple[int, ...], kernel: int, padding: int, want: dict[str, int]
+) -> None:
+    from tiny.tensor import Tensor
+
+    n, c, h, w = shape
+    x = Tensor.empty(n, c, h, w, device="PYTHON").realize()
+    weight = Tensor.empty(c, c, kernel, kernel, device="PYTHON").realize()
+    *_, item = [i for i in x.conv2d(weight, padding=padding).schedule() if i.ast.op is Ops.SINK]  # (after the pad)
+    k = Kernel(item.ast, CPU)
+    k.apply_opts(hand_opts(k))
+    dims = {p.dim: p.size for p in k.of_kind(Kind.UPCAST)}
+    # the kernel's dims: (n, groups, cout, cin, y, x, ky, kx)
+    assert {"x": dims.get(5), "cout": dims.get(2)} == want
+    assert k.lanes() <= 1024

@@ -97,8 +97,9 @@ def test_illegal_actions_are_refused_with_the_reason(opt: Opt, why: str) -> None
 def test_limits_on_lanes_and_threads() -> None:
     k = Kernel(matmul(64, 64, 64), CPU)
     k.apply(Opt(OptOps.UPCAST, 0, 32))
+    k.apply(Opt(OptOps.UPCAST, 1, 32))  # 1024 values, the most
     with pytest.raises(KernelOptError, match="values per thread"):
-        k.apply(Opt(OptOps.UPCAST, 1, 32))
+        k.apply(Opt(OptOps.UNROLL, next(i for i, p in enumerate(k.axes) if p.kind is Kind.REDUCE), 4))  # 4096 > 1024
     k.apply(Opt(OptOps.THREAD, 0, 2))
     with pytest.raises(KernelOptError, match="across threads already"):
         k.apply(Opt(OptOps.THREAD, 0, 2))

@@ -29,7 +29,7 @@ from tiny.ir.dtypes import DType
 from tiny.ir.tensorcore import TensorCore
 from tiny.ir.uop import Ops, UOp
 
-MAX_LANES = 512  # upcast x unroll: values computed side by side in one thread
+MAX_LANES = 1024  # upcast x unroll: values computed side by side in one thread
 MAX_THREADS = 64
 
 
