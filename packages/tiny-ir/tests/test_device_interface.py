@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tiny.ir import diskcache
-from tiny.ir.config import CACHELEVEL, DEBUG, FLAGS, Context
+from tiny.ir.config import CACHELEVEL, DEBUG, FLAGS, Context, Flag
 from tiny.ir.device import (
     INTERFACE_VERSION,
     AllocatorCaps,
@@ -307,6 +307,25 @@ def test_flags_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CACHELEVEL", "lots")
     with pytest.raises(ValueError, match="CACHELEVEL='lots': expected int"):
         _ = CACHELEVEL.value
+
+
+def test_a_flag_parses_the_environment_once_per_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flags are read on every op: a read that finds the value it parsed last does not parse it again."""
+    parsed: list[str] = []
+
+    def counted(raw: str) -> int:
+        parsed.append(raw)
+        return int(raw)
+
+    flag = Flag("TINY_TEST_COUNTED", counted, 0, "a flag of this test")  # type: ignore[arg-type]
+    monkeypatch.setenv("TINY_TEST_COUNTED", "2")
+    assert [flag.value for _ in range(3)] == [2, 2, 2] and parsed == ["2"]
+    monkeypatch.setenv("TINY_TEST_COUNTED", "5")
+    assert flag.value == 5 and flag.value == 5 and parsed == ["2", "5"]
+    monkeypatch.delenv("TINY_TEST_COUNTED")
+    assert flag.value == 0 and parsed == ["2", "5"]
+    with Context(DEBUG=1):
+        assert DEBUG.value == 1
 
 
 def test_every_flag_is_declared_with_type_default_and_doc() -> None:

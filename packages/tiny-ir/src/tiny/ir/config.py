@@ -10,9 +10,19 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T", int, str)
+
+# os.environ.get is a Python-level mapping lookup (about a microsecond) and flags are read on every op; where CPython
+# keeps the environment in a dict of encoded keys and values (os.environ._data on POSIX), a flag reads that dict
+# (every write through os.environ lands there) and parses the value again only when it changed
+_ENV_DATA: dict | None = getattr(os.environ, "_data", None)
+_encode = getattr(os.environ, "encodekey", None)
+_decode = getattr(os.environ, "decodevalue", None)
+if not isinstance(_ENV_DATA, dict) or _encode is None or _decode is None:
+    _ENV_DATA = None
+_UNREAD = object()  # the raw value of a flag not read yet
 
 
 @dataclass
@@ -22,18 +32,30 @@ class Flag(Generic[T]):
     default: T
     doc: str
     _override: list[T] = field(default_factory=list, repr=False)
+    _raw: Any = field(default=_UNREAD, init=False, repr=False, compare=False)  # the environment's value last parsed
+    _parsed: Any = field(default=None, init=False, repr=False, compare=False)  # ... and what it parsed to
+    _key: Any = field(default=None, init=False, repr=False, compare=False)  # the name as _ENV_DATA holds it
+
+    def __post_init__(self) -> None:
+        self._key = _encode(self.name) if _ENV_DATA is not None else self.name
 
     @property
     def value(self) -> T:
         if self._override:
             return self._override[-1]
-        raw = os.environ.get(self.name)
-        if raw is None or raw == "":
+        raw = _ENV_DATA.get(self._key) if _ENV_DATA is not None else os.environ.get(self.name)
+        if raw != self._raw:
+            self._parsed, self._raw = self._parse(raw), raw
+        return self._parsed
+
+    def _parse(self, raw: Any) -> T:
+        text = _decode(raw) if _ENV_DATA is not None and raw is not None else raw
+        if text is None or text == "":
             return self.default
         try:
-            return self.type(raw)
+            return self.type(text)
         except ValueError:
-            raise ValueError(f"environment flag {self.name}={raw!r}: expected {self.type.__name__}") from None
+            raise ValueError(f"environment flag {self.name}={text!r}: expected {self.type.__name__}") from None
 
     def __bool__(self) -> bool:
         return bool(self.value)

@@ -5,14 +5,18 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, fields
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 Kind = Literal["v", "b", "i", "u", "f"]  # void, bool, signed integer, unsigned integer, floating point
 
 
 @dataclass(frozen=True, eq=True)
 class DType:
-    """A scalar type, or a vector of `count` scalars of one type."""
+    """A scalar type, or a vector of `count` scalars of one type.
+
+    Interned: equal fields make the very same object (however the dtype was made: a constructor, vec(), ptr(),
+    unpickling), so a dtype hashes by identity, without a Python call (every UOp's hash-consing key hashes its
+    dtype, and every structure key)."""
 
     name: str
     itemsize: int  # bytes of one scalar
@@ -20,24 +24,18 @@ class DType:
     fmt: str | None  # struct/NumPy format character of the scalar; None where struct has none (bfloat16)
     count: int = 1  # vector width; 1 for a scalar
 
-    def __post_init__(self) -> None:  # every UOp's hash-consing key hashes its dtype: hash the fields once
-        object.__setattr__(self, "_hash", hash(self._fields()))
+    def __new__(cls, *args: Any, **kwargs: Any) -> DType:
+        key = (cls, *_field_values(cls, args, kwargs))
+        if (found := _INTERNED.get(key)) is None:
+            found = _INTERNED[key] = object.__new__(cls)
+        return found
 
-    def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined]
+    # interned: equal dtypes are one object, so identity is equality (and both are C calls)
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
 
-    def __reduce__(self) -> tuple:  # rebuilt from its fields: a hash is this process's (str hashes are salted)
+    def __reduce__(self) -> tuple:  # rebuilt from its fields (and so interned again when unpickled)
         return (self.__class__, tuple(getattr(self, f.name) for f in fields(self)))
-
-    def __eq__(self, other: object) -> bool:  # the same object, mostly: say so before comparing the fields
-        if self is other:
-            return True
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._fields() == other._fields()  # type: ignore[attr-defined]
-
-    def _fields(self) -> tuple:
-        return (self.name, self.itemsize, self.kind, self.fmt, self.count)
 
     def __repr__(self) -> str:
         return f"dtypes.{self.name}" if self.count == 1 else f"dtypes.{self.name}.vec({self.count})"
@@ -103,8 +101,25 @@ class PtrDType(DType):
     size: int = -1  # number of elements, -1 when unknown
     local: bool = False
 
+    __hash__ = object.__hash__  # (interned as every DType)
+    __eq__ = object.__eq__
+
     def __repr__(self) -> str:
         return f"{self.base!r}.ptr({self.size}{', local=True' if self.local else ''})"
+
+
+_INTERNED: dict[tuple, DType] = {}  # every dtype made, by its class and fields
+_FIELDS: dict[type, tuple[tuple[str, Any], ...]] = {}  # each DType class's fields, with their defaults
+
+
+def _field_values(cls: type, args: tuple, kwargs: dict[str, Any]) -> tuple:
+    """The values of a dtype's fields, from the arguments its constructor takes (the dataclass's __init__ checks
+    them after: an argument too many or unknown fails there)."""
+    if (names := _FIELDS.get(cls)) is None:
+        names = _FIELDS[cls] = tuple((f.name, f.default) for f in fields(cls))
+    if not kwargs and len(args) == len(names):
+        return args
+    return (*args, *(kwargs.get(name, default) for name, default in names[len(args) :]))
 
 
 def _scalar(name: str, itemsize: int, kind: Kind, fmt: str | None) -> DType:

@@ -130,14 +130,22 @@ _INTS = object()  # marks the key of a tuple of plain ints (shapes, axes): the t
 
 def arg_key(arg: Any) -> Any:
     """A hashing key that tells apart what == confuses: -0.0 and 0.0, NaNs, 1 and True and 1.0."""
-    if arg is None:
-        return None
-    if type(arg) is tuple and arg and set(map(type, arg)) == {int}:
-        return (_INTS, arg)
+    kind = type(arg)  # the exact types first (one test each); subclasses (NumPy scalars, enums) below
+    if arg is None or kind is str:
+        return arg
+    if kind is tuple:
+        for x in arg:
+            if type(x) is not int:
+                return tuple(map(arg_key, arg))
+        return (_INTS, arg) if arg else ()
+    if kind is float:
+        return ("f", arg.hex())
+    if kind is int or kind is bool:
+        return (kind, arg)
     if isinstance(arg, float):
         return ("f", arg.hex())
     if isinstance(arg, (bool, int)):
-        return (type(arg), arg)
+        return (kind, arg)
     if isinstance(arg, tuple):
         return tuple(map(arg_key, arg))
     return arg
@@ -168,14 +176,16 @@ class cached_property(Generic[T]):  # noqa: N801  (named as the functools one it
         return value
 
 
-def _forget(nodes: dict[tuple, weakref.ref], key: tuple) -> Callable[[weakref.ref], None]:
-    """The callback that drops a dead node's entry from the hash-consing table (unless a new node took the key)."""
+class _Entry(weakref.ref):
+    """The hash-consing table's weak reference to a node, with the node's key (to drop the entry when it dies)."""
 
-    def forget(ref: weakref.ref) -> None:
-        if nodes.get(key) is ref:
-            del nodes[key]
+    __slots__ = ("key",)
 
-    return forget
+
+def _forget(entry: _Entry) -> None:
+    """Drop a dead node's entry from the hash-consing table (unless a new node took the key: then put that back)."""
+    if (now := UOp._cache.pop(entry.key, None)) is not entry and now is not None:
+        UOp._cache[entry.key] = now
 
 
 class UOp:
@@ -191,16 +201,18 @@ class UOp:
     _cache: dict[tuple, weakref.ref[UOp]] = {}
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        key = (op, dtype, src, argkey := arg_key(arg))
-        if (ref := UOp._cache.get(key)) is not None and (hit := ref()) is not None:
+        argkey = arg if arg is None else arg_key(arg)
+        key = (op, dtype, src, argkey)
+        if (entry := _CACHE.get(key)) is not None and (hit := entry()) is not None:
             return hit
-        self = super().__new__(cls)
-        object.__setattr__(self, "op", op)
-        object.__setattr__(self, "dtype", dtype)
-        object.__setattr__(self, "src", src)
-        object.__setattr__(self, "arg", arg)
-        object.__setattr__(self, "argkey", argkey)
-        UOp._cache[key] = weakref.ref(self, _forget(UOp._cache, key))
+        self = _new_object(cls)
+        _set_op(self, op)  # (the slots' own setters: __setattr__ refuses every write)
+        _set_dtype(self, dtype)
+        _set_src(self, src)
+        _set_arg(self, arg)
+        _set_argkey(self, argkey)
+        entry = _CACHE[key] = _Entry(self, _forget)
+        entry.key = key
         return self
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -446,22 +458,16 @@ class UOp:
     def device(self) -> str:
         """The device a tensor-level node lives on: its first source's, down to a DEVICE, a COPY (to its DEVICE), or
         a BUFFER or CONST (on theirs)."""
-        if self.op is Ops.DEVICE:
-            return self.arg
-        if self.op is Ops.COPY:
-            return self.src[1].arg
-        if self.op in (Ops.BUFFER, Ops.CONST) and self.src:
-            return self.src[0].arg
-        if not self.src:
-            return ""
+        if (found := _own_device(self)) is not None:
+            return found
         below: list[UOp] = []  # first sources that do not know theirs yet, walked without recursion
         u = self.src[0]
-        while "device" not in u.__dict__ and u.src and u.op not in (Ops.DEVICE, Ops.COPY, Ops.BUFFER, Ops.CONST):
+        while (found := u.__dict__.get("device")) is None and (found := _own_device(u)) is None:
             below.append(u)
             u = u.src[0]
-        for v in (u, *reversed(below)):
-            v.device  # noqa: B018  (each one's first source knows its device now: no recursion)
-        return self.src[0].device
+        for v in below:  # each one's device is its first source's: the same one
+            v.__dict__["device"] = found
+        return found
 
     # ---- value bounds, for symbolic simplification
 
@@ -476,6 +482,27 @@ class UOp:
     @property
     def vmax(self) -> int | float:
         return self.vmin_vmax[1]
+
+
+_CACHE = UOp._cache
+_new_object = object.__new__
+_set_op, _set_dtype, _set_src = UOp.op.__set__, UOp.dtype.__set__, UOp.src.__set__  # type: ignore[attr-defined]
+_set_arg, _set_argkey = UOp.arg.__set__, UOp.argkey.__set__  # type: ignore[attr-defined]
+
+
+def _own_device(u: UOp) -> str | None:
+    """The device of a node that says it itself (a DEVICE, COPY, BUFFER or CONST, or a node without sources); None
+    for a node on its first source's."""
+    op = u.op
+    if op is Ops.DEVICE:
+        return u.arg
+    if op is Ops.COPY:
+        return u.src[1].arg
+    if not u.src:
+        return ""
+    if op is Ops.BUFFER or op is Ops.CONST:
+        return u.src[0].arg
+    return None
 
 
 def _unflatten(flat: list[tuple[Ops, DType, tuple[int, ...], Any]]) -> UOp:

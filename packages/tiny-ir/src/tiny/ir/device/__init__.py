@@ -14,7 +14,6 @@ import itertools
 import math
 import os
 import re
-import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -387,6 +386,7 @@ def _file_path(name: str) -> str | None:
     return f"{base.upper()}:{os.path.abspath(os.path.expanduser(path))}"
 
 
+@functools.cache
 def device_computes(name: str) -> bool:
     """Whether kernels run on the device (False for DISK, which only holds data); a name no runtime provides
     is taken to compute (the scheduler plans for devices it cannot open)."""
@@ -490,15 +490,18 @@ class Buffer:
 
     def ensure_allocated(self) -> Buffer:
         if self._opaque is None:
+            allocator, nbytes = Device[self.device].allocator, self.size * self.dtype.itemsize
             if self.base is not None:
-                self._opaque = self.allocator.offset(self.base.opaque, self.offset, self.nbytes)
+                self._opaque = allocator.offset(self.base.opaque, self.offset, nbytes)
             else:
-                self._opaque = self.allocator.alloc(max(self.nbytes, 1))
+                self._opaque = allocator.alloc(nbytes or 1)
         return self
 
     @property
     def opaque(self) -> Any:
-        return self.ensure_allocated()._opaque
+        if (opaque := self._opaque) is None:
+            opaque = self.ensure_allocated()._opaque
+        return opaque
 
     def copyin(self, src: memoryview) -> Buffer:
         src = src.cast("B") if src.format != "B" or src.ndim != 1 else src
@@ -541,32 +544,43 @@ class Buffer:
     def __del__(self) -> None:
         if self._opaque is not None and self.base is None:
             try:
-                self.allocator.free(self._opaque, max(self.nbytes, 1))
+                Device[self.device].allocator.free(self._opaque, self.size * self.dtype.itemsize or 1)
             except Exception:  # noqa: BLE001  (interpreter shutdown)
                 pass
 
 
-_BUFFERS: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
 _buffer_ids = itertools.count()
+_BUFFER = "buffer"  # where a BUFFER node keeps its Buffer: in its __dict__ (as cached properties are), so the Buffer
+# lives exactly as long as the node, with no weak table to update when either dies
+_DEVICE_NODES: dict[str, UOp] = {}  # DEVICE nodes by name, kept (a handful): each new buffer needs one
+
+
+def device_node(name: str) -> UOp:
+    """The DEVICE node of a device name."""
+    if (node := _DEVICE_NODES.get(name)) is None:
+        node = _DEVICE_NODES[name] = UOp(Ops.DEVICE, arg=name)
+    return node
 
 
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     """A BUFFER node for fresh (lazily allocated) memory; the Buffer lives as long as the node."""
-    node = UOp(Ops.BUFFER, dtype, (UOp(Ops.DEVICE, arg=device),), (next(_buffer_ids), size))
-    _BUFFERS[node] = Buffer(device, size, dtype)
+    node = UOp(Ops.BUFFER, dtype, (device_node(device),), (next(_buffer_ids), size))
+    node.__dict__[_BUFFER] = Buffer(device, size, dtype)
     return node
 
 
 def new_buffer_view(base: UOp, size: int, dtype: DType, offset: int) -> UOp:
     """A BUFFER node for `size` elements of `dtype` that start `offset` bytes into the memory of BUFFER `base`."""
     node = UOp(Ops.BUFFER, dtype, base.src, (next(_buffer_ids), size))
-    _BUFFERS[node] = buffer_of(base).view(size, dtype, offset)
+    node.__dict__[_BUFFER] = buffer_of(base).view(size, dtype, offset)
     return node
 
 
 def buffer_of(node: UOp) -> Buffer:
     """The Buffer behind a BUFFER node."""
-    return _BUFFERS[node]
+    if (buf := node.__dict__.get(_BUFFER)) is None:
+        raise KeyError(f"{node.op} node {node.arg} has no Buffer: only new_buffer and new_buffer_view make them")
+    return buf
 
 
 def fold_grid(global_size: tuple[int, int, int], max_per_dim: int) -> tuple[int, int, int]:
