@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import math
+import random
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -311,3 +312,110 @@ def test_check_mode_finds_a_wrong_template() -> None:
     SCHEDULES.put(key, replace(template, steps=((ast, (slots[0], slots[2], slots[1])), *rest)))  # inputs swapped
     with Context(SCHEDULE_CACHE=2), pytest.raises(ScheduleMismatch, match="different schedule"):
         schedule(b)
+
+
+# ---------------------------------------------------------------- keys put together node by node
+
+
+def _random_program(rng: random.Random, inputs: int, ops: int) -> list[tuple[str, int, int]]:
+    """A random elementwise graph over `inputs` input slots: (kind, operand, operand) for each node, operands naming
+    an input slot (0 .. inputs-1) or an earlier node (inputs + its index)."""
+    program = []
+    for i in range(ops):
+        pool = inputs + i
+        kind = rng.choice(["add", "mul", "neg", "const", "permute"])
+        program.append((kind, rng.randrange(pool), rng.randrange(pool)))
+    return program
+
+
+def _build(program: list[tuple[str, int, int]], inputs: list[UOp]) -> UOp:
+    nodes = list(inputs)
+    for kind, a, b in program:
+        x, y = nodes[a], nodes[b]
+        if kind == "add":
+            nodes.append(add(x, y))
+        elif kind == "mul":
+            nodes.append(UOp(Ops.MUL, f32, (x, y)))
+        elif kind == "neg":
+            nodes.append(UOp(Ops.NEG, f32, (x,)))
+        elif kind == "const":
+            nodes.append(add(x, const(float(b % 3), (4, 4))))
+        else:
+            nodes.append(move(Ops.PERMUTE, x, (1, 0)))
+    return UOp(Ops.SINK, src=tuple(nodes[len(inputs) :]))  # every node a target's source: none left out
+
+
+def _walked(targets: list[UOp]) -> tuple | None:
+    return schedule_cache._walk(targets)[0]
+
+
+def _composed(targets: list[UOp]) -> Any:
+    graph = structure_of(targets)
+    assert graph is not None and isinstance(graph.key, tuple)  # (small graphs: put together, not walked)
+    return graph.key
+
+
+def test_composed_keys_tell_graphs_apart_as_a_walk_does() -> None:
+    """On random graphs over random choices of buffers (some read twice): two graphs have the same key put together
+    from their nodes' shapes exactly when a walk of each finds the same structure."""
+    rng = random.Random(5)
+    for _ in range(60):
+        program = _random_program(rng, 3, rng.randrange(1, 12))
+        pool = [tensor(4, 4) for _ in range(3)]
+        graphs = []
+        for _ in range(4):  # the same program over inputs drawn from the pool: some share buffers, some do not
+            inputs = [rng.choice(pool) if rng.random() < 0.5 else tensor(4, 4) for _ in range(3)]
+            graphs.append(_build(program, inputs).src)
+        graphs.append(_build(_random_program(rng, 3, rng.randrange(1, 12)), [tensor(4, 4) for _ in range(3)]).src)
+        for a in graphs:
+            for b in graphs:
+                assert (_composed(list(a)) == _composed(list(b))) == (_walked(list(a)) == _walked(list(b)))
+
+
+def test_a_composed_key_does_not_depend_on_which_nodes_knew_their_shape() -> None:
+    """Shapes computed for part of a graph first (an earlier realize of a subgraph) give the key that computing them
+    all at once gives."""
+    rng = random.Random(7)
+    for _ in range(20):
+        program = _random_program(rng, 2, 10)
+        a = _build(program, [tensor(4, 4), tensor(4, 4)]).src
+        b = _build(program, [tensor(4, 4), tensor(4, 4)]).src
+        for part in rng.sample(list(b), 3):
+            _composed([part])  # some of b's nodes know their shapes now, none of a's did before its key
+        assert _composed(list(a)) == _composed(list(b))
+
+
+def test_reads_of_one_buffer_and_of_two_have_other_composed_keys() -> None:
+    x, y, z = tensor(4), tensor(4), tensor(4)
+    assert _composed([add(x, x)]) != _composed([add(x, y)])
+    assert _composed([add(x, y)]) == _composed([add(y, z)]) == _composed([add(z, x)])
+    assert _composed([add(add(x, y), add(y, x))]) != _composed([add(add(x, y), add(x, y))])
+    assert _composed([add(x, y), add(y, x)]) != _composed([add(x, y), add(x, y)])
+    assert _composed([add(x, y), add(y, z)]) != _composed([add(x, y), add(x, z)])
+
+
+def test_a_graph_with_many_new_nodes_is_walked_and_still_hits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schedule_cache, "NEW_NODES_LIMIT", 8)
+
+    def chain() -> UOp:
+        x = tensor(4)
+        for _ in range(20):
+            x = add(x, const(1.0, (4,)))
+        return x
+
+    graph = structure_of([chain()])
+    assert graph is not None and isinstance(graph.key, schedule_cache.StructureKey)
+    schedule(chain())
+    schedule(chain())
+    assert (SCHEDULES.hits, SCHEDULES.misses) == (1, 1)
+
+
+def test_a_realized_view_knows_its_shape_and_the_next_op_keys_from_it() -> None:
+    """The view a cached schedule makes for its output comes with its shape filled in: an op over it is one new
+    node (no walk below it)."""
+    schedule(add(tensor(4), const(1.0, (4,))))
+    out = schedule(add(tensor(4), const(1.0, (4,))))
+    assert SCHEDULES.hits == 1
+    (view,) = out.becomes.values()
+    assert schedule_cache._SHAPE in view.__dict__ and view.__dict__["shape"] == (4,)
+    assert schedule_cache._new_nodes([add(view, const(1.0, (4,)))]) == [add(view, const(1.0, (4,)))]

@@ -41,7 +41,13 @@ class Schedule:
 
 def is_realized(u: UOp) -> bool:
     """A node that already is memory: a BUFFER, or a reshape of a whole BUFFER."""
-    return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.source.op is Ops.BUFFER)
+    op = u.op  # (asked of every live tensor at every realize: the members as globals, see _BUFFER)
+    return op is _BUFFER or (op is _RESHAPE and u.source.op is _BUFFER)
+
+
+# Python 3.11 finds an Enum's member through EnumType's __getattr__ hook, ten times a global's cost: the members the
+# hottest tests compare with, once
+_BUFFER, _RESHAPE = Ops.BUFFER, Ops.RESHAPE
 
 
 # ---------------------------------------------------------------- which nodes become buffers
@@ -349,7 +355,9 @@ def create_schedule(targets: list[UOp]) -> Schedule:
 
 
 def _with_buffers(plan: Plan) -> Schedule:
-    items = [ScheduleItem(ast, tuple(buffer_of(b) for b in bufs)) for ast, bufs in plan.steps]
+    items = []
+    for ast, bufs in plan.steps:  # (a loop, not a comprehension: on Python 3.11 that is a call, and this runs per op)
+        items.append(ScheduleItem(ast, tuple(map(buffer_of, bufs))))
     return Schedule(items, plan.becomes, plan.renamed)
 
 

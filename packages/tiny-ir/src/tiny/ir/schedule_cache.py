@@ -5,8 +5,11 @@ same way, over input buffers of the same sizes and dtypes: only which buffers th
 its place in the graph, so two reads of one buffer are not two reads of two buffers). The scheduler's answer for
 them differs in the buffers alone: kernel ASTs number their buffers (DEFINE_GLOBAL), so the ASTs are the very same
 objects, and each step binds the buffers at the same places. A Template keeps a schedule in those terms -- nodes
-by their place in the graph, buffers by slot (the graph's BUFFERs in order, then the new ones the schedule makes)
+by their path from the targets, buffers by slot (the graph's BUFFERs in order, then the new ones the schedule makes)
 -- and instantiates it for another graph of the same structure without running the scheduler's rewrites.
+
+The key costs little where little is new: each node keeps the structure of the graph below it, so a new node over
+nodes seen before (x + 1 over a tensor just realized) is keyed from its sources' structures, not by a walk.
 
 What the structure does not show bypasses the cache: a graph that touches a device which only holds data (DISK:
 the scheduler makes views of its buffers' memory). What else the scheduler reads is part of the key: the caps of
@@ -16,8 +19,10 @@ thread may run; a device not opened yet is planned for as unlimited).
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tiny.ir.device import device_computes, new_buffer, opened_caps
 from tiny.ir.dtypes import DType
@@ -35,7 +40,8 @@ class Plan:
 
 
 class StructureKey:
-    """The entries that describe a graph's structure, one per node; hashed once (a key is looked up more than once)."""
+    """The entries that describe a walked graph's structure, one per node; hashed once (a key is looked up more than
+    once). A key put together from the nodes' shapes is a short tuple instead, hashed as it is."""
 
     __slots__ = ("entries", "hash")
 
@@ -49,20 +55,67 @@ class StructureKey:
         return isinstance(other, StructureKey) and self.hash == other.hash and self.entries == other.entries
 
 
-@dataclass(frozen=True)
-class Structure:
-    """A graph's structure (the cache key) and the graph's own nodes and buffers, in the order the key lists them."""
+class Structure(NamedTuple):
+    """A graph's structure (the cache key), its targets and its buffers in slot order (0, 1, ...). A node of the
+    graph is named by a path: the index of a target, then of a source at each step down (graphs of one structure
+    have the same node at the same path)."""
 
-    key: StructureKey
-    nodes: tuple[UOp, ...]  # every node of the targets' graph, each after its sources
-    buffers: tuple[UOp, ...]  # the BUFFER nodes among them, in that order: slots 0, 1, ...
+    key: StructureKey | tuple
+    targets: tuple[UOp, ...]
+    buffers: tuple[UOp, ...]
+
+    def node(self, path: tuple[int, ...]) -> UOp:
+        u = self.targets[path[0]]
+        for i in path[1:]:
+            u = u.src[i]
+        return u
 
 
 def structure_of(targets: list[UOp]) -> Structure | None:
-    """The structure of the graph of `targets`, or None when the graph must be scheduled anew every time."""
+    """The structure of the graph of `targets`, or None when the graph must be scheduled anew every time.
+
+    The key is put together from a structure cached on each node (see _Shape): a new node over nodes seen before
+    costs a few lookups, not a walk of the graph below it. Where many nodes are new (a big graph built since the last
+    realize), one walk of the graph makes the key instead (another kind of key: a graph keyed one way does not find
+    a schedule recorded under the other, which costs one scheduling)."""
+    shape = _shape_of_targets(targets)
+    if shape is None:  # too much new: one walk
+        entries, nodes = _walk(targets)
+        if entries is None:
+            return None
+        return Structure(StructureKey(entries), tuple(targets), tuple(u for u in nodes if u.op is Ops.BUFFER))
+    root, buffers, devices = shape
+    if len(devices) == 1:  # (the usual case: one device)
+        (name,) = devices
+        if not device_computes(name):
+            return None  # values there become views of a buffer's memory: BUFFERs that are not new memory
+        return Structure((_COMPOSED, root, name, _caps_token(opened_caps(name))), tuple(targets), buffers)
+    names = tuple(sorted(devices))
+    if not all(map(device_computes, names)):
+        return None
+    caps = tuple(_caps_token(opened_caps(d)) for d in names)
+    return Structure((_COMPOSED, root, names, caps), tuple(targets), buffers)
+
+
+_CAPS: dict[int, object] = {}  # every caps object a key has named, by id (kept, so that no other takes its id)
+
+
+def _caps_token(caps: object) -> int | None:
+    """A device's caps in a key: the caps object's id (hashing a dataclass of many fields is slow). Caps equal but
+    not the same object make another key: a miss, not a wrong schedule."""
+    if caps is None:
+        return None
+    if _CAPS.setdefault(id(caps), caps) is not caps:
+        raise AssertionError("internal: two caps objects alive with one id")
+    return id(caps)
+
+
+def _walk(targets: list[UOp]) -> tuple[tuple | None, tuple[UOp, ...]]:
+    """The structure of the graph of `targets` as one entry per node (None where a device only holds data), and the
+    nodes, each after its sources (depth first, sources in order)."""
     place: dict[UOp, int] = {}  # each node -> its place in `nodes`, where it comes after its sources
     nodes: list[UOp] = []
-    entries: list[tuple] = []
+    entries: list[tuple] | None = []
     for target in targets:  # depth first, sources in order, without recursion
         stack = [(target, iter(target.src))] if target not in place else []
         while stack:
@@ -73,22 +126,143 @@ def structure_of(targets: list[UOp]) -> Structure | None:
                     break
             else:
                 stack.pop()
-                if node.op is Ops.DEVICE:
+                if entries is None:
+                    pass
+                elif node.op is Ops.DEVICE:
                     if not device_computes(node.arg):
-                        return None  # values there become views of a buffer's memory: BUFFERs that are not new memory
-                    entries.append((Ops.DEVICE, node.arg, opened_caps(node.arg)))
+                        entries = None  # values there become views of a buffer's memory: BUFFERs that are not new
+                    else:
+                        entries.append((Ops.DEVICE, node.arg, opened_caps(node.arg)))
                 elif node.op is Ops.BUFFER:  # its size and dtype, not which buffer it is
                     entries.append((Ops.BUFFER, node.dtype, node.arg[1], place[node.src[0]]))
                 else:
                     entries.append((node.op, node.dtype, node.argkey, tuple(map(place.__getitem__, node.src))))
                 place[node] = len(nodes)
                 nodes.append(node)
-    entries.append(tuple(map(place.__getitem__, targets)))
-    return Structure(StructureKey(tuple(entries)), tuple(nodes), tuple(u for u in nodes if u.op is Ops.BUFFER))
+    if entries is not None:
+        entries.append(tuple(map(place.__getitem__, targets)))
+    return (tuple(entries) if entries is not None else None), tuple(nodes)
 
 
-# a node of the schedule: the graph's node at this place (int), or a graph over slot placeholders (UOp)
-Ref = int | UOp
+# ---------------------------------------------------------------- structures put together node by node
+
+# The structure of the graph below a node, cached on the node (UOps are immutable, so it never goes stale):
+# (an id that names the structure, the graph's BUFFER nodes in slot order, the names of the devices it touches).
+# Two nodes have the same id when their graphs are the same ops, dtypes, args and devices wired the same way over
+# buffers of the same sizes and dtypes, which buffer being which up to renaming: a node's id is interned from its
+# op, dtype and arg, its sources' ids, and where each source's buffers fall among the node's (two reads of one
+# buffer are not reads of two). With hash-consing, that is the whole graph: equal graphs over the same buffers are
+# the same node.
+_Shape = tuple[int, tuple[UOp, ...], frozenset[str]]
+_SHAPE = "schedule_cache.shape"  # the key in a node's __dict__ (where cached properties live too)
+_COMPOSED = object()  # marks a key put together from the nodes' shapes (another kind than a walk's entries)
+_IDS: dict[tuple, int] = {}  # each structure seen -> its id
+_next_id = itertools.count()
+_IDS_KEPT = 1 << 17  # then the table starts afresh: nodes keep their ids, new structures get new ones (a miss)
+NEW_NODES_LIMIT = 256  # at most this many nodes without a shape: more, and one walk keys the graph
+_MERGE_BUDGET = 4096  # ... and at most this many buffer lookups to put their shapes together
+
+
+def _intern(entry: tuple) -> int:
+    if (i := _IDS.get(entry)) is None:
+        if len(_IDS) >= _IDS_KEPT:
+            _IDS.clear()
+        i = _IDS[entry] = next(_next_id)
+    return i
+
+
+def _shape_of_targets(targets: list[UOp]) -> tuple[int | tuple, tuple[UOp, ...], frozenset[str]] | None:
+    """The shape of the targets' graph (as of a node whose sources they are), or None where too much is new."""
+    if len(targets) == 1:  # the usual case first: one target, known already or new over sources that are known
+        target = targets[0]
+        if (known := target.__dict__.get(_SHAPE)) is not None:
+            return known
+        sources = [s.__dict__.get(_SHAPE) for s in target.src]
+        if None not in sources:
+            shape = target.__dict__[_SHAPE] = _shape(target, sources)[0]
+            return shape
+    new = _new_nodes(targets)
+    if new is None:
+        return None
+    budget = _MERGE_BUDGET
+    for u in new:
+        shape, cost = _shape(u, [s.__dict__[_SHAPE] for s in u.src])
+        u.__dict__[_SHAPE] = shape
+        budget -= cost
+        if budget < 0:
+            return None
+    if len(targets) == 1:
+        return targets[0].__dict__[_SHAPE]
+    ids, buffers, devices, _ = _merge([t.__dict__[_SHAPE] for t in targets])
+    return ids, buffers, devices  # (a tuple: one target's is an int)
+
+
+def _new_nodes(targets: list[UOp]) -> list[UOp] | None:
+    """The nodes of the targets' graph without a shape yet, each after its sources; None where there are more than
+    NEW_NODES_LIMIT."""
+    new: list[UOp] = []
+    seen: set[UOp] = set()
+    for target in targets:
+        if _SHAPE in target.__dict__ or target in seen:
+            continue
+        seen.add(target)
+        stack = [(target, iter(target.src))]
+        while stack:
+            node, sources = stack[-1]
+            for s in sources:
+                if _SHAPE not in s.__dict__ and s not in seen:
+                    seen.add(s)
+                    stack.append((s, iter(s.src)))
+                    break
+            else:
+                stack.pop()
+                new.append(node)
+                if len(new) > NEW_NODES_LIMIT:
+                    return None
+    return new
+
+
+def _shape(u: UOp, sources: list[_Shape]) -> tuple[_Shape, int]:
+    """A node's shape from its sources' shapes, and how many buffer lookups that took."""
+    op = u.op
+    if len(sources) == 1:
+        source, buffers, devices = sources[0]
+        if op is Ops.BUFFER:  # its size and dtype, not which buffer it is
+            return (_intern((op, u.dtype, u.arg[1], source)), (u,), devices), 0
+        return (_intern((op, u.dtype, u.argkey, source)), buffers, devices), 0
+    if op is Ops.DEVICE:
+        return (_intern((op, u.arg)), (), frozenset((u.arg,))), 0
+    if not sources:
+        return (_intern((op, u.dtype, u.argkey)), (), frozenset()), 0
+    ids, buffers, devices, cost = _merge(sources)
+    return (_intern((op, u.dtype, u.argkey, ids)), buffers, devices), cost
+
+
+def _merge(sources: list[_Shape]) -> tuple[tuple, tuple[UOp, ...], frozenset[str], int]:
+    """The sources' ids (with where each one's buffers fall among all of theirs, when more than one has buffers),
+    their buffers in order of first appearance, and their devices; and how many buffer lookups that took."""
+    if len(sources) == 2:  # the usual case first: a binary op, buffers on one side at most
+        (a, a_buffers, a_devices), (b, b_buffers, b_devices) = sources
+        devices = a_devices if b_devices is a_devices or b_devices <= a_devices else a_devices | b_devices
+        if not a_buffers or not b_buffers:  # which sources have buffers follows from their ids
+            return (a, b), a_buffers or b_buffers, devices, 0
+    ids = tuple(s[0] for s in sources)
+    devices = sources[0][2]
+    for s in sources[1:]:
+        if s[2] is not devices and not s[2] <= devices:
+            devices = devices | s[2]
+    with_buffers = [s[1] for s in sources if s[1]]
+    if len(with_buffers) <= 1:  # which sources have buffers follows from their ids: nothing to say where they fall
+        return ids, (with_buffers[0] if with_buffers else ()), devices, 0
+    slot: dict[UOp, int] = {}
+    places = []
+    for buffers in with_buffers:
+        places.append(tuple(slot.setdefault(b, len(slot)) for b in buffers))
+    return (ids, tuple(places)), tuple(slot), devices, sum(map(len, with_buffers))
+
+
+# a node of the schedule: the graph's node at this path (a tuple), or a graph over slot placeholders (UOp)
+Ref = tuple[int, ...] | UOp
 
 
 def _placeholder(slot: int, like: UOp) -> UOp:
@@ -113,7 +287,7 @@ class Template:
 
     @staticmethod
     def record(plan: Plan, graph: Structure) -> Template | None:
-        """The plan in terms of places and slots; None when it holds what a template cannot say."""
+        """The plan in terms of paths and slots; None when it holds what a template cannot say."""
         try:
             return _Recorder(plan, graph).template()
         except _Unrecordable:
@@ -121,21 +295,60 @@ class Template:
 
     def instantiate(self, graph: Structure) -> Plan:
         """The plan for `graph` (of the structure this was recorded for): new buffers where the schedule makes them."""
-        fresh = tuple(new_buffer(device, size, dtype) for device, size, dtype in self.fresh)
-        slots = graph.buffers + fresh
-        binding = {p: slots[k] for k, p in self.placeholders}
+        # (loops, not comprehensions: this runs for every op, and a comprehension is a call on Python 3.11)
+        fresh: list[UOp] = []
+        for device, size, dtype in self.fresh:
+            fresh.append(new_buffer(device, size, dtype))
+        slots = graph.buffers + tuple(fresh)
+        binding: dict[UOp, UOp] = {}
+        for k, placeholder in self.placeholders:
+            binding[placeholder] = slots[k]
+        steps: list[tuple[UOp, tuple[UOp, ...]]] = []
+        for ast, ks in self.steps:
+            steps.append((_node(ast, graph, binding), tuple(map(slots.__getitem__, ks))))
+        becomes: dict[UOp, UOp] = {}
+        for k, v in self.becomes:
+            becomes[_node(k, graph, binding)] = _node(v, graph, binding)
+        renamed: dict[UOp, UOp] = {}
+        for k, v in self.renamed:
+            renamed[_node(k, graph, binding)] = _node(v, graph, binding)
+        return Plan(tuple(steps), becomes, renamed, tuple(fresh))
 
-        def node(ref: Ref) -> UOp:
-            if isinstance(ref, int):
-                return graph.nodes[ref]
-            if ref.op is Ops.RESHAPE and ref.src[0] in binding:  # a view of one buffer (the usual value of becomes)
-                return UOp(Ops.RESHAPE, ref.dtype, (binding[ref.src[0]],), ref.arg)
-            return substitute(ref, binding)
 
-        steps = tuple((ast if _is_kernel(ast) else node(ast), tuple(slots[k] for k in ks)) for ast, ks in self.steps)
-        becomes = {node(k): node(v) for k, v in self.becomes}
-        renamed = {node(k): node(v) for k, v in self.renamed}
-        return Plan(steps, becomes, renamed, fresh)
+def _node(ref: Ref, graph: Structure, binding: dict[UOp, UOp]) -> UOp:
+    """The node a Ref names in `graph`, with the placeholders bound to buffers (a kernel's AST is itself)."""
+    if type(ref) is tuple:
+        return graph.node(ref)
+    if ref.op is Ops.SINK:
+        return ref
+    if ref.op is Ops.RESHAPE and (buffer := binding.get(ref.src[0])) is not None:  # a view of one buffer
+        return _view(ref, buffer)  # (the usual value of becomes)
+    return substitute(ref, binding)
+
+
+def _paths(targets: tuple[UOp, ...]) -> dict[UOp, tuple[int, ...]]:
+    """A path to each node of the targets' graph (the first one met, depth first)."""
+    path: dict[UOp, tuple[int, ...]] = {}
+    stack = [(t, (i,)) for i, t in reversed(list(enumerate(targets)))]
+    while stack:
+        u, p = stack.pop()
+        if u not in path:
+            path[u] = p
+            stack.extend((s, (*p, i)) for i, s in reversed(list(enumerate(u.src))) if s not in path)
+    return path
+
+
+def _view(ref: UOp, buffer: UOp) -> UOp:
+    """RESHAPE(buffer) for the template's RESHAPE(placeholder). The next op on it reads its structure, shape and
+    device at once: they are filled in as the template's (the placeholder has the buffer's dtype, size and
+    device), where the cached properties would keep them, so that none is computed again."""
+    view = UOp(Ops.RESHAPE, ref.dtype, (buffer,), ref.arg)
+    if _SHAPE not in view.__dict__:
+        if (known := ref.__dict__.get(_SHAPE)) is None:
+            known = _shape_of_targets([ref])
+        assert known is not None, "a view of one buffer has a few nodes"
+        view.__dict__.update({_SHAPE: (known[0], (buffer,), known[2]), "shape": ref.shape, "device": ref.device})
+    return view
 
 
 def _is_kernel(ast: Ref) -> bool:
@@ -146,7 +359,7 @@ def _is_kernel(ast: Ref) -> bool:
 class _Recorder:
     def __init__(self, plan: Plan, graph: Structure) -> None:
         self.plan, self.graph = plan, graph
-        self.place = {u: i for i, u in enumerate(graph.nodes)}
+        self.path = _paths(graph.targets)
         self.slot = {b: k for k, b in enumerate(graph.buffers)}
         self.made = set(plan.fresh)
         self.fresh: list[tuple[str, int, DType]] = []
@@ -161,8 +374,8 @@ class _Recorder:
         return self.slot[b]
 
     def ref(self, u: UOp) -> Ref:
-        if u in self.place:
-            return self.place[u]
+        if u in self.path:
+            return self.path[u]
         stand_ins = {}
         for b in u.toposort:
             if b.op is Ops.BUFFER:
@@ -190,10 +403,10 @@ class ScheduleCache:
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self.templates: OrderedDict[StructureKey, Template] = OrderedDict()
+        self.templates: OrderedDict[StructureKey | tuple, Template] = OrderedDict()
         self.hits = self.misses = 0
 
-    def get(self, key: StructureKey) -> Template | None:
+    def get(self, key: StructureKey | tuple) -> Template | None:
         template = self.templates.get(key)
         if template is None:
             self.misses += 1
@@ -202,7 +415,7 @@ class ScheduleCache:
             self.templates.move_to_end(key)
         return template
 
-    def put(self, key: StructureKey, template: Template) -> None:
+    def put(self, key: StructureKey | tuple, template: Template) -> None:
         self.templates[key] = template
         if len(self.templates) > self.capacity:
             self.templates.popitem(last=False)
@@ -227,6 +440,6 @@ def check_same(cached: Template, plan: Plan, graph: Structure) -> None:
     from_cache, fresh = Template.record(cached.instantiate(graph), graph), Template.record(plan, graph)
     if from_cache != fresh:
         raise ScheduleMismatch(
-            f"the schedule cache gives a different schedule than the scheduler for a graph of {len(graph.nodes)} "
-            f"nodes:\ncached:   {from_cache}\ncomputed: {fresh}"
+            f"the schedule cache gives a different schedule than the scheduler for a graph of {len(graph.buffers)} "
+            f"buffers:\ncached:   {from_cache}\ncomputed: {fresh}"
         )
