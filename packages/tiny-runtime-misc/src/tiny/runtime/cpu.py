@@ -4,6 +4,7 @@ compiled in-process by llvmlite; either way for the host's vector ISA, and run i
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import platform
 import re
@@ -28,6 +29,7 @@ from tiny.ir.device import (
 from tiny.runtime.llvm import LLVMCompiler, LoadedObject, host, require_llvmlite
 
 ALIGN = 64  # bytes; one cache line, enough for any vector ISA
+_address = operator.itemgetter(1)  # of an allocation (raw memory, aligned address)
 
 
 @cache
@@ -187,7 +189,7 @@ class CPUProgram(Program):
         threads = global_size[0]
         if self.signature != (len(bufs), len(vals), threads > 1):
             self.declare(len(bufs), len(vals), threads > 1)
-        args = [b[1] for b in bufs]  # addresses and ints: ctypes converts them by the declared argtypes
+        args = list(map(_address, bufs))  # addresses and ints: ctypes converts them by the declared argtypes
         args.extend(vals)
         start = time.perf_counter()
         if threads == 1:

@@ -82,7 +82,7 @@ class Optimizer:
         params = {id(p) for p in self.params}
         return [
             t
-            for t in list(Tensor._live)
+            for t in Tensor._live.alive()
             if id(t) not in params and not is_realized(t.uop) and any(u in memory for u in t.uop.toposort)
         ]
 

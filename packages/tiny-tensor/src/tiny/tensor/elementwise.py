@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from tiny.ir.device import device_computes, new_buffer_view
 from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
 from tiny.ir.schedule import data_view
-from tiny.ir.uop import GroupOp, Ops, UOp
-from tiny.tensor.autograd import no_grad_wrap
+from tiny.ir.uop import GroupOp, Ops, UOp, arg_key
+from tiny.tensor.autograd import NO_GRAD, no_grad_wrap
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import check_dtype, default_int
 from tiny.tensor.shapes import broadcast_shape
@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from tiny.tensor.tensor import Tensor
 
 Scalar = int | float | bool
+
+
+_SCALARS: dict[tuple, UOp] = {}  # scalar operands broadcast to a shape (see _scalar)
+_SCALARS_KEPT = 512
 
 
 def _expands(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
@@ -50,7 +54,7 @@ class ElementwiseOps(TensorBase):
     __slots__ = ()
 
     def _alu(self, op: Ops, *others: Tensor, dtype: DType | None = None) -> Tensor:
-        srcs = (self.uop, *(o.uop for o in others))
+        srcs = (self.uop, others[0].uop) if len(others) == 1 else (self.uop, *(o.uop for o in others))
         out_dtype = dtype or (dtypes.bool if op in GroupOp.Comparison else srcs[-1].dtype)
         return self._new(UOp(op, out_dtype, srcs))
 
@@ -60,6 +64,8 @@ class ElementwiseOps(TensorBase):
         >>> Tensor([1.7, -1.7]).cast("int32").tolist()
         [1, -1]
         """
+        if dtype is self.uop.dtype:  # (dtypes are interned: the usual case, asked before any conversion)
+            return self
         dt = to_dtype(dtype)
         if dt == self.dtype:
             return self
@@ -116,13 +122,29 @@ class ElementwiseOps(TensorBase):
                 dt = x.dtype if not x.dtype.is_bool else default_int(x.device)
             else:
                 dt = x.dtype if x.dtype.is_float else dtypes.default_float
-            y = type(self)(y, device=x.device, dtype=dt)
+            x, y = x.cast(dt), self._scalar(y, dt)
+            return (y, x) if reverse else (x, y)
         else:
             raise TypeError(f"unsupported operand type {type(y).__name__} for a Tensor op")
         x, y = x.cast(dt), y.cast(dt)
         shape = broadcast_shape(x.shape, y.shape)
         x, y = x._broadcast_to(shape), y._broadcast_to(shape)
         return (y, x) if reverse else (x, y)
+
+    def _scalar(self, value: Scalar, dtype: DType) -> Tensor:
+        """A Python number as a tensor of `dtype` on this tensor's device, broadcast to its shape. Every op with a
+        scalar operand makes one, and mostly the same few again (x + 1, x * 0.5): the nodes are kept by value, dtype,
+        device, shape and no_grad mode (a few hundred at most), so that making one again is a dict lookup."""
+        key = (arg_key(value), dtype, self.uop.device, self.uop.shape, NO_GRAD.value)
+        if (node := _SCALARS.get(key)) is None:
+            const = type(self)(value, device=self.device, dtype=dtype)
+            node = const._broadcast_to(self.shape).uop
+            if len(_SCALARS) >= _SCALARS_KEPT:
+                _SCALARS.clear()
+            _SCALARS[key] = node
+        t = self._new(node)
+        t.uop = node  # the very node: no_grad wrapped it (or not) when it was made
+        return t
 
     def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
         if self.shape == shape:

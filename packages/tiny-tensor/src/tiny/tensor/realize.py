@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,18 +65,19 @@ def capture() -> Iterator[list[Launch]]:
 
 
 _programs: dict[tuple[UOp, str], tuple[CompiledProgram, Program]] = {}
+_opaque = operator.attrgetter("opaque")  # a buffer's memory, allocated when first asked for
 
 
 def compiled(ast: UOp, device: str) -> tuple[CompiledProgram, Program]:
     """The compiled and loaded program for a kernel AST on a device, built once per process."""
     key = (ast, device)
-    if key not in _programs:
+    if (found := _programs.get(key)) is None:
         dev = Device[device]
         prog = get_program(ast, dev)
         if DEBUG >= 4:
             print(prog.src)
-        _programs[key] = (prog, dev.load(prog))
-    return _programs[key]
+        found = _programs[key] = (prog, dev.load(prog))
+    return found
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
@@ -96,8 +98,10 @@ def run_schedule(items: list[ScheduleItem]) -> None:
                 print(f"*** copy {src.device} -> {out.device} {out.nbytes / 1e6:9.3f} MB {ms:8.3f} ms")
             continue
         device = item.buffers[0].device
-        prog, runner = compiled(item.ast, device)
-        bufs = [b.opaque for b in item.buffers]  # (allocated when first used)
+        if (found := _programs.get((item.ast, device))) is None:
+            found = compiled(item.ast, device)
+        prog, runner = found
+        bufs = list(map(_opaque, item.buffers))  # (allocated when first used)
         elapsed = runner(*bufs, global_size=prog.global_size, local_size=prog.local_size, wait=debug >= 2)
         if _captures:
             _captures[-1].append(Launch(item.buffers, prog, runner))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ from tiny.tensor.elementwise import ElementwiseOps
 from tiny.tensor.functional import FunctionalOps
 from tiny.tensor.indexing import IndexingOps
 from tiny.tensor.inplace import InplaceOps
+from tiny.tensor.live import LiveSet
 from tiny.tensor.mathfns import MathOps
 from tiny.tensor.movement import MovementOps
 from tiny.tensor.realize import JitError, capturing, run_schedule
@@ -28,6 +28,7 @@ from tiny.tensor.reduce import ReduceOps
 from tiny.tensor.windows import WindowOps
 
 Scalar = int | float | bool
+_new_tensor = object.__new__
 _NP_TO_DTYPE = {np.dtype(d.fmt): d for d in dtypes.all() if d.fmt is not None}
 
 
@@ -51,7 +52,7 @@ class Tensor(
     """
 
     __slots__ = ()
-    _live: weakref.WeakSet[Tensor] = weakref.WeakSet()
+    _live: LiveSet[Tensor] = LiveSet()
 
     def __init__(
         self,
@@ -92,6 +93,16 @@ class Tensor(
         if requires_grad is not None:
             self.requires_grad = requires_grad
 
+    def _new(self, uop: UOp) -> Tensor:
+        """The tensor of an op's result: what Tensor(uop) makes, without dispatching on the argument's type."""
+        if type(self) is not Tensor:  # (a subclass: its own constructor)
+            return type(self)(uop)
+        t = _new_tensor(Tensor)
+        t._requires_grad = t.grad = None
+        t.uop = no_grad_wrap(uop)
+        Tensor._live.add(t)
+        return t
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
@@ -109,16 +120,18 @@ class Tensor(
 
     def realize(self, *others: Tensor) -> Tensor:
         """Compute this tensor (and others) now; the result lives in a buffer on the device."""
-        tensors = [self, *others]
-        targets = [t.uop for t in tensors if not is_realized(t.uop)]
+        if others:
+            targets = [t.uop for t in (self, *others) if not is_realized(t.uop)]
+        else:  # (the usual call: one tensor)
+            targets = [] if is_realized(self.uop) else [self.uop]
         if not targets:
             return self
         sched = create_schedule(targets)
         run_schedule(sched.items)
-        done = sched.becomes | sched.renamed
+        done = sched.becomes | sched.renamed if sched.renamed else sched.becomes
         record_origins(done)
         computed = done.keys()
-        for t in list(Tensor._live):  # every tensor reads what was computed from its buffer from now on
+        for t in Tensor._live.alive():  # every tensor reads what was computed from its buffer from now on
             if (u := t.uop) in done:
                 t.uop = done[u]
             elif not is_realized(u) and not computed.isdisjoint(u.toposort):

@@ -1,0 +1,46 @@
+"""The registry of live tensors: realize() moves every tensor that reads what it computed onto the new buffers, and
+in-place writes and TinyJit look for tensors with work pending."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class LiveSet(Generic[T]):
+    """Objects held weakly, in the order they were added. A plain list of weak references without callbacks, so
+    that adding one is cheap and a death costs nothing; dead references are dropped whenever the objects are listed
+    and when the list has doubled since it was last pruned."""
+
+    __slots__ = ("refs", "limit")
+    MIN_LIMIT = 1024
+
+    def __init__(self) -> None:
+        self.refs: list[weakref.ref[T]] = []
+        self.limit = self.MIN_LIMIT
+
+    def add(self, obj: T) -> None:
+        self.refs.append(weakref.ref(obj))
+        if len(self.refs) > self.limit:
+            self.alive()
+
+    def alive(self) -> list[T]:
+        """The objects alive now (dead references are dropped)."""
+        refs: list[weakref.ref[T]] = []
+        out: list[T] = []
+        for ref in self.refs:
+            obj = ref()
+            if obj is not None:
+                refs.append(ref)
+                out.append(obj)
+        self.refs, self.limit = refs, max(self.MIN_LIMIT, 2 * len(refs))
+        return out
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.alive())
+
+    def __len__(self) -> int:
+        return len(self.alive())
