@@ -4,6 +4,7 @@ accumulator one lane at a time (a chain of multiply-adds)."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 
 import numpy as np
@@ -19,6 +20,7 @@ from tiny.codegen.lower import lower
 from tiny.codegen.opt import Kind
 from tiny.codegen.vectorize import vectorize
 from tiny.ir.device import RendererCaps
+from tiny.ir.dtypes import dtypes
 from tiny.ir.pattern import graph_rewrite
 from tiny.ir.schedule import create_schedule
 from tiny.ir.symbolic import symbolic
@@ -146,3 +148,31 @@ def test_a_convolution_tiles_output_channels_against_a_row_vector(
     # the kernel's dims: (n, groups, cout, cin, y, x, ky, kx)
     assert {"x": dims.get(5), "cout": dims.get(2)} == want
     assert k.lanes() <= 1024
+
+
+def test_rows_of_four_are_half_vectors_and_masks_stay_whole() -> None:
+    """On AVX2 (8 floats a vector) 4 lanes still make a vector: a 128-bit half. Comparisons and selects do not:
+    the renderer's masks are as wide as a whole vector."""
+    a, b = tensor(16, 4), tensor(16, 4)
+    uops = uops_of(ast_of(a * b + a), CPU, [Opt(OptOps.UPCAST, 1, 4)])
+    assert any(u.op is Ops.LOAD and u.dtype.count == 4 for u in uops)
+    select = UOp(Ops.WHERE, a.dtype, (UOp(Ops.CMPLT, dtypes.bool, (a, b)), a, b))
+    uops = uops_of(ast_of(select), CPU, [Opt(OptOps.UPCAST, 1, 4)])
+    assert not any(u.dtype.count == 4 for u in uops if u.op in (Ops.CMPLT, Ops.WHERE))
+
+
+def test_a_weight_gradient_keeps_one_vector_per_output_of_its_window() -> None:
+    """dW (cout, cin, 5, 5) = sum over (batch, y, x) of dY * X's window: no output vector forms (5 wide), the
+    reduction along x accumulates in vectors, one per output: the tile is the 5 x 5 window (25 vectors), not more."""
+    from tiny.tensor import Tensor
+
+    x = Tensor.empty(8, 16, 24, 24, device="PYTHON").realize()
+    w = Tensor(np.zeros((16, 16, 5, 5), np.float32), device="PYTHON", requires_grad=True)
+    g = Tensor.empty(8, 16, 20, 20, device="PYTHON").realize()
+    (x.conv2d(w) * g).sum().backward()
+    assert w.grad is not None
+    *_, item = [i for i in w.grad.schedule() if i.ast.op is Ops.SINK]
+    k = Kernel(item.ast, CPU)
+    k.apply_opts(hand_opts(k))
+    assert math.prod(p.size for p in k.of_kind(Kind.UPCAST)) == 25
+    assert [p.size for p in k.of_kind(Kind.UNROLL)] == [4]

@@ -20,6 +20,7 @@ MASKED_LANES = 64  # ... up to this many values per thread
 TILE_LANES = 64  # register tiles of a matrix product or convolution grow up to this many outputs (8 AVX2 vectors)
 GPU_TILE_LANES = 32  # ... on a GPU, until they hold this many, 4 (or fewer) more per dim (registers per thread)
 GPU_VALUES = 512  # ... and within this many values per thread (offsets of a window included)
+ACC_VECTORS = 16  # ... or this many outputs where each accumulates in a vector of its own (along the reduction)
 TILE_VALUES = 1024  # ... and to this many values per thread with the window's offsets (lowering time grows with it)
 UNROLL_LANES = 512  # ... and the innermost reduce dim is unrolled too where values per thread stay within this
 WORKGROUP = 256  # threads per workgroup on GPUs
@@ -79,19 +80,21 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
         tile_dims = sorted(reuse - {out_dim}, key=lambda d: (not any(_broadcast(v, d) for v in vector_loads), -d))
         # (each dim takes the most that keeps the tile within TILE_LANES: a convolution's 8-wide row vector serves 8
         # output channels, 64 x 64 x 3 x 3 over 56 x 56 on 2 AVX2 cores: 23.5 -> 15 ms against 4)
+        # where no output vector forms (a weight gradient's 5 x 5 window) but the innermost reduction is read along
+        # memory, each output accumulates in a vector of its own: then the tile is counted in vectors (registers)
+        last_reduce = max(p.dim for p in k.of_kind(Kind.REDUCE)) if k.of_kind(Kind.REDUCE) else None
+        out_lanes = math.prod(p.size for p in k.of_kind(Kind.UPCAST) if p.dim == out_dim)
+        no_vector = out_lanes < 4 or out_lanes & (out_lanes - 1) != 0  # (vectors are 4, 8 or 16 lanes)
+        in_vectors = no_vector and last_reduce is not None and any(_stride(v, last_reduce) == 1 for v in loads)
         for d in tile_dims:
             tile, axis = math.prod(p.size for p in k.of_kind(Kind.UPCAST)), _axis(k, d)
             if caps.has_local:
                 if tile < GPU_TILE_LANES:
                     attempt(OptOps.UPCAST, axis, _within(k, axis, (4, 3, 2), GPU_VALUES // k.lanes()))
                 continue
-            attempt(
-                OptOps.UPCAST,
-                axis,
-                _within(k, axis, (16, 8, 4, 3, 2), min(TILE_LANES // tile, TILE_VALUES // k.lanes())),
-            )
+            room = min(TILE_LANES // tile, TILE_VALUES // k.lanes(), ACC_VECTORS // tile if in_vectors else TILE_LANES)
+            attempt(OptOps.UPCAST, axis, _within(k, axis, (16, 8, 4, 3, 2), room))
         _panel_order(k, out_dim, vector_loads, attempt)
-        last_reduce = max(p.dim for p in k.of_kind(Kind.REDUCE)) if k.of_kind(Kind.REDUCE) else None
         if last_reduce is not None and k.lanes() * 2 <= UNROLL_LANES:
             attempt(OptOps.UNROLL, _axis(k, last_reduce), (4, 2) if k.lanes() * 4 <= UNROLL_LANES else (2,))
     elif k.reduce_dims:  # a plain reduction

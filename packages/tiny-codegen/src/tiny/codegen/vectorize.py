@@ -20,9 +20,13 @@ VECTOR_ALU = frozenset(
 )
 
 
-def _fits(dt: DType, lanes: int, nbytes: int) -> bool:
-    """Whether `lanes` values of dt make one hardware vector of nbytes (bools: a mask of any lane width)."""
-    return dt.scalar == dtypes.bool or (dt.scalar in VECTOR_DTYPES and dt.scalar.itemsize * lanes == nbytes)
+def _fits(dt: DType, lanes: int, nbytes: int, half: bool = True) -> bool:
+    """Whether `lanes` values of dt make one hardware vector of nbytes (bools: a mask of any lane width), or with
+    `half`, half of one where that is still 16 bytes (AVX2's 128-bit halves: a row of 4 floats, 20 wide)."""
+    if dt.scalar == dtypes.bool:
+        return True
+    size = dt.scalar.itemsize * lanes
+    return dt.scalar in VECTOR_DTYPES and (size == nbytes or (half and 2 * size == nbytes and size >= 16))
 
 
 def _alike(lanes: tuple[UOp, ...]) -> bool:
@@ -40,14 +44,16 @@ def _push_down(vec: UOp, ctx: int) -> UOp | None:
     lanes = vec.src
     first = lanes[0]
     n = len(lanes)
-    if not _alike(lanes) or not _fits(first.dtype, n, ctx):
+    # comparisons and selects stay whole vectors: a mask is as wide as a hardware vector (the renderer's mask types)
+    whole = first.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE) or first.dtype.scalar == dtypes.bool
+    if not _alike(lanes) or not _fits(first.dtype, n, ctx, not whole):
         return None
     if first.op is Ops.CONST:
         return UOp.const(vec.dtype, first.arg)  # one value in every lane
     if all(s is first for s in lanes):
         return None  # a broadcast of one value stays as it is
     if first.op in VECTOR_ALU or first.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE):
-        if not all(_fits(x.dtype, n, ctx) for x in first.src):
+        if not all(_fits(x.dtype, n, ctx, not whole) for x in first.src):
             return None
         return UOp(first.op, vec.dtype, tuple(_gather(x, [s.src[j] for s in lanes]) for j, x in enumerate(first.src)))
     if first.dtype == dtypes.bool:
