@@ -162,8 +162,9 @@ UNIT = values(0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, -1.5, INF, -INF, NAN, 1e-3)
 
 @pytest.mark.parametrize("name", [n for n in UNARY if n not in ("asin", "acos", "atanh", "acosh", "log1p")])
 def test_special_values(device: str, name: str) -> None:
-    if name == "gelu" and torch.isnan(torch.nn.functional.gelu(torch.tensor(INF))):
-        # PyTorch before 2.12 gives NaN for gelu(inf) on the CPU (inf * 0.5 * erfc(-inf) is inf): compare the rest
+    if name == "gelu" and torch.isnan(torch.nn.functional.gelu(torch.tensor(SPECIAL))[SPECIAL == INF]).any():
+        # PyTorch before 2.12 gives NaN for gelu(inf) on the CPU, in its vector loop (inf * 0.5 * erfc(-inf) is inf;
+        # a lone scalar comes out right on 2.11): compare the rest
         forward(device, UNARY[name][0], SPECIAL[SPECIAL != INF])
         assert Tensor([INF], device=device).gelu().tolist() == [INF]
         return
