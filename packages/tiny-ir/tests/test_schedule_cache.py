@@ -287,11 +287,11 @@ def test_a_template_instantiated_for_its_own_graph_is_the_plan() -> None:
     template = Template.record(plan, graph)
     assert template is not None
     again = template.instantiate(graph)
-    assert [ast for ast, _ in again.steps] == [ast for ast, _ in plan.steps]
-    made = dict(zip(plan.fresh, again.fresh))
+    assert [item.ast for item in again.items] == [item.ast for item in plan.items]
+    made = {buffer_of(a): buffer_of(b) for a, b in zip(plan.fresh, again.fresh)}
     assert len(again.fresh) == len(plan.fresh) and not set(again.fresh) & set(plan.fresh)
-    for (_, mine), (_, theirs) in zip(plan.steps, again.steps):
-        assert tuple(made.get(b, b) for b in mine) == theirs
+    for mine, theirs in zip(plan.items, again.items):
+        assert tuple(made.get(b, b) for b in mine.buffers) == theirs.buffers
     assert list(again.becomes) == list(plan.becomes)
     assert Template.record(again, graph) == template
 
@@ -301,7 +301,7 @@ def test_a_plan_with_a_buffer_it_did_not_make_is_not_recorded() -> None:
     graph = structure_of(targets)
     assert graph is not None
     plan = _plan(targets)
-    assert Template.record(replace(plan, fresh=()), graph) is None  # its output would be taken for an old buffer
+    assert Template.record(plan._replace(fresh=()), graph) is None  # its output would be taken for an old buffer
 
 
 def test_check_mode_finds_a_wrong_template() -> None:

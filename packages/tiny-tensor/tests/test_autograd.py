@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 from torch_compare import compare
 
+from tiny.ir.device import buffer_of
 from tiny.ir.uop import Ops
 from tiny.tensor import Tensor
 
@@ -220,3 +224,20 @@ def test_backward_never_reads_a_value_computed_before_its_inputs_changed(device:
         want = (v**2).sum() + 2 * v * v.sum()  # d/dw of sum(w*w) * sum(w)
         np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-6, err_msg=f"step {step}")
         opt.step()
+
+
+def test_what_realize_records_for_gradients_dies_with_the_buffer(device: str) -> None:
+    """realize() remembers on each view it made the graph that view computed; the record goes when the view does, so
+    a value no tensor holds any more frees its memory (no table keeps it), while one still held keeps its record for
+    backward."""
+    x = Tensor([1.0, 2.0], device=device, requires_grad=True)
+    y = (x * 3).realize()
+    z = (y + 1).realize()
+    memory = weakref.ref(buffer_of(z.uop.src[0]))
+    assert memory() is not None
+    del z
+    gc.collect()  # (a node whose graph was walked holds the walk, itself included: a cycle)
+    assert memory() is None
+    (y * y).sum().backward()
+    assert x.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), [18.0, 36.0])

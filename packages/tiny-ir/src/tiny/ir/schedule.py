@@ -16,27 +16,12 @@ import math
 from dataclasses import dataclass
 
 from tiny.ir.config import SCHEDULE_CACHE
-from tiny.ir.device import Buffer, buffer_of, device_computes, new_buffer, new_buffer_view, opened_caps
+from tiny.ir.device import buffer_of, device_computes, new_buffer, new_buffer_view, opened_caps
 from tiny.ir.dtypes import dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
-from tiny.ir.schedule_cache import SCHEDULES, Plan, Template, check_same, structure_of
+from tiny.ir.schedule_cache import SCHEDULES, Schedule, ScheduleItem, Template, check_same, structure_of
 from tiny.ir.uop import GroupOp, Ops, UOp, evaluate
 from tiny.ir.views import View, strides_for_shape
-
-
-@dataclass(frozen=True)
-class ScheduleItem:
-    """One step of a schedule: a kernel (ast is a SINK) or a copy between devices (ast is a COPY)."""
-
-    ast: UOp
-    buffers: tuple[Buffer, ...]  # the output first, then the inputs in the order the AST numbers them
-
-
-@dataclass(frozen=True)
-class Schedule:
-    items: list[ScheduleItem]
-    becomes: dict[UOp, UOp]  # each realized tensor-level node -> the view of its new buffer
-    renamed: dict[UOp, UOp]  # targets that need no kernel, being views of memory once written simply
 
 
 def is_realized(u: UOp) -> bool:
@@ -344,24 +329,17 @@ def create_schedule(targets: list[UOp]) -> Schedule:
     graph = structure_of(targets) if mode else None
     cached = SCHEDULES.get(graph.key) if graph is not None else None
     if cached is not None and mode == 1:
-        return _with_buffers(cached.instantiate(graph))  # type: ignore[arg-type]
-    plan = _plan(targets)
+        return cached.instantiate(graph)  # type: ignore[union-attr]
+    schedule = _plan(targets)
     if graph is not None:
         if cached is not None:  # SCHEDULE_CACHE=2: the cache must have given this very schedule
-            check_same(cached, plan, graph)
-        elif (template := Template.record(plan, graph)) is not None:
+            check_same(cached, schedule, graph)
+        elif (template := Template.record(schedule, graph)) is not None:
             SCHEDULES.put(graph.key, template)
-    return _with_buffers(plan)
+    return schedule
 
 
-def _with_buffers(plan: Plan) -> Schedule:
-    items = []
-    for ast, bufs in plan.steps:  # (a loop, not a comprehension: on Python 3.11 that is a call, and this runs per op)
-        items.append(ScheduleItem(ast, tuple(map(buffer_of, bufs))))
-    return Schedule(items, plan.becomes, plan.renamed)
-
-
-def _plan(targets: list[UOp]) -> Plan:
+def _plan(targets: list[UOp]) -> Schedule:
     """The scheduler itself: rewrite the graph, choose the nodes that become buffers, build a kernel for each."""
     given = UOp(Ops.SINK, src=tuple(_as_data_view(t) for t in targets))
     memos: list[dict[UOp, UOp]] = [{}, {}]
@@ -407,7 +385,8 @@ def _plan(targets: list[UOp]) -> Plan:
         elif rewritten is not original and is_realized(rewritten):  # the rewrite alone made it a view of memory
             renamed[original] = rewritten
     fresh = tuple(buffers[u] for u in order if u.op is not Ops.ASSIGN)
-    return Plan(steps, becomes, renamed, fresh)
+    items = [ScheduleItem(ast, tuple(map(buffer_of, bufs))) for ast, bufs in steps]
+    return Schedule(items, becomes, renamed, fresh)
 
 
 def _step(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> tuple[UOp, tuple[UOp, ...]]:

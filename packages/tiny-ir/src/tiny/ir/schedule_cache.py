@@ -24,18 +24,25 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tiny.ir.device import device_computes, new_buffer, opened_caps
+from tiny.ir.device import Buffer, buffer_of, device_computes, new_buffer, opened_caps
 from tiny.ir.dtypes import DType
 from tiny.ir.uop import Ops, UOp, substitute
 
 
-@dataclass(frozen=True)
-class Plan:
-    """A schedule in terms of BUFFER nodes, as the scheduler computes it (before it looks up their Buffers)."""
+class ScheduleItem(NamedTuple):
+    """One step of a schedule: a kernel (ast is a SINK) or a copy between devices (ast is a COPY). (A NamedTuple, as
+    Schedule: one is made per step of every realize, and a frozen dataclass takes twice as long to make.)"""
 
-    steps: tuple[tuple[UOp, tuple[UOp, ...]], ...]  # each kernel (SINK) or copy (COPY) and its buffers, output first
-    becomes: dict[UOp, UOp]  # each realized tensor-level node -> the view of its buffer
-    renamed: dict[UOp, UOp]  # targets that need no kernel -> the view of memory they are
+    ast: UOp
+    buffers: tuple[Buffer, ...]  # the output first, then the inputs in the order the AST numbers them
+
+
+class Schedule(NamedTuple):
+    """What realizing a graph takes: the steps in execution order, and what the graph's nodes become."""
+
+    items: list[ScheduleItem]
+    becomes: dict[UOp, UOp]  # each realized tensor-level node -> the view of its new buffer
+    renamed: dict[UOp, UOp]  # targets that need no kernel, being views of memory once written simply
     fresh: tuple[UOp, ...]  # the BUFFER nodes the schedule made, in the order it made them
 
 
@@ -271,8 +278,12 @@ def _placeholder(slot: int, like: UOp) -> UOp:
     return UOp(Ops.BUFFER, like.dtype, like.src, (-1 - slot, like.arg[1]))
 
 
+def _slot_of(placeholder: UOp) -> int:
+    return -1 - placeholder.arg[0]
+
+
 class _Unrecordable(Exception):
-    """A plan holds a buffer that is neither the graph's nor one the schedule made: it cannot be a template."""
+    """A schedule holds a buffer that is neither the graph's nor one the schedule made: it cannot be a template."""
 
 
 @dataclass(frozen=True)
@@ -283,47 +294,52 @@ class Template:
     steps: tuple[tuple[Ref, tuple[int, ...]], ...]  # each step's AST (a kernel's as is) and its buffer slots
     becomes: tuple[tuple[Ref, Ref], ...]
     renamed: tuple[tuple[Ref, Ref], ...]
-    placeholders: tuple[tuple[int, UOp], ...]  # the slots that Ref graphs use, each with its placeholder
 
     @staticmethod
-    def record(plan: Plan, graph: Structure) -> Template | None:
-        """The plan in terms of paths and slots; None when it holds what a template cannot say."""
+    def record(schedule: Schedule, graph: Structure) -> Template | None:
+        """The schedule in terms of paths and slots; None when it holds what a template cannot say."""
         try:
-            return _Recorder(plan, graph).template()
+            return _Recorder(schedule, graph).template()
         except _Unrecordable:
             return None
 
-    def instantiate(self, graph: Structure) -> Plan:
-        """The plan for `graph` (of the structure this was recorded for): new buffers where the schedule makes them."""
-        # (loops, not comprehensions: this runs for every op, and a comprehension is a call on Python 3.11)
-        fresh: list[UOp] = []
+    def instantiate(self, graph: Structure) -> Schedule:
+        """The schedule for `graph` (of the structure this was recorded for): new buffers where the schedule makes
+        them. (Straight from the template to the steps: this runs for every op, so loops, not comprehensions, which
+        are calls on Python 3.11.)"""
+        nodes = list(graph.buffers)  # the BUFFER node of each slot
         for device, size, dtype in self.fresh:
-            fresh.append(new_buffer(device, size, dtype))
-        slots = graph.buffers + tuple(fresh)
-        binding: dict[UOp, UOp] = {}
-        for k, placeholder in self.placeholders:
-            binding[placeholder] = slots[k]
-        steps: list[tuple[UOp, tuple[UOp, ...]]] = []
+            nodes.append(new_buffer(device, size, dtype))
+        buffers = list(map(buffer_of, nodes))
+        targets = graph.targets
+        items: list[ScheduleItem] = []
         for ast, ks in self.steps:
-            steps.append((_node(ast, graph, binding), tuple(map(slots.__getitem__, ks))))
+            if type(ast) is not UOp or ast.op is not _SINK:  # a copy's node (a kernel's AST is itself)
+                ast = _node(ast, targets, nodes)
+            items.append(ScheduleItem(ast, tuple(map(buffers.__getitem__, ks))))
         becomes: dict[UOp, UOp] = {}
         for k, v in self.becomes:
-            becomes[_node(k, graph, binding)] = _node(v, graph, binding)
+            becomes[_node(k, targets, nodes)] = _node(v, targets, nodes)
         renamed: dict[UOp, UOp] = {}
         for k, v in self.renamed:
-            renamed[_node(k, graph, binding)] = _node(v, graph, binding)
-        return Plan(tuple(steps), becomes, renamed, tuple(fresh))
+            renamed[_node(k, targets, nodes)] = _node(v, targets, nodes)
+        return Schedule(items, becomes, renamed, tuple(nodes[len(graph.buffers) :]))
 
 
-def _node(ref: Ref, graph: Structure, binding: dict[UOp, UOp]) -> UOp:
-    """The node a Ref names in `graph`, with the placeholders bound to buffers (a kernel's AST is itself)."""
-    if type(ref) is tuple:
-        return graph.node(ref)
-    if ref.op is Ops.SINK:
-        return ref
-    if ref.op is Ops.RESHAPE and (buffer := binding.get(ref.src[0])) is not None:  # a view of one buffer
-        return _view(ref, buffer)  # (the usual value of becomes)
-    return substitute(ref, binding)
+_SINK, _RESHAPE, _BUFFER = Ops.SINK, Ops.RESHAPE, Ops.BUFFER  # (Enum members as globals: see tiny.ir.schedule)
+
+
+def _node(ref: Ref, targets: tuple[UOp, ...], nodes: list[UOp]) -> UOp:
+    """The node a Ref names in a graph of these targets, with each slot's placeholder bound to the BUFFER node of
+    that slot (`nodes`)."""
+    if type(ref) is tuple:  # a path from the targets
+        u = targets[ref[0]]
+        for i in ref[1:]:
+            u = u.src[i]
+        return u
+    if ref.op is _RESHAPE and ref.src[0].op is _BUFFER:  # a view of one buffer (the usual value of becomes)
+        return _view(ref, nodes[_slot_of(ref.src[0])])
+    return substitute(ref, {b: nodes[_slot_of(b)] for b in ref.toposort if b.op is _BUFFER})
 
 
 def _paths(targets: tuple[UOp, ...]) -> dict[UOp, tuple[int, ...]]:
@@ -357,11 +373,12 @@ def _is_kernel(ast: Ref) -> bool:
 
 
 class _Recorder:
-    def __init__(self, plan: Plan, graph: Structure) -> None:
-        self.plan, self.graph = plan, graph
+    def __init__(self, schedule: Schedule, graph: Structure) -> None:
+        self.schedule, self.graph = schedule, graph
         self.path = _paths(graph.targets)
         self.slot = {b: k for k, b in enumerate(graph.buffers)}
-        self.made = set(plan.fresh)
+        self.made = set(schedule.fresh)
+        self.node_of = {buffer_of(b): b for b in (*graph.buffers, *schedule.fresh)}  # (steps hold Buffers)
         self.fresh: list[tuple[str, int, DType]] = []
         self.placeholders: dict[int, UOp] = {}
 
@@ -385,17 +402,18 @@ class _Recorder:
 
     def template(self) -> Template:
         steps = []
-        for ast, bufs in self.plan.steps:
-            slots = tuple(self.buffer(b) for b in bufs)
+        for ast, bufs in self.schedule.items:
+            if not all(b in self.node_of for b in bufs):
+                raise _Unrecordable
+            slots = tuple(self.buffer(self.node_of[b]) for b in bufs)
             if ast.op is Ops.SINK and any(u.op is Ops.BUFFER for u in ast.toposort):
                 raise _Unrecordable  # a kernel AST numbers its buffers; it never holds one
             steps.append((ast if _is_kernel(ast) else self.ref(ast), slots))
-        becomes = tuple((self.ref(k), self.ref(v)) for k, v in self.plan.becomes.items())
-        renamed = tuple((self.ref(k), self.ref(v)) for k, v in self.plan.renamed.items())
-        if len(self.fresh) != len(self.plan.fresh):
+        becomes = tuple((self.ref(k), self.ref(v)) for k, v in self.schedule.becomes.items())
+        renamed = tuple((self.ref(k), self.ref(v)) for k, v in self.schedule.renamed.items())
+        if len(self.fresh) != len(self.schedule.fresh):
             raise _Unrecordable  # a buffer the schedule made that no step writes: instantiating would not make it
-        placeholders = tuple(sorted(self.placeholders.items()))
-        return Template(tuple(self.fresh), tuple(steps), becomes, renamed, placeholders)
+        return Template(tuple(self.fresh), tuple(steps), becomes, renamed)
 
 
 class ScheduleCache:
@@ -435,9 +453,9 @@ class ScheduleMismatch(RuntimeError):
     """SCHEDULE_CACHE=2 found the cached schedule of a graph different from the one the scheduler computes."""
 
 
-def check_same(cached: Template, plan: Plan, graph: Structure) -> None:
-    """Fail unless the template instantiated for `graph` is `plan` (up to which new buffers it makes)."""
-    from_cache, fresh = Template.record(cached.instantiate(graph), graph), Template.record(plan, graph)
+def check_same(cached: Template, schedule: Schedule, graph: Structure) -> None:
+    """Fail unless the template instantiated for `graph` is `schedule` (up to which new buffers it makes)."""
+    from_cache, fresh = Template.record(cached.instantiate(graph), graph), Template.record(schedule, graph)
     if from_cache != fresh:
         raise ScheduleMismatch(
             f"the schedule cache gives a different schedule than the scheduler for a graph of {len(graph.buffers)} "

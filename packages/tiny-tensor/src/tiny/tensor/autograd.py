@@ -4,26 +4,39 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tiny.ir.schedule import memory_of
 from tiny.ir.uop import Ops, UOp, substitute
 from tiny.tensor.base import TensorBase
 from tiny.tensor.gradient import compute_gradient, substitute_keeping_rules
+from tiny.tensor.live import LiveSet
 
 if TYPE_CHECKING:
     from tiny.tensor.tensor import Tensor
 
-# each buffer view that realize() made -> the graph it computed, so that gradients flow through realized values
-ORIGINS: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
-# each buffer view -> one realized with it earlier in the same schedule, kept alive with it (see record_origins)
-SAVED: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
-# when (which realize() call) each buffer view was computed, and when an assign last wrote into each BUFFER: a view
-# holds the value of its ORIGINS graph while no buffer that graph reads, nor its own, has been written since
-COMPUTED: weakref.WeakKeyDictionary[UOp, int] = weakref.WeakKeyDictionary()
-WRITTEN: weakref.WeakKeyDictionary[UOp, int] = weakref.WeakKeyDictionary()
+# What realize() made is recorded on the nodes themselves (in their __dict__, where cached properties live too), so a
+# record lives exactly as long as its node, with no weak table to update as nodes die:
+# - on each buffer view realize() made, _ORIGIN: (the graph it computed, when -- which realize() call --, and one view
+#   realized with it earlier in the same schedule, kept alive with it: see record_origins);
+# - on each BUFFER an assign wrote into, _WRITTEN: when it last did.
+# A view holds the value of its graph while no buffer that graph reads, nor its own, has been written since.
+_ORIGIN = "autograd.origin"
+_WRITTEN = "autograd.written"
+_COMPUTED: LiveSet[UOp] = LiveSet()  # the views with a record, in the order they were made (for _read_computed)
 _clock = itertools.count(1)
+_ASSIGN = Ops.ASSIGN  # (an Enum member as a global: see tiny.ir.schedule._BUFFER)
+
+
+class _Origin(NamedTuple):
+    node: UOp  # the graph the view computed (the first one: later ones are writes into it)
+    when: int  # the realize() call that computed it
+    saved: UOp | None  # a view computed before it in the same schedule, kept alive with it (outside no_grad)
+
+
+def _written(buffer: UOp) -> int:
+    """When an assign last wrote into a BUFFER (0: never)."""
+    return buffer.__dict__.get(_WRITTEN, 0)
 
 
 class _Switch:
@@ -135,10 +148,10 @@ def _through_realized(root: UOp, keep: set[UOp], became: dict[UOp, UOp]) -> UOp:
     full: dict[UOp, UOp] = {}
 
     def expand(graph: UOp, inside: tuple[UOp, ...]) -> UOp:
-        views = [u for u in graph.toposort if u in ORIGINS and u not in keep and u not in inside]
+        views = [u for u in graph.toposort if _ORIGIN in u.__dict__ and u not in keep and u not in inside]
         for v in views:
             if v not in full:
-                full[v] = expand(ORIGINS[v], (*inside, v))
+                full[v] = expand(v.__dict__[_ORIGIN].node, (*inside, v))
         return substitute_keeping_rules(graph, {v: full[v] for v in views}, became) if views else graph
 
     return expand(root, ())
@@ -148,14 +161,15 @@ def _read_computed(sink: UOp, became: dict[UOp, UOp]) -> UOp:
     """sink with each node that a buffer view still holds the value of (realize() computed it, as it was or as
     _through_realized expanded it, and nothing it reads was written since) replaced by that view."""
     computed_as: dict[UOp, UOp] = {}
-    for view, node in list(ORIGINS.items()):
+    for view in _COMPUTED.alive():
+        node = view.__dict__[_ORIGIN].node
         computed_as[node] = computed_as[became.get(node, node)] = view
     newest: dict[UOp, int] = {}  # each node -> the last write into a buffer it reads (0: none)
     reuse: dict[UOp, UOp] = {}
     for u in sink.toposort:
         last = max(map(newest.__getitem__, u.src), default=0)
-        newest[u] = max(last, WRITTEN.get(u, 0)) if u.op is Ops.BUFFER else last
-        if (view := computed_as.get(u)) is not None and newest[u] < COMPUTED.get(view, 0) and _unwritten(view):
+        newest[u] = max(last, _written(u)) if u.op is Ops.BUFFER else last
+        if (view := computed_as.get(u)) is not None and newest[u] < view.__dict__[_ORIGIN].when and _unwritten(view):
             reuse[u] = view
     return substitute(sink, reuse)
 
@@ -166,7 +180,7 @@ def _unwritten(view: UOp) -> bool:
         base = memory_of(view)[0]
     except ValueError:  # not a plain view of memory: do not vouch for it
         return False
-    return WRITTEN.get(base, 0) < COMPUTED[view]
+    return _written(base) < view.__dict__[_ORIGIN].when
 
 
 def record_origins(becomes: dict[UOp, UOp]) -> None:
@@ -176,12 +190,12 @@ def record_origins(becomes: dict[UOp, UOp]) -> None:
     as long as it may be asked for (what PyTorch's saved tensors do)."""
     now, saving, before = next(_clock), not NO_GRAD.value, None
     for node, view in becomes.items():
-        if node.op is Ops.ASSIGN:
-            WRITTEN[memory_of(view)[0]] = now
-        if view not in ORIGINS:  # the first graph that computed a buffer is where its gradient comes from
-            ORIGINS[view], COMPUTED[view] = node, now
-            if saving and before is not None:
-                SAVED[view] = before
+        if node.op is _ASSIGN:
+            memory_of(view)[0].__dict__[_WRITTEN] = now
+        records = view.__dict__
+        if _ORIGIN not in records:  # the first graph that computed a buffer is where its gradient comes from
+            records[_ORIGIN] = _Origin(node, now, before if saving else None)
+            _COMPUTED.add(view)
             before = view
 
 
