@@ -126,7 +126,7 @@ def test_rendered_text_reads_like_c() -> None:
     assert src.startswith(
         "void E_4_4(float* restrict data0, const float* restrict data1, const float* restrict data2) {"
     )
-    assert "for (int ridx0 = 0; ridx0 < 4; ridx0++) {" in src
+    assert "for (int ridx0 = 0; ridx0 < 16; ridx0++) {" in src  # (4 x 4 contiguous: one run, one loop)
     assert src.count("{") == src.count("}")
     (item,) = create_schedule([UOp(Ops.REDUCE_AXIS, f32, (tensor(4, 8),), (Ops.ADD, (1,)))]).items
     _, src = render(item.ast)

@@ -152,12 +152,14 @@ def test_a_reduce_over_two_axes_nests_two_loops_in_one_accumulator() -> None:
 
 
 def test_output_loops_come_in_axis_order() -> None:
-    a = tensor(2, 3, 5)
+    a = move(Ops.PERMUTE, tensor(5, 3, 2), (2, 1, 0))  # (2, 3, 5), no two dims one run of memory
     _, uops = kernel_uops(only_ast(a.alu(Ops.SQRT)))
     assert [u.end.arg for u in uops if u.op is Ops.RANGE] == [2, 3, 5]
-    b = tensor(2, 1, 5)
+    b = move(Ops.PERMUTE, tensor(5, 1, 2), (2, 1, 0))
     _, uops = kernel_uops(only_ast(b.alu(Ops.SQRT)))
     assert [u.end.arg for u in uops if u.op is Ops.RANGE] == [2, 5]  # no loop for a size-1 dim
+    _, uops = kernel_uops(only_ast(tensor(2, 3, 5).alu(Ops.SQRT)))
+    assert [u.end.arg for u in uops if u.op is Ops.RANGE] == [30]  # contiguous dims merge into one loop
 
 
 def test_hardware_indices_replace_the_innermost_output_loops() -> None:

@@ -412,7 +412,7 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     # every buffer stays an argument, also one whose reads simplification removes: launches pass them by position
     buffers = sorted({u for u in ast.toposort if u.op is Ops.DEFINE_GLOBAL}, key=lambda u: u.arg)
     if k.empty:  # nothing to compute
-        return LoweredKernel(UOp(Ops.SINK, dtypes.void, tuple(buffers)), kernel_name(ast), (1, 1, 1), (1, 1, 1))
+        return LoweredKernel(UOp(Ops.SINK, dtypes.void, tuple(buffers)), kernel_name(k.scheduled), (1, 1, 1), (1, 1, 1))
     lw = _Lowerer(k, _index_dtype(ast))
     lw.place_outputs()
     buf, view, value = store.src
@@ -463,4 +463,4 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     if lw.local_stores:
         sink = substitute(sink, {lw.barrier: UOp(Ops.BARRIER, dtypes.void, tuple(lw.local_stores))})
     gs, ls = lw.global_size, lw.local_size
-    return LoweredKernel(sink, kernel_name(ast), (gs[0], gs[1], gs[2]), (ls[0], ls[1], ls[2]))
+    return LoweredKernel(sink, kernel_name(k.scheduled), (gs[0], gs[1], gs[2]), (ls[0], ls[1], ls[2]))

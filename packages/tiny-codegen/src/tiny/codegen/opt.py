@@ -94,6 +94,45 @@ class TensorCoreUse:
     b: UOp
 
 
+def merge_dims(ast: UOp) -> UOp:
+    """The kernel with each pair of neighbouring dims that every view reads and writes as one run of memory merged
+    into one dim (both outputs or both reduced): a 128 x 32 x 20 x 20 elementwise kernel over contiguous buffers is
+    128 x 32 x 400, whose rows take whole 8-float vectors where 20 takes halves at most."""
+    views = [u for u in ast.toposort if u.op is Ops.VIEW]
+    reductions = [u for u in ast.toposort if u.op is Ops.REDUCE_AXIS]
+    if not views or len({len(u.arg.shape) for u in views}) != 1:
+        return ast
+    if any(r.src[0].shape != reductions[0].src[0].shape or r.arg[1] != reductions[0].arg[1] for r in reductions):
+        return ast
+    reduced = set(reductions[0].arg[1]) if reductions else set()
+    merged = {u: u.arg for u in views}
+    ndim = len(views[0].arg.shape)
+    for d in reversed(range(ndim - 1)):
+        if (d in reduced) != (d + 1 in reduced):
+            continue
+        tried = {}
+        for u, v in merged.items():
+            shape = v.shape[:d] + (v.shape[d] * v.shape[d + 1],) + v.shape[d + 2 :]
+            if (w := v.reshape(shape)) is None:
+                break
+            tried[u] = w
+        else:
+            merged = tried
+            reduced = {a - 1 if a > d else a for a in reduced}
+    if all(merged[u] is u.arg for u in views):
+        return ast
+    done: dict[UOp, UOp] = {}
+    for u in ast.toposort:
+        src = tuple(done[s] for s in u.src)
+        if u.op is Ops.VIEW:
+            done[u] = UOp(Ops.VIEW, u.dtype, src, merged[u])
+        elif u.op is Ops.REDUCE_AXIS:
+            done[u] = UOp(u.op, u.dtype, src, (u.arg[0], tuple(sorted(reduced))))
+        else:
+            done[u] = u if src == u.src else u.replace(src=src)
+    return done[ast]
+
+
 @dataclass
 class Kernel:
     """A kernel AST with the plan of how its iteration space is cut into parts."""
@@ -108,6 +147,9 @@ class Kernel:
     tc: TensorCoreUse | None = None
 
     def __post_init__(self) -> None:
+        self.scheduled = self.ast  # the AST as the scheduler made it (its shape names the kernel)
+        if not self.caps.has_local:  # (on GPUs the dims say how workgroups are laid out: kept as scheduled)
+            self.ast = merge_dims(self.ast)
         self.out_shape: tuple[int, ...] = self.store.src[1].arg.shape
         self.reductions = [u for u in self.ast.toposort if u.op is Ops.REDUCE_AXIS]
         signatures = {(r.src[0].shape, tuple(a for a in r.arg[1] if r.src[0].shape[a] != 1)) for r in self.reductions}
@@ -142,8 +184,9 @@ class Kernel:
         return math.prod(p.size for p in self.parts if p.kind in LANES)
 
     def copy(self) -> Kernel:
-        k = Kernel(self.ast, self.caps)
-        k.parts, k.padded, k.applied, k.tc = list(self.parts), dict(self.padded), list(self.applied), self.tc
+        k = Kernel(self.ast, self.caps)  # (merged already: merging again changes nothing)
+        k.scheduled, k.parts, k.padded = self.scheduled, list(self.parts), dict(self.padded)
+        k.applied, k.tc = list(self.applied), self.tc
         return k
 
     # ---- actions
