@@ -65,8 +65,14 @@ def actions(k: Kernel) -> list[Opt]:
     return out
 
 
+# the actions' meaning changes with how Kernel numbers a kernel's dims (2: neighbouring dims merged on CPUs): a cached
+# list from before would address other dims
+PLAN_VERSION = 2
+
+
 def _search_key(ast: UOp, device: Compiled, width: int) -> str:
-    blob = pickle.dumps(ast) + f"\0{device.name}\0{device.renderer_name}\0{device.renderer.target}\0{width}".encode()
+    meta = f"\0{device.name}\0{device.renderer_name}\0{device.renderer.target}\0{width}\0{PLAN_VERSION}"
+    blob = pickle.dumps(ast) + meta.encode()
     return hashlib.sha256(blob).hexdigest()
 
 
