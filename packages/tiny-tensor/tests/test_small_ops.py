@@ -26,7 +26,10 @@ def test_a_live_set_holds_its_objects_weakly_in_order() -> None:
     assert live.alive() == things and list(live) == things and len(live) == 5
     del things[1], t
     gc.collect()
-    assert live.alive() == things and len(live.refs) == 4  # the dead one's reference went as it was listed
+    assert live.alive() == things and len(live.refs) == 5  # one dead of five: its reference stays for now
+    del things[0], things[0]
+    gc.collect()
+    assert live.alive() == things and len(live.refs) == 2  # three dead: their references went as they were listed
 
 
 def test_a_live_set_prunes_dead_references_when_it_doubles() -> None:

@@ -12,8 +12,8 @@ T = TypeVar("T")
 
 class LiveSet(Generic[T]):
     """Objects held weakly, in the order they were added. A plain list of weak references without callbacks, so
-    that adding one is cheap and a death costs nothing; dead references are dropped whenever the objects are listed
-    and when the list has doubled since it was last pruned."""
+    that adding one is cheap and a death costs nothing; dead references are dropped as the objects are listed, once
+    they are half the list or the list has doubled since it was last pruned."""
 
     __slots__ = ("refs", "limit")
     MIN_LIMIT = 1024
@@ -28,15 +28,16 @@ class LiveSet(Generic[T]):
             self.alive()
 
     def alive(self) -> list[T]:
-        """The objects alive now (dead references are dropped)."""
-        refs: list[weakref.ref[T]] = []
+        """The objects alive now (the references to dead ones are dropped once they are half the list, or the list has
+        doubled since it was last pruned)."""
         out: list[T] = []
         for ref in self.refs:
             obj = ref()
             if obj is not None:
-                refs.append(ref)
                 out.append(obj)
-        self.refs, self.limit = refs, max(self.MIN_LIMIT, 2 * len(refs))
+        if 2 * len(out) < len(self.refs) or len(self.refs) > self.limit:
+            # (weakref.ref gives back the plain reference an object has already)
+            self.refs, self.limit = list(map(weakref.ref, out)), max(self.MIN_LIMIT, 2 * len(out))
         return out
 
     def __iter__(self) -> Iterator[T]:

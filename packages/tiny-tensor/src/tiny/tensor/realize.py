@@ -66,6 +66,7 @@ def capture() -> Iterator[list[Launch]]:
 
 _programs: dict[tuple[UOp, str], tuple[CompiledProgram, Program]] = {}
 _opaque = operator.attrgetter("opaque")  # a buffer's memory, allocated when first asked for
+_COPY = Ops.COPY  # (an Enum member as a global: see tiny.ir.schedule._BUFFER)
 
 
 def compiled(ast: UOp, device: str) -> tuple[CompiledProgram, Program]:
@@ -86,7 +87,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         kernels = sum(1 for i in items if i.ast.op is Ops.SINK)
         print(f"schedule: {kernels} kernel(s), {len(items) - kernels} copy(ies)")
     for item in items:
-        if item.ast.op is Ops.COPY:
+        if item.ast.op is _COPY:
             out, src = item.buffers
             start = time.perf_counter()
             out.copy_from(src)
