@@ -4,7 +4,6 @@ accumulator one lane at a time (a chain of multiply-adds)."""
 
 from __future__ import annotations
 
-import math
 import subprocess
 
 import numpy as np
@@ -126,30 +125,6 @@ def test_panel_kernel_compiles_to_fused_multiply_adds() -> None:
     assert asm.count("vfmadd") >= 32, "8 accumulators x 4 unrolled steps, each a fused multiply-add"
 
 
-@pytest.mark.parametrize(
-    ("shape", "kernel", "padding", "want"),
-    [
-        ((8, 64, 56, 56), 3, 1, {"x": 8, "cout": 8}),  # an 8-wide row vector serves 8 output channels: 8 vectors
-        ((8, 32, 24, 24), 5, 0, {"x": 4, "cout": 8}),  # a 20-wide row: vectors of 4; 25 offsets keep the tile smaller
-    ],
-)
-def test_a_convolution_tiles_output_channels_against_a_row_vector(
-    shape: tuple[int, ...], kernel: int, padding: int, want: dict[str, int]
-) -> None:
-    from tiny.tensor import Tensor
-
-    n, c, h, w = shape
-    x = Tensor.empty(n, c, h, w, device="PYTHON").realize()
-    weight = Tensor.empty(c, c, kernel, kernel, device="PYTHON").realize()
-    *_, item = [i for i in x.conv2d(weight, padding=padding).schedule() if i.ast.op is Ops.SINK]  # (after the pad)
-    k = Kernel(item.ast, CPU)
-    k.apply_opts(hand_opts(k))
-    dims = {p.dim: p.size for p in k.of_kind(Kind.UPCAST)}
-    # the kernel's dims: (n, cout, cin, y, x, ky, kx) (n and the groups dim of 1 are one run of memory: merged)
-    assert {"x": dims.get(4), "cout": dims.get(1)} == want
-    assert k.lanes() <= 1024
-
-
 def test_rows_of_four_are_half_vectors_and_masks_stay_whole() -> None:
     """On AVX2 (8 floats a vector) 4 lanes still make a vector: a 128-bit half. Comparisons and selects do not:
     the renderer's masks are as wide as a whole vector."""
@@ -159,20 +134,3 @@ def test_rows_of_four_are_half_vectors_and_masks_stay_whole() -> None:
     select = UOp(Ops.WHERE, a.dtype, (UOp(Ops.CMPLT, dtypes.bool, (a, b)), a, b))
     uops = uops_of(ast_of(select), CPU, [Opt(OptOps.UPCAST, 0, 4)])
     assert not any(u.dtype.count == 4 for u in uops if u.op in (Ops.CMPLT, Ops.WHERE))
-
-
-def test_a_weight_gradient_keeps_one_vector_per_output_of_its_window() -> None:
-    """dW (cout, cin, 5, 5) = sum over (batch, y, x) of dY * X's window: no output vector forms (5 wide), the
-    reduction along x accumulates in vectors, one per output: the tile is the 5 x 5 window (25 vectors), not more."""
-    from tiny.tensor import Tensor
-
-    x = Tensor.empty(8, 16, 24, 24, device="PYTHON").realize()
-    w = Tensor(np.zeros((16, 16, 5, 5), np.float32), device="PYTHON", requires_grad=True)
-    g = Tensor.empty(8, 16, 20, 20, device="PYTHON").realize()
-    (x.conv2d(w) * g).sum().backward()
-    assert w.grad is not None
-    *_, item = [i for i in w.grad.schedule() if i.ast.op is Ops.SINK]
-    k = Kernel(item.ast, CPU)
-    k.apply_opts(hand_opts(k))
-    assert math.prod(p.size for p in k.of_kind(Kind.UPCAST)) == 25
-    assert [p.size for p in k.of_kind(Kind.UNROLL)] == [4]
