@@ -14,6 +14,7 @@ import itertools
 import math
 import os
 import re
+import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -550,8 +551,11 @@ class Buffer:
 
 
 _buffer_ids = itertools.count()
-_BUFFER = "buffer"  # where a BUFFER node keeps its Buffer: in its __dict__ (as cached properties are), so the Buffer
-# lives exactly as long as the node, with no weak table to update when either dies
+# each BUFFER node's Buffer, kept apart from the node (not in its __dict__): a node can sit in a reference cycle (its
+# cached toposort holds it), and a Buffer finalized by the cycle collector together with its device memory object
+# would hand that freed memory back to the allocator's cache (WEBGPU: a released wgpu buffer). A weak table frees
+# the Buffer by reference count when its node dies, the memory object still alive
+_BUFFERS: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
 _DEVICE_NODES: dict[str, UOp] = {}  # DEVICE nodes by name, kept (a handful): each new buffer needs one
 
 
@@ -565,20 +569,20 @@ def device_node(name: str) -> UOp:
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     """A BUFFER node for fresh (lazily allocated) memory; the Buffer lives as long as the node."""
     node = UOp(Ops.BUFFER, dtype, (device_node(device),), (next(_buffer_ids), size))
-    node.__dict__[_BUFFER] = Buffer(device, size, dtype)
+    _BUFFERS[node] = Buffer(device, size, dtype)
     return node
 
 
 def new_buffer_view(base: UOp, size: int, dtype: DType, offset: int) -> UOp:
     """A BUFFER node for `size` elements of `dtype` that start `offset` bytes into the memory of BUFFER `base`."""
     node = UOp(Ops.BUFFER, dtype, base.src, (next(_buffer_ids), size))
-    node.__dict__[_BUFFER] = buffer_of(base).view(size, dtype, offset)
+    _BUFFERS[node] = buffer_of(base).view(size, dtype, offset)
     return node
 
 
 def buffer_of(node: UOp) -> Buffer:
     """The Buffer behind a BUFFER node."""
-    if (buf := node.__dict__.get(_BUFFER)) is None:
+    if (buf := _BUFFERS.get(node)) is None:
         raise KeyError(f"{node.op} node {node.arg} has no Buffer: only new_buffer and new_buffer_view make them")
     return buf
 
