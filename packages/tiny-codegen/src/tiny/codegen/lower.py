@@ -272,9 +272,7 @@ class _Lowerer:
             if gate.op is Ops.CONST and not gate.arg:  # reads padding here: 0, and absent from a sum (below)
                 self.padding.add(key)
                 return UOp.const(u.dtype, 0)
-            if gate.op is Ops.CONST:  # always inside
-                return UOp(Ops.LOAD, u.dtype, (UOp(Ops.INDEX, addr.dtype, addr.src[:2], addr.arg),))
-            return UOp(Ops.LOAD, u.dtype, (addr, UOp.const(u.dtype, 0)))
+            return UOp(Ops.LOAD, u.dtype, (addr, UOp.const(u.dtype, 0)))  # (a gate always true: symbolic drops it)
         if u.op is Ops.ADD and u.dtype.is_float and any((s, idxs) in self.padding for s in u.src):
             # a sum with padding in it (a window of a convolution or pool is a sum of padded views, one per offset,
             # of which one is real at each offset): x, not x + 0.0, which would cost an add and turn -0.0 into 0.0

@@ -373,13 +373,13 @@ def _add_negative_zero(x: UOp, z: UOp) -> UOp | None:
 
 
 def _load_constant_gate(u: UOp) -> UOp | None:
-    addr = u.src[0]
-    if addr.op is not Ops.INDEX or (gate := addr.gate) is None or gate.op is not Ops.CONST or u.alternative is None:
+    addr, alt = u.address, u.alternative
+    if addr.op is not Ops.INDEX or (gate := addr.gate) is None or gate.op is not Ops.CONST or alt is None:
         return None
     if not gate.arg:
-        return u.alternative
-    rest = tuple(s for s in u.src[1:] if s is not u.alternative)
-    return UOp(Ops.LOAD, u.dtype, (UOp(Ops.INDEX, addr.dtype, addr.src[:2], addr.arg), *rest), u.arg)
+        return alt
+    plain = UOp(Ops.INDEX, addr.dtype, (addr.pointer, addr.offset), addr.arg)
+    return UOp(Ops.LOAD, u.dtype, (plain, *(s for s in u.src[1:] if s is not alt)), u.arg)
 
 
 def _cast_noop(u: UOp, x: UOp) -> UOp | None:
