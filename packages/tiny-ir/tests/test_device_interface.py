@@ -4,9 +4,12 @@ cache under several processes, flags and Context, lazy buffers."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import multiprocessing
 import os
 import sqlite3
+import types
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ from tiny.ir.device import (
     new_buffer,
 )
 from tiny.ir.dtypes import dtypes
-from tiny.ir.uop import Ops
+from tiny.ir.uop import Ops, UOp
 
 
 @pytest.fixture
@@ -133,6 +136,31 @@ def test_buffers_are_lazy() -> None:
     with pytest.raises(ValueError, match="copyout"):
         buf.copyout(memoryview(bytearray(13)))
     assert not buf.is_allocated
+
+
+def test_a_buffer_lives_apart_from_its_node_and_dies_with_it() -> None:
+    """A BUFFER node can sit in a reference cycle (its cached toposort holds it); a Buffer reachable from it would be
+    finalized by the cycle collector together with its device memory. So the Buffer is not reachable from its node,
+    yet dies when the node dies (in a cycle too), and a node made later never finds it."""
+    node = new_buffer("FAKE", 4, dtypes.float32)
+    assert node in node.toposort  # (a reference cycle)
+    buf = buffer_of(node)
+    seen, todo = set(), [node]
+    while todo:  # what the node reaches, but through classes and modules (which reach every global)
+        o = todo.pop()
+        if id(o) not in seen and not isinstance(o, (type, types.ModuleType)):
+            seen.add(id(o))
+            todo.extend(gc.get_referents(o))
+    assert id(buf) not in seen
+    dead = weakref.ref(buf)
+    del buf, node
+    gc.collect()
+    assert dead() is None
+    for _ in range(100):  # (new nodes may take a dead one's memory, and so its id)
+        node = new_buffer("FAKE", 2, dtypes.int8)
+        assert buffer_of(node).size == 2
+        with pytest.raises(KeyError, match="has no Buffer"):
+            buffer_of(UOp(Ops.BUFFER, dtypes.int8, node.src, (-1, 2)))
 
 
 # ---------------------------------------------------------------- the allocator cache

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from tiny.ir.device import Buffer, buffer_of, device_computes, new_buffer, opened_caps
@@ -294,6 +294,13 @@ class Template:
     steps: tuple[tuple[Ref, tuple[int, ...]], ...]  # each step's AST (a kernel's as is) and its buffer slots
     becomes: tuple[tuple[Ref, Ref], ...]
     renamed: tuple[tuple[Ref, Ref], ...]
+    # the same, as instantiate() runs it (worked out once, here, instead of at every instantiation)
+    _steps: tuple[tuple[Ref, tuple[int, ...], bool], ...] = field(init=False, repr=False, compare=False)
+    _becomes: tuple[tuple[Ref, _ViewOf | Ref], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_steps", tuple((ast, ks, _is_kernel(ast)) for ast, ks in self.steps))
+        object.__setattr__(self, "_becomes", tuple((k, _view_of(v) or v) for k, v in self.becomes))
 
     @staticmethod
     def record(schedule: Schedule, graph: Structure) -> Template | None:
@@ -306,26 +313,30 @@ class Template:
     def instantiate(self, graph: Structure) -> Schedule:
         """The schedule for `graph` (of the structure this was recorded for): new buffers where the schedule makes
         them. (Straight from the template to the steps: this runs for every op, so loops, not comprehensions, which
-        are calls on Python 3.11.)"""
+        are calls on Python 3.11; and the NamedTuples made by tuple.__new__, without their Python __new__.)"""
         nodes = list(graph.buffers)  # the BUFFER node of each slot
+        buffers = list(map(buffer_of, nodes))  # ... and its Buffer
         for device, size, dtype in self.fresh:
-            nodes.append(new_buffer(device, size, dtype))
-        buffers = list(map(buffer_of, nodes))
+            node = new_buffer(device, size, dtype)
+            nodes.append(node)
+            buffers.append(buffer_of(node))
         targets = graph.targets
         items: list[ScheduleItem] = []
-        for ast, ks in self.steps:
-            if type(ast) is not UOp or ast.op is not _SINK:  # a copy's node (a kernel's AST is itself)
+        for ast, ks, kernel in self._steps:
+            if not kernel:  # a copy's node (a kernel's AST is itself)
                 ast = _node(ast, targets, nodes)
-            items.append(ScheduleItem(ast, tuple(map(buffers.__getitem__, ks))))
+            items.append(_new_tuple(ScheduleItem, (ast, tuple(map(buffers.__getitem__, ks)))))
         becomes: dict[UOp, UOp] = {}
-        for k, v in self.becomes:
-            becomes[_node(k, targets, nodes)] = _node(v, targets, nodes)
+        for k, v in self._becomes:
+            node = targets[k[0]] if type(k) is tuple and len(k) == 1 else _node(k, targets, nodes)
+            becomes[node] = v.make(nodes[v.slot]) if type(v) is _ViewOf else _node(v, targets, nodes)
         renamed: dict[UOp, UOp] = {}
         for k, v in self.renamed:
             renamed[_node(k, targets, nodes)] = _node(v, targets, nodes)
-        return Schedule(items, becomes, renamed, tuple(nodes[len(graph.buffers) :]))
+        return _new_tuple(Schedule, (items, becomes, renamed, tuple(nodes[len(graph.buffers) :])))
 
 
+_new_tuple = tuple.__new__
 _SINK, _RESHAPE, _BUFFER = Ops.SINK, Ops.RESHAPE, Ops.BUFFER  # (Enum members as globals: see tiny.ir.schedule)
 
 
@@ -337,9 +348,42 @@ def _node(ref: Ref, targets: tuple[UOp, ...], nodes: list[UOp]) -> UOp:
         for i in ref[1:]:
             u = u.src[i]
         return u
-    if ref.op is _RESHAPE and ref.src[0].op is _BUFFER:  # a view of one buffer (the usual value of becomes)
-        return _view(ref, nodes[_slot_of(ref.src[0])])
+    if (view := _view_of(ref)) is not None:  # a view of one buffer (the usual value of becomes)
+        return view.make(nodes[view.slot])
     return substitute(ref, {b: nodes[_slot_of(b)] for b in ref.toposort if b.op is _BUFFER})
+
+
+class _ViewOf(NamedTuple):
+    """A template's RESHAPE(placeholder): a view of one buffer slot, with what the next op on such a view reads at
+    once (its structure, shape and device: the placeholder has the buffer's dtype, size and device)."""
+
+    slot: int
+    dtype: DType
+    arg: tuple[int, ...]
+    structure: int  # the id of its structure (see _Shape)
+    devices: frozenset[str]
+    shape: tuple[int, ...]
+    device: str
+
+    def make(self, buffer: UOp) -> UOp:
+        """RESHAPE(buffer), its structure, shape and device filled in where the cached properties would keep them,
+        so that none is computed again."""
+        view = UOp(_RESHAPE, self.dtype, (buffer,), self.arg)
+        known = view.__dict__
+        if _SHAPE not in known:
+            known[_SHAPE] = (self.structure, (buffer,), self.devices)
+            known["shape"], known["device"] = self.shape, self.device
+        return view
+
+
+def _view_of(ref: Ref) -> _ViewOf | None:
+    """A Ref that is RESHAPE(placeholder) as a _ViewOf; None for any other."""
+    if type(ref) is tuple or ref.op is not _RESHAPE or ref.src[0].op is not _BUFFER:
+        return None
+    if (known := ref.__dict__.get(_SHAPE)) is None:
+        known = _shape_of_targets([ref])
+    assert known is not None, "a view of one buffer has a few nodes"
+    return _ViewOf(_slot_of(ref.src[0]), ref.dtype, ref.arg, known[0], known[2], ref.shape, ref.device)
 
 
 def _paths(targets: tuple[UOp, ...]) -> dict[UOp, tuple[int, ...]]:
@@ -352,19 +396,6 @@ def _paths(targets: tuple[UOp, ...]) -> dict[UOp, tuple[int, ...]]:
             path[u] = p
             stack.extend((s, (*p, i)) for i, s in reversed(list(enumerate(u.src))) if s not in path)
     return path
-
-
-def _view(ref: UOp, buffer: UOp) -> UOp:
-    """RESHAPE(buffer) for the template's RESHAPE(placeholder). The next op on it reads its structure, shape and
-    device at once: they are filled in as the template's (the placeholder has the buffer's dtype, size and
-    device), where the cached properties would keep them, so that none is computed again."""
-    view = UOp(Ops.RESHAPE, ref.dtype, (buffer,), ref.arg)
-    if _SHAPE not in view.__dict__:
-        if (known := ref.__dict__.get(_SHAPE)) is None:
-            known = _shape_of_targets([ref])
-        assert known is not None, "a view of one buffer has a few nodes"
-        view.__dict__.update({_SHAPE: (known[0], (buffer,), known[2]), "shape": ref.shape, "device": ref.device})
-    return view
 
 
 def _is_kernel(ast: Ref) -> bool:

@@ -456,6 +456,8 @@ class Buffer:
     """Memory on a device for `size` elements of `dtype`, allocated when first needed; or a view of another
     buffer's memory, `offset` bytes in (`base` is then that buffer)."""
 
+    __slots__ = ("device", "size", "dtype", "base", "offset", "_opaque", "__weakref__")
+
     def __init__(self, device: str, size: int, dtype: DType, base: Buffer | None = None, offset: int = 0) -> None:
         self.device, self.size, self.dtype = device, size, dtype
         self.base, self.offset = base, offset
@@ -551,11 +553,28 @@ class Buffer:
 
 
 _buffer_ids = itertools.count()
+
+
+class _BufferEntry(weakref.ref):
+    """A BUFFER node's entry in _BUFFERS: a weak reference to the node that holds the node's Buffer. The entry (and
+    with it the Buffer) goes when the node dies."""
+
+    __slots__ = ("key", "buffer")
+
+
+def _drop_buffer(entry: _BufferEntry) -> None:
+    """A BUFFER node died: drop its entry, which frees its Buffer (by reference count) unless a view holds it."""
+    if _BUFFERS.get(entry.key) is entry:
+        del _BUFFERS[entry.key]
+
+
 # each BUFFER node's Buffer, kept apart from the node (not in its __dict__): a node can sit in a reference cycle (its
 # cached toposort holds it), and a Buffer finalized by the cycle collector together with its device memory object
-# would hand that freed memory back to the allocator's cache (WEBGPU: a released wgpu buffer). A weak table frees
-# the Buffer by reference count when its node dies, the memory object still alive
-_BUFFERS: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
+# would hand that freed memory back to the allocator's cache (WEBGPU: a released wgpu buffer). This weak table frees
+# the Buffer by reference count when its node dies, the memory object still alive. It is keyed by the node's id: a
+# dead node's entry is dropped as it dies (the weak reference's callback runs before its memory, and so its id, can
+# be reused), and an id is looked up without making a weak reference (as a WeakKeyDictionary's get does).
+_BUFFERS: dict[int, _BufferEntry] = {}
 _DEVICE_NODES: dict[str, UOp] = {}  # DEVICE nodes by name, kept (a handful): each new buffer needs one
 
 
@@ -566,25 +585,31 @@ def device_node(name: str) -> UOp:
     return node
 
 
+def _keep_buffer(node: UOp, buffer: Buffer) -> None:
+    entry = _BufferEntry(node, _drop_buffer)
+    entry.key, entry.buffer = id(node), buffer
+    _BUFFERS[entry.key] = entry
+
+
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     """A BUFFER node for fresh (lazily allocated) memory; the Buffer lives as long as the node."""
     node = UOp(Ops.BUFFER, dtype, (device_node(device),), (next(_buffer_ids), size))
-    _BUFFERS[node] = Buffer(device, size, dtype)
+    _keep_buffer(node, Buffer(device, size, dtype))
     return node
 
 
 def new_buffer_view(base: UOp, size: int, dtype: DType, offset: int) -> UOp:
     """A BUFFER node for `size` elements of `dtype` that start `offset` bytes into the memory of BUFFER `base`."""
     node = UOp(Ops.BUFFER, dtype, base.src, (next(_buffer_ids), size))
-    _BUFFERS[node] = buffer_of(base).view(size, dtype, offset)
+    _keep_buffer(node, buffer_of(base).view(size, dtype, offset))
     return node
 
 
 def buffer_of(node: UOp) -> Buffer:
     """The Buffer behind a BUFFER node."""
-    if (buf := _BUFFERS.get(node)) is None:
+    if (entry := _BUFFERS.get(id(node))) is None:
         raise KeyError(f"{node.op} node {node.arg} has no Buffer: only new_buffer and new_buffer_view make them")
-    return buf
+    return entry.buffer
 
 
 def fold_grid(global_size: tuple[int, int, int], max_per_dim: int) -> tuple[int, int, int]:
