@@ -20,7 +20,9 @@ thread may run; a device not opened yet is planned for as unlimited).
 from __future__ import annotations
 
 import itertools
+import operator
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -96,7 +98,8 @@ def structure_of(targets: list[UOp]) -> Structure | None:
         (name,) = devices
         if not device_computes(name):
             return None  # values there become views of a buffer's memory: BUFFERs that are not new memory
-        return Structure((_COMPOSED, root, name, _caps_token(opened_caps(name))), tuple(targets), buffers)
+        key = (_COMPOSED, root, name, _caps_token(opened_caps(name)))
+        return _new_tuple(Structure, (key, tuple(targets), buffers))  # (without the NamedTuple's Python __new__)
     names = tuple(sorted(devices))
     if not all(map(device_computes, names)):
         return None
@@ -184,10 +187,13 @@ def _shape_of_targets(targets: list[UOp]) -> tuple[int | tuple, tuple[UOp, ...],
         target = targets[0]
         if (known := target.__dict__.get(_SHAPE)) is not None:
             return known
-        sources = [s.__dict__.get(_SHAPE) for s in target.src]
-        if None not in sources:
-            shape = target.__dict__[_SHAPE] = _shape(target, sources)[0]
-            return shape
+        sources = []
+        for s in target.src:  # (a loop: a comprehension is a call on Python 3.11)
+            if (known := s.__dict__.get(_SHAPE)) is None:
+                break
+            sources.append(known)
+        else:  # (not kept on the target: realizing it replaces it with a view, which comes with its own)
+            return _shape(target, sources)[0]
     new = _new_nodes(targets)
     if new is None:
         return None
@@ -234,10 +240,10 @@ def _shape(u: UOp, sources: list[_Shape]) -> tuple[_Shape, int]:
     op = u.op
     if len(sources) == 1:
         source, buffers, devices = sources[0]
-        if op is Ops.BUFFER:  # its size and dtype, not which buffer it is
+        if op is _BUFFER:  # its size and dtype, not which buffer it is
             return (_intern((op, u.dtype, u.arg[1], source)), (u,), devices), 0
         return (_intern((op, u.dtype, u.argkey, source)), buffers, devices), 0
-    if op is Ops.DEVICE:
+    if op is _DEVICE:
         return (_intern((op, u.arg)), (), frozenset((u.arg,))), 0
     if not sources:
         return (_intern((op, u.dtype, u.argkey)), (), frozenset()), 0
@@ -295,11 +301,14 @@ class Template:
     becomes: tuple[tuple[Ref, Ref], ...]
     renamed: tuple[tuple[Ref, Ref], ...]
     # the same, as instantiate() runs it (worked out once, here, instead of at every instantiation)
-    _steps: tuple[tuple[Ref, tuple[int, ...], bool], ...] = field(init=False, repr=False, compare=False)
+    _steps: tuple[tuple[Ref, Callable[[list[Buffer]], tuple[Buffer, ...]], bool], ...] = field(
+        init=False, repr=False, compare=False
+    )
     _becomes: tuple[tuple[Ref, _ViewOf | Ref], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_steps", tuple((ast, ks, _is_kernel(ast)) for ast, ks in self.steps))
+        steps = tuple((ast, _picker(ks), _is_kernel(ast)) for ast, ks in self.steps)
+        object.__setattr__(self, "_steps", steps)
         object.__setattr__(self, "_becomes", tuple((k, _view_of(v) or v) for k, v in self.becomes))
 
     @staticmethod
@@ -322,10 +331,10 @@ class Template:
             buffers.append(buffer_of(node))
         targets = graph.targets
         items: list[ScheduleItem] = []
-        for ast, ks, kernel in self._steps:
+        for ast, pick, kernel in self._steps:
             if not kernel:  # a copy's node (a kernel's AST is itself)
                 ast = _node(ast, targets, nodes)
-            items.append(_new_tuple(ScheduleItem, (ast, tuple(map(buffers.__getitem__, ks)))))
+            items.append(_new_tuple(ScheduleItem, (ast, pick(buffers))))
         becomes: dict[UOp, UOp] = {}
         for k, v in self._becomes:
             node = targets[k[0]] if type(k) is tuple and len(k) == 1 else _node(k, targets, nodes)
@@ -337,7 +346,17 @@ class Template:
 
 
 _new_tuple = tuple.__new__
-_SINK, _RESHAPE, _BUFFER = Ops.SINK, Ops.RESHAPE, Ops.BUFFER  # (Enum members as globals: see tiny.ir.schedule)
+
+
+def _picker(slots: tuple[int, ...]) -> Callable[[list[Buffer]], tuple[Buffer, ...]]:
+    """A function that takes the buffers of these slots, as a tuple, from the list of every slot's buffer."""
+    if len(slots) >= 2:
+        return operator.itemgetter(*slots)  # (which gives a tuple for two or more)
+    return lambda buffers: tuple(buffers[k] for k in slots)
+
+
+_SINK, _RESHAPE, _BUFFER, _DEVICE = Ops.SINK, Ops.RESHAPE, Ops.BUFFER, Ops.DEVICE  # (Enum members as globals: see
+# tiny.ir.schedule)
 
 
 def _node(ref: Ref, targets: tuple[UOp, ...], nodes: list[UOp]) -> UOp:
@@ -371,7 +390,7 @@ class _ViewOf(NamedTuple):
         view = UOp(_RESHAPE, self.dtype, (buffer,), self.arg)
         known = view.__dict__
         if _SHAPE not in known:
-            known[_SHAPE] = (self.structure, (buffer,), self.devices)
+            known[_SHAPE] = (self.structure, view.src, self.devices)  # (view.src: its one buffer)
             known["shape"], known["device"] = self.shape, self.device
         return view
 

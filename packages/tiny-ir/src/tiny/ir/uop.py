@@ -184,8 +184,8 @@ class _Entry(weakref.ref):
 
 def _forget(entry: _Entry) -> None:
     """Drop a dead node's entry from the hash-consing table (unless a new node took the key: then put that back)."""
-    if (now := UOp._cache.pop(entry.key, None)) is not entry and now is not None:
-        UOp._cache[entry.key] = now
+    if (now := _CACHE.pop(entry.key, None)) is not entry and now is not None:
+        _CACHE[entry.key] = now
 
 
 class UOp:

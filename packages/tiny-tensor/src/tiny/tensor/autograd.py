@@ -26,6 +26,7 @@ _WRITTEN = "autograd.written"
 _COMPUTED: LiveSet[UOp] = LiveSet()  # the views with a record, in the order they were made (for _read_computed)
 _clock = itertools.count(1)
 _ASSIGN = Ops.ASSIGN  # (an Enum member as a global: see tiny.ir.schedule._BUFFER)
+_new_tuple = tuple.__new__
 
 
 class _Origin(NamedTuple):
@@ -194,7 +195,7 @@ def record_origins(becomes: dict[UOp, UOp]) -> None:
             memory_of(view)[0].__dict__[_WRITTEN] = now
         records = view.__dict__
         if _ORIGIN not in records:  # the first graph that computed a buffer is where its gradient comes from
-            records[_ORIGIN] = _Origin(node, now, before if saving else None)
+            records[_ORIGIN] = _new_tuple(_Origin, (node, now, before if saving else None))  # (no Python __new__)
             _COMPUTED.add(view)
             before = view
 

@@ -115,14 +115,17 @@ class ElementwiseOps(TensorBase):
             if y.device != x.device:
                 raise ValueError(f"tensors are on different devices: {x.device} and {y.device}; use .to()")
             dt = least_upper_dtype(x.dtype, y.dtype)
-        elif isinstance(y, (bool, int, float)):
+        elif isinstance(y, (bool, int, float)):  # (every op with a number: the dtype read once, no cast to itself)
+            have = x.uop.dtype
             if isinstance(y, bool):
-                dt = x.dtype
+                dt = have
             elif isinstance(y, int):
-                dt = x.dtype if not x.dtype.is_bool else default_int(x.device)
+                dt = have if not have.is_bool else default_int(x.device)
             else:
-                dt = x.dtype if x.dtype.is_float else dtypes.default_float
-            x, y = x.cast(dt), self._scalar(y, dt)
+                dt = have if have.is_float else dtypes.default_float
+            if dt is not have:
+                x = x.cast(dt)
+            y = self._scalar(y, dt)
             return (y, x) if reverse else (x, y)
         else:
             raise TypeError(f"unsupported operand type {type(y).__name__} for a Tensor op")
@@ -135,7 +138,8 @@ class ElementwiseOps(TensorBase):
         """A Python number as a tensor of `dtype` on this tensor's device, broadcast to its shape. Every op with a
         scalar operand makes one, and mostly the same few again (x + 1, x * 0.5): the nodes are kept by value, dtype,
         device, shape and no_grad mode (a few hundred at most), so that making one again is a dict lookup."""
-        key = (arg_key(value), dtype, self.uop.device, self.uop.shape, NO_GRAD.value)
+        u = self.uop
+        key = (arg_key(value), dtype, u.device, u.shape, NO_GRAD.value)
         if (node := _SCALARS.get(key)) is None:
             const = type(self)(value, device=self.device, dtype=dtype)
             node = const._broadcast_to(self.shape).uop

@@ -87,8 +87,9 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         kernels = sum(1 for i in items if i.ast.op is Ops.SINK)
         print(f"schedule: {kernels} kernel(s), {len(items) - kernels} copy(ies)")
     for item in items:
-        if item.ast.op is _COPY:
-            out, src = item.buffers
+        ast, buffers = item
+        if ast.op is _COPY:
+            out, src = buffers
             start = time.perf_counter()
             out.copy_from(src)
             GlobalCounters.copies += 1
@@ -98,14 +99,14 @@ def run_schedule(items: list[ScheduleItem]) -> None:
                 ms = (time.perf_counter() - start) * 1e3
                 print(f"*** copy {src.device} -> {out.device} {out.nbytes / 1e6:9.3f} MB {ms:8.3f} ms")
             continue
-        device = item.buffers[0].device
-        if (found := _programs.get((item.ast, device))) is None:
-            found = compiled(item.ast, device)
+        device = buffers[0].device
+        if (found := _programs.get((ast, device))) is None:
+            found = compiled(ast, device)
         prog, runner = found
-        bufs = list(map(_opaque, item.buffers))  # (allocated when first used)
-        elapsed = runner(*bufs, global_size=prog.global_size, local_size=prog.local_size, wait=debug >= 2)
+        opaques = map(_opaque, buffers)  # (allocated when first used)
+        elapsed = runner(*opaques, global_size=prog.global_size, local_size=prog.local_size, wait=debug >= 2)
         if _captures:
-            _captures[-1].append(Launch(item.buffers, prog, runner))
+            _captures[-1].append(Launch(buffers, prog, runner))
         GlobalCounters.kernels += 1
         GlobalCounters.flops += prog.flops
         GlobalCounters.mem_bytes += prog.mem_bytes

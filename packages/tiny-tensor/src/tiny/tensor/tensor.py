@@ -13,7 +13,7 @@ from tiny.ir.dtypes import DType, dtypes, to_dtype
 from tiny.ir.schedule import ScheduleItem, create_schedule, is_realized
 from tiny.ir.uop import Ops, UOp, substitute
 from tiny.tensor.activations import ActivationOps
-from tiny.tensor.autograd import AutogradOps, no_grad_wrap, record_origins
+from tiny.tensor.autograd import NO_GRAD, AutogradOps, no_grad_wrap, record_origins
 from tiny.tensor.checks import check_dtype, const, default_int, on_device, wide_ints
 from tiny.tensor.creation import CreationOps
 from tiny.tensor.elementwise import ElementwiseOps
@@ -99,7 +99,7 @@ class Tensor(
             return type(self)(uop)
         t = _new_tensor(Tensor)
         t._requires_grad = t.grad = None
-        t.uop = no_grad_wrap(uop)
+        t.uop = no_grad_wrap(uop) if NO_GRAD.value else uop
         Tensor._live.add(t)
         return t
 

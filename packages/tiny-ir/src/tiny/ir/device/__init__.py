@@ -456,12 +456,13 @@ class Buffer:
     """Memory on a device for `size` elements of `dtype`, allocated when first needed; or a view of another
     buffer's memory, `offset` bytes in (`base` is then that buffer)."""
 
-    __slots__ = ("device", "size", "dtype", "base", "offset", "_opaque", "__weakref__")
+    __slots__ = ("device", "size", "dtype", "base", "offset", "_opaque", "_allocator", "__weakref__")
 
     def __init__(self, device: str, size: int, dtype: DType, base: Buffer | None = None, offset: int = 0) -> None:
         self.device, self.size, self.dtype = device, size, dtype
         self.base, self.offset = base, offset
         self._opaque: Any = None
+        self._allocator: Allocator | None = None  # the allocator that gave _opaque (and takes it back)
 
     def __repr__(self) -> str:
         state = "allocated" if self._opaque is not None else "lazy"
@@ -498,6 +499,7 @@ class Buffer:
                 self._opaque = allocator.offset(self.base.opaque, self.offset, nbytes)
             else:
                 self._opaque = allocator.alloc(nbytes or 1)
+            self._allocator = allocator
         return self
 
     @property
@@ -547,7 +549,7 @@ class Buffer:
     def __del__(self) -> None:
         if self._opaque is not None and self.base is None:
             try:
-                Device[self.device].allocator.free(self._opaque, self.size * self.dtype.itemsize or 1)
+                self._allocator.free(self._opaque, self.size * self.dtype.itemsize or 1)
             except Exception:  # noqa: BLE001  (interpreter shutdown)
                 pass
 
@@ -575,14 +577,19 @@ def _drop_buffer(entry: _BufferEntry) -> None:
 # dead node's entry is dropped as it dies (the weak reference's callback runs before its memory, and so its id, can
 # be reused), and an id is looked up without making a weak reference (as a WeakKeyDictionary's get does).
 _BUFFERS: dict[int, _BufferEntry] = {}
-_DEVICE_NODES: dict[str, UOp] = {}  # DEVICE nodes by name, kept (a handful): each new buffer needs one
+_ON_DEVICE: dict[str, tuple[UOp]] = {}  # (the DEVICE node,) by name, kept (a handful): each new BUFFER's sources
+_BUFFER_OP = Ops.BUFFER  # (an Enum member as a global: see tiny.ir.schedule._BUFFER)
 
 
 def device_node(name: str) -> UOp:
     """The DEVICE node of a device name."""
-    if (node := _DEVICE_NODES.get(name)) is None:
-        node = _DEVICE_NODES[name] = UOp(Ops.DEVICE, arg=name)
-    return node
+    return _sources_on(name)[0]
+
+
+def _sources_on(name: str) -> tuple[UOp]:
+    if (src := _ON_DEVICE.get(name)) is None:
+        src = _ON_DEVICE[name] = (UOp(Ops.DEVICE, arg=name),)
+    return src
 
 
 def _keep_buffer(node: UOp, buffer: Buffer) -> None:
@@ -592,9 +599,13 @@ def _keep_buffer(node: UOp, buffer: Buffer) -> None:
 
 
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
-    """A BUFFER node for fresh (lazily allocated) memory; the Buffer lives as long as the node."""
-    node = UOp(Ops.BUFFER, dtype, (device_node(device),), (next(_buffer_ids), size))
-    _keep_buffer(node, Buffer(device, size, dtype))
+    """A BUFFER node for fresh (lazily allocated) memory; the Buffer lives as long as the node. (Made for every
+    realized op: _keep_buffer written out.)"""
+    src = _ON_DEVICE.get(device) or _sources_on(device)
+    node = UOp(_BUFFER_OP, dtype, src, (next(_buffer_ids), size))
+    entry = _BufferEntry(node, _drop_buffer)
+    entry.key, entry.buffer = id(node), Buffer(device, size, dtype)
+    _BUFFERS[entry.key] = entry
     return node
 
 
