@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import subprocess
 
+import numpy as np
 import pytest
-from kernel_helpers import expand, move, reduce, tensor
+from kernel_helpers import expand, interpret_ast, move, reduce, tensor
 from test_cstyle import compilers
 
 from tiny.codegen import Kernel, KernelOptError, Opt, OptOps
@@ -15,7 +16,7 @@ from tiny.codegen.cstyle import CRenderer
 from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower
-from tiny.codegen.opt import Kind
+from tiny.codegen.opt import Kind, merge_windows
 from tiny.codegen.vectorize import vectorize
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import dtypes
@@ -166,3 +167,52 @@ def test_vector_c_compiles() -> None:
     cc = compilers()[0]
     out = subprocess.run([cc, "-c", "-x", "c", "-", "-o", "/dev/null"], input=src.encode(), capture_output=True)
     assert out.returncode == 0, out.stderr.decode()
+
+
+# ---------------------------------------------------------------- windows read as one view (opt.merge_windows)
+
+
+def window_sum(n: int, starts: tuple[int, ...], rows: int = 1) -> tuple[UOp, UOp]:
+    """(x, kernel AST) of out[r, o] = sum over j of x[r, o + starts[j]] for a (rows, n) x: one view of x per
+    offset, each padded into its slot of a window dim, added up (a pool's or convolution's window), then reduced."""
+    out, k = n - max(starts), len(starts)
+    x = tensor(rows, n)
+    terms = []
+    for j, s in enumerate(starts):
+        view = move(Ops.RESHAPE, move(Ops.SHRINK, x, ((0, rows), (s, s + out))), (rows, out, 1))
+        terms.append(move(Ops.PAD, view, ((0, 0), (0, 0), (j, k - 1 - j))))
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return x, ast_of(move(Ops.RESHAPE, reduce(total, (2,)), (rows, out)))
+
+
+def loads_of(ast: UOp) -> list[UOp]:
+    return [u for u in ast.toposort if u.op is Ops.LOAD]
+
+
+def test_a_window_of_shifted_views_is_read_as_one_view() -> None:
+    x, ast = window_sum(10, (0, 1, 2), rows=3)
+    assert len(loads_of(ast)) == 3 and all(u.src[1].arg.mask for u in loads_of(ast))
+    merged = loads_of(merge_windows(ast))
+    assert len(merged) == 1
+    view = merged[0].src[1].arg
+    assert view.strides == (10, 1, 1) and view.mask is None and view.offset == 0  # the window walks x along a row
+    assert Kernel(ast, CPU).ast is not ast and len(loads_of(Kernel(ast, CPU).ast)) == 1  # CPU kernels take it
+    assert len(loads_of(Kernel(ast, GPU).ast)) == 3  # (a GPU's plans still fold the gates by writing windows out)
+    data = np.arange(30, dtype=np.float32).reshape(3, 10)
+    out = np.zeros(3 * 8, np.float32)
+    interpret_ast(ast, [out, data.reshape(-1)])  # (loop caps: merged too)
+    np.testing.assert_array_equal(out.reshape(3, 8), data[:, :8] + data[:, 1:9] + data[:, 2:])
+
+
+def test_a_window_with_dilation_walks_with_its_step() -> None:
+    _, ast = window_sum(12, (0, 2, 4, 6))
+    (load,) = loads_of(merge_windows(ast))
+    assert load.src[1].arg.strides[-1] == 2
+
+
+@pytest.mark.parametrize("starts", [(0, 1, 3), (0, 0, 1)], ids=["not evenly spaced", "an offset twice"])
+def test_views_that_are_not_a_window_stay_apart(starts: tuple[int, ...]) -> None:
+    _, ast = window_sum(10, starts)
+    assert merge_windows(ast) is ast

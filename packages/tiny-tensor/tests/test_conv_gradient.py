@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tiny import nn
-from tiny.tensor import Tensor
+from tiny.tensor import Tensor, windows
 
 
 def _rand(*shape: int, seed: int = 0) -> np.ndarray:
@@ -114,3 +114,35 @@ def test_gradients_through_batch_norm_statistics_realized_in_training(device: st
     np.testing.assert_allclose(t2.grad.numpy(), r2.grad.numpy(), atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(t1.grad.numpy(), r1.grad.numpy(), atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(bn.running_var.numpy(), tbn.running_var.numpy(), atol=1e-5, rtol=1e-5)
+
+
+CHANNELS_LAST_CASES = [  # output channels a multiple of 8: on a CPU they are innermost in memory (any size here)
+    ("conv1d", (2, 3, 20), (16, 3, 5), dict(padding=2)),
+    ("conv2d", (2, 4, 9, 9), (8, 4, 3, 3), dict(stride=2, padding=1)),
+    ("conv2d", (2, 3, 10, 9), (16, 3, 5, 3), dict(dilation=(1, 2), padding=(2, 0))),
+    ("conv3d", (1, 2, 5, 5, 5), (8, 2, 3, 3, 3), dict(padding=1)),
+]
+
+
+@pytest.mark.parametrize(("op", "xs", "ws", "kw"), CHANNELS_LAST_CASES, ids=str)
+def test_channels_last_convolutions_match_torch(
+    device: str, op: str, xs: tuple, ws: tuple, kw: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(windows, "CHANNELS_LAST_MIN_WORK", 0)
+
+    x = Tensor(_rand(*xs), device=device, requires_grad=True)
+    w = Tensor(_rand(*ws, seed=1), device=device, requires_grad=True)
+    b = Tensor(_rand(ws[0], seed=3), device=device, requires_grad=True)
+    y = getattr(x, op)(w, b, **kw)
+    if device == "CPU":
+        assert windows._channels_last(x, w, y.shape[2:])
+    g = _rand(*y.shape, seed=2)
+    dx, dw, db = y.gradient(x, w, b, gradient=Tensor(g, device=device))
+    tx, tw = torch.tensor(_rand(*xs), requires_grad=True), torch.tensor(_rand(*ws, seed=1), requires_grad=True)
+    tb = torch.tensor(_rand(ws[0], seed=3), requires_grad=True)
+    ty = getattr(torch.nn.functional, op)(tx, tw, tb, **kw)
+    ty.backward(torch.tensor(g))
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(dx.numpy(), tx.grad.numpy(), atol=1e-3, rtol=1e-4)
+    np.testing.assert_allclose(dw.numpy(), tw.grad.numpy(), atol=1e-3, rtol=1e-4)
+    np.testing.assert_allclose(db.numpy(), tb.grad.numpy(), atol=1e-3, rtol=1e-4)

@@ -11,6 +11,7 @@ import pytest
 from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.opt import Kernel, Kind
 from tiny.ir.device import RendererCaps
+from tiny.ir.schedule_cache import ScheduleItem
 from tiny.ir.uop import Ops
 from tiny.tensor import Tensor
 
@@ -21,7 +22,9 @@ CPU = RendererCaps(language="C", vector_width=8, threads=2)
     ("shape", "kernel", "padding", "want"),
     [
         ((8, 64, 56, 56), 3, 1, {"x": 8, "cout": 8}),  # an 8-wide row vector serves 8 output channels: 8 vectors
-        ((8, 32, 24, 24), 5, 0, {"x": 4, "cout": 8}),  # a 20-wide row: vectors of 4; 25 offsets keep the tile smaller
+        # a 20-wide row: vectors of 4; the window's rows a loop (one view: opt.merge_windows), its 5 offsets along x
+        # written out: room for 16 output channels
+        ((8, 32, 24, 24), 5, 0, {"x": 4, "cout": 16}),
     ],
 )
 def test_a_convolution_tiles_output_channels_against_a_row_vector(
@@ -39,9 +42,10 @@ def test_a_convolution_tiles_output_channels_against_a_row_vector(
     assert k.lanes() <= 1024
 
 
-def test_a_weight_gradient_keeps_one_vector_per_output_of_its_window() -> None:
+def test_a_weight_gradient_keeps_one_vector_per_output_of_its_window_row() -> None:
     """dW (cout, cin, 5, 5) = sum over (batch, y, x) of dY * X's window: no output vector forms (5 wide), the
-    reduction along x accumulates in vectors, one per output: the tile is the 5 x 5 window (25 vectors), not more."""
+    reduction along x accumulates in vectors, one per output: the tile is a row of the window (5) by 2 output
+    channels (10 vectors); the window's rows are a loop, its view one load (no gates to fold by writing it out)."""
     x = Tensor.empty(8, 16, 24, 24, device="PYTHON").realize()
     w = Tensor(np.zeros((16, 16, 5, 5), np.float32), device="PYTHON", requires_grad=True)
     g = Tensor.empty(8, 16, 20, 20, device="PYTHON").realize()
@@ -50,5 +54,39 @@ def test_a_weight_gradient_keeps_one_vector_per_output_of_its_window() -> None:
     *_, item = [i for i in w.grad.schedule() if i.ast.op is Ops.SINK]
     k = Kernel(item.ast, CPU)
     k.apply_opts(hand_opts(k))
-    assert math.prod(p.size for p in k.of_kind(Kind.UPCAST)) == 25
+    assert sorted(p.size for p in k.of_kind(Kind.UPCAST)) == [2, 5]
     assert [p.size for p in k.of_kind(Kind.UNROLL)] == [4]
+    assert sum(u.op is Ops.LOAD for u in k.ast.toposort) == 2  # X's 25 window views are one
+
+
+@pytest.mark.parametrize(
+    ("shape", "cout", "kernel", "padding"), [((128, 32, 24, 24), 32, 5, 0), ((128, 32, 10, 10), 64, 3, 0)]
+)
+def test_a_cpu_convolution_keeps_output_channels_innermost(
+    shape: tuple[int, ...], cout: int, kernel: int, padding: int
+) -> None:
+    """On the CPU device (output channels a multiple of the vector) the forward pass, the input's and the weight's
+    gradients each compute output channels innermost in memory: vectors of output channels, tiled along x."""
+    n, c, h, w_ = shape
+    x = Tensor.empty(n, c, h, w_, device="CPU").realize()
+    x.requires_grad = True
+    w = Tensor(np.zeros((cout, c, kernel, kernel), np.float32), device="CPU", requires_grad=True)
+    y = x.conv2d(w, padding=padding)
+    g = Tensor.empty(*y.shape, device="CPU").realize()
+    dx, dw = y.gradient(x, w, gradient=g)
+    for t, channels in ((y, cout), (dx, c), (dw, cout)):
+        item = max((i for i in t.schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
+        store = item.ast.src[0].src[1].arg
+        inner = store.strides.index(1)
+        assert store.shape[inner] == channels
+        k = Kernel(item.ast, CPU)
+        k.apply_opts(hand_opts(k))
+        vector = [p.size for p in k.of_kind(Kind.UPCAST) if p.dim == inner]
+        assert vector and vector[0] % 8 == 0
+        assert 4 * 8 <= math.prod(p.size for p in k.of_kind(Kind.UPCAST)) <= 64  # 4 to 8 vectors of accumulators
+
+
+def _reduced_elements(item: ScheduleItem) -> int:
+    """The elements the biggest reduction of a scheduled kernel reads (0 without one)."""
+    reductions = [u for u in item.ast.toposort if u.op is Ops.REDUCE_AXIS]
+    return max((math.prod(r.src[0].shape) for r in reductions), default=0)

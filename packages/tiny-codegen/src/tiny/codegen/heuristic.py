@@ -69,9 +69,11 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
             attempt(OptOps.UPCAST if p.kind is Kind.GLOBAL else OptOps.UNROLL, k.axes.index(p), (0,))
     reuse = {d for d in outputs if any(_broadcast(v, d) for v in loads) and k.reduce_dims}
     if k.reduce_dims and reuse and not few:  # a matrix product or a convolution: tile outputs in registers
-        for p in list(k.of_kind(Kind.REDUCE)):  # small reduce dims (a convolution's window) written out in full
-            if p.size <= SMALL_DIM and len(k.of_kind(Kind.REDUCE)) > 1:
-                attempt(OptOps.UNROLL, k.axes.index(p), (0,))
+        # small reduce dims (a convolution's window) written out in full; on a CPU, whose windows are one view each
+        # (opt.merge_windows), only the innermost: the values a thread holds go to a bigger tile instead
+        small = [p for p in k.of_kind(Kind.REDUCE) if p.size <= SMALL_DIM and len(k.of_kind(Kind.REDUCE)) > 1]
+        for p in small if caps.has_local else small[-1:]:
+            attempt(OptOps.UNROLL, k.axes.index(p), (0,))
         vector_loads = [v for v in loads if out_dim is not None and _stride(v, out_dim) == 1]
         if out_dim is not None:
             attempt(OptOps.UPCAST, _axis(k, out_dim), (2 * lanes, lanes, 4, 2) + _whole(k, out_dim))

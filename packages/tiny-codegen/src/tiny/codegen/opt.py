@@ -28,6 +28,7 @@ from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType
 from tiny.ir.tensorcore import TensorCore
 from tiny.ir.uop import Ops, UOp
+from tiny.ir.views import View
 
 MAX_LANES = 1024  # upcast x unroll: values computed side by side in one thread
 MAX_THREADS = 64
@@ -133,6 +134,69 @@ def merge_dims(ast: UOp) -> UOp:
     return done[ast]
 
 
+def merge_windows(ast: UOp) -> UOp:
+    """The kernel with each sum of loads that together walk a window read as one load.
+
+    A convolution's or pool's window is a sum of views of one buffer, one per kernel offset, each padded into its
+    slot of the kernel-sized dims: every load but one reads padding at any point of those dims. Where the slots
+    cover the kernel dims exactly once and each offset's start moves by a fixed stride per slot, the sum is the
+    buffer read through one view that walks those dims with those strides: one load instead of k*k gated ones,
+    and the kernel dims are free to be tiled or looped over like any other."""
+    adds = [u for u in ast.toposort if u.op is Ops.ADD]
+    inner = {s for u in adds for s in u.src if s.op is Ops.ADD}
+    done: dict[UOp, UOp] = {}
+    for u in ast.toposort:
+        src = tuple(done[s] for s in u.src)
+        new = u if src == u.src else u.replace(src=src)
+        if u.op is Ops.ADD and u not in inner and (one := _window_load(_summands(new))) is not None:
+            new = one
+        done[u] = new
+    return done[ast]
+
+
+def _summands(u: UOp) -> list[UOp]:
+    """The terms of a tree of ADDs (walked with a stack: a sum of 1000 tensors is a chain 1000 deep)."""
+    terms, todo = [], [u]
+    while todo:
+        x = todo.pop()
+        if x.op is Ops.ADD:
+            todo.extend(reversed(x.src))
+        else:
+            terms.append(x)
+    return terms
+
+
+def _window_load(terms: list[UOp]) -> UOp | None:
+    """One LOAD equal to the sum of `terms`, if they are loads of one buffer that walk a window (merge_windows)."""
+    if len(terms) < 2 or any(t.op is not Ops.LOAD or len(t.src) != 2 for t in terms):
+        return None
+    buf, views = terms[0].src[0], [t.src[1].arg for t in terms]
+    shape = views[0].shape
+    if any(t.src[0] is not buf or v.shape != shape for t, v in zip(terms, views)):
+        return None
+    masks = [v.mask or tuple((0, s) for s in shape) for v in views]
+    walked, strides = [], list(views[0].strides)
+    for d in range(len(shape)):
+        ranges = {m[d] for m in masks}
+        if len(ranges) == 1 and len({v.strides[d] for v in views}) == 1:
+            continue  # every term reads this dim alike
+        if any(v.strides[d] != 0 or hi - lo != 1 for v, (lo, hi) in zip(views, (m[d] for m in masks))):
+            return None  # neither alike nor one slot per term
+        walked.append(d)
+    slots = [tuple(m[d][0] for d in walked) for m in masks]
+    if not walked or len(set(slots)) != len(slots) or len(slots) != math.prod(shape[d] for d in walked):
+        return None  # (each slot lies inside its dim: a view's mask does; distinct and as many as slots: all of them)
+    offset = {slot: v.offset for slot, v in zip(slots, views)}
+    base = offset[(0,) * len(walked)]
+    for j, d in enumerate(walked):
+        strides[d] = offset[tuple(int(i == j) for i in range(len(walked)))] - base
+    if any(o != base + sum(i * strides[d] for i, d in zip(slot, walked)) for slot, o in offset.items()):
+        return None
+    mask = tuple((0, shape[d]) if d in walked else masks[0][d] for d in range(len(shape)))
+    view = View.create(shape, strides, base, mask)
+    return UOp(Ops.LOAD, terms[0].dtype, (buf, UOp(Ops.VIEW, arg=view)))
+
+
 @dataclass
 class Kernel:
     """A kernel AST with the plan of how its iteration space is cut into parts."""
@@ -149,7 +213,7 @@ class Kernel:
     def __post_init__(self) -> None:
         self.scheduled = self.ast  # the AST as the scheduler made it (its shape names the kernel)
         if not self.caps.has_local:  # (on GPUs the dims say how workgroups are laid out: kept as scheduled)
-            self.ast = merge_dims(self.ast)
+            self.ast = merge_dims(merge_windows(self.ast))
         self.out_shape: tuple[int, ...] = self.store.src[1].arg.shape
         self.reductions = [u for u in self.ast.toposort if u.op is Ops.REDUCE_AXIS]
         signatures = {(r.src[0].shape, tuple(a for a in r.arg[1] if r.src[0].shape[a] != 1)) for r in self.reductions}

@@ -51,7 +51,7 @@ _PEELED = (Ops.RESHAPE, Ops.PERMUTE)  # movement ops a kernel's output view take
 
 
 def _child_path(parent: UOp, path: _Path) -> _Path:
-    if path.at_root and parent.op in _PEELED:
+    if path.at_root and (parent.op in _PEELED or parent.op is Ops.CONTIGUOUS):
         return path
     return _Path(
         path.under_reduce or parent.op is Ops.REDUCE_AXIS,
@@ -130,8 +130,11 @@ class _KernelBuilder:
     def build(self) -> UOp:
         if self.root.op is Ops.ASSIGN:
             return self.build_assign()
-        # reshapes and permutes at the root move into the output's view: the kernel computes what is below them
+        # reshapes and permutes at the root (or under a CONTIGUOUS root: the memory it asks for is this kernel's
+        # output) move into the output's view: the kernel computes what is below them
         value, store_view = self.root, View.create(self.root.shape)
+        if value.op is Ops.CONTIGUOUS:
+            value = value.source
         while value.op in _PEELED and value.source not in self.realize and not is_realized(value.source):
             if value.op is Ops.PERMUTE:
                 store_view = store_view.permute(tuple(value.arg.index(i) for i in range(len(value.arg))))

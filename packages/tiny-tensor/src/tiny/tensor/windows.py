@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tiny.ir.device import Device
 from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import is_realized
 from tiny.ir.uop import Ops, UOp
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
     from tiny.tensor.tensor import Tensor
 
 IntOrSeq = int | Sequence[int]
+# convolutions on a loop device (CPU) keep output channels innermost (see _channels_last) in these dtypes, from
+# this many multiply-adds
+CHANNELS_LAST_DTYPES = frozenset({dtypes.float32, dtypes.float64})
+CHANNELS_LAST_MIN_WORK = 1 << 20
 
 
 class WindowOps(TensorBase):
@@ -128,15 +133,28 @@ class WindowOps(TensorBase):
         x = _in_memory(x)
         starts = [[k * d - lo for k in range(ks)] for ks, d, (lo, _) in zip(kernel, dils, pads)]
         win = _windows(x, starts, strides, out)  # (N, C, *out, *kernel)
-        win = win.reshape(n, groups, 1, c // groups, *out, *kernel)
-        w = weight.reshape(1, groups, cout // groups, cin_g, *([1] * nd), *kernel)
-        y = (win * w).sum(axis=(3, *range(4 + nd, 4 + 2 * nd)), keepdim=True).reshape(n, cout, *out)
+        last = groups == 1 and _channels_last(x, weight, out)
+        if last:
+            # (N, *out, C_out) in memory, output channels innermost: vectors of output channels, each lane's weights
+            # read from a copy of the weight with C_out innermost; the result is a permuted view of it
+            sp, ks = range(2, 2 + nd), range(2 + nd, 2 + 2 * nd)
+            a = win.permute(0, *sp, 1, *ks).reshape(n, *out, 1, c, *kernel)
+            wt = weight.permute(*range(1, nd + 2), 0).contiguous()  # (C_in, *kernel, C_out)
+            b = wt.permute(nd + 1, *range(nd + 1)).reshape(1, *([1] * nd), cout, c, *kernel)
+            y = (a * b).sum(axis=tuple(range(nd + 2, 2 * nd + 3))).contiguous().permute(0, nd + 1, *range(1, nd + 1))
+            win = a
+        else:
+            win = win.reshape(n, groups, 1, c // groups, *out, *kernel)
+            w = weight.reshape(1, groups, cout // groups, cin_g, *([1] * nd), *kernel)
+            y = (win * w).sum(axis=(3, *range(4 + nd, 4 + 2 * nd)), keepdim=True).reshape(n, cout, *out)
 
         node, x_node, w_node, tensor = y.uop, self.uop, weight.uop, type(self)  # (tensors' uops change on realize)
+        win_node = win.uop
 
         def conv_grads(g: UOp, needed: tuple[bool, ...]) -> Grads:
             """The input's gradient is a transposed convolution of g (not the window gradient the primitives give,
-            a buffer kernel-size times the input); the weight's comes through the primitives."""
+            a buffer kernel-size times the input); the weight's comes through the primitives, or, with output
+            channels innermost, as a product of the windows with a copy of g that has them innermost too."""
             gm = _in_memory(tensor(g))  # both gradients read each element of g many times
             dx = None
             if needed[0]:
@@ -149,7 +167,13 @@ class WindowOps(TensorBase):
                 for j, (size, (lo, _)) in enumerate(zip(spatial, given_pads)):
                     full = _take(full, 2 + j, lo, size)  # full[.., i, ..] is padded position i: the input starts at lo
                 dx = full.uop if batched else full.reshape(x_node.shape).uop
-            dw = compute_gradient(node, gm.uop, [w_node], primitive_root=True)[0] if needed[1] else None
+            dw = None
+            if needed[1] and last:  # (C_in, *kernel, C_out), vectors of output channels, then viewed as the weight
+                gt = gm.permute(0, *range(2, 2 + nd), 1).contiguous().reshape(n, *out, 1, *([1] * nd), cout)
+                windows = tensor(win_node).reshape(n, *out, c, *kernel, 1)
+                dw = (windows * gt).sum(axis=tuple(range(nd + 1))).contiguous().permute(nd + 1, *range(nd + 1)).uop
+            elif needed[1]:
+                dw = compute_gradient(node, gm.uop, [w_node], primitive_root=True)[0]
             return (dx, dw)
 
         set_composite_rule(node, (x_node, w_node), conv_grads)
@@ -622,6 +646,23 @@ def _split_region(size: int, starts: Sequence[int], stride: int, out: int) -> tu
         if first + rows * stride <= size:
             return first, rows
     return None
+
+
+def _channels_last(x: Tensor, weight: Tensor, out: Sequence[int]) -> bool:
+    """Whether a convolution computes its output channels innermost in memory (a loop device (CPU), float32/64, a
+    whole number of vectors of output channels, enough work).
+
+    With (N, C_out, *out) in memory a thread's vectors run along an output row: rows of 20, 10 or 6 fill vectors of
+    8 badly or not at all. Output channels come in multiples of 8: each lane an output channel, each loaded input
+    value broadcast to all lanes, the weights read as vectors from a copy with C_out innermost (one pass over a
+    small tensor)."""
+    caps = Device[x.device].renderer.caps
+    if caps.has_local or x.dtype not in CHANNELS_LAST_DTYPES or x.dtype != weight.dtype:
+        return False
+    lanes = max(1, caps.vector_width * 4 // x.dtype.itemsize)
+    cout = weight.shape[0]
+    work = x.shape[0] * math.prod(out) * cout * math.prod(weight.shape[1:])
+    return lanes > 1 and cout % lanes == 0 and work >= CHANNELS_LAST_MIN_WORK
 
 
 def _transposed_weight(w: Tensor, groups: int) -> Tensor:
