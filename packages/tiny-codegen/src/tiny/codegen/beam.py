@@ -65,9 +65,9 @@ def actions(k: Kernel) -> list[Opt]:
     return out
 
 
-# the actions' meaning changes with how Kernel numbers a kernel's dims (2: neighbouring dims merged on CPUs): a cached
-# list from before would address other dims
-PLAN_VERSION = 2
+# the actions' meaning changes with how Kernel numbers a kernel's dims (2: neighbouring dims merged on CPUs; 3: windows
+# read as one view first, which lets more dims merge): a cached list from before would address other dims
+PLAN_VERSION = 3
 
 
 def _search_key(ast: UOp, device: Compiled, width: int) -> str:
