@@ -230,6 +230,19 @@ def test_contiguous_forces_a_kernel() -> None:
     assert len(copy.items) == 1
 
 
+def test_a_reduce_reshaped_and_made_contiguous_is_written_where_it_is_computed() -> None:
+    """contiguous(reshape(reduce)) is the reduction's own kernel, its store view taking the reshape (no copy); under
+    a CONTIGUOUS a permute stays the layout asked for: the kernel runs in the output's order."""
+    a = tensor(4, 6, 8)
+    out = contiguous(move(Ops.RESHAPE, reduce(a, (2,)), (24,)))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 1 and ops_in(s.items[0].ast).count(Ops.REDUCE_AXIS) == 1
+    flipped = contiguous(move(Ops.PERMUTE, a + const(1.0, (4, 6, 8)), (2, 0, 1)))
+    (item,) = create_schedule([flipped]).items
+    assert store_of(item.ast).src[1].arg == View.create((8, 4, 6))  # stored in order, the input read permuted
+
+
 def test_a_realized_target_needs_no_kernel() -> None:
     a = tensor(4, 4)
     s = create_schedule([a])

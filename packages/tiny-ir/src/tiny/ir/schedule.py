@@ -45,14 +45,17 @@ class _Path:
     under_reduce: bool = False  # through a reduction that is fused into this kernel
     moved: bool = False  # through a movement op
     at_root: bool = True  # only through reshapes of the root (which the output's view absorbs)
+    reshapes_only: bool = False  # ... under a CONTIGUOUS root: its permutes are the layout asked for, not absorbed
 
 
 _PEELED = (Ops.RESHAPE, Ops.PERMUTE)  # movement ops a kernel's output view takes over at the root
 
 
 def _child_path(parent: UOp, path: _Path) -> _Path:
-    if path.at_root and (parent.op in _PEELED or parent.op is Ops.CONTIGUOUS):
+    if path.at_root and (parent.op is Ops.RESHAPE or (parent.op is Ops.PERMUTE and not path.reshapes_only)):
         return path
+    if path.at_root and parent.op is Ops.CONTIGUOUS:
+        return _Path(path.under_reduce, path.moved, True, True)
     return _Path(
         path.under_reduce or parent.op is Ops.REDUCE_AXIS,
         path.moved or parent.op in GroupOp.Movement,
@@ -130,12 +133,12 @@ class _KernelBuilder:
     def build(self) -> UOp:
         if self.root.op is Ops.ASSIGN:
             return self.build_assign()
-        # reshapes and permutes at the root (or under a CONTIGUOUS root: the memory it asks for is this kernel's
-        # output) move into the output's view: the kernel computes what is below them
-        value, store_view = self.root, View.create(self.root.shape)
+        # reshapes and permutes at the root move into the output's view: the kernel computes what is below them (under
+        # a CONTIGUOUS root reshapes only: a reduction reshaped and made contiguous is written where it is computed)
+        value, store_view, peeled = self.root, View.create(self.root.shape), _PEELED
         if value.op is Ops.CONTIGUOUS:
-            value = value.source
-        while value.op in _PEELED and value.source not in self.realize and not is_realized(value.source):
+            value, peeled = value.source, (Ops.RESHAPE,)
+        while value.op in peeled and value.source not in self.realize and not is_realized(value.source):
             if value.op is Ops.PERMUTE:
                 store_view = store_view.permute(tuple(value.arg.index(i) for i in range(len(value.arg))))
             elif (reshaped := store_view.reshape(value.source.shape)) is not None:
