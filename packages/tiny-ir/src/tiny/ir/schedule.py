@@ -26,8 +26,9 @@ from tiny.ir.views import View, strides_for_shape
 
 def is_realized(u: UOp) -> bool:
     """A node that already is memory: a BUFFER, or a reshape of a whole BUFFER."""
-    op = u.op  # (asked of every live tensor at every realize: the members as globals, see _BUFFER)
-    return op is _BUFFER or (op is _RESHAPE and u.source.op is _BUFFER)
+    op = u.op  # (asked of every live tensor at every realize: the members as globals, see _BUFFER; the reshape's
+    # source as src[0], without the call of the `source` property)
+    return op is _BUFFER or (op is _RESHAPE and u.src[0].op is _BUFFER)
 
 
 # Python 3.11 finds an Enum's member through EnumType's __getattr__ hook, ten times a global's cost: the members the

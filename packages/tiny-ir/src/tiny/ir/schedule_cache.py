@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from tiny.ir.device import Buffer, buffer_of, device_computes, new_buffer, opened_caps
 from tiny.ir.dtypes import DType
-from tiny.ir.uop import Ops, UOp, substitute
+from tiny.ir.uop import Ops, UOp, make_node, substitute
 
 
 class ScheduleItem(NamedTuple):
@@ -98,25 +98,28 @@ def structure_of(targets: list[UOp]) -> Structure | None:
         (name,) = devices
         if not device_computes(name):
             return None  # values there become views of a buffer's memory: BUFFERs that are not new memory
-        key = (_COMPOSED, root, name, _caps_token(opened_caps(name)))
+        key = (_COMPOSED, root, name, _caps_token(name))
         return _new_tuple(Structure, (key, tuple(targets), buffers))  # (without the NamedTuple's Python __new__)
     names = tuple(sorted(devices))
     if not all(map(device_computes, names)):
         return None
-    caps = tuple(_caps_token(opened_caps(d)) for d in names)
+    caps = tuple(_caps_token(d) for d in names)
     return Structure((_COMPOSED, root, names, caps), tuple(targets), buffers)
 
 
 _CAPS: dict[int, object] = {}  # every caps object a key has named, by id (kept, so that no other takes its id)
 
 
-def _caps_token(caps: object) -> int | None:
-    """A device's caps in a key: the caps object's id (hashing a dataclass of many fields is slow). Caps equal but
-    not the same object make another key: a miss, not a wrong schedule."""
-    if caps is None:
+def _caps_token(device: str) -> int | None:
+    """The caps of a device (opened: see opened_caps) in a key: the caps object's id (hashing a dataclass of many
+    fields is slow), None for a device not opened. Caps equal but not the same object make another key: a miss, not
+    a wrong schedule."""
+    if (caps := opened_caps(device)) is None:
         return None
-    if _CAPS.setdefault(id(caps), caps) is not caps:
-        raise AssertionError("internal: two caps objects alive with one id")
+    if (kept := _CAPS.get(id(caps))) is not caps:
+        if kept is not None:
+            raise AssertionError("internal: two caps objects alive with one id")
+        _CAPS[id(caps)] = caps
     return id(caps)
 
 
@@ -238,6 +241,14 @@ def _new_nodes(targets: list[UOp]) -> list[UOp] | None:
 def _shape(u: UOp, sources: list[_Shape]) -> tuple[_Shape, int]:
     """A node's shape from its sources' shapes, and how many buffer lookups that took."""
     op = u.op
+    if len(sources) == 2:  # the usual case first (every binary op): as _merge does, with the id looked up here
+        (a, a_buffers, a_devices), (b, b_buffers, b_devices) = sources
+        if not a_buffers or not b_buffers:  # buffers on one side at most: which follows from the ids
+            devices = a_devices if b_devices is a_devices or b_devices <= a_devices else a_devices | b_devices
+            entry = (op, u.dtype, u.argkey, (a, b))
+            if (i := _IDS.get(entry)) is None:
+                i = _intern(entry)
+            return (i, a_buffers or b_buffers, devices), 0
     if len(sources) == 1:
         source, buffers, devices = sources[0]
         if op is _BUFFER:  # its size and dtype, not which buffer it is
@@ -324,7 +335,9 @@ class Template:
         them. (Straight from the template to the steps: this runs for every op, so loops, not comprehensions, which
         are calls on Python 3.11; and the NamedTuples made by tuple.__new__, without their Python __new__.)"""
         nodes = list(graph.buffers)  # the BUFFER node of each slot
-        buffers = list(map(buffer_of, nodes))  # ... and its Buffer
+        buffers = []  # ... and its Buffer
+        for node in nodes:
+            buffers.append(buffer_of(node))
         for device, size, dtype in self.fresh:
             node = new_buffer(device, size, dtype)
             nodes.append(node)
@@ -387,7 +400,7 @@ class _ViewOf(NamedTuple):
     def make(self, buffer: UOp) -> UOp:
         """RESHAPE(buffer), its structure, shape and device filled in where the cached properties would keep them,
         so that none is computed again."""
-        view = UOp(_RESHAPE, self.dtype, (buffer,), self.arg)
+        view = make_node(UOp, _RESHAPE, self.dtype, (buffer,), self.arg)  # (UOp(...): see make_node)
         known = view.__dict__
         if _SHAPE not in known:
             known[_SHAPE] = (self.structure, view.src, self.devices)  # (view.src: its one buffer)

@@ -188,10 +188,22 @@ def _forget(entry: _Entry) -> None:
         _CACHE[entry.key] = now
 
 
-class UOp:
-    """A node of the graph. Structurally equal UOps are the same object, so `is` and `==` agree."""
+class _Fields:
+    """The slots of a node. A node is made as a _NewNode, whose slots take plain writes, and becomes a UOp, which
+    refuses every write, once they are set: five plain writes and a change of class cost a third of what five calls of
+    the slots' own setters do (and a UOp is made for nearly everything tiny does)."""
 
     __slots__ = ("op", "dtype", "src", "arg", "argkey", "__weakref__", "__dict__")
+
+
+class _NewNode(_Fields):
+    __slots__ = ()
+
+
+class UOp(_Fields):
+    """A node of the graph. Structurally equal UOps are the same object, so `is` and `==` agree."""
+
+    __slots__ = ()
     op: Ops
     dtype: DType
     src: tuple[UOp, ...]
@@ -205,12 +217,9 @@ class UOp:
         key = (op, dtype, src, argkey)
         if (entry := _CACHE.get(key)) is not None and (hit := entry()) is not None:
             return hit
-        self = _new_object(cls)
-        _set_op(self, op)  # (the slots' own setters: __setattr__ refuses every write)
-        _set_dtype(self, dtype)
-        _set_src(self, src)
-        _set_arg(self, arg)
-        _set_argkey(self, argkey)
+        self = _new_object(_NewNode)  # (see _Fields)
+        self.op, self.dtype, self.src, self.arg, self.argkey = op, dtype, src, arg, argkey
+        self.__class__ = cls
         entry = _CACHE[key] = _Entry(self, _forget)
         entry.key = key
         return self
@@ -486,8 +495,9 @@ class UOp:
 
 _CACHE = UOp._cache
 _new_object = object.__new__
-_set_op, _set_dtype, _set_src = UOp.op.__set__, UOp.dtype.__set__, UOp.src.__set__  # type: ignore[attr-defined]
-_set_arg, _set_argkey = UOp.arg.__set__, UOp.argkey.__set__  # type: ignore[attr-defined]
+# make_node(UOp, op, dtype, src, arg) is the node UOp(op, dtype, src, arg) is, without the class call, which enters
+# __new__ from C (a quarter of a node's cost when it exists already): for the few places that make nodes for every op
+make_node = UOp.__new__
 
 
 def _own_device(u: UOp) -> str | None:

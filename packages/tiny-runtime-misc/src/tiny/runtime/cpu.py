@@ -187,10 +187,13 @@ class CPUProgram(Program):
 
     def __call__(self, *bufs: Any, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False) -> float | None:
         threads = global_size[0]
+        if threads == 1 and not wait and not vals and self.signature == (len(bufs), 0, False):
+            self.fn(*map(_address, bufs))  # (the usual small kernel, declared already: buffers alone, nothing to time)
+            return None
         if self.signature != (len(bufs), len(vals), threads > 1):
             self.declare(len(bufs), len(vals), threads > 1)
         args = [*map(_address, bufs), *vals]  # addresses and ints: ctypes converts them by the declared argtypes
-        if threads == 1 and not wait:  # (the usual small kernel: nothing to time)
+        if threads == 1 and not wait:
             self.fn(*args)
             return None
         start = time.perf_counter()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tiny.ir.device import device_computes, new_buffer_view
 from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
 from tiny.ir.schedule import data_view
-from tiny.ir.uop import GroupOp, Ops, UOp, arg_key
+from tiny.ir.uop import GroupOp, Ops, UOp, arg_key, make_node
 from tiny.tensor.autograd import NO_GRAD, no_grad_wrap
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import check_dtype, default_int
@@ -56,7 +56,7 @@ class ElementwiseOps(TensorBase):
     def _alu(self, op: Ops, *others: Tensor, dtype: DType | None = None) -> Tensor:
         srcs = (self.uop, others[0].uop) if len(others) == 1 else (self.uop, *(o.uop for o in others))
         out_dtype = dtype or (dtypes.bool if op in GroupOp.Comparison else srcs[-1].dtype)
-        return self._new(UOp(op, out_dtype, srcs))
+        return self._new(make_node(UOp, op, out_dtype, srcs))  # (UOp(op, out_dtype, srcs): see make_node)
 
     def cast(self, dtype: DType | str) -> Tensor:
         """The values converted to another dtype (floats to ints round toward zero).

@@ -25,7 +25,7 @@ from tiny.ir.config import DEBUG, DEVICE
 from tiny.ir.diskcache import cache_get, cache_put
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import TensorCore  # noqa: F401  (re-exported: renderers declare theirs)
-from tiny.ir.uop import Ops, UOp
+from tiny.ir.uop import Ops, UOp, make_node
 
 INTERFACE_VERSION = (1, 1)  # (major, minor): runtimes pin a compatible major
 
@@ -494,7 +494,8 @@ class Buffer:
 
     def ensure_allocated(self) -> Buffer:
         if self._opaque is None:
-            allocator, nbytes = Device[self.device].allocator, self.size * self.dtype.itemsize
+            device = Device._open.get(self.device) or Device[self.device]  # (opened: without the registry's call)
+            allocator, nbytes = device.allocator, self.size * self.dtype.itemsize
             if self.base is not None:
                 self._opaque = allocator.offset(self.base.opaque, self.offset, nbytes)
             else:
@@ -579,6 +580,7 @@ def _drop_buffer(entry: _BufferEntry) -> None:
 _BUFFERS: dict[int, _BufferEntry] = {}
 _ON_DEVICE: dict[str, tuple[UOp]] = {}  # (the DEVICE node,) by name, kept (a handful): each new BUFFER's sources
 _BUFFER_OP = Ops.BUFFER  # (an Enum member as a global: see tiny.ir.schedule._BUFFER)
+_new_object = object.__new__
 
 
 def device_node(name: str) -> UOp:
@@ -602,9 +604,11 @@ def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     """A BUFFER node for fresh (lazily allocated) memory; the Buffer lives as long as the node. (Made for every
     realized op: _keep_buffer written out.)"""
     src = _ON_DEVICE.get(device) or _sources_on(device)
-    node = UOp(_BUFFER_OP, dtype, src, (next(_buffer_ids), size))
+    node = make_node(UOp, _BUFFER_OP, dtype, src, (next(_buffer_ids), size))  # (UOp(...): see make_node)
+    buffer = _new_object(Buffer)  # Buffer(device, size, dtype), its __init__ called from here rather than from C
+    buffer.__init__(device, size, dtype)
     entry = _BufferEntry(node, _drop_buffer)
-    entry.key, entry.buffer = id(node), Buffer(device, size, dtype)
+    entry.key, entry.buffer = id(node), buffer
     _BUFFERS[entry.key] = entry
     return node
 
