@@ -50,6 +50,23 @@ def test_hash_consing_tells_apart_what_equality_confuses() -> None:
     # ... also inside tuple args
     assert UOp(Ops.SPECIAL, i32, (), ("gidx0", 1)) is not UOp(Ops.SPECIAL, i32, (), ("gidx0", True))
     assert UOp(Ops.DEFINE_VAR, i32, (), ("v", 0.0, 1)) is not UOp(Ops.DEFINE_VAR, i32, (), ("v", -0.0, 1))
+    # a tuple of plain ints (its own key) is not a tuple of what equals them: bools, floats, int-likes (NumPy's)
+    shapes = [(2, 3), (True, 3), (2.0, 3), (_IntLike(2), 3), (_IntLike(2), _IntLike(3)), ((2, 3),), ((_IntLike(2), 3),)]
+    nodes = [UOp(Ops.RESHAPE, f32, (), s) for s in shapes]
+    assert len({id(n) for n in nodes}) == len(shapes)
+
+
+class _IntLike:
+    """Equal to an int and hashed as one, but not an int (as NumPy's integers are)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return other == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
 
 
 def test_nan_constants_are_one_node() -> None:

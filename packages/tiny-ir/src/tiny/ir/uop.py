@@ -125,7 +125,7 @@ _ONE_INPUT = (
 )
 
 
-_INTS = object()  # marks the key of a tuple of plain ints (shapes, axes): the tuple itself, no key per element
+_TUPLE = object()  # marks the key of a tuple that is not all plain ints (a tuple of the elements' keys)
 
 
 def arg_key(arg: Any) -> Any:
@@ -136,8 +136,10 @@ def arg_key(arg: Any) -> Any:
     if kind is tuple:
         for x in arg:
             if type(x) is not int:
-                return tuple(map(arg_key, arg))
-        return (_INTS, arg) if arg else ()
+                return (_TUPLE, tuple(map(arg_key, arg)))
+        # a tuple of plain ints (shapes, axes, a buffer's number and size) is its own key, made for every such node:
+        # no other key equals it (the others are not tuples, or start with a type, "f" or _TUPLE)
+        return arg
     if kind is float:
         return ("f", arg.hex())
     if kind is int or kind is bool:
@@ -147,7 +149,7 @@ def arg_key(arg: Any) -> Any:
     if isinstance(arg, (bool, int)):
         return (kind, arg)
     if isinstance(arg, tuple):
-        return tuple(map(arg_key, arg))
+        return (_TUPLE, tuple(map(arg_key, arg)))
     return arg
 
 

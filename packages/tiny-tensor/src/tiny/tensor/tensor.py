@@ -132,8 +132,9 @@ class Tensor(
         record_origins(done)
         computed = done.keys()
         for t in Tensor._live.alive():  # every tensor reads what was computed from its buffer from now on
-            if (u := t.uop) in done:
-                t.uop = done[u]
+            u = t.uop
+            if (view := done.get(u)) is not None:
+                t.uop = view
             elif not is_realized(u) and not computed.isdisjoint(u.toposort):
                 t.uop = substitute(u, done)
         return self
