@@ -31,6 +31,9 @@ Scalar = int | float | bool
 
 _SCALARS: dict[tuple, UOp] = {}  # scalar operands broadcast to a shape (see _scalar)
 _SCALARS_KEPT = 512
+# the ops of the arithmetic operators, as globals (an Enum member is found through EnumType's __getattr__ hook on
+# Python 3.11, ten times a global's cost: see tiny.ir.schedule._BUFFER)
+_ADD, _MUL, _FDIV, _NEG, _CMPLT, _CMPNE = Ops.ADD, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.CMPLT, Ops.CMPNE
 
 
 def _expands(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
@@ -169,7 +172,7 @@ class ElementwiseOps(TensorBase):
         [[11, 21], [12, 22]]
         """
         a, b = self._broadcasted(x, reverse)
-        return a._alu(Ops.ADD, b)
+        return a._alu(_ADD, b)
 
     def mul(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """self * x.
@@ -178,7 +181,7 @@ class ElementwiseOps(TensorBase):
         [1.5, 3.0]
         """
         a, b = self._broadcasted(x, reverse)
-        return a._alu(Ops.MUL, b)
+        return a._alu(_MUL, b)
 
     def sub(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """self - x (x - self with reverse=True).
@@ -189,7 +192,7 @@ class ElementwiseOps(TensorBase):
         a, b = self._broadcasted(x, reverse)
         if a.dtype.is_bool:
             raise TypeError("subtracting bool tensors is not supported; use logical_xor or ^")
-        return a._alu(Ops.ADD, -b)
+        return a._alu(_ADD, -b)
 
     def div(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """True division; integers divide as floats.
@@ -199,7 +202,7 @@ class ElementwiseOps(TensorBase):
         """
         a, b = self._broadcasted(x, reverse)
         a, b = a._float_input(), b._float_input()
-        return a._alu(Ops.FDIV, b)
+        return a._alu(_FDIV, b)
 
     def floordiv(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         """Division rounded down, as Python's //.
@@ -280,7 +283,7 @@ class ElementwiseOps(TensorBase):
     def __neg__(self) -> Tensor:
         if self.dtype.is_bool:
             raise TypeError("negating a bool tensor is not supported; use logical_not or ~")
-        return self._alu(Ops.NEG)
+        return self._alu(_NEG)
 
     __add__ = add
     __mul__ = mul
@@ -320,11 +323,11 @@ class ElementwiseOps(TensorBase):
     # comparisons and logic
     def __lt__(self, x: Tensor | Scalar) -> Tensor:
         a, b = self._broadcasted(x)
-        return a._alu(Ops.CMPLT, b)
+        return a._alu(_CMPLT, b)
 
     def __gt__(self, x: Tensor | Scalar) -> Tensor:
         a, b = self._broadcasted(x, True)
-        return a._alu(Ops.CMPLT, b)
+        return a._alu(_CMPLT, b)
 
     def __le__(self, x: Tensor | Scalar) -> Tensor:
         return (self < x) | (self == x)
@@ -337,7 +340,7 @@ class ElementwiseOps(TensorBase):
 
     def __ne__(self, x: Tensor | Scalar) -> Tensor:  # type: ignore[override]
         a, b = self._broadcasted(x)
-        return a._alu(Ops.CMPNE, b)
+        return a._alu(_CMPNE, b)
 
     __hash__ = object.__hash__
 

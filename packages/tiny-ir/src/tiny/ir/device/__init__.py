@@ -494,7 +494,8 @@ class Buffer:
 
     def ensure_allocated(self) -> Buffer:
         if self._opaque is None:
-            device = Device._open.get(self.device) or Device[self.device]  # (opened: without the registry's call)
+            if (device := Device._open.get(self.device)) is None:  # (opened already: without the registry's call)
+                device = Device[self.device]
             allocator, nbytes = device.allocator, self.size * self.dtype.itemsize
             if self.base is not None:
                 self._opaque = allocator.offset(self.base.opaque, self.offset, nbytes)
