@@ -226,6 +226,26 @@ def test_backward_never_reads_a_value_computed_before_its_inputs_changed(device:
         opt.step()
 
 
+def test_a_loop_of_realized_steps_under_no_grad_keeps_only_the_last_buffer(device: str) -> None:
+    """Under no_grad realize() remembers no graph: step k's buffer is not kept alive by step k+1's record of what it
+    read (`x = f(x).realize()` in a loop would otherwise hold every step's memory); outside it the record is kept."""
+    x = Tensor([0.0, 1.0], device=device).realize()
+    steps = []
+    with Tensor.no_grad():
+        for _ in range(6):
+            x = (x + 1).realize()
+            steps.append(weakref.ref(buffer_of(x.uop.src[0])))
+    gc.collect()
+    assert sum(s() is not None for s in steps) <= 2  # the last one (and one a cached schedule may hold), not all 6
+    np.testing.assert_array_equal(x.numpy(), [6.0, 7.0])
+    w = Tensor([1.0], device=device, requires_grad=True)
+    h = (w * 2).realize()
+    y = (h * h).realize()
+    del h
+    y.sum().backward()  # h's memory is kept by y's record: the gradient reads it
+    np.testing.assert_allclose(w.grad.numpy(), [8.0])
+
+
 def test_what_realize_records_for_gradients_dies_with_the_buffer(device: str) -> None:
     """realize() remembers on each view it made the graph that view computed; the record goes when the view does, so
     a value no tensor holds any more frees its memory (no table keeps it), while one still held keeps its record for

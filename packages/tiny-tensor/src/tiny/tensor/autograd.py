@@ -188,14 +188,17 @@ def record_origins(becomes: dict[UOp, UOp]) -> None:
     """Remember the graph each new buffer view computed (the first one: later ones are writes into it), and when.
     Outside no_grad, the views of one schedule stay alive together, each with the one before it: a graph computed
     there reads values computed before it in the same schedule, and its gradient reads them from their buffers for
-    as long as it may be asked for (what PyTorch's saved tensors do)."""
-    now, saving, before = next(_clock), not NO_GRAD.value, None
+    as long as it may be asked for (what PyTorch's saved tensors do). Under no_grad no graph is remembered: no
+    gradient passes what was computed there (its ops are detached), and a remembered graph would keep the buffer it
+    read alive, and that one the buffer before it (`x = f(x).realize()` in a loop would keep every step's buffer)."""
+    now, before = next(_clock), None
+    saving = not NO_GRAD.value
     for node, view in becomes.items():
         if node.op is _ASSIGN:
             memory_of(view)[0].__dict__[_WRITTEN] = now
         records = view.__dict__
-        if _ORIGIN not in records:  # the first graph that computed a buffer is where its gradient comes from
-            records[_ORIGIN] = _new_tuple(_Origin, (node, now, before if saving else None))  # (no Python __new__)
+        if saving and _ORIGIN not in records:  # the first graph that computed a buffer is where its gradient comes from
+            records[_ORIGIN] = _new_tuple(_Origin, (node, now, before))  # (no Python __new__)
             _COMPUTED.add(view)
             before = view
 
