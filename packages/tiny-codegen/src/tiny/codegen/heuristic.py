@@ -71,7 +71,8 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
     if k.reduce_dims and reuse and not few:  # a matrix product or a convolution: tile outputs in registers
         # small reduce dims (a convolution's window) written out in full; on a CPU, whose windows are one view each
         # (opt.merge_windows), only the innermost: the values a thread holds go to a bigger tile instead
-        small = [p for p in k.of_kind(Kind.REDUCE) if p.size <= SMALL_DIM and len(k.of_kind(Kind.REDUCE)) > 1]
+        reduce_parts = k.of_kind(Kind.REDUCE)
+        small = [p for p in reduce_parts if p.size <= SMALL_DIM] if len(reduce_parts) > 1 else []
         for p in small if caps.has_local else small[-1:]:
             attempt(OptOps.UNROLL, k.axes.index(p), (0,))
         vector_loads = [v for v in loads if out_dim is not None and _stride(v, out_dim) == 1]

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from tiny.codegen.lower import vector_lanes
 from tiny.ir.device import Device
 from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
 from tiny.ir.uop import Ops, UOp
@@ -523,7 +524,7 @@ def _panel_width(device: str, dtype: DType, rows: int, m: int, k: int) -> int:
     caps = Device[device].renderer.caps
     if caps.has_local or dtype not in PANEL_DTYPES:
         return 0
-    width = 2 * max(1, caps.vector_width * 4 // dtype.itemsize)
+    width = 2 * vector_lanes(caps, dtype)
     if m % width or m * k < PANEL_MIN_B or rows < PANEL_MIN_ROWS:
         return 0
     return width

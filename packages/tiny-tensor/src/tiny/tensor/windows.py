@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tiny.codegen.lower import vector_lanes
 from tiny.ir.device import Device
 from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import is_realized
@@ -659,8 +660,7 @@ def _channels_last(x: Tensor, weight: Tensor, out: Sequence[int]) -> bool:
     caps = Device[x.device].renderer.caps
     if caps.has_local or x.dtype not in CHANNELS_LAST_DTYPES or x.dtype != weight.dtype:
         return False
-    lanes = max(1, caps.vector_width * 4 // x.dtype.itemsize)
-    cout = weight.shape[0]
+    lanes, cout = vector_lanes(caps, x.dtype), weight.shape[0]
     work = x.shape[0] * math.prod(out) * cout * math.prod(weight.shape[1:])
     return lanes > 1 and cout % lanes == 0 and work >= CHANNELS_LAST_MIN_WORK
 

@@ -602,15 +602,12 @@ def _keep_buffer(node: UOp, buffer: Buffer) -> None:
 
 
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
-    """A BUFFER node for fresh (lazily allocated) memory; the Buffer lives as long as the node. (Made for every
-    realized op: _keep_buffer written out.)"""
+    """A BUFFER node for fresh (lazily allocated) memory; the Buffer lives as long as the node."""
     src = _ON_DEVICE.get(device) or _sources_on(device)
     node = make_node(UOp, _BUFFER_OP, dtype, src, (next(_buffer_ids), size))  # (UOp(...): see make_node)
     buffer = _new_object(Buffer)  # Buffer(device, size, dtype), its __init__ called from here rather than from C
     buffer.__init__(device, size, dtype)
-    entry = _BufferEntry(node, _drop_buffer)
-    entry.key, entry.buffer = id(node), buffer
-    _BUFFERS[entry.key] = entry
+    _keep_buffer(node, buffer)
     return node
 
 
