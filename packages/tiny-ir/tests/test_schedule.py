@@ -243,6 +243,54 @@ def test_a_reduce_reshaped_and_made_contiguous_is_written_where_it_is_computed()
     assert store_of(item.ast).src[1].arg == View.create((8, 4, 6))  # stored in order, the input read permuted
 
 
+def test_a_reduce_permuted_and_made_contiguous_is_written_in_that_order_where_it_is_computed() -> None:
+    """contiguous(permute(reduce)): one kernel (not the reduction realized and then copied), storing through the
+    permute."""
+    a = tensor(4, 6, 8)
+    out = contiguous(move(Ops.PERMUTE, reduce(a, (2,)), (2, 1, 0)))
+    (item,) = create_schedule([out]).items
+    assert ops_in(item.ast).count(Ops.REDUCE_AXIS) == 1
+    assert store_of(item.ast).src[1].arg == View.create((1, 6, 4)).permute((2, 1, 0))
+
+
+def test_other_readers_of_a_value_made_contiguous_read_its_memory() -> None:
+    """x made contiguous (through a permute) and also summed: x is computed once; the sum reads the copy through
+    the inverse view instead of recomputing x from a and b."""
+    a, b = tensor(4, 6), tensor(4, 6)
+    x = a * b + const(1.0, (4, 6))
+    kept = contiguous(move(Ops.PERMUTE, x, (1, 0)))
+    total = reduce(x, (0, 1))
+    s = create_schedule([kept, total])
+    check_well_formed(s, [kept, total])
+    copy, summed = s.items
+    assert summed.buffers[1:] == (copy.buffers[0],)
+    (load,) = [u for u in summed.ast.toposort if u.op is Ops.LOAD]
+    assert load.src[1].arg == View.create((6, 4)).permute((1, 0))
+    alone = reduce(a * const(2.0, (4, 6)), (0, 1))  # a target is not read from another node's copy
+    s = create_schedule([alone, contiguous(move(Ops.PERMUTE, alone, (1, 0)))])
+    assert s.items[1].buffers[1] is s.items[0].buffers[0]
+
+
+def test_a_value_the_scheduler_keeps_is_stored_in_the_order_of_its_largest_input() -> None:
+    """A reduction realized for its reader (seen through an expand) over an input whose memory is channels-last
+    (an NCHW view of NHWC memory) is stored channels-last too, and read back through that layout; a target or a
+    value asked for contiguous keeps its own order."""
+    nhwc = tensor(2, 4, 6, 8)
+    x = move(Ops.PERMUTE, nhwc, (0, 3, 1, 2))  # (2, 8, 4, 6)
+    pooled = reduce(x, (3,), Ops.MAX)  # (2, 8, 4, 1)
+    out = reduce(x - move(Ops.EXPAND, pooled, (2, 8, 4, 6)), (3,))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    first, second = s.items
+    assert store_of(first.ast).src[1].arg == View.create((2, 4, 1, 8)).permute((0, 3, 1, 2))
+    arg = second.buffers.index(first.buffers[0])
+    loads = {u.src[1].arg for u in second.ast.toposort if u.op is Ops.LOAD and u.src[0].arg == arg}
+    assert loads == {View.create((2, 4, 1, 8)).permute((0, 3, 1, 2)).expand((2, 8, 4, 6))}
+    assert store_of(second.ast).src[1].arg == View.create((2, 8, 4, 1))  # the target: in its own order
+    (item,) = create_schedule([pooled]).items
+    assert store_of(item.ast).src[1].arg == View.create((2, 8, 4, 1))
+
+
 def test_a_realized_target_needs_no_kernel() -> None:
     a = tensor(4, 4)
     s = create_schedule([a])

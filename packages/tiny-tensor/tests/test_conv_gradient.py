@@ -146,3 +146,39 @@ def test_channels_last_convolutions_match_torch(
     np.testing.assert_allclose(dx.numpy(), tx.grad.numpy(), atol=1e-3, rtol=1e-4)
     np.testing.assert_allclose(dw.numpy(), tw.grad.numpy(), atol=1e-3, rtol=1e-4)
     np.testing.assert_allclose(db.numpy(), tb.grad.numpy(), atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("group_bytes", [1, 1 << 30], ids=["a-group-per-image", "one-group"])
+def test_a_channels_last_network_matches_torch(device: str, group_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MNIST model's shape, small: convolutions keep channels innermost, and the activations, batch norm and
+    max pool between them are computed and stored in that order (the scheduler's choice of layout); weight
+    gradients sum over groups of images. Forward and every gradient against PyTorch."""
+    monkeypatch.setattr(windows, "CHANNELS_LAST_MIN_WORK", 0)
+    monkeypatch.setattr(windows, "DW_GROUP_BYTES", group_bytes)
+    x, seed = _rand(4, 1, 16, 16), _rand(4, 10, seed=9)
+    shapes = [(8, 1, 3, 3), (8, 8, 3, 3), (16, 8, 3, 3)]
+    ws = [_rand(*s, seed=i) for i, s in enumerate(shapes)]
+    fc = _rand(10, 16 * 2 * 2, seed=7)
+
+    def model(t, w, bn, lin, lib):
+        F = lib.nn.functional if lib is torch else None
+        pool = (lambda v: F.max_pool2d(v, 2)) if F else (lambda v: v.max_pool2d(2))
+        conv = (lambda v, k: F.conv2d(v, k)) if F else (lambda v, k: v.conv2d(k))
+        h = pool(bn(conv(conv(t, w[0]).relu(), w[1]).relu()))
+        h = pool(conv(h, w[2]).relu())
+        return h.reshape(4, -1) @ lin.T if F else h.reshape(4, -1) @ lin.transpose(0, 1)
+
+    tw = [Tensor(w, device=device, requires_grad=True) for w in ws]
+    tl = Tensor(fc, device=device, requires_grad=True)
+    bn = nn.BatchNorm2d(8, device=device)
+    with Tensor.train():
+        out = model(Tensor(x, device=device), tw, bn, tl, None)
+        (out * Tensor(seed, device=device)).sum().backward()
+    rw = [torch.tensor(w, requires_grad=True) for w in ws]
+    rl = torch.tensor(fc, requires_grad=True)
+    tbn = torch.nn.BatchNorm2d(8).train()
+    ref = model(torch.tensor(x), rw, tbn, rl, torch)
+    (ref * torch.tensor(seed)).sum().backward()
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), atol=1e-4, rtol=1e-4)
+    for mine, theirs in zip([*tw, tl, bn.weight, bn.bias], [*rw, rl, tbn.weight, tbn.bias]):
+        np.testing.assert_allclose(mine.grad.numpy(), theirs.grad.numpy(), atol=1e-3, rtol=1e-3)

@@ -50,18 +50,29 @@ class _Path:
 
 
 _PEELED = (Ops.RESHAPE, Ops.PERMUTE)  # movement ops a kernel's output view takes over at the root
+_ASKED = (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN)  # nodes whose memory holds them in their own order
 
 
 def _child_path(parent: UOp, path: _Path) -> _Path:
     if path.at_root and (parent.op is Ops.RESHAPE or (parent.op is Ops.PERMUTE and not path.reshapes_only)):
         return path
     if path.at_root and parent.op is Ops.CONTIGUOUS:
-        return _Path(path.under_reduce, path.moved, True, True)
+        return _Path(path.under_reduce, path.moved, True, not _peels_permutes(parent))
     return _Path(
         path.under_reduce or parent.op is Ops.REDUCE_AXIS,
         path.moved or parent.op in GroupOp.Movement,
         False,
     )
+
+
+def _peels_permutes(contiguous: UOp) -> bool:
+    """Whether a CONTIGUOUS root's permutes move into its store view too: over a reduction, which is then written
+    in the asked-for layout where it is computed (not realized and copied). Over anything else the kernel is a copy
+    whose loops follow the asked-for layout."""
+    u = contiguous.source
+    while u.op in _PEELED:
+        u = u.source
+    return u.op is Ops.REDUCE_AXIS
 
 
 def _realize_set(sink: UOp, forced: set[UOp]) -> set[UOp]:
@@ -121,9 +132,39 @@ def _view_through(start: View, path: tuple[UOp, ...]) -> View:
     return start
 
 
+def _memory_view(shape: tuple[int, ...], layout: tuple[int, ...] | None) -> View:
+    """A view of `shape` over memory that holds it with its dims in the order `layout` (None: as they are)."""
+    if layout is None:
+        return View.create(shape)
+    return View.create(tuple(shape[d] for d in layout)).permute(tuple(layout.index(d) for d in range(len(shape))))
+
+
+def _layout_of(ast: UOp, args: list[UOp]) -> tuple[int, ...] | None:
+    """The order of dims in which a kernel's largest input lies in memory (outermost first), where that is not the
+    order of its output's dims: a value the scheduler keeps for itself is stored in that order, so the kernel writes
+    in the order it reads and later kernels read it alongside that input (a convolution's output kept channels
+    innermost stays so through the activations and pools after it). Dims the input broadcasts along stay after the
+    dim before them."""
+    loads = [(args[u.src[0].arg].arg[1], u.src[1].arg) for u in ast.toposort if u.op is Ops.LOAD]
+    loads = [(size, sum(st != 0 for st in v.strides), v) for size, v in loads if not v.empty_mask]
+    if not loads:
+        return None
+    view: View = max(loads, key=lambda load: load[:2])[2]  # the largest buffer, where its view moves the most
+    read = [d for d, (size, st) in enumerate(zip(view.shape, view.strides)) if size > 1 and st != 0]
+    order = sorted(read, key=lambda d: -abs(view.strides[d]))
+    if order == read:
+        return None
+    for d in range(len(view.shape)):  # the rest follow the dim before them
+        if d not in read:
+            order.insert(order.index(d - 1) + 1 if d > 0 else 0, d)
+    return tuple(order)
+
+
 class _KernelBuilder:
-    def __init__(self, root: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> None:
-        self.root, self.realize, self.buffers = root, realize, buffers
+    def __init__(
+        self, root: UOp, realize: set[UOp], buffers: dict[UOp, UOp], layouts: dict[UOp, tuple[int, ...]]
+    ) -> None:
+        self.root, self.realize, self.buffers, self.layouts = root, realize, buffers, layouts
         self.args: list[UOp] = []  # tensor-level buffer nodes, in argument order
 
     def global_arg(self, buf: UOp) -> UOp:
@@ -135,10 +176,10 @@ class _KernelBuilder:
         if self.root.op is Ops.ASSIGN:
             return self.build_assign()
         # reshapes and permutes at the root move into the output's view: the kernel computes what is below them (under
-        # a CONTIGUOUS root reshapes only: a reduction reshaped and made contiguous is written where it is computed)
+        # a CONTIGUOUS root reshapes only, unless a reduction is below them: see _peels_permutes)
         value, store_view, peeled = self.root, View.create(self.root.shape), _PEELED
         if value.op is Ops.CONTIGUOUS:
-            value, peeled = value.source, (Ops.RESHAPE,)
+            value, peeled = value.source, _PEELED if _peels_permutes(value) else (Ops.RESHAPE,)
         while value.op in peeled and value.source not in self.realize and not is_realized(value.source):
             if value.op is Ops.PERMUTE:
                 store_view = store_view.permute(tuple(value.arg.index(i) for i in range(len(value.arg))))
@@ -149,6 +190,13 @@ class _KernelBuilder:
             value = value.source
         out = self.global_arg(self.buffers[self.root])
         ast = self.node(value, ())
+        if self.root in self.layouts:  # the scheduler's own value: stored as its kernel reads
+            layout = _layout_of(ast, self.args) if value is self.root else None
+            if layout is None:
+                del self.layouts[self.root]
+            else:
+                self.layouts[self.root] = layout
+                store_view = _memory_view(self.root.shape, layout)
         return UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, UOp(Ops.VIEW, arg=store_view), ast)),))
 
     def build_assign(self) -> UOp:
@@ -187,7 +235,7 @@ class _KernelBuilder:
         u, path = key
         if self._is_leaf(u):
             buf = self.buffers[u] if u in self.realize else (u if u.op is Ops.BUFFER else u.source)
-            view = _view_through(View.create(u.shape), path)  # the buffer holds u contiguously
+            view = _view_through(_memory_view(u.shape, self.layouts.get(u)), path)
             return UOp(Ops.LOAD, u.dtype, (self.global_arg(buf), UOp(Ops.VIEW, arg=view)))
         if u.op is Ops.CONST:
             return UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=_view_through(View.create(()), path)),), u.arg)
@@ -249,6 +297,58 @@ lift_reshapes = PatternMatcher(
     ],
     name="lift_reshapes",
 )
+
+
+# ---------------------------------------------------------------- reading a value from its copy
+
+
+def read_copies(sink: UOp, memo: dict[UOp, UOp]) -> UOp:
+    """Where CONTIGUOUS writes a computed node x (seen through reshapes and permutes), x's other consumers read that
+    memory (through the inverse view) rather than computing x again from its inputs: a gradient made contiguous
+    for a convolution and summed for a bias is computed once. `memo` gets each rebuilt node."""
+    copies: dict[UOp, tuple[UOp, tuple[UOp, ...]]] = {}  # x -> (its CONTIGUOUS, the movement ops between, outer first)
+    for c in sink.toposort:
+        if c.op is not Ops.CONTIGUOUS:
+            continue
+        x, chain = c.source, []
+        while x.op in _PEELED:
+            chain.append(x)
+            x = x.source
+        computed = x.op is Ops.REDUCE_AXIS or (x.op in GroupOp.Elementwise and any(map(_reads_memory, x.toposort)))
+        if computed and x not in copies and x not in sink.src:  # (a target is memory of its own: read there)
+            copies[x] = (c, tuple(chain))
+    if not copies:
+        return sink
+    readers = {(chain[-1] if chain else c) for c, chain in copies.values()}  # what computes each copy reads x itself
+
+    def rebuilt(u: UOp) -> UOp:
+        return memo.get(u, u)
+
+    def as_copy(x: UOp) -> UOp:
+        c, chain = copies[x]
+        node = rebuilt(x)
+        for m in reversed(chain):
+            node = memo.setdefault(m, m.replace(src=(node,)))
+        view = memo.setdefault(c, c.replace(src=(node,)))
+        for m in chain:  # undone, outermost first
+            if m.op is Ops.PERMUTE:
+                view = UOp(Ops.PERMUTE, m.dtype, (view,), tuple(m.arg.index(i) for i in range(len(m.arg))))
+            else:
+                view = _reshape(view, m.source.shape)
+        return view
+
+    for u in sink.toposort:
+        if u in memo or not u.src:
+            continue
+        use_copy = u.op is not Ops.SINK and u not in readers
+        src = tuple(as_copy(s) if use_copy and s in copies else rebuilt(s) for s in u.src)
+        if src != u.src:
+            memo[u] = u.replace(src=src)
+    return rebuilt(sink)
+
+
+def _reads_memory(u: UOp) -> bool:
+    return u.op is Ops.BUFFER or u.op is Ops.COPY
 
 
 # ---------------------------------------------------------------- splitting big reductions
@@ -349,20 +449,29 @@ def create_schedule(targets: list[UOp]) -> Schedule:
 def _plan(targets: list[UOp]) -> Schedule:
     """The scheduler itself: rewrite the graph, choose the nodes that become buffers, build a kernel for each."""
     given = UOp(Ops.SINK, src=tuple(_as_data_view(t) for t in targets))
-    memos: list[dict[UOp, UOp]] = [{}, {}]
+    memos: list[dict[UOp, UOp]] = [{}, {}, {}]
     # values on data-only devices become buffer views; big reductions into few outputs split in two
     prepared = graph_rewrite(given, prepare, memo=memos[0])
     sink = graph_rewrite(prepared, lift_reshapes, ctx={}, memo=memos[1])  # reshapes of reductions rise to the root
+    sink = read_copies(sink, memos[2])
     forced: set[UOp] = set()
+    plain: set[UOp] = set()  # values a later kernel cannot view in another layout than their own
     while True:
         realize = _realize_set(sink, forced)
         buffers = {u: memory_of(u.target)[0] if u.op is Ops.ASSIGN else _fresh(u) for u in realize}
         order = [u for u in sink.toposort if u in realize]
+        # values no tensor asked for as they are (not targets, not CONTIGUOUS, not what a copy moves as bytes): their
+        # kernels choose the layout
+        asked = {u.source for u in realize if u.op is Ops.COPY} | set(sink.src) | plain
+        layouts = {u: () for u in realize - asked if u.op not in _ASKED}
         try:
-            steps = tuple(_step(u, realize, buffers) for u in order)
+            steps = tuple(_step(u, realize, buffers, layouts) for u in order)
             break
         except _Unexpressible as e:
-            forced.add(e.node)
+            if e.node in layouts and layouts[e.node]:
+                plain.add(e.node)
+            else:
+                forced.add(e.node)
     # each realized node under the names it had before the rewrites: tensors hold those, and gradients expand a
     # buffer back into the graph it came from
     # (a node whose rewrite is a reshape of a realized node -- a reduction whose reshape rose -- is a view of it too)
@@ -378,11 +487,11 @@ def _plan(targets: list[UOp]) -> Schedule:
             reshaped.setdefault(final.src[0], []).append(node)
     becomes: dict[UOp, UOp] = {}
     for u in order:
-        view = u.target if u.op is Ops.ASSIGN else _buffer_view(buffers[u], u.shape)
+        view = u.target if u.op is Ops.ASSIGN else _buffer_view(buffers[u], u.shape, layouts.get(u))
         for name in originals.get(u, [u]):
             becomes[name] = view
         for name in reshaped.get(u, ()):
-            becomes[name] = _buffer_view(buffers[u], name.shape)
+            becomes[name] = _buffer_view(buffers[u], name.shape) if u not in layouts else _reshape(view, name.shape)
     renamed: dict[UOp, UOp] = {}
     for original, rewritten in zip(targets, sink.src):
         if original in becomes:
@@ -396,7 +505,9 @@ def _plan(targets: list[UOp]) -> Schedule:
     return Schedule(items, becomes, renamed, fresh)
 
 
-def _step(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> tuple[UOp, tuple[UOp, ...]]:
+def _step(
+    u: UOp, realize: set[UOp], buffers: dict[UOp, UOp], layouts: dict[UOp, tuple[int, ...]]
+) -> tuple[UOp, tuple[UOp, ...]]:
     """The kernel (or copy) that computes realized node u, and its BUFFER nodes (the output first)."""
     if u.op is Ops.COPY:
         src = u.source
@@ -407,7 +518,7 @@ def _step(u: UOp, realize: set[UOp], buffers: dict[UOp, UOp]) -> tuple[UOp, tupl
             f"no kernels run on {u.device}, which only holds data; copy the tensor to a compute device with .to() "
             f"before computing {u.op.name} on it"
         )
-    builder = _KernelBuilder(u, realize, buffers)
+    builder = _KernelBuilder(u, realize, buffers, layouts)
     ast = builder.build()
     limit = caps.max_buffers if (caps := opened_caps(u.device)) is not None else 0
     if limit and len(builder.args) + (n_vars := sum(x.op is Ops.DEFINE_VAR for x in ast.toposort)) > limit:
@@ -457,8 +568,11 @@ def _fresh(u: UOp) -> UOp:
     return new_buffer(u.device, _prod(u.shape), u.dtype)
 
 
-def _buffer_view(buf: UOp, shape: tuple[int, ...]) -> UOp:
-    return UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
+def _buffer_view(buf: UOp, shape: tuple[int, ...], layout: tuple[int, ...] | None = None) -> UOp:
+    if layout is None:
+        return UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
+    memory = UOp(Ops.RESHAPE, buf.dtype, (buf,), tuple(shape[d] for d in layout))
+    return UOp(Ops.PERMUTE, buf.dtype, (memory,), tuple(layout.index(d) for d in range(len(shape))))
 
 
 def _prod(shape: tuple[int, ...] | list[int]) -> int:

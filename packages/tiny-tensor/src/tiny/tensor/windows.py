@@ -32,6 +32,7 @@ IntOrSeq = int | Sequence[int]
 # this many multiply-adds
 CHANNELS_LAST_DTYPES = frozenset({dtypes.float32, dtypes.float64})
 CHANNELS_LAST_MIN_WORK = 1 << 20
+DW_GROUP_BYTES = 1 << 18  # a channels-last weight gradient sums over images in groups of about this many bytes read
 
 
 class WindowOps(TensorBase):
@@ -125,16 +126,23 @@ class WindowOps(TensorBase):
                 f"{pads}: output size would be {tuple(out)}"
             )
         given_pads = pads
+        last = groups == 1 and _channels_last(x, weight, out)
         if any(lo > 0 or hi > 0 for lo, hi in pads):
             # zeros written around the input once: the convolution then reads it without a mask per load,
             # in whole vectors (a copy of the input costs far less than a gate on each of k*k reads)
             grown = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
-            x = x.pad([(0, 0), (0, 0), *grown]).contiguous()
+            if last:  # the copy has channels innermost
+                nhwc = x.permute(0, *range(2, nd + 2), 1).pad([(0, 0), *grown, (0, 0)]).contiguous()
+                x = nhwc.permute(0, nd + 1, *range(1, nd + 1))
+            else:
+                x = x.pad([(0, 0), (0, 0), *grown]).contiguous()
             pads = [(lo - g, hi - h) for (lo, hi), (g, h) in zip(pads, grown)]
-        x = _in_memory(x)
+        if last:
+            x = _channels_innermost(x).permute(0, nd + 1, *range(1, nd + 1))
+        else:
+            x = _in_memory(x)
         starts = [[k * d - lo for k in range(ks)] for ks, d, (lo, _) in zip(kernel, dils, pads)]
         win = _windows(x, starts, strides, out)  # (N, C, *out, *kernel)
-        last = groups == 1 and _channels_last(x, weight, out)
         if last:
             # (N, *out, C_out) in memory, output channels innermost: vectors of output channels, each lane's weights
             # read from a copy of the weight with C_out innermost; the result is a permuted view of it
@@ -156,7 +164,10 @@ class WindowOps(TensorBase):
             """The input's gradient is a transposed convolution of g (not the window gradient the primitives give,
             a buffer kernel-size times the input); the weight's comes through the primitives, or, with output
             channels innermost, as a product of the windows with a copy of g that has them innermost too."""
-            gm = _in_memory(tensor(g))  # both gradients read each element of g many times
+            # both gradients read each element of g many times: it is written once (channels innermost where the
+            # weight's gradient reads it so)
+            gl = _channels_innermost(tensor(g)) if last else None
+            gm = _in_memory(tensor(g)) if gl is None else gl.permute(0, nd + 1, *range(1, nd + 1))
             dx = None
             if needed[0]:
                 if all(st == 1 for st in strides):  # a plain convolution of g, zero-padded, with the flipped weight
@@ -169,10 +180,16 @@ class WindowOps(TensorBase):
                     full = _take(full, 2 + j, lo, size)  # full[.., i, ..] is padded position i: the input starts at lo
                 dx = full.uop if batched else full.reshape(x_node.shape).uop
             dw = None
-            if needed[1] and last:  # (C_in, *kernel, C_out), vectors of output channels, then viewed as the weight
-                gt = gm.permute(0, *range(2, 2 + nd), 1).contiguous().reshape(n, *out, 1, *([1] * nd), cout)
-                windows = tensor(win_node).reshape(n, *out, c, *kernel, 1)
-                dw = (windows * gt).sum(axis=tuple(range(nd + 1))).contiguous().permute(nd + 1, *range(nd + 1)).uop
+            if needed[1] and gl is not None:  # (C_in, *kernel, C_out), vectors of output channels, viewed as the weight
+                # in groups of images whose windows and gradient stay in cache while every output tile reads them
+                # (a tile's reduction over all of them would stream both from memory once per tile), then summed
+                per = math.prod(out) * (c + cout) * g.dtype.itemsize
+                group = max((d for d in range(1, n + 1) if n % d == 0 and d * per <= DW_GROUP_BYTES), default=1)
+                gt = gl.reshape(n // group, group, *out, 1, *([1] * nd), cout)
+                windows = tensor(win_node).reshape(n // group, group, *out, c, *kernel, 1)
+                dw = (windows * gt).sum(axis=tuple(range(1, nd + 2)))
+                dw = (dw.sum(0) if group < n else dw.reshape(dw.shape[1:])).contiguous()
+                dw = dw.permute(nd + 1, *range(nd + 1)).uop
             elif needed[1]:
                 dw = compute_gradient(node, gm.uop, [w_node], primitive_root=True)[0]
             return (dx, dw)
@@ -676,6 +693,16 @@ def _in_memory(x: Tensor) -> Tensor:
     """x as a buffer: a convolution reads each input element kernel-size times output-channels times, so an input
     still to be computed (a gradient's elementwise chain, an activation) is written once rather than recomputed."""
     return x if is_realized(x.uop) or x.uop.op is Ops.CONTIGUOUS else x.contiguous()
+
+
+def _channels_innermost(x: Tensor) -> Tensor:
+    """(N, *spatial, C) in memory with the values of x (N, C, *spatial): the memory x already views in that order
+    (a convolution's output, a copy made for one before), or a copy."""
+    u, nd = x.uop, x.ndim - 2
+    if u.op is Ops.PERMUTE and u.arg == (0, nd + 1, *range(1, nd + 1)):
+        if is_realized(u.src[0]) or u.src[0].op is Ops.CONTIGUOUS:
+            return type(x)(u.src[0])
+    return x.permute(0, *range(2, nd + 2), 1).contiguous()
 
 
 def _take(t: Tensor, dim: int, start: int, size: int) -> Tensor:
