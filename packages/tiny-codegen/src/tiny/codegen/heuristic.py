@@ -20,6 +20,8 @@ MASKED_LANES = 64  # ... up to this many values per thread
 TILE_LANES = 64  # register tiles of a matrix product or convolution grow up to this many outputs (8 AVX2 vectors)
 GPU_TILE_LANES = 32  # ... on a GPU, until they hold this many, 4 (or fewer) more per dim (registers per thread)
 GPU_VALUES = 512  # ... and within this many values per thread (offsets of a window included)
+TILE_STRETCH = 96  # ... or up to this many where the whole of a small dim that no smaller amount splits (a window's 5)
+# is what makes the tile (12 of AVX2's 16 vector registers: a weight gradient's 16 output channels x 5 kernel columns)
 ACC_VECTORS = 16  # ... or this many outputs where each accumulates in a vector of its own (along the reduction)
 TILE_VALUES = 1024  # ... and to this many values per thread with the window's offsets (lowering time grows with it)
 UNROLL_LANES = 512  # ... and the innermost reduce dim is unrolled too where values per thread stay within this
@@ -73,7 +75,9 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
         # (opt.merge_windows), only the innermost: the values a thread holds go to a bigger tile instead
         reduce_parts = k.of_kind(Kind.REDUCE)
         small = [p for p in reduce_parts if p.size <= SMALL_DIM] if len(reduce_parts) > 1 else []
-        for p in small if caps.has_local else small[-1:]:
+        # (on a CPU the innermost only where it is the innermost reduction: a window's last dim, not a weight
+        # gradient's two images of a group, whose unrolling halves the unroll of the long row after it)
+        for p in small if caps.has_local else small[-1:] if small and small[-1] is reduce_parts[-1] else []:
             attempt(OptOps.UNROLL, k.axes.index(p), (0,))
         vector_loads = [v for v in loads if out_dim is not None and _stride(v, out_dim) == 1]
         if out_dim is not None:
@@ -95,8 +99,10 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
                 if tile < GPU_TILE_LANES:
                     attempt(OptOps.UPCAST, axis, _within(k, axis, (4, 3, 2), GPU_VALUES // k.lanes()))
                 continue
-            room = min(TILE_LANES // tile, TILE_VALUES // k.lanes(), ACC_VECTORS // tile if in_vectors else TILE_LANES)
-            attempt(OptOps.UPCAST, axis, _within(k, axis, (16, 8, 4, 3, 2), room))
+            values = TILE_VALUES // k.lanes()
+            room = min(TILE_LANES // tile, values, ACC_VECTORS // tile if in_vectors else TILE_LANES)
+            stretch = room if in_vectors else min(TILE_STRETCH // tile, values)
+            attempt(OptOps.UPCAST, axis, _within(k, axis, (16, 8, 4, 3, 2), room, stretch))
         _panel_order(k, out_dim, vector_loads, attempt)
         if last_reduce is not None and k.lanes() * 2 <= UNROLL_LANES:
             attempt(OptOps.UNROLL, _axis(k, last_reduce), (4, 2) if k.lanes() * 4 <= UNROLL_LANES else (2,))
@@ -246,11 +252,15 @@ def _local_opts(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...
                 break
 
 
-def _within(k: Kernel, axis: int | None, amounts: tuple[int, ...], room: int) -> tuple[int, ...]:
-    """The amounts (and the whole of a small dim, as _whole says) that multiply the tile by at most `room`."""
+def _within(
+    k: Kernel, axis: int | None, amounts: tuple[int, ...], room: int, whole_room: int | None = None
+) -> tuple[int, ...]:
+    """The amounts that multiply the tile by at most `room`, then the whole of a small dim (as _whole says) where it
+    does so by at most `whole_room` (room if not given)."""
     if axis is None:
         return ()
-    whole = (0,) if k.axes[axis].size <= min(SMALL_DIM, room) and _whole(k, k.axes[axis].dim) else ()
+    limit = room if whole_room is None else whole_room
+    whole = (0,) if k.axes[axis].size <= min(SMALL_DIM, limit) and _whole(k, k.axes[axis].dim) else ()
     return tuple(a for a in amounts if a <= room) + whole
 
 
