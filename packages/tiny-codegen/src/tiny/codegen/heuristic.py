@@ -77,7 +77,8 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
         small = [p for p in reduce_parts if p.size <= SMALL_DIM] if len(reduce_parts) > 1 else []
         # (on a CPU the innermost only where it is the innermost reduction: a window's last dim, not a weight
         # gradient's two images of a group, whose unrolling halves the unroll of the long row after it)
-        for p in small if caps.has_local else small[-1:] if small and small[-1] is reduce_parts[-1] else []:
+        written = small if caps.has_local else [p for p in small[-1:] if p is reduce_parts[-1]]
+        for p in written:
             attempt(OptOps.UNROLL, k.axes.index(p), (0,))
         vector_loads = [v for v in loads if out_dim is not None and _stride(v, out_dim) == 1]
         if out_dim is not None:

@@ -145,11 +145,12 @@ def _layout_of(ast: UOp, args: list[UOp]) -> tuple[int, ...] | None:
     in the order it reads and later kernels read it alongside that input (a convolution's output kept channels
     innermost stays so through the activations and pools after it). Dims the input broadcasts along stay after the
     dim before them."""
-    loads = [(args[u.src[0].arg].arg[1], u.src[1].arg) for u in ast.toposort if u.op is Ops.LOAD]
-    loads = [(size, sum(st != 0 for st in v.strides), v) for size, v in loads if not v.empty_mask]
-    if not loads:
+    views = [(args[u.src[0].arg].arg[1], u.src[1].arg) for u in ast.toposort if u.op is Ops.LOAD]
+    views = [(size, v) for size, v in views if not v.empty_mask]
+    if not views:
         return None
-    view: View = max(loads, key=lambda load: load[:2])[2]  # the largest buffer, where its view moves the most
+    # the largest buffer, where its view moves the most
+    view = max(views, key=lambda sv: (sv[0], sum(st != 0 for st in sv[1].strides)))[1]
     read = [d for d, (size, st) in enumerate(zip(view.shape, view.strides)) if size > 1 and st != 0]
     order = sorted(read, key=lambda d: -abs(view.strides[d]))
     if order == read:
@@ -162,9 +163,9 @@ def _layout_of(ast: UOp, args: list[UOp]) -> tuple[int, ...] | None:
 
 class _KernelBuilder:
     def __init__(
-        self, root: UOp, realize: set[UOp], buffers: dict[UOp, UOp], layouts: dict[UOp, tuple[int, ...]]
+        self, root: UOp, realize: set[UOp], buffers: dict[UOp, UOp], free: set[UOp], layouts: dict[UOp, tuple[int, ...]]
     ) -> None:
-        self.root, self.realize, self.buffers, self.layouts = root, realize, buffers, layouts
+        self.root, self.realize, self.buffers, self.free, self.layouts = root, realize, buffers, free, layouts
         self.args: list[UOp] = []  # tensor-level buffer nodes, in argument order
 
     def global_arg(self, buf: UOp) -> UOp:
@@ -190,13 +191,9 @@ class _KernelBuilder:
             value = value.source
         out = self.global_arg(self.buffers[self.root])
         ast = self.node(value, ())
-        if self.root in self.layouts:  # the scheduler's own value: stored as its kernel reads
-            layout = _layout_of(ast, self.args) if value is self.root else None
-            if layout is None:
-                del self.layouts[self.root]
-            else:
-                self.layouts[self.root] = layout
-                store_view = _memory_view(self.root.shape, layout)
+        if self.root in self.free and value is self.root and (layout := _layout_of(ast, self.args)) is not None:
+            self.layouts[self.root] = layout  # the scheduler's own value: stored as its kernel reads
+            store_view = _memory_view(self.root.shape, layout)
         return UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, UOp(Ops.VIEW, arg=store_view), ast)),))
 
     def build_assign(self) -> UOp:
@@ -463,12 +460,13 @@ def _plan(targets: list[UOp]) -> Schedule:
         # values no tensor asked for as they are (not targets, not CONTIGUOUS, not what a copy moves as bytes): their
         # kernels choose the layout
         asked = {u.source for u in realize if u.op is Ops.COPY} | set(sink.src) | plain
-        layouts = {u: () for u in realize - asked if u.op not in _ASKED}
+        free = {u for u in realize - asked if u.op not in _ASKED}
+        layouts: dict[UOp, tuple[int, ...]] = {}
         try:
-            steps = tuple(_step(u, realize, buffers, layouts) for u in order)
+            steps = tuple(_step(u, realize, buffers, free, layouts) for u in order)
             break
         except _Unexpressible as e:
-            if e.node in layouts and layouts[e.node]:
+            if e.node in layouts:
                 plain.add(e.node)
             else:
                 forced.add(e.node)
@@ -506,7 +504,7 @@ def _plan(targets: list[UOp]) -> Schedule:
 
 
 def _step(
-    u: UOp, realize: set[UOp], buffers: dict[UOp, UOp], layouts: dict[UOp, tuple[int, ...]]
+    u: UOp, realize: set[UOp], buffers: dict[UOp, UOp], free: set[UOp], layouts: dict[UOp, tuple[int, ...]]
 ) -> tuple[UOp, tuple[UOp, ...]]:
     """The kernel (or copy) that computes realized node u, and its BUFFER nodes (the output first)."""
     if u.op is Ops.COPY:
@@ -518,7 +516,7 @@ def _step(
             f"no kernels run on {u.device}, which only holds data; copy the tensor to a compute device with .to() "
             f"before computing {u.op.name} on it"
         )
-    builder = _KernelBuilder(u, realize, buffers, layouts)
+    builder = _KernelBuilder(u, realize, buffers, free, layouts)
     ast = builder.build()
     limit = caps.max_buffers if (caps := opened_caps(u.device)) is not None else 0
     if limit and len(builder.args) + (n_vars := sum(x.op is Ops.DEFINE_VAR for x in ast.toposort)) > limit:

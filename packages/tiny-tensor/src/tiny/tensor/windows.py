@@ -132,13 +132,12 @@ class WindowOps(TensorBase):
             # in whole vectors (a copy of the input costs far less than a gate on each of k*k reads)
             grown = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
             if last:  # the copy has channels innermost
-                nhwc = x.permute(0, *range(2, nd + 2), 1).pad([(0, 0), *grown, (0, 0)]).contiguous()
-                x = nhwc.permute(0, nd + 1, *range(1, nd + 1))
+                x = _channels_first(x.permute(0, *range(2, nd + 2), 1).pad([(0, 0), *grown, (0, 0)]).contiguous())
             else:
                 x = x.pad([(0, 0), (0, 0), *grown]).contiguous()
             pads = [(lo - g, hi - h) for (lo, hi), (g, h) in zip(pads, grown)]
         if last:
-            x = _channels_innermost(x).permute(0, nd + 1, *range(1, nd + 1))
+            x = _channels_first(_channels_innermost(x))
         else:
             x = _in_memory(x)
         starts = [[k * d - lo for k in range(ks)] for ks, d, (lo, _) in zip(kernel, dils, pads)]
@@ -150,7 +149,8 @@ class WindowOps(TensorBase):
             a = win.permute(0, *sp, 1, *ks).reshape(n, *out, 1, c, *kernel)
             wt = weight.permute(*range(1, nd + 2), 0).contiguous()  # (C_in, *kernel, C_out)
             b = wt.permute(nd + 1, *range(nd + 1)).reshape(1, *([1] * nd), cout, c, *kernel)
-            y = (a * b).sum(axis=tuple(range(nd + 2, 2 * nd + 3))).contiguous().permute(0, nd + 1, *range(1, nd + 1))
+            y = (a * b).sum(axis=tuple(range(nd + 2, 2 * nd + 3))).contiguous()
+            y = _channels_first(y)
             win = a
         else:
             win = win.reshape(n, groups, 1, c // groups, *out, *kernel)
@@ -167,7 +167,7 @@ class WindowOps(TensorBase):
             # both gradients read each element of g many times: it is written once (channels innermost where the
             # weight's gradient reads it so)
             gl = _channels_innermost(tensor(g)) if last else None
-            gm = _in_memory(tensor(g)) if gl is None else gl.permute(0, nd + 1, *range(1, nd + 1))
+            gm = _in_memory(tensor(g)) if gl is None else _channels_first(gl)
             dx = None
             if needed[0]:
                 if all(st == 1 for st in strides):  # a plain convolution of g, zero-padded, with the flipped weight
@@ -699,10 +699,19 @@ def _channels_innermost(x: Tensor) -> Tensor:
     """(N, *spatial, C) in memory with the values of x (N, C, *spatial): the memory x already views in that order
     (a convolution's output, a copy made for one before), or a copy."""
     u, nd = x.uop, x.ndim - 2
-    if u.op is Ops.PERMUTE and u.arg == (0, nd + 1, *range(1, nd + 1)):
-        if is_realized(u.src[0]) or u.src[0].op is Ops.CONTIGUOUS:
-            return type(x)(u.src[0])
+    if u.op is Ops.PERMUTE and u.arg == _first_order(nd) and (is_realized(u.source) or u.source.op is Ops.CONTIGUOUS):
+        return type(x)(u.source)
     return x.permute(0, *range(2, nd + 2), 1).contiguous()
+
+
+def _channels_first(t: Tensor) -> Tensor:
+    """(N, *spatial, C) viewed as (N, C, *spatial)."""
+    return t.permute(_first_order(t.ndim - 2))
+
+
+def _first_order(nd: int) -> tuple[int, ...]:
+    """The permute from (N, *spatial, C) to (N, C, *spatial) with nd spatial dims."""
+    return (0, nd + 1, *range(1, nd + 1))
 
 
 def _take(t: Tensor, dim: int, start: int, size: int) -> Tensor:
