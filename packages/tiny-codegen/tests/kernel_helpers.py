@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,8 @@ import numpy as np
 
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, lower
+from tiny.codegen.narrow import narrow_loops
+from tiny.codegen.opt import Opt
 from tiny.ir.alu import exec_alu
 from tiny.ir.device import Buffer, RendererCaps, buffer_of, new_buffer
 from tiny.ir.dtypes import DType, dtypes, truncate
@@ -57,10 +59,11 @@ def expand(x: UOp, shape: tuple[int, ...]) -> UOp:
 # ---------------------------------------------------------------- kernels
 
 
-def kernel_uops(ast: UOp, caps: RendererCaps = LOOPS) -> tuple[LoweredKernel, list[UOp]]:
-    """Lower, simplify and linearize a kernel AST, as tiny.codegen.render_kernel does, and validate the result."""
-    kernel = lower(ast, caps)
-    uops = linearize(graph_rewrite(kernel.sink, symbolic))
+def kernel_uops(ast: UOp, caps: RendererCaps = LOOPS, opts: Sequence[Opt] = ()) -> tuple[LoweredKernel, list[UOp]]:
+    """Lower (after `opts`), simplify, narrow and linearize a kernel AST, as tiny.codegen.render_kernel does (its
+    vectors aside), and validate the result."""
+    kernel = lower(ast, caps, opts)
+    uops = linearize(narrow_loops(graph_rewrite(kernel.sink, symbolic), caps))
     validate(uops)
     return kernel, uops
 

@@ -341,3 +341,29 @@ def test_to_index_with_loop_variables() -> None:
     idx64 = [UOp.const(dtypes.int64, 0)] * 2
     assert v.to_index(idx64)[0].dtype == dtypes.int64
     assert View.create((3,)).to_index([UOp.const(dtypes.int32, 2)])[1] is None  # no mask: no condition
+
+
+# ---------------------------------------------------------------- bands (a window merged into one view)
+
+
+def test_a_band_masks_a_window_over_padded_rows() -> None:
+    # x (4 rows, 2 cols) with 2 rows of padding above and below, read by 3-row windows: out[r, c, j] = xp[r + j, c],
+    # valid where the row read is a real one: 2 <= r + j < 6
+    x = np.arange(1, 9, dtype=np.float32)
+    v = View((6, 2, 3), (2, 1, 2), -4, None, ((0, 2, 1, 2, 6),))
+    xp = np.pad(x.reshape(4, 2), ((2, 2), (0, 0)))
+    want = np.stack([xp[j : j + 6] for j in range(3)], axis=-1)
+    np.testing.assert_array_equal(read_by_index(v, x), want)
+
+
+def test_a_banded_view_merges_dims_outside_its_bands_and_no_other_movement() -> None:
+    v = View((6, 3, 2, 4), (8, 8, 4, 1), -16, None, ((0, 1, 1, 2, 6),))
+    merged = v.reshape((6, 3, 8))  # the band's dims stay, numbered as before
+    assert merged is not None and merged.bands == v.bands and merged.strides == (8, 8, 1)
+    w = View((2, 6, 3), (4, 8, 8), -16, None, ((1, 2, 1, 2, 6),))
+    assert w.reshape((12, 3)) is None  # (a band's dim merged away)
+    u = View((2, 2, 6, 3), (8, 4, 8, 8), -16, None, ((2, 3, 1, 2, 6),))
+    assert u.reshape((4, 6, 3)).bands == ((1, 2, 1, 2, 6),)  # dims after the merge move down by one
+    for move in (lambda: v.permute((1, 0, 2, 3)), lambda: v.pad(((0, 0),) * 4), lambda: v.flip((0,))):
+        with pytest.raises(ValueError, match="banded view"):
+            move()

@@ -8,8 +8,10 @@ import math
 import numpy as np
 import pytest
 
+from tiny.codegen.cstyle import CRenderer
 from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.opt import Kernel, Kind
+from tiny.codegen.program import render_for
 from tiny.ir.device import RendererCaps
 from tiny.ir.schedule_cache import ScheduleItem
 from tiny.ir.uop import Ops
@@ -107,3 +109,24 @@ def test_a_channels_last_weight_gradient_tiles_output_channels_by_a_window_row()
     k.apply_opts(hand_opts(k))
     assert {p.dim: p.size for p in k.of_kind(Kind.UPCAST)} == {7: 16, 6: 5}
     assert [(p.dim, p.size) for p in k.of_kind(Kind.UNROLL)] == [(3, 4)]
+
+
+@pytest.mark.parametrize(("h", "kernel", "padding"), [(24, 5, 0), (10, 3, 1)])
+def test_a_channels_last_input_gradient_skips_the_rows_of_padding(h: int, kernel: int, padding: int) -> None:
+    """The input gradient is a convolution of the output gradient padded by kernel-1 (less the forward's padding):
+    its padded columns are written into a copy, its rows stay a band of one view (opt.merge_windows), and the loop
+    over the kernel's rows runs only over the rows that are there (tiny.codegen.narrow): no load is gated, none
+    reads a row of zeros."""
+    x = Tensor.empty(8, 32, h, h, device="CPU").realize()
+    w = Tensor.empty(32, 32, kernel, kernel, device="CPU").realize()
+    x.requires_grad = True
+    y = x.conv2d(w, padding=padding)
+    (dx,) = y.gradient(x, gradient=Tensor.empty(*y.shape, device="CPU").realize())
+    item = max((i for i in dx.schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
+    (window,) = [u.src[1].arg for u in Kernel(item.ast, CPU).ast.toposort if u.op is Ops.LOAD and u.src[1].arg.bands]
+    (band,) = window.bands
+    rows = h + 2 * padding - kernel + 1  # the output gradient's, padded by kernel - 1 above and below: row y + ky of
+    assert band[2:] == (1, kernel - 1, rows + kernel - 1)  # it is real where k - 1 <= y + ky < rows + k - 1
+    uops = render_for(item.ast, CRenderer("x86_64;vector_width=8;threads=2;")).uops
+    assert any(u.op is Ops.RANGE and u.end.op is not Ops.CONST for u in uops)
+    assert not any(u.op is Ops.LOAD and u.src[0].gate is not None for u in uops)

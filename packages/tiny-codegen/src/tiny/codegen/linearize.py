@@ -1,9 +1,10 @@
 """Linearizing: a lowered kernel graph -> a list of device ops in execution order.
 
 Loops nest as a tree. Output loops form a chain (in axis order); a REDUCE's loops hang below the
-deepest loop its result depends on. Each node is placed in the deepest loop it depends on, so work that
-does not change inside a loop is done outside it. A REDUCE becomes an accumulator (DEFINE_ACC) before
-its loops and an ASSIGN at the end of its innermost loop (a sum of unrolled lanes is added to it lane by lane);
+deepest loop its result (or a loop's count: tiny.codegen.narrow) depends on. Each node is placed in the deepest
+loop it depends on, so work that does not change inside a loop is done outside it. A REDUCE becomes an
+accumulator (DEFINE_ACC) before its loops and an ASSIGN at the end of its innermost loop (a sum of unrolled lanes
+is added to it lane by lane);
 its users read the ASSIGN after the loops. A sum of WMMAs (tensor cores) accumulates through the WMMA itself:
 the accumulator is its C operand.
 """
@@ -91,8 +92,8 @@ class _Linearizer:
     def _scopes(self, shared: dict[UOp, frozenset[UOp]]) -> dict[UOp, frozenset[UOp]]:
         scope: dict[UOp, frozenset[UOp]] = {}
         for u in self.topo:
-            if u.op is Ops.RANGE:
-                scope[u] = frozenset((u,))
+            if u.op is Ops.RANGE:  # a loop runs inside the loops its count reads
+                scope[u] = scope[u.end] | {u}
                 continue
             inner = frozenset().union(*(scope[s] for s in u.src))
             if u.op is Ops.REDUCE:
@@ -145,7 +146,7 @@ class _Linearizer:
         """The items of block b that must come before this one."""
         if item.op is Ops.RANGE:  # a loop waits for everything its body uses, and for what its reduces add up
             nodes, loops = self.subtree(item)
-            srcs = [s for n in nodes for s in n.src]
+            srcs = [s for n in nodes for s in n.src] + [lp.end for lp in loops]
             for red in self.reduces:
                 if red.ranges[-1] in loops:
                     srcs += self.lane_terms.get(red.value, [red.value])

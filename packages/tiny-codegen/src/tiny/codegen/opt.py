@@ -28,7 +28,7 @@ from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType
 from tiny.ir.tensorcore import TensorCore
 from tiny.ir.uop import Ops, UOp
-from tiny.ir.views import View
+from tiny.ir.views import Band, View
 
 MAX_LANES = 1024  # upcast x unroll: values computed side by side in one thread
 MAX_THREADS = 64
@@ -141,7 +141,9 @@ def merge_windows(ast: UOp) -> UOp:
     slot of the kernel-sized dims: every load but one reads padding at any point of those dims. Where the slots
     cover the kernel dims exactly once and each offset's start moves by a fixed stride per slot, the sum is the
     buffer read through one view that walks those dims with those strides: one load instead of k*k gated ones,
-    and the kernel dims are free to be tiled or looped over like any other."""
+    and the kernel dims are free to be tiled or looped over like any other. Where the input is padded along a dim
+    the window slides over (its rows), the offsets' masks on the output dim differ by the offset: the one view
+    keeps that as a band (the rows read lie inside the input), which tiny.codegen.narrow turns into loop bounds."""
     adds = [u for u in ast.toposort if u.op is Ops.ADD]
     inner = {s for u in adds for s in u.src if s.op is Ops.ADD}
     done: dict[UOp, UOp] = {}
@@ -175,14 +177,17 @@ def _window_load(terms: list[UOp]) -> UOp | None:
     if any(t.src[0] is not buf or v.shape != shape for t, v in zip(terms, views)):
         return None
     masks = [v.mask or tuple((0, s) for s in shape) for v in views]
-    walked, strides = [], list(views[0].strides)
+    walked, strides, banded = [], list(views[0].strides), []
     for d in range(len(shape)):
-        ranges = {m[d] for m in masks}
-        if len(ranges) == 1 and len({v.strides[d] for v in views}) == 1:
+        alike = len({v.strides[d] for v in views}) == 1
+        if alike and len({m[d] for m in masks}) == 1:
             continue  # every term reads this dim alike
-        if any(v.strides[d] != 0 or hi - lo != 1 for v, (lo, hi) in zip(views, (m[d] for m in masks))):
+        if all(v.strides[d] == 0 and hi - lo == 1 for v, (lo, hi) in zip(views, (m[d] for m in masks))):
+            walked.append(d)
+        elif alike:
+            banded.append(d)  # read alike, masked by the slot
+        else:
             return None  # neither alike nor one slot per term
-        walked.append(d)
     slots = [tuple(m[d][0] for d in walked) for m in masks]
     if not walked or len(set(slots)) != len(slots) or len(slots) != math.prod(shape[d] for d in walked):
         return None  # (each slot lies inside its dim: a view's mask does; distinct and as many as slots: all of them)
@@ -192,9 +197,37 @@ def _window_load(terms: list[UOp]) -> UOp | None:
         strides[d] = offset[tuple(int(i == j) for i in range(len(walked)))] - base
     if any(o != base + sum(i * strides[d] for i, d in zip(slot, walked)) for slot, o in offset.items()):
         return None
-    mask = tuple((0, shape[d]) if d in walked else masks[0][d] for d in range(len(shape)))
+    bands = []
+    for e in banded:
+        band = next((b for j, d in enumerate(walked) if (b := _band(e, d, j, strides, shape, slots, masks))), None)
+        if band is None:
+            return None
+        bands.append(band)
+    mask = tuple((0, shape[d]) if d in walked or d in banded else masks[0][d] for d in range(len(shape)))
     view = View.create(shape, strides, base, mask)
+    view = View(view.shape, view.strides, view.offset, view.mask, tuple(bands))
     return UOp(Ops.LOAD, terms[0].dtype, (buf, UOp(Ops.VIEW, arg=view)))
+
+
+def _band(
+    e: int, d: int, j: int, strides: list[int], shape: tuple[int, ...], slots: list[tuple[int, ...]], masks: list
+) -> Band | None:
+    """The band lo <= i_e + k * i_d < hi that each term's mask along output dim e is (cut to the dim), where walked
+    dim d (the j-th walked) moves k rows of e per slot; None where the masks are not that."""
+    if strides[e] <= 0 or strides[d] <= 0 or strides[d] % strides[e]:
+        return None
+    k, size = strides[d] // strides[e], shape[e]
+    shifts = [slot[j] * k for slot in slots]
+    los = {lo + s for (lo, _), s in zip((m[e] for m in masks), shifts) if 0 < lo < size}
+    his = {hi + s for (_, hi), s in zip((m[e] for m in masks), shifts) if 0 < hi < size}
+    if len(los) > 1 or len(his) > 1:
+        return None
+    lo = los.pop() if los else 0
+    hi = his.pop() if his else size + k * (shape[d] - 1)
+    for (mlo, mhi), s in zip((m[e] for m in masks), shifts):
+        if (min(max(lo - s, 0), size), min(max(hi - s, 0), size)) != (mlo, mhi):
+            return None
+    return (e, d, k, lo, hi)
 
 
 @dataclass

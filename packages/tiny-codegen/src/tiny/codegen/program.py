@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, lower
+from tiny.codegen.narrow import narrow_loops
 from tiny.codegen.opt import Kernel, Opt
 from tiny.codegen.vectorize import vectorize
 from tiny.ir.config import DEBUG
@@ -41,6 +42,7 @@ def render_for(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) 
         opts = hand_opts(Kernel(ast, renderer.caps))
     kernel = lower(ast, renderer.caps, opts)  # loops or hardware ids, lanes, index math, REDUCEs
     sink = graph_rewrite(kernel.sink, symbolic)  # simplify index math and fold constants
+    sink = narrow_loops(sink, renderer.caps)  # sums skip the iterations whose every lane reads padding (CPUs)
     sink = graph_rewrite(sink, vectorize, ctx=renderer.caps.vector_width * 4)  # lanes doing one thing: vector ops
     uops = linearize(sink)  # place each op in its loop, in execution order
     validate(uops)  # only device ops, each well formed
@@ -99,7 +101,7 @@ def estimate(uops: list[UOp]) -> tuple[int, int]:
     for u in uops:
         if u.op is Ops.RANGE:
             stack.append(mult)
-            mult *= u.end.arg if u.end.op is Ops.CONST else 1
+            mult *= u.end.arg if u.end.op is Ops.CONST else max(u.end.vmax, 0)  # (a narrowed loop: at most)
         elif u.op is Ops.ENDRANGE:
             mult = stack.pop()
         elif u.op is Ops.SPECIAL:

@@ -20,7 +20,7 @@ from tiny.ir.dtypes import DType, dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
 from tiny.ir.uop import GroupOp, Ops, UOp
 
-__all__ = ["simplify", "symbolic"]
+__all__ = ["linear_form", "simplify", "symbolic"]
 
 _INTS = tuple(d for d in dtypes.all() if d.is_int)
 _INTS_AND_BOOL = (*_INTS, dtypes.bool)
@@ -68,6 +68,13 @@ def _fits(dtype: DType, lo: int, hi: int) -> bool:
 
 
 # ---- linear forms: an int expression as sum(k * base) + const
+
+
+def linear_form(u: UOp) -> tuple[dict[UOp, int], int] | None:
+    """An int expression as ({base: coefficient}, constant), reading through ADD, NEG and MUL by a constant
+    (None past _MAX_TERMS terms)."""
+    lin = _linear(u)
+    return None if lin is None else (dict(lin[0]), lin[1])
 
 
 def _linear(u: UOp) -> Linear | None:

@@ -10,6 +10,9 @@ from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import UOp
 
 Mask = tuple[tuple[int, int], ...]
+# (e, d, k, lo, hi): valid where lo <= i_e + k * i_d < hi. A window merged into one view (tiny.codegen.opt) whose
+# input is padded along dim e: output position i_e and kernel offset i_d read input row i_e + k * i_d
+Band = tuple[int, int, int, int, int]
 
 
 def strides_for_shape(shape: Sequence[int]) -> tuple[int, ...]:
@@ -28,12 +31,14 @@ def prod(xs: Sequence[int]) -> int:
 @dataclass(frozen=True)
 class View:
     """Element (i0, i1, ...) of `shape` lives at offset + sum(i_k * strides_k) of the buffer, and is
-    valid (not padding) where mask_lo_k <= i_k < mask_hi_k for every k. Padding reads as 0."""
+    valid (not padding) where mask_lo_k <= i_k < mask_hi_k for every k, and inside each band. Padding reads as 0.
+    Only the code generator makes banded views, after every movement: the movement ops refuse them."""
 
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     offset: int = 0
     mask: Mask | None = None
+    bands: tuple[Band, ...] = ()
 
     @staticmethod
     def create(
@@ -81,6 +86,8 @@ class View:
         new_shape = tuple(new_shape)
         if new_shape == self.shape:
             return self
+        if self.bands:
+            return self._merge_banded(new_shape)
         if prod(new_shape) != self.size:
             raise ValueError(f"cannot reshape {self.shape} ({self.size} elements) to {new_shape}")
         if self.size == 0 or self.contiguous:
@@ -121,10 +128,12 @@ class View:
         return View.create(new_shape, strides, self.offset, tuple(mask) if self.mask is not None else None)
 
     def permute(self, order: Sequence[int]) -> View:
+        self._unbanded()
         mask = tuple(self.mask[i] for i in order) if self.mask is not None else None
         return View.create([self.shape[i] for i in order], [self.strides[i] for i in order], self.offset, mask)
 
     def expand(self, new_shape: Sequence[int]) -> View:
+        self._unbanded()
         mask = list(self.mask) if self.mask is not None else None
         strides = list(self.strides)
         for i, (s, n) in enumerate(zip(self.shape, new_shape)):
@@ -138,6 +147,7 @@ class View:
         return View.create(new_shape, strides, self.offset, tuple(mask) if mask is not None else None)
 
     def pad(self, padding: Sequence[tuple[int, int]]) -> View:
+        self._unbanded()
         if all(b == 0 and a == 0 for b, a in padding):
             return self
         ranges = self.mask or tuple((0, s) for s in self.shape)
@@ -147,6 +157,7 @@ class View:
         return View.create(shape, self.strides, offset, mask)
 
     def shrink(self, bounds: Sequence[tuple[int, int]]) -> View:
+        self._unbanded()
         offset = self.offset + sum(lo * st for (lo, _), st in zip(bounds, self.strides))
         shape = [hi - lo for lo, hi in bounds]
         mask = None
@@ -158,6 +169,7 @@ class View:
         return View.create(shape, self.strides, offset, mask)
 
     def flip(self, axes: Sequence[int]) -> View:
+        self._unbanded()
         strides, mask = list(self.strides), list(self.mask) if self.mask is not None else None
         offset = self.offset
         for i in axes:
@@ -167,6 +179,25 @@ class View:
             if mask is not None:
                 mask[i] = (s - mask[i][1], s - mask[i][0])
         return View.create(self.shape, strides, offset, tuple(mask) if mask is not None else None)
+
+    def _unbanded(self) -> None:
+        if self.bands:
+            raise ValueError(f"a banded view (a merged window, {self.bands}) is not moved")
+
+    def _merge_banded(self, new_shape: tuple[int, ...]) -> View | None:
+        """A reshape that merges two neighbouring dims, neither of them in a band (None for any other)."""
+        old = self.shape
+        d = next((i for i in range(len(new_shape)) if new_shape[i] != old[i]), len(new_shape))
+        banded = {x for e, dd, *_ in self.bands for x in (e, dd)}
+        if len(new_shape) != len(old) - 1 or d in banded or d + 1 in banded:
+            return None
+        if new_shape != old[:d] + (old[d] * old[d + 1],) + old[d + 2 :]:
+            return None
+        plain = View(self.shape, self.strides, self.offset, self.mask).reshape(new_shape)
+        if plain is None:
+            return None
+        moved = tuple(tuple(x - 1 if x > d else x for x in (e, dd)) + (k, lo, hi) for e, dd, k, lo, hi in self.bands)
+        return View(plain.shape, plain.strides, plain.offset, plain.mask, moved)  # type: ignore[arg-type]
 
     # ---- index math
 
@@ -182,6 +213,12 @@ class View:
         valid: UOp | None = None
         for i, s, (lo, hi) in zip(idxs, self.shape, self.mask or ()):
             conds = ([UOp.const(dtype, lo - 1).lt(i)] if lo > 0 else []) + ([i.lt(hi)] if hi < s else [])
+            for c in conds:
+                valid = c if valid is None else valid & c
+        for e, d, k, lo, hi in self.bands:
+            pos = idxs[e] + idxs[d] * k if k != 1 else idxs[e] + idxs[d]
+            top = self.shape[e] + k * (self.shape[d] - 1)  # (past the highest i_e + k * i_d)
+            conds = ([UOp.const(dtype, lo - 1).lt(pos)] if lo > 0 else []) + ([pos.lt(hi)] if hi < top else [])
             for c in conds:
                 valid = c if valid is None else valid & c
         return idx, valid

@@ -127,17 +127,22 @@ class WindowOps(TensorBase):
             )
         given_pads = pads
         last = groups == 1 and _channels_last(x, weight, out)
-        if any(lo > 0 or hi > 0 for lo, hi in pads):
-            # zeros written around the input once: the convolution then reads it without a mask per load,
-            # in whole vectors (a copy of the input costs far less than a gate on each of k*k reads)
-            grown = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
-            if last:  # the copy has channels innermost
-                x = _channels_first(x.permute(0, *range(2, nd + 2), 1).pad([(0, 0), *grown, (0, 0)]).contiguous())
-            else:
-                x = x.pad([(0, 0), (0, 0), *grown]).contiguous()
-            pads = [(lo - g, hi - h) for (lo, hi), (g, h) in zip(pads, grown)]
+        grown = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
+        pads = [(lo - g, hi - h) for (lo, hi), (g, h) in zip(pads, grown)]
         if last:
-            x = _channels_first(_channels_innermost(x))
+            # channels innermost, zeros written around the input once in every spatial dim but the first: the
+            # convolution reads it without a mask per load, in whole vectors. The first dim's padding stays a mask,
+            # which is the same for the whole loop over a kernel row: that loop skips the rows of zeros
+            # (tiny.codegen.narrow) instead of multiplying them
+            inner = [(0, 0), *grown[1:]]
+            if any(lo or hi for lo, hi in inner):
+                xl = x.permute(0, *range(2, nd + 2), 1).pad([(0, 0), *inner, (0, 0)]).contiguous()
+            else:
+                xl = _channels_innermost(x)
+            x = _channels_first(xl).pad([(0, 0), (0, 0), grown[0], *([(0, 0)] * (nd - 1))])
+        elif any(lo or hi for lo, hi in grown):
+            # zeros written around the input once: a copy of the input costs far less than a gate on each of k*k reads
+            x = x.pad([(0, 0), (0, 0), *grown]).contiguous()
         else:
             x = _in_memory(x)
         starts = [[k * d - lo for k in range(ks)] for ks, d, (lo, _) in zip(kernel, dils, pads)]

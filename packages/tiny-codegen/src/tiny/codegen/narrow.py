@@ -1,0 +1,194 @@
+"""Narrowing a sum's loops to the iterations that can add something other than 0.
+
+A padded window reads padding at the border: a convolution's input gradient is a full convolution of the output
+gradient, and a fifth of its kernel rows (for a 5x5 kernel over 20 rows) read the rows of zeros around it; each
+product adds 0. Where every lane a sum adds is 0 unless its loop counter r lies in [lo, hi), with lo and hi
+depending only on loops outside r's (the gate of a load the lane multiplies by: 3 < ih + kh, ih + kh < 24), r's
+loop counts max(lo, 0) .. min(hi, end) instead of 0 .. end, and the gate clauses that said so are dropped (always
+true there now). Skipping a product of 0 with a weight differs only where the weight is inf or NaN, as in
+PyTorch, whose convolutions never multiply their padding.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tiny.ir.device import RendererCaps
+from tiny.ir.symbolic import linear_form, simplify
+from tiny.ir.uop import Ops, UOp
+
+Bound = UOp | None  # a bound on the counter (lo inclusive, hi exclusive); None: no bound on that side
+Interval = tuple[Bound, Bound] | None  # where a value may be nonzero; None: nowhere (the value is always 0)
+UNBOUNDED: Interval = (None, None)
+
+
+def narrow_loops(sink: UOp, caps: RendererCaps) -> UOp:
+    """Each sum's loop over a counter whose lanes are 0 outside an interval runs over that interval only: on loop
+    devices (a GPU's threads share a loop's count with their workgroup, its barriers and its warp's tensor cores)."""
+    if caps.has_local or not any(u.op is Ops.INDEX and u.gate is not None for u in sink.toposort):
+        return sink
+    for r in [u for u in sink.toposort if u.op is Ops.RANGE]:
+        narrowed = _narrow(sink, r)
+        if narrowed is not None:
+            sink = narrowed
+    return sink
+
+
+def _narrow(sink: UOp, r: UOp) -> UOp | None:
+    """The kernel with loop r narrowed, or None where it cannot be (or nothing is gained)."""
+    sums = [u for u in sink.toposort if u.op is Ops.REDUCE and r in u.ranges]
+    if not sums or any(s.arg is not Ops.ADD for s in sums) or _used_outside(sink, r, sums):
+        return None
+    inner = {x for s in sums for x in s.ranges[s.ranges.index(r) + 1 :]}
+    reduced = {x for u in sink.toposort if u.op is Ops.REDUCE for x in u.ranges}
+    outer = {u for u in sink.toposort if u.op is Ops.RANGE} - reduced | ({x for s in sums for x in s.ranges} - inner)
+    finder = _Finder(r, frozenset(outer - {r}))
+    interval: Interval = None
+    for s in sums:
+        interval = _union(interval, finder.nonzero(s.value))
+    if interval is None:
+        return None  # nothing but zeros: left to the simplifier
+    lo, hi = first = interval
+    end = r.end
+    if lo is not None and lo.vmax <= 0:
+        lo = None
+    if hi is not None and end.op is Ops.CONST and hi.vmin >= end.arg:
+        hi = None
+    if lo is None and hi is None:
+        return None
+    start = UOp.const(r.dtype, 0) if lo is None else simplify(lo.maximum(0))
+    stop = end if hi is None else simplify(-((-hi).maximum(-end)))
+    loop = UOp(Ops.RANGE, r.dtype, (simplify(stop - start),), r.arg)
+    # a clause that gave the bound now holds in every iteration (lo <= start <= counter, counter < stop <= hi)
+    implied = {c: UOp.const(c.dtype, True) for c, b in finder.clauses.items() if _gives(b, first)}
+    return simplify(_replace(substitute_all(sink, implied), r, loop, loop + start))
+
+
+def _gives(clause: tuple[Bound, Bound], bounds: tuple[Bound, Bound]) -> bool:
+    lo, hi = clause
+    return (lo is not None and lo is bounds[0]) or (hi is not None and hi is bounds[1])
+
+
+def _used_outside(sink: UOp, r: UOp, sums: list[UOp]) -> bool:
+    """Whether something other than the values these sums add up reads counter r."""
+    seen: set[UOp] = set(sums)
+    stack = [sink]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u is r:
+            return True
+        stack.extend(u.src)
+    return False
+
+
+def substitute_all(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """root with the nodes of `mapping` replaced (also inside the values of sums)."""
+    return _rebuild(root, lambda u, src: mapping.get(u))
+
+
+def _replace(root: UOp, r: UOp, loop: UOp, value: UOp) -> UOp:
+    """root with counter r read as `value`, and the sums over r summing over `loop` instead."""
+
+    def swap(u: UOp, src: tuple[UOp, ...]) -> UOp | None:
+        if u is r:
+            return value
+        if u.op is Ops.REDUCE and r in u.ranges:
+            return u.replace(src=(src[0],) + tuple(loop if x is r else x for x in u.ranges))
+        return None
+
+    return _rebuild(root, swap)
+
+
+def _rebuild(root: UOp, change) -> UOp:  # noqa: ANN001  (change: (node, new sources) -> replacement or None)
+    done: dict[UOp, UOp] = {}
+    for u in root.toposort:
+        src = tuple(done[s] for s in u.src)
+        new = change(u, src)
+        done[u] = new if new is not None else (u if src == u.src else u.replace(src=src))
+    return done[root]
+
+
+class _Finder:
+    """Where values may be nonzero, as an interval of counter r whose bounds read only the `outer` loops."""
+
+    def __init__(self, r: UOp, outer: frozenset[UOp]) -> None:
+        self.r, self.outer = r, outer
+        self.clauses: dict[UOp, tuple[Bound, Bound]] = {}  # gate clauses that bound r, and the bound each gives
+
+    @functools.cache  # noqa: B019  (one finder per loop, dropped with it)
+    def nonzero(self, v: UOp) -> Interval:
+        """Where v may be other than 0 (a float or int lane of a sum)."""
+        if v.op is Ops.CONST:
+            return None if v.arg == 0 else UNBOUNDED
+        if v.op is Ops.LOAD:
+            alt = v.alternative
+            if alt is None or alt.op is not Ops.CONST or alt.arg != 0:
+                return UNBOUNDED
+            return self.true(v.address.gate)
+        if v.op is Ops.MUL:
+            return _intersect(self.nonzero(v.src[0]), self.nonzero(v.src[1]))
+        if v.op in (Ops.ADD, Ops.VECTORIZE):
+            return functools.reduce(_union, (self.nonzero(s) for s in v.src), None)
+        if v.op in (Ops.NEG, Ops.CAST, Ops.GEP):
+            return self.nonzero(v.src[0])
+        if v.op is Ops.WHERE:
+            cond, a, b = v.src
+            return _union(_intersect(self.true(cond), self.nonzero(a)), self.nonzero(b))
+        return UNBOUNDED
+
+    @functools.cache  # noqa: B019
+    def true(self, c: UOp) -> Interval:
+        """Where the condition c may be true."""
+        if c.op is Ops.CONST:
+            return UNBOUNDED if c.arg else None
+        if c.op is Ops.AND:
+            return _intersect(self.true(c.src[0]), self.true(c.src[1]))
+        if c.op is Ops.OR:
+            return _union(self.true(c.src[0]), self.true(c.src[1]))
+        if c.op is Ops.CMPLT and c.dtype.count == 1:
+            bound = self.clause(c)
+            if bound is not None:
+                self.clauses[c] = bound
+                return bound
+        return UNBOUNDED
+
+    def clause(self, c: UOp) -> tuple[Bound, Bound] | None:
+        """a < b where b - a = k*r + rest (k = 1 or -1, rest reading outer loops only): r >= 1 - rest (k = 1) or
+        r < rest (k = -1)."""
+        a, b = c.src
+        if not (a.dtype.is_int and b.dtype == a.dtype):
+            return None
+        diff = b - a
+        lin = linear_form(diff)
+        if lin is None or lin[0].get(self.r) not in (1, -1):
+            return None
+        k = lin[0][self.r]
+        rest = simplify(diff - self.r * k)
+        if any(u.op in (Ops.LOAD, Ops.REDUCE) or (u.op is Ops.RANGE and u not in self.outer) for u in rest.toposort):
+            return None
+        return (simplify(UOp.const(rest.dtype, 1) - rest), None) if k == 1 else (None, rest)
+
+
+def _union(a: Interval, b: Interval) -> Interval:
+    if a is None or b is None:
+        return b if a is None else a
+    return _join(a[0], b[0], low=True, widen=True), _join(a[1], b[1], low=False, widen=True)
+
+
+def _intersect(a: Interval, b: Interval) -> Interval:
+    if a is None or b is None:
+        return None
+    return _join(a[0], b[0], low=True, widen=False), _join(a[1], b[1], low=False, widen=False)
+
+
+def _join(x: Bound, y: Bound, low: bool, widen: bool) -> Bound:
+    """Two bounds of one side as one: the wider (union) or the narrower (intersection); None is no bound."""
+    if x is None or y is None:
+        return None if widen else (y if x is None else x)
+    if x is y:
+        return x
+    smaller = low == widen  # the union's low bound is the smaller one, the intersection's the larger
+    return simplify(-((-x).maximum(-y))) if smaller else simplify(x.maximum(y))
