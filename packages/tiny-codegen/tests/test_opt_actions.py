@@ -216,3 +216,14 @@ def test_a_window_with_dilation_walks_with_its_step() -> None:
 def test_views_that_are_not_a_window_stay_apart(starts: tuple[int, ...]) -> None:
     _, ast = window_sum(10, starts)
     assert merge_windows(ast) is ast
+
+
+def test_a_reduction_across_its_outputs_reads_whole_lines_per_thread_on_a_cpu() -> None:
+    """Sums over (images, positions) of 32 channels-last channels (a batch norm's): the CPU's plan takes all 32 as 4
+    vectors (each step reads two whole cache lines, no thread reads half of one); a GPU's stays at one vector."""
+    x = tensor(128, 400, 32)
+    ast = ast_of(move(Ops.RESHAPE, reduce(x, (0, 1)), (32,)))
+    cpu = Kernel(ast, CPU).apply_opts(hand_opts(Kernel(ast, CPU)))
+    assert [p.size for p in cpu.of_kind(Kind.UPCAST)] == [32] and not cpu.of_kind(Kind.THREAD)
+    gpu = Kernel(ast, GPU).apply_opts(hand_opts(Kernel(ast, GPU)))
+    assert [p.size for p in gpu.of_kind(Kind.UPCAST)] == [4]

@@ -112,7 +112,10 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
         if red_dim is not None:  # reading along the reduction: accumulate lanes in a vector register
             attempt(OptOps.UNROLL, _axis(k, red_dim), (2 * lanes, lanes, 4, 2))
         elif out_dim is not None:  # reading across the outputs: vectors of outputs
-            attempt(OptOps.UPCAST, _axis(k, out_dim), (lanes, 4, 2))
+            # on a CPU up to 4 vectors, two whole cache lines a step: threads then split lines between them, not
+            # each line (a batch norm's sums over 128 x 20 x 20 of 32 channels-last channels: 0.87 -> 0.27 ms)
+            wide = () if caps.has_local else (4 * lanes, 2 * lanes)
+            attempt(OptOps.UPCAST, _axis(k, out_dim), (*wide, lanes, 4, 2))
         if caps.has_shared:
             _group(k, red_dim, few, reuse, attempt)
     elif out_dim is not None:  # elementwise: vector loads and stores along the contiguous dim
