@@ -112,47 +112,41 @@ def _rebuild(root: UOp, change) -> UOp:  # noqa: ANN001  (change: (node, new sou
 
 
 class _Finder:
-    """Where values may be nonzero, as an interval of counter r whose bounds read only the `outer` loops."""
+    """Where values may be nonzero (conditions true), as an interval of counter r whose bounds read only the `outer`
+    loops."""
 
     def __init__(self, r: UOp, outer: frozenset[UOp]) -> None:
         self.r, self.outer = r, outer
         self.clauses: dict[UOp, tuple[Bound, Bound]] = {}  # gate clauses that bound r, and the bound each gives
+        self.found: dict[UOp, Interval] = {}
 
-    @functools.cache  # noqa: B019  (one finder per loop, dropped with it)
     def nonzero(self, v: UOp) -> Interval:
-        """Where v may be other than 0 (a float or int lane of a sum)."""
-        if v.op is Ops.CONST:
-            return None if v.arg == 0 else UNBOUNDED
-        if v.op is Ops.LOAD:
-            alt = v.alternative
-            if alt is None or alt.op is not Ops.CONST or alt.arg != 0:
-                return UNBOUNDED
-            return self.true(v.address.gate)
-        if v.op is Ops.MUL:
-            return _intersect(self.nonzero(v.src[0]), self.nonzero(v.src[1]))
-        if v.op in (Ops.ADD, Ops.VECTORIZE):
-            return functools.reduce(_union, (self.nonzero(s) for s in v.src), None)
-        if v.op in (Ops.NEG, Ops.CAST, Ops.GEP):
-            return self.nonzero(v.src[0])
-        if v.op is Ops.WHERE:
-            cond, a, b = v.src
-            return _union(_intersect(self.true(cond), self.nonzero(a)), self.nonzero(b))
-        return UNBOUNDED
+        """Where v may be other than 0: a lane of a sum (float or int), or a condition (bool: where it may be true).
+        Sources first, without recursing (a sum of unrolled lanes is a deep chain)."""
+        for u in v.toposort:
+            if u not in self.found:
+                self.found[u] = self._at(u)
+        return self.found[v]
 
-    @functools.cache  # noqa: B019
-    def true(self, c: UOp) -> Interval:
-        """Where the condition c may be true."""
-        if c.op is Ops.CONST:
-            return UNBOUNDED if c.arg else None
-        if c.op is Ops.AND:
-            return _intersect(self.true(c.src[0]), self.true(c.src[1]))
-        if c.op is Ops.OR:
-            return _union(self.true(c.src[0]), self.true(c.src[1]))
-        if c.op is Ops.CMPLT and c.dtype.count == 1:
-            bound = self.clause(c)
-            if bound is not None:
-                self.clauses[c] = bound
-                return bound
+    def _at(self, u: UOp) -> Interval:
+        src = [self.found.get(s, UNBOUNDED) for s in u.src]
+        if u.op is Ops.CONST:
+            return UNBOUNDED if u.arg else None  # (0, 0.0 and False are nowhere nonzero)
+        if u.op is Ops.LOAD:  # a gated load reads 0 where its gate is false
+            alt, gate = u.alternative, u.address.gate
+            zero = alt is not None and alt.op is Ops.CONST and alt.arg == 0
+            return self.found[gate] if zero and gate is not None else UNBOUNDED
+        if u.op in (Ops.MUL, Ops.AND):
+            return _intersect(src[0], src[1])
+        if u.op in (Ops.ADD, Ops.OR, Ops.VECTORIZE):
+            return functools.reduce(_union, src, None)
+        if u.op in (Ops.NEG, Ops.CAST, Ops.GEP):
+            return src[0]
+        if u.op is Ops.WHERE:
+            return _union(_intersect(src[0], src[1]), src[2])
+        if u.op is Ops.CMPLT and u.dtype.count == 1 and (bound := self.clause(u)) is not None:
+            self.clauses[u] = bound
+            return bound
         return UNBOUNDED
 
     def clause(self, c: UOp) -> tuple[Bound, Bound] | None:
