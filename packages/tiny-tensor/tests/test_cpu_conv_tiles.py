@@ -130,3 +130,14 @@ def test_a_channels_last_input_gradient_skips_the_rows_of_padding(h: int, kernel
     uops = render_for(item.ast, CRenderer("x86_64;vector_width=8;threads=2;")).uops
     assert any(u.op is Ops.RANGE and u.end.op is not Ops.CONST for u in uops)
     assert not any(u.op is Ops.LOAD and u.src[0].gate is not None for u in uops)
+
+
+@pytest.mark.parametrize("kw", [dict(stride=2, padding=1), dict(dilation=2, padding=2)], ids=str)
+def test_a_strided_or_dilated_channels_last_convolution_writes_all_its_padding(kw: dict) -> None:
+    """With a stride or dilation along the rows a kernel row's reads are no band a loop bound follows: the padded
+    copy has the rows' zeros too, and the window is one plain view (no band, no gate)."""
+    x = Tensor.empty(8, 32, 16, 16, device="CPU").realize()
+    w = Tensor.empty(32, 32, 3, 3, device="CPU").realize()
+    item = max((i for i in x.conv2d(w, **kw).schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
+    views = [u.src[1].arg for u in Kernel(item.ast, CPU).ast.toposort if u.op is Ops.LOAD]
+    assert len(views) == 2 and not any(v.bands or v.mask for v in views)

@@ -133,13 +133,15 @@ class WindowOps(TensorBase):
             # channels innermost, zeros written around the input once in every spatial dim but the first: the
             # convolution reads it without a mask per load, in whole vectors. The first dim's padding stays a mask,
             # which is the same for the whole loop over a kernel row: that loop skips the rows of zeros
-            # (tiny.codegen.narrow) instead of multiplying them
-            inner = [(0, 0), *grown[1:]]
+            # (tiny.codegen.narrow) instead of multiplying them. (Not with a stride or dilation along it: the rows
+            # a kernel row reads are then no band a loop bound can follow, and the mask would gate every load)
+            first = grown[0] if strides[0] == 1 and dils[0] == 1 else (0, 0)
+            inner = [(lo - f, hi - g) for (lo, hi), (f, g) in zip(grown, [first] + [(0, 0)] * (nd - 1))]
             if any(lo or hi for lo, hi in inner):
                 xl = x.permute(0, *range(2, nd + 2), 1).pad([(0, 0), *inner, (0, 0)]).contiguous()
             else:
                 xl = _channels_innermost(x)
-            x = _channels_first(xl).pad([(0, 0), (0, 0), grown[0], *([(0, 0)] * (nd - 1))])
+            x = _channels_first(xl).pad([(0, 0), (0, 0), first, *([(0, 0)] * (nd - 1))])
         elif any(lo or hi for lo, hi in grown):
             # zeros written around the input once: a copy of the input costs far less than a gate on each of k*k reads
             x = x.pad([(0, 0), (0, 0), *grown]).contiguous()
