@@ -206,6 +206,24 @@ def test_backward_reads_realized_forward_values_instead_of_recomputing(device: s
     assert convs and not convs & {i.ast for i in items}
 
 
+def test_backward_reads_a_value_realized_only_as_a_permuted_copy(device: str) -> None:
+    """A max realized only as a copy through a permute (a channels-last convolution's input, written while batch
+    norm's statistics realize the model up to it) is read back from that copy by the gradient, through the inverse
+    permute: the gradient computes no max of its own, and matches what NumPy says."""
+    xv = np.random.default_rng(0).standard_normal((4, 6, 8)).astype(np.float32)
+    x = Tensor(xv, device=device, requires_grad=True)
+    h = x.max(axis=2)  # (4, 6)
+    h.permute(1, 0).contiguous().realize()  # the only buffer with the max in it
+    (h * h).sum().backward()
+    assert x.grad is not None
+    items = [i for i in x.grad.schedule() if i.ast.op is Ops.SINK]
+    maxes = [u for i in items for u in i.ast.toposort if u.op is Ops.REDUCE_AXIS and u.arg[0] is Ops.MAX]
+    assert not maxes
+    m = xv.max(axis=2, keepdims=True)
+    hit = (xv == m).astype(np.float32)
+    np.testing.assert_allclose(x.grad.numpy(), 2 * m * hit / hit.sum(axis=2, keepdims=True), rtol=1e-6)
+
+
 def test_backward_never_reads_a_value_computed_before_its_inputs_changed(device: str) -> None:
     """A graph over parameters alone is the same node in the next step; what it computed then is stale once the
     optimizer wrote the parameter: the gradient computes it again."""

@@ -305,15 +305,11 @@ def read_copies(sink: UOp, memo: dict[UOp, UOp]) -> UOp:
     for a convolution and summed for a bias is computed once. `memo` gets each rebuilt node."""
     copies: dict[UOp, tuple[UOp, tuple[UOp, ...]]] = {}  # x -> (its CONTIGUOUS, the movement ops between, outer first)
     for c in sink.toposort:
-        if c.op is not Ops.CONTIGUOUS:
-            continue
-        x, chain = c.source, []
-        while x.op in _PEELED:
-            chain.append(x)
-            x = x.source
-        computed = x.op is Ops.REDUCE_AXIS or (x.op in GroupOp.Elementwise and any(map(_reads_memory, x.toposort)))
-        if computed and x not in copies and x not in sink.src:  # (a target is memory of its own: read there)
-            copies[x] = (c, tuple(chain))
+        found = copied_value(c)
+        if (
+            found is not None and found[0] not in copies and found[0] not in sink.src
+        ):  # (a target has memory of its own)
+            copies[found[0]] = (c, found[1])
     if not copies:
         return sink
     readers = {(chain[-1] if chain else c) for c, chain in copies.values()}  # what computes each copy reads x itself
@@ -326,13 +322,7 @@ def read_copies(sink: UOp, memo: dict[UOp, UOp]) -> UOp:
         node = rebuilt(x)
         for m in reversed(chain):
             node = memo.setdefault(m, m.replace(src=(node,)))
-        view = memo.setdefault(c, c.replace(src=(node,)))
-        for m in chain:  # undone, outermost first
-            if m.op is Ops.PERMUTE:
-                view = UOp(Ops.PERMUTE, m.dtype, (view,), tuple(m.arg.index(i) for i in range(len(m.arg))))
-            else:
-                view = _reshape(view, m.source.shape)
-        return view
+        return read_through(memo.setdefault(c, c.replace(src=(node,))), chain)
 
     for u in sink.toposort:
         if u in memo or not u.src:
@@ -342,6 +332,31 @@ def read_copies(sink: UOp, memo: dict[UOp, UOp]) -> UOp:
         if src != u.src:
             memo[u] = u.replace(src=src)
     return rebuilt(sink)
+
+
+def copied_value(c: UOp) -> tuple[UOp, tuple[UOp, ...]] | None:
+    """For a CONTIGUOUS of reshapes and permutes of a computed node x (a reduction, or math that reads memory): x and
+    the movement ops between (outermost first); None for anything else."""
+    if c.op is not Ops.CONTIGUOUS:
+        return None
+    x, chain = c.source, []
+    while x.op in _PEELED:
+        chain.append(x)
+        x = x.source
+    computed = x.op is Ops.REDUCE_AXIS or (x.op in GroupOp.Elementwise and any(map(_reads_memory, x.toposort)))
+    return (x, tuple(chain)) if computed else None
+
+
+def read_through(copy: UOp, chain: tuple[UOp, ...]) -> UOp:
+    """x's values read from `copy` (what a CONTIGUOUS of chain(x) holds, as copied_value found it): the chain's
+    movement ops undone, outermost first."""
+    view = copy
+    for m in chain:
+        if m.op is Ops.PERMUTE:
+            view = UOp(Ops.PERMUTE, m.dtype, (view,), tuple(m.arg.index(i) for i in range(len(m.arg))))
+        else:
+            view = _reshape(view, m.source.shape)
+    return view
 
 
 def _reads_memory(u: UOp) -> bool:

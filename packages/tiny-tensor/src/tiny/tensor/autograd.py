@@ -6,7 +6,7 @@ import contextlib
 import itertools
 from typing import TYPE_CHECKING, NamedTuple
 
-from tiny.ir.schedule import memory_of
+from tiny.ir.schedule import copied_value, memory_of, read_through
 from tiny.ir.uop import Ops, UOp, substitute
 from tiny.tensor.base import TensorBase
 from tiny.tensor.gradient import compute_gradient, substitute_keeping_rules
@@ -161,17 +161,24 @@ def _through_realized(root: UOp, keep: set[UOp], became: dict[UOp, UOp]) -> UOp:
 def _read_computed(sink: UOp, became: dict[UOp, UOp]) -> UOp:
     """sink with each node that a buffer view still holds the value of (realize() computed it, as it was or as
     _through_realized expanded it, and nothing it reads was written since) replaced by that view."""
-    computed_as: dict[UOp, UOp] = {}
+    computed_as: dict[UOp, tuple[UOp, UOp]] = {}  # node -> (what reads its value, the buffer view that holds it)
     for view in _COMPUTED.alive():
         node = view.__dict__[_ORIGIN].node
-        computed_as[node] = computed_as[became.get(node, node)] = view
+        computed_as[node] = computed_as[became.get(node, node)] = (view, view)
+        if (copied := copied_value(node)) is not None:  # a copy of x through a permute: x is read back from it
+            x, chain = copied
+            back = (read_through(view, chain), view)
+            computed_as.setdefault(x, back)
+            computed_as.setdefault(became.get(x, x), back)
     newest: dict[UOp, int] = {}  # each node -> the last write into a buffer it reads (0: none)
     reuse: dict[UOp, UOp] = {}
     for u in sink.toposort:
         last = max(map(newest.__getitem__, u.src), default=0)
         newest[u] = max(last, _written(u)) if u.op is Ops.BUFFER else last
-        if (view := computed_as.get(u)) is not None and newest[u] < view.__dict__[_ORIGIN].when and _unwritten(view):
-            reuse[u] = view
+        if (hit := computed_as.get(u)) is not None:
+            value, view = hit
+            if newest[u] < view.__dict__[_ORIGIN].when and _unwritten(view):
+                reuse[u] = value
     return substitute(sink, reuse)
 
 
