@@ -41,7 +41,8 @@ def _narrow(sink: UOp, r: UOp) -> UOp | None:
         return None
     inner = {x for s in sums for x in s.ranges[s.ranges.index(r) + 1 :]}
     reduced = {x for u in sink.toposort if u.op is Ops.REDUCE for x in u.ranges}
-    outer = {u for u in sink.toposort if u.op is Ops.RANGE} - reduced | ({x for s in sums for x in s.ranges} - inner)
+    # loops outside r's: the output loops, and the loops of these sums that open before r's
+    outer = ({u for u in sink.toposort if u.op is Ops.RANGE} - reduced) | ({x for s in sums for x in s.ranges} - inner)
     finder = _Finder(r, frozenset(outer - {r}))
     interval: Interval = None
     for s in sums:
