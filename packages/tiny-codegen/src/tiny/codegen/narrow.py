@@ -15,7 +15,7 @@ import functools
 
 from tiny.ir.device import RendererCaps
 from tiny.ir.symbolic import linear_form, simplify
-from tiny.ir.uop import Ops, UOp
+from tiny.ir.uop import Ops, UOp, substitute
 
 Bound = UOp | None  # a bound on the counter (lo inclusive, hi exclusive); None: no bound on that side
 Interval = tuple[Bound, Bound] | None  # where a value may be nonzero; None: nowhere (the value is always 0)
@@ -58,11 +58,11 @@ def _narrow(sink: UOp, r: UOp) -> UOp | None:
     if lo is None and hi is None:
         return None
     start = UOp.const(r.dtype, 0) if lo is None else simplify(lo.maximum(0))
-    stop = end if hi is None else simplify(-((-hi).maximum(-end)))
+    stop = end if hi is None else _minimum(hi, end)
     loop = UOp(Ops.RANGE, r.dtype, (simplify(stop - start),), r.arg)
     # a clause that gave the bound now holds in every iteration (lo <= start <= counter, counter < stop <= hi)
     implied = {c: UOp.const(c.dtype, True) for c, b in finder.clauses.items() if _gives(b, first)}
-    return simplify(_replace(substitute_all(sink, implied), r, loop, loop + start))
+    return simplify(_replace(substitute(sink, implied), r, loop, loop + start))
 
 
 def _gives(clause: tuple[Bound, Bound], bounds: tuple[Bound, Bound]) -> bool:
@@ -85,30 +85,17 @@ def _used_outside(sink: UOp, r: UOp, sums: list[UOp]) -> bool:
     return False
 
 
-def substitute_all(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
-    """root with the nodes of `mapping` replaced (also inside the values of sums)."""
-    return _rebuild(root, lambda u, src: mapping.get(u))
-
-
 def _replace(root: UOp, r: UOp, loop: UOp, value: UOp) -> UOp:
-    """root with counter r read as `value`, and the sums over r summing over `loop` instead."""
-
-    def swap(u: UOp, src: tuple[UOp, ...]) -> UOp | None:
-        if u is r:
-            return value
-        if u.op is Ops.REDUCE and r in u.ranges:
-            return u.replace(src=(src[0],) + tuple(loop if x is r else x for x in u.ranges))
-        return None
-
-    return _rebuild(root, swap)
-
-
-def _rebuild(root: UOp, change) -> UOp:  # noqa: ANN001  (change: (node, new sources) -> replacement or None)
-    done: dict[UOp, UOp] = {}
+    """root with counter r read as `value`, and the sums over r summing over `loop` instead (substitute would put
+    `value` among their loops too)."""
+    done: dict[UOp, UOp] = {r: value}
     for u in root.toposort:
+        if u is r:
+            continue
         src = tuple(done[s] for s in u.src)
-        new = change(u, src)
-        done[u] = new if new is not None else (u if src == u.src else u.replace(src=src))
+        if u.op is Ops.REDUCE and r in u.ranges:
+            src = (src[0],) + tuple(loop if x is r else x for x in u.ranges)
+        done[u] = u if src == u.src else u.replace(src=src)
     return done[root]
 
 
@@ -186,4 +173,8 @@ def _join(x: Bound, y: Bound, low: bool, widen: bool) -> Bound:
     if x is y:
         return x
     smaller = low == widen  # the union's low bound is the smaller one, the intersection's the larger
-    return simplify(-((-x).maximum(-y))) if smaller else simplify(x.maximum(y))
+    return _minimum(x, y) if smaller else simplify(x.maximum(y))
+
+
+def _minimum(x: UOp, y: UOp) -> UOp:
+    return simplify(-((-x).maximum(-y)))

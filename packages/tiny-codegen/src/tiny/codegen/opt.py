@@ -28,7 +28,7 @@ from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType
 from tiny.ir.tensorcore import TensorCore
 from tiny.ir.uop import Ops, UOp
-from tiny.ir.views import Band, View
+from tiny.ir.views import Band, Mask, View
 
 MAX_LANES = 1024  # upcast x unroll: values computed side by side in one thread
 MAX_THREADS = 64
@@ -210,7 +210,7 @@ def _window_load(terms: list[UOp]) -> UOp | None:
 
 
 def _band(
-    e: int, d: int, j: int, strides: list[int], shape: tuple[int, ...], slots: list[tuple[int, ...]], masks: list
+    e: int, d: int, j: int, strides: list[int], shape: tuple[int, ...], slots: list[tuple[int, ...]], masks: list[Mask]
 ) -> Band | None:
     """The band lo <= i_e + k * i_d < hi that each term's mask along output dim e is (cut to the dim), where walked
     dim d (the j-th walked) moves k rows of e per slot; None where the masks are not that."""
@@ -218,13 +218,14 @@ def _band(
         return None
     k, size = strides[d] // strides[e], shape[e]
     shifts = [slot[j] * k for slot in slots]
-    los = {lo + s for (lo, _), s in zip((m[e] for m in masks), shifts) if 0 < lo < size}
-    his = {hi + s for (_, hi), s in zip((m[e] for m in masks), shifts) if 0 < hi < size}
+    along = [m[e] for m in masks]
+    los = {lo + s for (lo, _), s in zip(along, shifts) if 0 < lo < size}
+    his = {hi + s for (_, hi), s in zip(along, shifts) if 0 < hi < size}
     if len(los) > 1 or len(his) > 1:
         return None
     lo = los.pop() if los else 0
     hi = his.pop() if his else size + k * (shape[d] - 1)
-    for (mlo, mhi), s in zip((m[e] for m in masks), shifts):
+    for (mlo, mhi), s in zip(along, shifts):
         if (min(max(lo - s, 0), size), min(max(hi - s, 0), size)) != (mlo, mhi):
             return None
     return (e, d, k, lo, hi)

@@ -306,10 +306,10 @@ def read_copies(sink: UOp, memo: dict[UOp, UOp]) -> UOp:
     copies: dict[UOp, tuple[UOp, tuple[UOp, ...]]] = {}  # x -> (its CONTIGUOUS, the movement ops between, outer first)
     for c in sink.toposort:
         found = copied_value(c)
-        if (
-            found is not None and found[0] not in copies and found[0] not in sink.src
-        ):  # (a target has memory of its own)
-            copies[found[0]] = (c, found[1])
+        if found is None or found[0] in copies or found[0] in sink.src:  # (a target has memory of its own)
+            continue
+        x, chain = found
+        copies[x] = (c, chain)
     if not copies:
         return sink
     readers = {(chain[-1] if chain else c) for c, chain in copies.values()}  # what computes each copy reads x itself

@@ -196,8 +196,12 @@ class View:
         plain = View(self.shape, self.strides, self.offset, self.mask).reshape(new_shape)
         if plain is None:
             return None
-        moved = tuple(tuple(x - 1 if x > d else x for x in (e, dd)) + (k, lo, hi) for e, dd, k, lo, hi in self.bands)
-        return View(plain.shape, plain.strides, plain.offset, plain.mask, moved)  # type: ignore[arg-type]
+
+        def after(x: int) -> int:  # a dim's number once d and d + 1 are one
+            return x - 1 if x > d else x
+
+        moved = tuple((after(e), after(dd), k, lo, hi) for e, dd, k, lo, hi in self.bands)
+        return View(plain.shape, plain.strides, plain.offset, plain.mask, moved)
 
     # ---- index math
 
