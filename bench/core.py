@@ -19,6 +19,7 @@ REFERENCES = FRAMEWORKS[1:]
 # the --gpu suite's columns: tiny against PyTorch, and against "peak", the GPU's copy bandwidth measured in the run
 GPU_FRAMEWORKS = ("tiny", "torch", "peak")
 MAX_RUNS = 1000  # timed runs of one side at most, however short they are
+TURN_SECONDS = 0.25  # timed runs of one side in a row, before the next side's turn
 
 Params = dict[str, Any]
 
@@ -142,11 +143,60 @@ class Result:
         return middle / self.units
 
 
-def measure(prepared: Prepared, warmup: int, reps: int, budget: float, min_seconds: float = 0.0) -> Result:
-    """Warm up, then time runs with perf_counter: at least `reps` of them, more while they add up to less than
-    min_seconds (short workloads get many runs, so the minimum escapes a noisy neighbour), none past the budget.
-    When the warmup alone exceeds the budget, its last run is the one measurement."""
-    result = Result("ok", units=prepared.units, note=prepared.note, amounts=prepared.amounts)
+def measure(
+    sides: dict[str, Setup], params: Params, device: str, warmup: int, reps: int, budget: float, min_seconds: float
+) -> dict[str, Result]:
+    """Prepare and warm up each side, then time the sides in turns, so that a machine whose speed drifts over
+    seconds (a neighbour's load on a shared host, a throttled core) slows every side alike and the ratios compare
+    like with like. A turn is one untimed run (to refill the caches and wake the thread pools that the other sides'
+    turns left cold), then timed runs for TURN_SECONDS (at least one); the order reverses every round. Each side
+    takes at least `reps` timed runs, more while they add up to less than min_seconds (short workloads get many
+    runs, so the minimum escapes a noisy neighbour), none once they add up to the budget. When a side's warmup alone
+    exceeds the budget, its last warmup is its one measurement. An exception in one side makes its result an error;
+    the others go on."""
+    results: dict[str, Result] = {}
+    ready: dict[str, Prepared] = {}
+    last, rounds = None, 0  # the side that ran last; rounds begun
+    for name, setup in sides.items():
+        try:
+            prepared = setup(params, device)
+            result = Result("ok", units=prepared.units, note=prepared.note, amounts=prepared.amounts)
+            results[name] = result
+            last = name
+            if _warm_up(prepared, result, warmup, budget):
+                ready[name] = prepared
+        except Unavailable as exc:
+            results[name] = Result("n/a", note=str(exc))
+        except Exception as exc:  # any failure of one side is reported in its cell
+            results[name] = _failed(exc)
+    spent = dict.fromkeys(ready, 0.0)
+    while ready:
+        order, rounds = list(ready.items()), rounds + 1
+        for name, prepared in order if rounds % 2 else order[::-1]:
+            samples, turn = results[name].samples, 0.0
+            try:
+                if last != name:
+                    _timed(prepared.run)
+                last = name
+                while True:
+                    seconds = _timed(prepared.run)
+                    samples.append(seconds)
+                    spent[name] += seconds
+                    turn += seconds
+                    wants_more = len(samples) < max(reps, 1) or (spent[name] < min_seconds and len(samples) < MAX_RUNS)
+                    if spent[name] > budget or not wants_more:
+                        del ready[name]
+                        break
+                    if turn >= TURN_SECONDS:
+                        break
+            except Exception as exc:
+                results[name] = _failed(exc)
+                del ready[name]
+    return results
+
+
+def _warm_up(prepared: Prepared, result: Result, warmup: int, budget: float) -> bool:
+    """Run the warmups into result; False (and the last warmup as the one sample) when they exceed the budget."""
     spent = 0.0
     for _ in range(max(warmup, 1)):
         seconds = _timed(prepared.run)
@@ -154,29 +204,14 @@ def measure(prepared: Prepared, warmup: int, reps: int, budget: float, min_secon
         spent += seconds
         if spent > budget:
             result.samples, result.over_budget = [seconds], True
-            return result
-    spent = 0.0
-    while len(result.samples) < max(reps, 1) or (spent < min_seconds and len(result.samples) < MAX_RUNS):
-        seconds = _timed(prepared.run)
-        result.samples.append(seconds)
-        spent += seconds
-        if spent > budget:
-            break
-    return result
+            return False
+    return True
 
 
-def guarded(
-    setup: Setup, params: Params, device: str, warmup: int, reps: int, budget: float, min_seconds: float
-) -> Result:
-    """Prepare and measure one side; an exception becomes an error result instead of stopping the suite."""
-    try:
-        return measure(setup(params, device), warmup, reps, budget, min_seconds)
-    except Unavailable as exc:
-        return Result("n/a", note=str(exc))
-    except Exception as exc:  # any failure of one side is reported in its cell
-        first = (str(exc).strip().splitlines() or [""])[0]
-        message = f"{type(exc).__name__}: {first[:300]}"
-        return Result("error", error=message, traceback=traceback.format_exc(limit=-10))
+def _failed(exc: Exception) -> Result:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    message = f"{type(exc).__name__}: {first[:300]}"
+    return Result("error", error=message, traceback=traceback.format_exc(limit=-10))
 
 
 def _timed(fn: Callable[[], object]) -> float:

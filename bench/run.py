@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bench import report
-from bench.core import FRAMEWORKS, GPU_FRAMEWORKS, Result, Workload, guarded
+from bench.core import FRAMEWORKS, GPU_FRAMEWORKS, Result, Workload, measure
 from bench.frameworks import installed
 from bench.gpu import gpu_workloads
 from bench.workloads import WORKLOADS, select
@@ -66,19 +66,20 @@ def run_workload(
     """Each framework's side of one workload; a side that fails is an error result, the others still run."""
     params = workload.params(args.quick)
     reps = args.reps or (workload.quick_reps if args.quick else workload.reps)
-    results = {}
+    results: dict[str, Result] = {}
     for fw in frameworks:
         if not installed(fw):
             results[fw] = Result("not installed")
         elif fw not in workload.setups:
             results[fw] = Result("none")
-        else:
-            setup = workload.setups[fw]
-            result = guarded(setup, params, device, workload.warmup, reps, args.budget, args.min_time)
-            results[fw] = result
-            gc.collect()  # drop this side's inputs before the next side makes its own
-            shown = f"{result.best():.6f} s" if result.ok else result.status
-            print(f"  {workload.name:<20} {fw:<9} {shown}", file=sys.stderr, flush=True)
+    sides = {fw: workload.setups[fw] for fw in frameworks if fw not in results}
+    results |= measure(sides, params, device, workload.warmup, reps, args.budget, args.min_time)
+    for fw in sides:
+        result = results[fw]
+        shown = f"{result.best():.6f} s" if result.ok else result.status
+        print(f"  {workload.name:<20} {fw:<9} {shown}", file=sys.stderr, flush=True)
+    gc.collect()  # drop this workload's inputs before the next one makes its own
+    results = {fw: results[fw] for fw in frameworks}
     return results
 
 

@@ -137,3 +137,50 @@ def test_torch_device_is_refused_without_gpu() -> None:
     cmd = [sys.executable, "-m", "bench.run", "--torch-device", "cpu", "--only", "sum"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "--torch-device goes with --gpu" in done.stderr
+
+
+@pytest.fixture
+def bench_core(monkeypatch: pytest.MonkeyPatch):
+    """bench.core imported in this process, with one timed run per turn."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    import bench.core
+
+    monkeypatch.setattr(bench.core, "TURN_SECONDS", 0.0)
+    return bench.core
+
+
+def _logging_side(core, name: str, log: list[str], fail_on: int | None = None):
+    def setup(params: dict, device: str):
+        def run() -> None:
+            log.append(name)
+            if fail_on is not None and log.count(name) == fail_on:
+                raise ValueError(f"{name} broke")
+
+        return core.Prepared(run)
+
+    return setup
+
+
+def test_sides_are_timed_in_turns_each_rewarmed_after_another(bench_core) -> None:
+    log: list[str] = []
+    sides = {n: _logging_side(bench_core, n, log) for n in "ab"}
+    results = bench_core.measure(sides, {}, "CPU", warmup=1, reps=2, budget=60.0, min_seconds=0.0)
+    # warmups; round 1 (a, b), each turn an untimed run after the other side's; round 2 reversed (b, a): b ran last
+    assert "".join(log) == "ab" + "aabb" + "baa"
+    assert [len(results[n].samples) for n in "ab"] == [2, 2] and all(results[n].ok for n in "ab")
+
+
+def test_a_side_that_fails_while_timed_is_an_error_and_the_others_finish(bench_core) -> None:
+    log: list[str] = []
+    sides = {"a": _logging_side(bench_core, "a", log), "b": _logging_side(bench_core, "b", log, fail_on=3)}
+    results = bench_core.measure(sides, {}, "CPU", warmup=1, reps=3, budget=60.0, min_seconds=0.0)
+    assert results["b"].status == "error" and results["b"].error == "ValueError: b broke"
+    assert results["a"].ok and len(results["a"].samples) == 3
+
+
+def test_a_warmup_past_the_budget_is_the_one_measurement(bench_core) -> None:
+    log: list[str] = []
+    results = bench_core.measure(
+        {"a": _logging_side(bench_core, "a", log)}, {}, "CPU", warmup=2, reps=5, budget=-1.0, min_seconds=0.0
+    )
+    assert log == ["a"] and results["a"].over_budget and len(results["a"].samples) == 1
