@@ -3,12 +3,13 @@ the reason. Running optimized kernels against unoptimized ones is tiny-tensor's 
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 
 import numpy as np
 import pytest
-from kernel_helpers import expand, interpret_ast, move, reduce, tensor
-from test_cstyle import compilers
+from kernel_helpers import const, expand, interpret_ast, move, reduce, tensor
+from test_cstyle import build, compilers
 
 from tiny.codegen import Kernel, KernelOptError, Opt, OptOps
 from tiny.codegen.beam import actions
@@ -167,6 +168,26 @@ def test_vector_c_compiles() -> None:
     cc = compilers()[0]
     out = subprocess.run([cc, "-c", "-x", "c", "-", "-o", "/dev/null"], input=src.encode(), capture_output=True)
     assert out.returncode == 0, out.stderr.decode()
+
+
+@pytest.mark.skipif(not compilers(), reason="no C compiler on PATH")
+def test_comparisons_used_as_numbers_are_vector_selects() -> None:
+    """(a == b) + 2 (a < b) as floats, 8 lanes a vector (max pooling's gradient counts a window's maxima so): one
+    vector comparison and select of 1 or 0, not eight scalar comparisons gathered into a vector; same numbers."""
+    a, b = tensor(4, 16), tensor(4, 16)
+    out = a.ne(b).ne(const(True, (4, 16), dtypes.bool)).cast(f32) + a.lt(b).cast(f32) * const(2.0, (4, 16))
+    ast = ast_of(out)
+    r = CRenderer("x86_64;vector_width=8;threads=1;")
+    uops = uops_of(ast, r.caps, [Opt(OptOps.UPCAST, 0, 8)])  # (4 x 16 contiguous: one dim of 64)
+    vec = f32.vec(8)
+    assert any(u.op is Ops.WHERE and u.dtype == vec for u in uops)
+    assert not any(u.op is Ops.CAST for u in uops), "no comparison is cast lane by lane"
+    rng = np.random.default_rng(3)
+    av, bv = (rng.integers(0, 3, (4, 16)).astype(np.float32) for _ in range(2))
+    got = np.zeros((4, 16), np.float32)
+    fn = build(r.render("counts", uops)).counts
+    fn(*(ctypes.c_void_p(x.ctypes.data) for x in (got, av, bv)))
+    np.testing.assert_array_equal(got, (av == bv) + 2.0 * (av < bv))
 
 
 # ---------------------------------------------------------------- windows read as one view (opt.merge_windows)

@@ -413,3 +413,18 @@ def test_a_reduction_longer_than_the_loop_limit_runs_in_two_stages(monkeypatch: 
     assert [item.buffers[0].size for item in s.items] == [40 * 500, 40]
     monkeypatch.setitem(Device._open, "FEW", _Limited())  # no limit: one kernel
     assert len(create_schedule([reduce(UOp(Ops.RESHAPE, f32, (x,), (40, 250000)), (1,))]).items) == 1
+
+
+def test_a_factor_constant_along_the_reduced_axes_leaves_the_sum() -> None:
+    """Batch norm's backward: sum(dy * gamma) feeds the input gradient and sum(dy) is beta's gradient; gamma is the
+    same along the reduced axes, so both are sum(dy) (gamma multiplies the 4 sums, not the 512 elements): one
+    reduction of dy and the elementwise kernel, where each sum had its own pass over dy."""
+    dy, gamma = tensor(8, 4, 16), tensor(1, 4, 1)
+    scaled = reduce(UOp(Ops.MUL, f32, (dy, move(Ops.EXPAND, gamma, (8, 4, 16)))), (0, 2))
+    dx = UOp(Ops.ADD, f32, (dy, UOp(Ops.NEG, f32, (move(Ops.EXPAND, scaled, (8, 4, 16)),))))
+    dbeta = reduce(dy, (0, 2))
+    s = create_schedule([dx, dbeta])
+    check_well_formed(s, [dx, dbeta])
+    assert len(s.items) == 2
+    (summed,) = [item for item in s.items if Ops.REDUCE_AXIS in ops_in(item.ast)]
+    assert len(summed.buffers) == 2 and summed.buffers[1] is buffer_of(dy.source), "the sum reads dy alone"

@@ -397,7 +397,43 @@ def _split_reduce(r: UOp) -> UOp | None:
     return _reshape(UOp(Ops.REDUCE_AXIS, r.dtype, (partial,), (op, (a0,))), r.shape)
 
 
-split_reductions = PatternMatcher([(UPat(Ops.REDUCE_AXIS, name="r"), _split_reduce)], name="split_reductions")
+def _factor_reduce(r: UOp) -> UOp | None:
+    """sum(x * c * ...) -> sum(x * ...) * c where c is the same along every reduced axis (an EXPAND over them, as
+    batch norm's weight in its own gradient): sums that differ only by such factors become one sum (batch norm's
+    backward asks for four where two differ), and the factor is multiplied once per output, not per element."""
+    x, (op, axes) = r.source, r.arg
+    # (float32 and float64 only: a half's sum can overflow where the sum of its scaled values would not)
+    if op is not Ops.ADD or x.op is not Ops.MUL or r.dtype not in (dtypes.float32, dtypes.float64):
+        return None
+    terms, todo = [], [x]
+    while todo:  # the factors of a product of products
+        t = todo.pop()
+        if t.op is Ops.MUL:
+            todo += t.src[::-1]
+        else:
+            terms.append(t)
+    fixed = [t for t in terms if t.op is Ops.EXPAND and all(t.src[0].shape[a] == 1 for a in axes)]
+    rest = [t for t in terms if not any(t is f for f in fixed)]
+    if not fixed or not rest:
+        return None
+    out = UOp(Ops.REDUCE_AXIS, r.dtype, (_product(rest),), r.arg)
+    for f in fixed:
+        small = f.src[0]
+        out = out * (small if small.shape == r.shape else UOp(Ops.EXPAND, small.dtype, (small,), r.shape))
+    return out
+
+
+def _product(terms: list[UOp]) -> UOp:
+    out = terms[0]
+    for t in terms[1:]:
+        out = out * t
+    return out
+
+
+split_reductions = PatternMatcher(
+    [(UPat(Ops.REDUCE_AXIS, name="r"), _factor_reduce), (UPat(Ops.REDUCE_AXIS, name="r"), _split_reduce)],
+    name="split_reductions",
+)
 
 
 # ---------------------------------------------------------------- devices that only hold data (DISK)
