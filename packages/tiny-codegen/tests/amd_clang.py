@@ -42,5 +42,6 @@ def compile_amd(src: str, target: str, language: str) -> None:
             args = [cc, "-x", "ir", "--target=amdgcn-amd-amdhsa", f"-mcpu={target}", "-nogpulib"]
         else:
             args = [cc, "-x", "hip", f"--offload-arch={target}", "-nogpuinc", "-nogpulib", "--cuda-device-only"]
+            args.append("--no-gpu-bundle-output")  # a plain object, as the runtime asks: no clang-offload-bundler
         r = subprocess.run([*args, "-O3", "-c", str(path), "-o", str(Path(tmp, "k.o"))], capture_output=True, text=True)
     assert r.returncode == 0, f"{cc} refused the {language} for {target}:\n{r.stderr}\n--- source ---\n{src}"
