@@ -79,8 +79,7 @@ def run_workload(
         shown = f"{result.best():.6f} s" if result.ok else result.status
         print(f"  {workload.name:<20} {fw:<9} {shown}", file=sys.stderr, flush=True)
     gc.collect()  # drop this workload's inputs before the next one makes its own
-    results = {fw: results[fw] for fw in frameworks}
-    return results
+    return {fw: results[fw] for fw in frameworks}
 
 
 def main(argv: list[str] | None = None) -> int:

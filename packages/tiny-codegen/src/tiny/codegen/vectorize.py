@@ -58,9 +58,9 @@ def _push_down(vec: UOp, ctx: int) -> UOp | None:
         return UOp(first.op, vec.dtype, tuple(_gather(x, [s.src[j] for s in lanes]) for j, x in enumerate(first.src)))
     if first.dtype == dtypes.bool:
         return None  # bools live in vectors as comparison masks, never in memory or accumulators
-    if first.op is Ops.CAST and first.src[0].dtype == dtypes.bool and _fits(first.dtype, n, ctx, False):
+    if first.op is Ops.CAST and first.source.dtype == dtypes.bool and _fits(first.dtype, n, ctx, False):
         # a mask as numbers (a comparison's 0 or 1, as max pooling's gradient counts its maxima): a select of 1 or 0
-        mask = _gather(first.src[0], [s.src[0] for s in lanes])
+        mask = _gather(first.source, [s.source for s in lanes])
         return UOp(Ops.WHERE, vec.dtype, (mask, UOp.const(vec.dtype, 1), UOp.const(vec.dtype, 0)))
     if first.op is Ops.REDUCE and all(s.src[1:] == first.src[1:] for s in lanes) and first.arg in VECTOR_REDUCE:
         return UOp(Ops.REDUCE, vec.dtype, (_gather(first.value, [s.value for s in lanes]), *first.src[1:]), first.arg)

@@ -12,7 +12,9 @@ VIEWs.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from dataclasses import dataclass
 
 from tiny.ir.config import SCHEDULE_CACHE
@@ -405,28 +407,20 @@ def _factor_reduce(r: UOp) -> UOp | None:
     # (float32 and float64 only: a half's sum can overflow where the sum of its scaled values would not)
     if op is not Ops.ADD or x.op is not Ops.MUL or r.dtype not in (dtypes.float32, dtypes.float64):
         return None
-    terms, todo = [], [x]
-    while todo:  # the factors of a product of products
+    fixed, rest, todo = [], [], [x]
+    while todo:  # the factors of a product of products, each constant along the reduced axes or not
         t = todo.pop()
         if t.op is Ops.MUL:
             todo += t.src[::-1]
         else:
-            terms.append(t)
-    fixed = [t for t in terms if t.op is Ops.EXPAND and all(t.src[0].shape[a] == 1 for a in axes)]
-    rest = [t for t in terms if not any(t is f for f in fixed)]
+            constant = t.op is Ops.EXPAND and all(t.source.shape[a] == 1 for a in axes)
+            (fixed if constant else rest).append(t)
     if not fixed or not rest:
         return None
-    out = UOp(Ops.REDUCE_AXIS, r.dtype, (_product(rest),), r.arg)
+    out = UOp(Ops.REDUCE_AXIS, r.dtype, (functools.reduce(operator.mul, rest),), r.arg)
     for f in fixed:
-        small = f.src[0]
+        small = f.source
         out = out * (small if small.shape == r.shape else UOp(Ops.EXPAND, small.dtype, (small,), r.shape))
-    return out
-
-
-def _product(terms: list[UOp]) -> UOp:
-    out = terms[0]
-    for t in terms[1:]:
-        out = out * t
     return out
 
 
