@@ -147,6 +147,26 @@ def test_integer_variables_come_after_the_buffers() -> None:
     np.testing.assert_array_equal(res, [0, 5, 10, 15, 20] + [-1] * 11)
 
 
+def test_constant_offsets_are_added_in_64_bits() -> None:
+    """out[r] = x[(r+1)+1] + x[(r+1)+-1]: the constant terms are added after widening, so clang folds them into the
+    address instead of wrapping a 32-bit sum (-fwrapv) and sign-extending it at every access."""
+    out, x = UOp(Ops.DEFINE_GLOBAL, f32.ptr(6), (), 0), UOp(Ops.DEFINE_GLOBAL, f32.ptr(9), (), 1)
+    six, one, minus = UOp.const(i32, 6), UOp.const(i32, 1), UOp.const(i32, -1)
+    r = UOp.range(six, 0)
+    i = r + one  # a shared index, used with two constants
+    ahead, behind = i + one, i + minus
+    loads = [UOp(Ops.LOAD, f32, (UOp(Ops.INDEX, x.dtype, (x, o)),)) for o in (ahead, behind)]
+    value = loads[0] + loads[1]
+    store_at = UOp(Ops.INDEX, out.dtype, (out, r))
+    uops = [out, x, six, one, minus, r, i, ahead, behind, *(u.address for u in loads), *loads, value]
+    uops += [store_at, UOp(Ops.STORE, src=(store_at, value)), UOp(Ops.ENDRANGE, src=(r,))]
+    src = R.render("shifted", uops)
+    assert "(data1+((long long)" in src and "+-1))" in src
+    res, data = np.zeros(6, np.float32), (np.arange(9, dtype=np.float32) ** 2)
+    build(src).shifted(ctypes.c_void_p(res.ctypes.data), ctypes.c_void_p(data.ctypes.data))
+    np.testing.assert_array_equal(res, data[2:8] + data[0:6])
+
+
 # ---------------------------------------------------------------- constants
 
 CONST_TEXT = [
