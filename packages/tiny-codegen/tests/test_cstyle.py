@@ -167,6 +167,38 @@ def test_constant_offsets_are_added_in_64_bits() -> None:
     np.testing.assert_array_equal(res, data[2:8] + data[0:6])
 
 
+def test_unrolled_accumulators_take_their_terms_in_turns() -> None:
+    """a += x0 + x1; b += x0*x0 + x1*x1; c += a + x0 over 4 steps: a and b are updated one term at a time,
+    alternately (clang keeps a register tile's operands in registers that way); c reads a, so it waits for a."""
+    outs = [UOp(Ops.DEFINE_GLOBAL, f32.ptr(1), (), i) for i in range(3)]
+    x = UOp(Ops.DEFINE_GLOBAL, f32.ptr(8), (), 3)
+    zero_f, zero_i, one, two, four = (UOp.const(f32, 0.0), *(UOp.const(i32, v) for v in (0, 1, 2, 4)))
+    accs = [UOp(Ops.DEFINE_ACC, f32, (zero_f,), i) for i in range(3)]
+    r = UOp.range(four, 0)
+    at = [r * two, r * two + one]
+    index = [UOp(Ops.INDEX, x.dtype, (x, i)) for i in at]
+    x0, x1 = (UOp(Ops.LOAD, f32, (i,)) for i in index)
+    squares = [x0 * x0, x1 * x1]
+    a, b, c = accs[0] + x0 + x1, accs[1] + squares[0] + squares[1], accs[2] + accs[0] + x0
+    assigns = [UOp(Ops.ASSIGN, f32, (acc, v)) for acc, v in zip(accs, (a, b, c))]
+    uops = [*outs, x, zero_f, zero_i, one, two, four, *accs, r, *at, *index, x0, x1, *squares]
+    uops += [a.src[0], a, assigns[0], b.src[0], b, assigns[1], c.src[0], c, assigns[2], UOp(Ops.ENDRANGE, src=(r,))]
+    stores = [UOp(Ops.INDEX, o.dtype, (o, zero_i)) for o in outs]
+    uops += [*stores, *(UOp(Ops.STORE, src=(i, v)) for i, v in zip(stores, assigns))]
+    src = R.render("turns", uops)
+    updates = [line.strip() for line in src.splitlines() if line.strip().startswith("acc") and " = (acc" in line]
+    assert [u.split(" ")[0] for u in updates] == ["acc0", "acc1", "acc0", "acc1", "acc2", "acc2"], updates
+    res, data = [np.zeros(1, np.float32) for _ in range(3)], np.arange(1, 9, dtype=np.float32)
+    build(src).turns(*(ctypes.c_void_p(v.ctypes.data) for v in (*res, data)))
+    want = [0.0, 0.0, 0.0]
+    for step in range(4):
+        x0v, x1v = data[2 * step], data[2 * step + 1]
+        want[0] += x0v + x1v
+        want[1] += x0v * x0v + x1v * x1v
+        want[2] += want[0] + x0v
+    np.testing.assert_allclose([v[0] for v in res], want)
+
+
 # ---------------------------------------------------------------- constants
 
 CONST_TEXT = [

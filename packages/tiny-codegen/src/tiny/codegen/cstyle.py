@@ -64,6 +64,7 @@ class CStyleRenderer(Renderer):
     special_params = False  # hardware indices arrive as arguments after the variables (a CPU thread's number)
     repeats_operands = frozenset({Ops.MAX, Ops.IDIV, Ops.MOD, Ops.CAST})  # their C text names an operand twice
     max_inline_depth = 32  # deeper expressions go through a variable: compilers limit nesting
+    interleave_updates = True  # an unrolled tile's accumulators take their terms in turns (see render's flush)
 
     emulate_bf16 = True  # the language has no bfloat16 arithmetic: store 16 bits, compute in float
     bf16_prelude = (
@@ -270,8 +271,31 @@ class CStyleRenderer(Renderer):
             counters[prefix] = counters.get(prefix, -1) + 1
             return f"{prefix}{counters[prefix]}"
 
+        inlined: set[UOp] = set()  # ALU results written into their one user's text
+        held: list[tuple[UOp, list[str]]] = []  # accumulator updates held back to be interleaved
+
         def line(text: str) -> None:
+            if held:
+                flush()
             body.append("  " * depth + text)
+
+        def steps(acc: UOp, value: UOp) -> list[str] | None:
+            """value = ((acc op t0) op t1) ... with every op inlined: 'acc op t' for each term, in order."""
+            ops: list[tuple[UOp, UOp]] = []
+            while value is not acc:
+                if value not in inlined or value.op not in (Ops.ADD, Ops.MUL) or (ops and value.op is not ops[0][0].op):
+                    return None
+                ops.append((value, value.src[1]))
+                value = value.src[0]
+            return [self.rounded(v, self.alu(v, [names[acc], names[term]])) for v, term in reversed(ops)] or None
+
+        def flush() -> None:
+            """The held accumulators' updates one term at a time across all of them, not one chain after another:
+            same arithmetic, but clang then keeps an unrolled register tile's operands in registers."""
+            updates = [(names[acc], terms) for acc, terms in held]
+            held.clear()
+            for t in range(max(len(terms) for _, terms in updates)):
+                body.extend("  " * depth + f"{name} = {terms[t]};" for name, terms in updates if t < len(terms))
 
         for u in uops:
             src = [names.get(s, "") for s in u.src]
@@ -328,7 +352,14 @@ class CStyleRenderer(Renderer):
                 line(f"{self.type_name(u.dtype)} {names[u]} = {src[0]};")
             elif op is Ops.ASSIGN:
                 names[u] = src[0]
-                line(f"{src[0]} = {src[1]};")
+                acc, value = u.src
+                terms = steps(acc, value) if self.interleave_updates else None
+                if terms is None:
+                    line(f"{src[0]} = {src[1]};")
+                else:
+                    if any(acc is a or any(names[a] in t for t in terms) for a, _ in held):
+                        flush()  # an update that reads a held accumulator waits for it
+                    held.append((acc, terms))
             elif op is Ops.BARRIER:
                 line(self.barrier())
             elif op in (Ops.CAST, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP, Ops.WMMA) or op in GroupOp.ALU:
@@ -349,12 +380,15 @@ class CStyleRenderer(Renderer):
                 nest[u] = 1 + max((nest.get(s, 0) for s in u.src), default=0)
                 if uses.get(u, 0) == 1 and nest[u] < self.max_inline_depth:
                     names[u] = expr  # used once: inline it
+                    inlined.add(u)
                 else:
                     nest[u] = 0
                     names[u] = fresh("alu")
                     line(f"{self.type_name(u.dtype)} {names[u]} = {expr};")
             else:
                 raise NotImplementedError(f"{type(self).__name__} cannot render {op}")
+        if held:
+            flush()
         ordered = [p for _, p in sorted(params)] + var_params
         kernel = self.render_kernel(name, ordered, body)
         vectors = sorted({u.dtype for u in uops if u.dtype.count > 1 and not isinstance(u.dtype, PtrDType)}, key=repr)
