@@ -273,6 +273,7 @@ class CStyleRenderer(Renderer):
 
         inlined: set[UOp] = set()  # ALU results written into their one user's text
         held: list[tuple[UOp, list[str]]] = []  # accumulator updates held back to be interleaved
+        held_depth = 0  # the nesting they were written at
 
         def line(text: str) -> None:
             if held:
@@ -295,7 +296,7 @@ class CStyleRenderer(Renderer):
             updates = [(names[acc], terms) for acc, terms in held]
             held.clear()
             for t in range(max(len(terms) for _, terms in updates)):
-                body.extend("  " * depth + f"{name} = {terms[t]};" for name, terms in updates if t < len(terms))
+                body.extend("  " * held_depth + f"{name} = {terms[t]};" for name, terms in updates if t < len(terms))
 
         for u in uops:
             src = [names.get(s, "") for s in u.src]
@@ -360,6 +361,7 @@ class CStyleRenderer(Renderer):
                     if any(acc is a or any(names[a] in t for t in terms) for a, _ in held):
                         flush()  # an update that reads a held accumulator waits for it
                     held.append((acc, terms))
+                    held_depth = depth
             elif op is Ops.BARRIER:
                 line(self.barrier())
             elif op in (Ops.CAST, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP, Ops.WMMA) or op in GroupOp.ALU:
