@@ -34,3 +34,21 @@ def test_beam_finds_a_correct_faster_matmul_and_caches_it(fresh_cache, capsys) -
     np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
     assert beam_search(item.ast, dev, width=2, budget_s=0) == opts, "the second search is the cached answer"
     assert capsys.readouterr().err == "", "and runs nothing"
+
+
+def test_a_winner_cached_by_another_code_generator_is_searched_again(fresh_cache, monkeypatch, capsys) -> None:  # noqa: ANN001
+    """A cached action list is the winner only for the code generator that timed it: the digest of the codegen
+    package's source is part of the key."""
+    from tiny.codegen import beam
+
+    ta = Tensor(np.ones((32, 24), np.float32), device="CPU").realize()
+    tb = Tensor(np.ones((24, 16), np.float32), device="CPU").realize()
+    (item,) = (ta @ tb).schedule()
+    dev = Device["CPU"]
+    monkeypatch.setattr(beam, "_codegen_digest", lambda: "an older tiny.codegen")
+    beam_search(item.ast, dev, width=2, budget_s=5)
+    capsys.readouterr()
+    assert beam_search(item.ast, dev, width=2, budget_s=5) is not None and capsys.readouterr().err == ""
+    monkeypatch.undo()
+    beam_search(item.ast, dev, width=2, budget_s=5)
+    assert "BEAM r_32_16_24" in capsys.readouterr().err, "searched again, not taken from the older cache"

@@ -3,14 +3,16 @@
 Each round extends every kernel in the beam by one more legal action, compiles the new candidates in
 parallel (one compiler process per core), times each on fresh buffers, and keeps the `width` fastest. The
 search stops when a round finds nothing faster or the time budget is spent; the winner is cached on disk
-per (kernel, device, renderer target), so a kernel is searched once per machine.
+per (kernel, device, renderer target, code generator), so a kernel is searched once per machine and version.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
+import pathlib
 import pickle
 import sys
 import time
@@ -65,13 +67,17 @@ def actions(k: Kernel) -> list[Opt]:
     return out
 
 
-# the actions' meaning changes with how Kernel numbers a kernel's dims (2: neighbouring dims merged on CPUs; 3: windows
-# read as one view first, which lets more dims merge): a cached list from before would address other dims
-PLAN_VERSION = 3
+@functools.cache
+def _codegen_digest() -> str:
+    """A digest of this package's source. A cached winner is only the winner for the code generator that timed it:
+    the actions' meaning changes with how Kernel numbers a kernel's dims, and the speed of each candidate with how
+    the renderers write it."""
+    here = pathlib.Path(__file__).parent
+    return hashlib.sha256(b"".join(f.read_bytes() for f in sorted(here.glob("*.py")))).hexdigest()
 
 
 def _search_key(ast: UOp, device: Compiled, width: int) -> str:
-    meta = f"\0{device.name}\0{device.renderer_name}\0{device.renderer.target}\0{width}\0{PLAN_VERSION}"
+    meta = f"\0{device.name}\0{device.renderer_name}\0{device.renderer.target}\0{width}\0{_codegen_digest()}"
     blob = pickle.dumps(ast) + meta.encode()
     return hashlib.sha256(blob).hexdigest()
 
