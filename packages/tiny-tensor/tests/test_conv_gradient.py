@@ -182,3 +182,22 @@ def test_a_channels_last_network_matches_torch(device: str, group_bytes: int, mo
     np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), atol=1e-4, rtol=1e-4)
     for mine, theirs in zip([*tw, tl, bn.weight, bn.bias], [*rw, rl, tbn.weight, tbn.bias]):
         np.testing.assert_allclose(mine.grad.numpy(), theirs.grad.numpy(), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_dropped_convolution_leaves_no_gradient_rule_behind(transposed: bool) -> None:
+    """The convolution's own derivative is kept per output node, weakly; the rule is given its node rather than
+    holding it, else every convolution a loop built would stay alive with its whole graph."""
+    import gc
+
+    from tiny.tensor.gradient import COMPOSITE
+
+    w = Tensor(_rand(3, 3, 3, 3), requires_grad=True)
+    gc.collect()
+    before = len(COMPOSITE)
+    for i in range(20):
+        x = Tensor(_rand(1, 3, 8, 8, seed=i), requires_grad=True)
+        y = x.conv_transpose2d(w) if transposed else x.conv2d(w)
+        del x, y
+    gc.collect()
+    assert len(COMPOSITE) == before

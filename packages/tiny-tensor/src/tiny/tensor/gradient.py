@@ -176,14 +176,17 @@ NO_GRADIENT = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL
 
 
 # a composite op's own derivative (a convolution's input gradient is a transposed convolution, not the window
-# gradient its primitives would give): node -> (its inputs, rule from the node's gradient to one per input)
-CompositeRule = Callable[[UOp, tuple[bool, ...]], Grads]
+# gradient its primitives would give): node -> (its inputs, rule from the node, its inputs and its gradient to one
+# gradient per input). The rule is given the node rather than keeping it: a rule that held its own node would keep
+# the weakly held key alive, and with it every graph a training loop ever built
+CompositeRule = Callable[[UOp, tuple[UOp, ...], UOp, tuple[bool, ...]], Grads]
 COMPOSITE: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], CompositeRule]] = weakref.WeakKeyDictionary()
 
 
 def set_composite_rule(node: UOp, inputs: tuple[UOp, ...], rule: CompositeRule) -> None:
-    """Give `node`, built from `inputs` by primitives, a derivative of its own: rule(grad of node, which inputs
-    need one) gives one gradient per input (None where none is needed). Gradients skip the primitives between."""
+    """Give `node`, built from `inputs` by primitives, a derivative of its own: rule(node, inputs, grad of node, which
+    inputs need one) gives one gradient per input (None where none is needed). Gradients skip the primitives
+    between."""
     COMPOSITE[node] = (inputs, rule)
 
 
@@ -220,7 +223,7 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp], primitive_ro
         composite = None if (primitive_root and node is root) else COMPOSITE.get(node)
         if composite is not None:
             srcs = composite[0]
-            grads_of = composite[1](g, tuple(s in on_path for s in srcs))
+            grads_of = composite[1](node, srcs, g, tuple(s in on_path for s in srcs))
         elif node.op in RULES:
             srcs, grads_of = node.src, RULES[node.op](node, g)
         else:

@@ -164,15 +164,15 @@ class WindowOps(TensorBase):
             w = weight.reshape(1, groups, cout // groups, cin_g, *([1] * nd), *kernel)
             y = (win * w).sum(axis=(3, *range(4 + nd, 4 + 2 * nd)), keepdim=True).reshape(n, cout, *out)
 
-        node, x_node, w_node, tensor = y.uop, self.uop, weight.uop, type(self)  # (tensors' uops change on realize)
-        win_node = win.uop
+        tensor, win_node = type(self), win.uop
 
-        def conv_grads(g: UOp, needed: tuple[bool, ...]) -> Grads:
+        def conv_grads(node: UOp, inputs: tuple[UOp, ...], g: UOp, needed: tuple[bool, ...]) -> Grads:
             """The input's gradient is a transposed convolution of g (not the window gradient the primitives give,
             a buffer kernel-size times the input); the weight's comes through the primitives, or, with output
             channels innermost, as a product of the windows with a copy of g that has them innermost too."""
             # both gradients read each element of g many times: it is written once (channels innermost where the
             # weight's gradient reads it so)
+            x_node, w_node = inputs
             gl = _channels_innermost(tensor(g)) if last else None
             gm = _in_memory(tensor(g)) if gl is None else _channels_first(gl)
             dx = None
@@ -201,7 +201,7 @@ class WindowOps(TensorBase):
                 dw = compute_gradient(node, gm.uop, [w_node], primitive_root=True)[0]
             return (dx, dw)
 
-        set_composite_rule(node, (x_node, w_node), conv_grads)
+        set_composite_rule(y.uop, (self.uop, weight.uop), conv_grads)  # (tensors' uops change on realize)
         if bias is not None:
             y = y + bias.reshape(1, cout, *([1] * nd))
         return y if batched else y.reshape(y.shape[1:])
@@ -308,10 +308,11 @@ class WindowOps(TensorBase):
         if list(y.shape[2:]) != out:  # the last row of phases runs past the output (a shrink: one more kernel)
             y = y.shrink([None, None, *((0, o) for o in out)])
 
-        node, x_node, w_node, tensor = y.uop, self.uop, weight.uop, type(self)  # (tensors' uops change on realize)
+        tensor = type(self)
 
-        def conv_transpose_grads(g: UOp, needed: tuple[bool, ...]) -> Grads:
+        def conv_transpose_grads(node: UOp, inputs: tuple[UOp, ...], g: UOp, needed: tuple[bool, ...]) -> Grads:
             """The input's gradient is a convolution of g with the same weight; the weight's, the primitives'."""
+            x_node, w_node = inputs
             gm = _in_memory(tensor(g))  # both gradients read each element of g many times
             dx = None
             if needed[0]:
@@ -320,7 +321,7 @@ class WindowOps(TensorBase):
             dw = compute_gradient(node, gm.uop, [w_node], primitive_root=True)[0] if needed[1] else None
             return (dx, dw)
 
-        set_composite_rule(node, (x_node, w_node), conv_transpose_grads)
+        set_composite_rule(y.uop, (self.uop, weight.uop), conv_transpose_grads)  # (uops change on realize)
         if bias is not None:
             y = y + bias.reshape(1, cout, *([1] * nd))
         return y if batched else y.reshape(y.shape[1:])
