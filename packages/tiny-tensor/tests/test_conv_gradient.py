@@ -189,15 +189,18 @@ def test_a_dropped_convolution_leaves_no_gradient_rule_behind(transposed: bool) 
     """The convolution's own derivative is kept per output node, weakly; the rule is given its node rather than
     holding it, else every convolution a loop built would stay alive with its whole graph."""
     import gc
+    import weakref
 
     from tiny.tensor.gradient import COMPOSITE
 
     w = Tensor(_rand(3, 3, 3, 3), requires_grad=True)
-    gc.collect()
-    before = len(COMPOSITE)
+    nodes = []
     for i in range(20):
         x = Tensor(_rand(1, 3, 8, 8, seed=i), requires_grad=True)
         y = x.conv_transpose2d(w) if transposed else x.conv2d(w)
+        (node,) = [n for n in COMPOSITE.keys() if n in y.uop.toposort]  # the rule is there while y lives
+        nodes.append(weakref.ref(node))
+        del node
         del x, y
     gc.collect()
-    assert len(COMPOSITE) == before
+    assert all(ref() is None for ref in nodes), "a dropped convolution's node (and rule) is freed"
