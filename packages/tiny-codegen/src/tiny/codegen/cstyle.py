@@ -557,7 +557,7 @@ class CRenderer(CStyleRenderer):
         """A constant term of the offset is added in 64 bits, which clang folds into the load's or store's address.
         Under -fwrapv an int sum must wrap at 32 bits before it is widened, which costs two instructions an access:
         a third of the inner loop of a convolution's register tile."""
-        if offset.op is Ops.ADD and offset.dtype.count == 1:
+        if offset.op is Ops.ADD and offset.dtype.count == 1 and offset.dtype.itemsize < 8:
             rest, last = offset.src
             if last.op is Ops.CONST:
                 return f"({pointer}+((long long){names[rest]}+{names[last]}))"
