@@ -176,3 +176,9 @@ def check(
     assert out.device == device, f"result on {out.device}, expected {device}"
     want = out_dtype if out_dtype is not None else (dts[0] if dts else dtypes.float32)
     return assert_matches(out, ref, want, rtol, atol, what=f"on {device}")
+
+
+def poison(buffer: Any) -> None:
+    """Fill a (allocated) buffer with 0xA5 bytes, a value no kernel under test computes: run before a kernel whose
+    output is compared, so that a cell it leaves unwritten shows instead of keeping an earlier run's value."""
+    buffer.copyin(memoryview(bytes([0xA5]) * buffer.nbytes))

@@ -4,14 +4,18 @@ suite reports; tests never assert times.)"""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from tiny.codegen import Kernel
 from tiny.codegen.beam import beam_search
+from tiny.codegen.heuristic import hand_opts
 from tiny.ir.config import Context
 from tiny.ir.device import Device
 from tiny.tensor import Tensor
+from tiny.tensor.realize import capture
 
 
 @pytest.fixture
@@ -52,3 +56,40 @@ def test_a_winner_cached_by_another_code_generator_is_searched_again(fresh_cache
     monkeypatch.undo()
     beam_search(item.ast, dev, width=2, budget_s=5)
     assert "BEAM r_32_16_24" in capsys.readouterr().err, "searched again, not taken from the older cache"
+
+
+def test_the_flags_in_force_choose_the_program_of_a_kernel_built_before(fresh_cache, capsys) -> None:  # noqa: ANN001
+    """NOOPT=1 runs a kernel as it was lowered, and BEAM searches it, also where the same kernel was built (under
+    other flags) earlier in the process: programs are kept per NOOPT and BEAM."""
+    rng = np.random.default_rng(1)  # (a kernel of its own: the first test built its program under BEAM=2)
+    a, b = rng.standard_normal((56, 48)).astype(np.float32), rng.standard_normal((48, 40)).astype(np.float32)
+    ta, tb = Tensor(a, device="CPU").realize(), Tensor(b, device="CPU").realize()
+
+    def source() -> str:
+        with capture() as launches:
+            out = (ta @ tb).realize()
+        np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+        (kernel,) = [launch.program for launch in launches if launch.program is not None]
+        return kernel.src
+
+    tiled = source()
+    assert re.search(r"\bacc1\b", tiled), "the heuristics tile a matmul"
+    with Context(NOOPT=1):
+        assert not re.search(r"\bacc1\b", source()), "one accumulator: the loops as lowered"
+    capsys.readouterr()
+    with Context(BEAM=2, BEAM_BUDGET=20):
+        source()
+    assert "BEAM r_56_40_48" in capsys.readouterr().err
+    assert source() == tiled, "and the heuristics' program again once the flags are back"
+
+
+def test_a_spent_budget_ends_the_search_with_the_rules_choice_or_none(fresh_cache, capsys) -> None:  # noqa: ANN001
+    """With no time left after the two seeds (the heuristics' actions and none) are timed, no round runs: the
+    answer is the faster seed."""
+    ta = Tensor(np.ones((40, 24), np.float32), device="CPU").realize()
+    tb = Tensor(np.ones((24, 16), np.float32), device="CPU").realize()
+    (item,) = (ta @ tb).schedule()
+    dev = Device["CPU"]
+    opts = beam_search(item.ast, dev, width=2, budget_s=0)
+    assert "round" not in capsys.readouterr().err
+    assert opts in (hand_opts(Kernel(item.ast, dev.renderer.caps)), [])

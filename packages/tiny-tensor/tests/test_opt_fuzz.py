@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from tensor_helpers import poison
 
 from tiny.codegen import Kernel, KernelOptError, Opt, get_program
 from tiny.codegen.beam import actions
@@ -66,6 +67,8 @@ def _run(item, device, opts):  # noqa: ANN001, ANN202
     dev = Device[device]
     prog = get_program(item.ast, dev, opts)
     runner = dev.load(prog)
+    for i in prog.outs:  # a poisoned output: a cell the kernel leaves unwritten cannot keep the last run's value
+        poison(item.buffers[i])
     runner(
         *[b.ensure_allocated().opaque for b in item.buffers], global_size=prog.global_size, local_size=prog.local_size
     )

@@ -122,7 +122,7 @@ def beam_search(ast: UOp, device: Compiled, width: int, budget_s: float | None =
         return []
     start = time.perf_counter()
     timer = _Timer(ast, device)
-    workers = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)  # compilers are processes: all cores work
+    workers = ThreadPoolExecutor(max_workers=_cores())  # compilers are processes: all cores work
     try:
         seeds = [tuple(hand_opts(base)), ()]  # the rules' choice first: it sets the bar the others must reach
         beam = sorted(_measure(ast, device, timer, workers, seeds), key=lambda c: c.seconds)[:width]
@@ -146,11 +146,18 @@ def beam_search(ast: UOp, device: Compiled, width: int, budget_s: float | None =
                 break  # this round found nothing faster
             best = beam[0]
     finally:
-        workers.shutdown()
+        workers.shutdown(cancel_futures=True)
         timer.close()
     print(file=sys.stderr)
     cache_put("beam", key, best.opts)
     return list(best.opts)
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, where the OS says), else the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def _legal(base: Kernel, opts: tuple[Opt, ...]) -> bool:
@@ -179,6 +186,9 @@ def _measure(
     jobs = [(opts, r, workers.submit(device.compile, r.src)) for opts, r in rendered.values()]
     out: list[Candidate] = []
     for opts, r, job in jobs:
+        if time.perf_counter() > deadline:
+            job.cancel()  # the budget is spent: what has not started compiling does not
+            continue
         try:
             binary = job.result()
         except CompileError:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tiny.codegen import get_program
-from tiny.ir.config import DEBUG
+from tiny.ir.config import BEAM, DEBUG, NOOPT
 from tiny.ir.device import Buffer, CompiledProgram, Device, Program
 from tiny.ir.schedule import ScheduleItem
 from tiny.ir.uop import Ops, UOp
@@ -64,25 +64,39 @@ def capture() -> Iterator[list[Launch]]:
         _captures.pop()
 
 
-_programs: dict[tuple[UOp, str], tuple[CompiledProgram, Program]] = {}
+Programs = dict[tuple[UOp, str], tuple[CompiledProgram, Program]]
+_programs_by_opts: dict[tuple[int, int], Programs] = {}  # (NOOPT, BEAM) -> the programs built under those flags
 _opaque = operator.attrgetter("opaque")  # a buffer's memory, allocated when first asked for
 _COPY = Ops.COPY  # (an Enum member as a global: see tiny.ir.schedule._BUFFER)
 
 
+def programs() -> Programs:
+    """The programs built in this process under the optimization flags in force now, by kernel AST and device: a
+    kernel run under another NOOPT or BEAM is built again, under those."""
+    key = (NOOPT.value, BEAM.value)
+    if (found := _programs_by_opts.get(key)) is None:
+        found = _programs_by_opts[key] = {}
+    return found
+
+
 def compiled(ast: UOp, device: str) -> tuple[CompiledProgram, Program]:
-    """The compiled and loaded program for a kernel AST on a device, built once per process."""
+    """The compiled and loaded program for a kernel AST on a device, built once per process (and flags)."""
+    return _compiled(ast, device, programs())
+
+
+def _compiled(ast: UOp, device: str, built: Programs) -> tuple[CompiledProgram, Program]:
     key = (ast, device)
-    if (found := _programs.get(key)) is None:
+    if (found := built.get(key)) is None:
         dev = Device[device]
         prog = get_program(ast, dev)
         if DEBUG >= 4:
             print(prog.src)
-        found = _programs[key] = (prog, dev.load(prog))
+        found = built[key] = (prog, dev.load(prog))
     return found
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
-    debug = DEBUG.value
+    debug, built = DEBUG.value, programs()
     if debug >= 1 and items:
         kernels = sum(1 for i in items if i.ast.op is Ops.SINK)
         print(f"schedule: {kernels} kernel(s), {len(items) - kernels} copy(ies)")
@@ -100,8 +114,8 @@ def run_schedule(items: list[ScheduleItem]) -> None:
                 print(f"*** copy {src.device} -> {out.device} {out.nbytes / 1e6:9.3f} MB {ms:8.3f} ms")
             continue
         device = buffers[0].device
-        if (found := _programs.get((ast, device))) is None:
-            found = compiled(ast, device)
+        if (found := built.get((ast, device))) is None:
+            found = _compiled(ast, device, built)
         prog, runner = found
         opaques = map(_opaque, buffers)  # (allocated when first used)
         elapsed = runner(*opaques, global_size=prog.global_size, local_size=prog.local_size, wait=debug >= 2)
