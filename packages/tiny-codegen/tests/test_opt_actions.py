@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -133,6 +134,46 @@ def test_unrolled_reduction_accumulates_in_a_vector() -> None:
     accs = [u for u in uops if u.op is Ops.DEFINE_ACC]
     assert [a.dtype for a in accs] == [f32.vec(8)]
     assert sum(1 for u in uops if u.op is Ops.GEP) == 8, "the lanes are added up after the loop"
+
+
+def test_grouptop_gives_each_thread_a_contiguous_run_of_the_reduction() -> None:
+    """GROUP makes the workgroup's threads the inner piece of the reduction (thread t reads t, t+16, ...); GROUPTOP
+    the outer piece (thread t reads its own 4 in a row)."""
+    x = tensor(4, 64)
+    plans = {}
+    for op in (OptOps.GROUP, OptOps.GROUPTOP):
+        k = Kernel(ast_of(reduce(x, (1,))), GPU)
+        k.apply(Opt(op, 1, 16))
+        plans[op] = sorted((p.dim, p.size, p.stride, p.kind.value) for p in k.parts)
+    assert plans[OptOps.GROUP] == [(0, 4, 1, "global"), (1, 4, 16, "reduce"), (1, 16, 1, "group")]
+    assert plans[OptOps.GROUPTOP] == [(0, 4, 1, "global"), (1, 4, 1, "reduce"), (1, 16, 4, "group")]
+
+
+@pytest.mark.parametrize(
+    "caps, before, opt, why",
+    [
+        (GPU, [Opt(OptOps.GROUP, 1, 4)], Opt(OptOps.GROUPTOP, 1, 2), "split across the workgroup already"),
+        (replace(GPU, shared_max=32), [], Opt(OptOps.GROUP, 1, 16), "64 bytes of local memory is too much"),
+        (CPU, [], Opt(OptOps.PADTO, 0, 40), "padding 16 to 40 doubles it"),
+        (CPU, [], Opt(OptOps.PADTO, 0, 1), "a multiple of at least 2"),
+        (CPU, [Opt(OptOps.UPCAST, 0, 4)], Opt(OptOps.PADTO, 0, 8), "only a whole dim"),
+        (CPU, [Opt(OptOps.THREAD, 0, 2)], Opt(OptOps.THREAD, 0, 2), "split across threads already"),
+    ],
+)
+def test_actions_after_others_are_refused_with_the_reason(
+    caps: RendererCaps, before: list[Opt], opt: Opt, why: str
+) -> None:
+    k = Kernel(ast_of(reduce(tensor(16, 64), (1,))), caps).apply_opts(before)
+    parts = list(k.parts)
+    with pytest.raises(KernelOptError, match=why):
+        k.apply(opt)
+    assert k.parts == parts and k.applied == before
+
+
+def test_grouping_needs_exactly_one_reduction() -> None:
+    two = ast_of(reduce(tensor(4, 64), (1,)) + reduce(tensor(4, 64), (1,)))
+    with pytest.raises(KernelOptError, match="exactly one reduction, this kernel has 2"):
+        Kernel(two, GPU).apply(Opt(OptOps.GROUP, 1, 16))
 
 
 def test_group_reduces_through_local_memory() -> None:

@@ -105,8 +105,6 @@ def _compare(got: np.ndarray, want: np.ndarray, what: str) -> None:
 def test_random_actions_keep_results(name: str, target: str, request: pytest.FixtureRequest) -> None:
     count = request.config.getoption("--opt-fuzz")
     seed = request.config.getoption("--opt-fuzz-seed")
-    if target == "PYTHON":
-        count = max(1, count // 4)  # the emulator is slow: fewer sequences
     out = PROGRAMS[name](target)
     items = out.schedule()
     run_schedule(items[:-1])
