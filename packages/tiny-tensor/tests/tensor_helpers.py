@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tiny.ir.config import AMD_MOCK
 from tiny.tensor import Device, DType, Tensor, dtypes
 from tiny.tensor.checks import default_int, on_device
 
-SLOW_DEVICES = frozenset({"PYTHON"})  # interpreters: keep tensors at a few dozen elements
+SLOW_DEVICES = frozenset({"PYTHON"})  # interpreters: keep tensors at a few dozen elements (and AMD on its mock)
 
 # (rtol, atol) by the dtype of the result; integers and bools compare exactly
 TOLERANCE: dict[DType, tuple[float, float]] = {
@@ -58,11 +59,13 @@ def missing_dtype(device: object, error: BaseException | None) -> str | None:
 
 
 def is_slow(device: str) -> bool:
-    return device.split(":")[0] in SLOW_DEVICES
+    """An interpreted device: PYTHON, or AMD on the mock driver (AMD_MOCK), whose kernels PYTHON runs."""
+    name = device.split(":")[0]
+    return name in SLOW_DEVICES or (name == "AMD" and bool(AMD_MOCK.value))
 
 
 def small(device: str, fast: Any, slow: Any) -> Any:
-    """`slow` on an interpreted device (PYTHON), else `fast`: sizes and shapes chosen per device."""
+    """`slow` on an interpreted device (see is_slow), else `fast`: sizes and shapes chosen per device."""
     return slow if is_slow(device) else fast
 
 
