@@ -3,6 +3,8 @@ in the outermost loop it can, whose reductions use accumulators, and which compu
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 from kernel_helpers import (
@@ -287,3 +289,29 @@ def test_a_deep_elementwise_chain_lowers_and_linearizes() -> None:
     out = np.zeros(4, np.float32)
     interpret_ast(only_ast(total), [out, *inputs])
     np.testing.assert_array_equal(out, np.full(4, sum(range(1000)), np.float32))
+
+
+def test_lanes_share_the_lowering_of_what_they_read_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a 16 x 24 x 32 product with 8 columns per thread (UPCAST of n) and 4 steps of k unrolled, a row of A is
+    the same for the 8 columns: each A load is lowered once per step, each B load once per step and column. The
+    program is the one lowering every lane on its own gives."""
+    lowering = importlib.import_module("tiny.codegen.lower")  # (the module: tiny.codegen.lower is also a function)
+    a, b = tensor(16, 32), tensor(32, 24)
+    prod = expand(move(Ops.RESHAPE, a, (16, 32, 1)), (16, 32, 24)) * expand(
+        move(Ops.RESHAPE, b, (1, 32, 24)), (16, 32, 24)
+    )
+    ast = only_ast(move(Ops.RESHAPE, reduce(prod, (1,)), (16, 24)))
+    opts = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UNROLL, 2, 4)]
+    loads: dict[int, int] = {}  # DEFINE_GLOBAL number -> loads lowered
+    combine = lowering._Lowerer._combine
+
+    def counting(self, key, srcs):  # noqa: ANN001, ANN202
+        if key[0].op is Ops.LOAD:
+            loads[key[0].src[0].arg] = loads.get(key[0].src[0].arg, 0) + 1
+        return combine(self, key, srcs)
+
+    monkeypatch.setattr(lowering._Lowerer, "_combine", counting)
+    shared = lower(ast, RendererCaps(language="test"), opts).sink
+    assert loads == {1: 4, 2: 4 * 8}
+    monkeypatch.setattr(lowering._Lowerer, "key", lambda self, u, idxs: (u, idxs))  # every lane on its own
+    assert lower(ast, RendererCaps(language="test"), opts).sink is shared

@@ -88,8 +88,12 @@ class _Lowerer:
         self.local_stores: list[UOp] = []
         self.barrier = UOp(Ops.BARRIER, arg="pending")
         self.group_gate: UOp | None = None
-        self.simplified: dict[UOp, UOp] = {}  # gates simplified so far (graph_rewrite's memo)
+        self.simplified: dict[UOp, UOp] = {}  # gates and offsets simplified so far (graph_rewrite's memo)
         self.padding: set[tuple[UOp, tuple[UOp, ...]]] = set()  # (AST node, index) that reads padding only
+        # each (AST node, index) lowered so far, for every lane: where a node does not depend on the dims a lane
+        # differs in (a value broadcast along an upcast dim), the lanes share its lowering (see key)
+        self.lowered: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
+        self.dims: dict[UOp, frozenset[int]] = {}  # AST node -> the dims its value depends on
         # tensor cores: the warp's lane, and for each output index the C element there (with the env of its tile)
         self.lane: UOp | None = None
         self.tc_element: dict[tuple[UOp, ...], tuple[dict[int, UOp], int]] = {}
@@ -223,7 +227,44 @@ class _Lowerer:
 
     def lower(self, u: UOp, idxs: tuple[UOp, ...]) -> UOp:
         """Kernel AST node u at the index idxs, as device ops."""
-        return evaluate((u, idxs), self._children, self._combine)
+        return evaluate(self.key(u, idxs), self._children, self._combine, self.lowered)
+
+    def key(self, u: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, tuple[UOp, ...]]:
+        """(u, idxs) with the index of every dim u's value does not depend on set to 0: the same device ops,
+        lowered once for all the lanes that differ only there. (Not under tensor cores, whose reductions find
+        their tile by the whole output index.)"""
+        if self.k.tc is not None:
+            return u, idxs
+        if (dims := self.dims.get(u)) is None:
+            dims = self._dims(u)
+        if len(dims) == len(idxs):
+            return u, idxs
+        zero = self.zero
+        return u, tuple(i if d in dims else zero for d, i in enumerate(idxs))
+
+    def _dims(self, root: UOp) -> frozenset[int]:
+        """The dims whose index root's lowered value reads (found for every node below it, sources first): a
+        load's or a masked constant's view (strides, mask, bands) and padded dims; a reduction's source's less the
+        reduced ones; an elementwise op's sources'."""
+        for u in root.toposort:
+            if u in self.dims:
+                continue
+            dims: set[int] = set()
+            if u.op is Ops.LOAD or (u.op is Ops.CONST and u.src):
+                view = u.src[1].arg if u.op is Ops.LOAD else u.src[0].arg
+                dims = {d for d, (s, st) in enumerate(zip(view.shape, view.strides)) if s != 1 and st != 0}
+                dims |= {d for d, (lo, hi) in enumerate(view.mask or ()) if lo > 0 or hi < view.shape[d]}
+                for e, d, _, _, _ in view.bands:
+                    dims |= {e, d}
+                if u.op is Ops.LOAD:
+                    dims |= {d for d in self.k.padded if view.shape[d] > 1}
+            elif u.op is Ops.REDUCE_AXIS:
+                dims = set(self.dims[u.src[0]]) - set(u.arg[1])
+            elif u.op in GroupOp.Elementwise:
+                for s in u.src:
+                    dims |= self.dims[s]
+            self.dims[u] = frozenset(dims)
+        return self.dims[root]
 
     def reduce_inner(self, u: UOp, idxs: tuple[UOp, ...]) -> list[tuple[UOp, ...]]:
         """The indices a reduction reads at, one per combination of unrolled lanes."""
@@ -257,9 +298,9 @@ class _Lowerer:
                 return []
             if self.k.tc is not None:
                 return self.tc_operands(u, idxs)
-            return [(u.src[0], inner) for inner in self.reduce_inner(u, idxs)]
+            return [self.key(u.src[0], inner) for inner in self.reduce_inner(u, idxs)]
         if u.op in GroupOp.Elementwise:
-            return [(s, idxs) for s in u.src]
+            return [self.key(s, idxs) for s in u.src]
         raise NotImplementedError(f"cannot lower {u.op} in a kernel")
 
     def _combine(self, key: tuple[UOp, tuple[UOp, ...]], srcs: list[UOp]) -> UOp:
@@ -273,10 +314,10 @@ class _Lowerer:
                 self.padding.add(key)
                 return UOp.const(u.dtype, 0)
             return UOp(Ops.LOAD, u.dtype, (addr, UOp.const(u.dtype, 0)))  # (a gate always true: symbolic drops it)
-        if u.op is Ops.ADD and u.dtype.is_float and any((s, idxs) in self.padding for s in u.src):
+        if u.op is Ops.ADD and u.dtype.is_float and any(self.key(s, idxs) in self.padding for s in u.src):
             # a sum with padding in it (a window of a convolution or pool is a sum of padded views, one per offset,
             # of which one is real at each offset): x, not x + 0.0, which would cost an add and turn -0.0 into 0.0
-            real = [v for s, v in zip(u.src, srcs) if (s, idxs) not in self.padding]
+            real = [v for s, v in zip(u.src, srcs) if self.key(s, idxs) not in self.padding]
             if not real:
                 self.padding.add(key)
             return real[0] if real else srcs[0]  # (an ADD has two sources)
@@ -370,10 +411,13 @@ def vector_lanes(caps: RendererCaps, dtype: DType) -> int:
     return max(1, caps.vector_width * 4 // dtype.itemsize)
 
 
-def contiguous(offsets: list[UOp]) -> bool:
-    """Whether offsets are first, first+1, first+2 ... for every value of the loop counters."""
+def contiguous(offsets: list[UOp], memo: dict[UOp, UOp] | None = None) -> bool:
+    """Whether offsets are first, first+1, first+2 ... for every value of the loop counters. (memo: what the
+    simplifier made of each expression so far, for a caller that asks about many offsets of one kernel.)"""
     first = offsets[0]
-    return all(graph_rewrite(o - first, symbolic) is UOp.const(first.dtype, i) for i, o in enumerate(offsets))
+    return all(
+        graph_rewrite(o - first, symbolic, memo=memo) is UOp.const(first.dtype, i) for i, o in enumerate(offsets)
+    )
 
 
 Address = Callable[[dict[int, UOp]], UOp]
@@ -388,7 +432,7 @@ def _vector_part(lw: _Lowerer, parts_of: list[int], addr: Address, lanes: int) -
             continue
         rest = {j: UOp.const(lw.idx_dtype, 0) for j in parts_of}
         offsets = [addr(lw.env | rest | {i: UOp.const(lw.idx_dtype, v)}).offset for v in range(n)]
-        if contiguous(offsets):
+        if contiguous(offsets, lw.simplified):
             return i, n
     return None
 
@@ -450,7 +494,7 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
             envs = [lw.env | lanes_env | {part: UOp.const(lw.idx_dtype, lanes_env[part].arg + j)} for j in range(n)]
             addrs = [address(e) for e in envs]
             values = [lw.lower(value, lw.out_idxs(e)) for e in envs]
-            if len({a.gate for a in addrs}) == 1 and contiguous([a.offset for a in addrs]):
+            if len({a.gate for a in addrs}) == 1 and contiguous([a.offset for a in addrs], lw.simplified):
                 vec = UOp(Ops.VECTORIZE, value.dtype.vec(n), tuple(values))
                 stores.append(UOp(Ops.STORE, dtypes.void, (addrs[0], vec)))
             else:

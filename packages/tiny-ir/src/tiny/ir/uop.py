@@ -654,10 +654,14 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-def evaluate(root: K, children: Callable[[K], list[K]], combine: Callable[[K, list[V]], V]) -> V:
+def evaluate(
+    root: K, children: Callable[[K], list[K]], combine: Callable[[K, list[V]], V], done: dict[K, V] | None = None
+) -> V:
     """Compute combine(key, values of its children) for root and everything below it, each key once,
-    without recursion (graphs thousands of nodes deep are fine). children is asked once per key."""
-    done: dict[K, V] = {}
+    without recursion (graphs thousands of nodes deep are fine). children is asked once per key. `done`: the
+    values computed by earlier calls (their keys are not computed again), and where this call's are added."""
+    if done is None:
+        done = {}
     kids: dict[K, list[K]] = {}
     stack = [root]
     while stack:
