@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import os
 import pathlib
 import pickle
 import sys
@@ -24,7 +23,7 @@ from tiny.codegen.lower import kernel_name
 from tiny.codegen.opt import Kernel, KernelOptError, Kind, Opt, OptOps
 from tiny.codegen.program import Rendered, render_kernel, to_program
 from tiny.ir.config import BEAM_BUDGET
-from tiny.ir.device import Compiled, CompiledProgram, CompileError
+from tiny.ir.device import Compiled, CompiledProgram, CompileError, usable_cores
 from tiny.ir.diskcache import cache_get, cache_put
 from tiny.ir.dtypes import PtrDType
 from tiny.ir.uop import Ops, UOp
@@ -122,7 +121,7 @@ def beam_search(ast: UOp, device: Compiled, width: int, budget_s: float | None =
         return []
     start = time.perf_counter()
     timer = _Timer(ast, device)
-    workers = ThreadPoolExecutor(max_workers=_cores())  # compilers are processes: all cores work
+    workers = ThreadPoolExecutor(max_workers=usable_cores())  # compilers are processes: all cores work
     try:
         seeds = [tuple(hand_opts(base)), ()]  # the rules' choice first: it sets the bar the others must reach
         beam = sorted(_measure(ast, device, timer, workers, seeds), key=lambda c: c.seconds)[:width]
@@ -151,13 +150,6 @@ def beam_search(ast: UOp, device: Compiled, width: int, budget_s: float | None =
     print(file=sys.stderr)
     cache_put("beam", key, best.opts)
     return list(best.opts)
-
-
-def _cores() -> int:
-    """The cores this process may run on (its affinity, where the OS says), else the machine's."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
 
 
 def _legal(base: Kernel, opts: tuple[Opt, ...]) -> bool:

@@ -250,14 +250,11 @@ class _Lowerer:
             if u in self.dims:
                 continue
             dims: set[int] = set()
-            if u.op is Ops.LOAD or (u.op is Ops.CONST and u.src):
-                view = u.src[1].arg if u.op is Ops.LOAD else u.src[0].arg
-                dims = {d for d, (s, st) in enumerate(zip(view.shape, view.strides)) if s != 1 and st != 0}
-                dims |= {d for d, (lo, hi) in enumerate(view.mask or ()) if lo > 0 or hi < view.shape[d]}
-                for e, d, _, _, _ in view.bands:
-                    dims |= {e, d}
-                if u.op is Ops.LOAD:
-                    dims |= {d for d in self.k.padded if view.shape[d] > 1}
+            if u.op is Ops.LOAD:  # (what access reads: the view, and the padded dims pad_valid checks)
+                view = u.src[1].arg
+                dims = set(view.index_dims()) | {d for d in self.k.padded if view.shape[d] > 1}
+            elif u.op is Ops.CONST and u.src:
+                dims = set(u.src[0].arg.index_dims())
             elif u.op is Ops.REDUCE_AXIS:
                 dims = set(self.dims[u.src[0]]) - set(u.arg[1])
             elif u.op in GroupOp.Elementwise:

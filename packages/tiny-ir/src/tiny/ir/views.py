@@ -205,6 +205,14 @@ class View:
 
     # ---- index math
 
+    def index_dims(self) -> frozenset[int]:
+        """The dims whose index to_index reads: strided ones, masked ones and those of bands."""
+        dims = {d for d, (s, st) in enumerate(zip(self.shape, self.strides)) if s != 1 and st != 0}
+        dims |= {d for d, (lo, hi) in enumerate(self.mask or ()) if lo > 0 or hi < self.shape[d]}
+        for e, d, _, _, _ in self.bands:
+            dims |= {e, d}
+        return frozenset(dims)
+
     def to_index(self, idxs: Sequence[UOp]) -> tuple[UOp, UOp | None]:
         """The buffer offset of element idxs, and the condition under which it is valid (None: always)."""
         dtype = idxs[0].dtype if idxs else dtypes.int32

@@ -25,6 +25,7 @@ from tiny.ir.device import (
     DeviceUnavailable,
     LRUAllocator,
     Program,
+    usable_cores,
 )
 from tiny.runtime.llvm import LLVMCompiler, LoadedObject, host, require_llvmlite
 
@@ -93,12 +94,7 @@ def host_vector_width() -> int:
 
 def thread_count() -> int:
     """Threads a kernel may use: THREADS, else the cores this process may run on."""
-    if THREADS.value > 0:
-        return THREADS.value
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return THREADS.value if THREADS.value > 0 else usable_cores()
 
 
 @cache

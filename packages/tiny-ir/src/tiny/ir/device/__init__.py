@@ -625,6 +625,14 @@ def buffer_of(node: UOp) -> Buffer:
     return entry.buffer
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def fold_grid(global_size: tuple[int, int, int], max_per_dim: int) -> tuple[int, int, int]:
     """The workgroup counts to launch a grid on a device that allows at most max_per_dim in each dimension: the
     grid itself where it fits, else its workgroups folded into up to three dimensions (x fastest), for a kernel that
