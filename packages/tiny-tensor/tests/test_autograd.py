@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 
@@ -244,24 +245,37 @@ def test_backward_never_reads_a_value_computed_before_its_inputs_changed(device:
         opt.step()
 
 
-def test_a_loop_of_realized_steps_under_no_grad_keeps_only_the_last_buffer(device: str) -> None:
-    """Under no_grad realize() remembers no graph: step k's buffer is not kept alive by step k+1's record of what it
-    read (`x = f(x).realize()` in a loop would otherwise hold every step's memory); outside it the record is kept."""
-    x = Tensor([0.0, 1.0], device=device).realize()
-    steps = []
-    with Tensor.no_grad():
-        for _ in range(6):
-            x = (x + 1).realize()
-            steps.append(weakref.ref(buffer_of(x.uop.src[0])))
-    gc.collect()
-    assert sum(s() is not None for s in steps) <= 2  # the last one (and one a cached schedule may hold), not all 6
-    np.testing.assert_array_equal(x.numpy(), [6.0, 7.0])
+def test_a_loop_of_realized_steps_keeps_only_the_last_buffer_where_no_gradient_passes(device: str) -> None:
+    """Under no_grad, and outside it over tensors that need no gradient, realize() remembers no graph: step k's
+    buffer is not kept alive by step k+1's record of what it read (`x = f(x).realize()` in a loop would otherwise hold
+    every step's memory). Over a leaf with requires_grad the record is kept, also through values computed from it."""
+    for no_grad in (True, False):
+        x = Tensor([0.0, 1.0], device=device).realize()
+        steps = []
+        with Tensor.no_grad() if no_grad else contextlib.nullcontext():
+            for _ in range(6):
+                x = (x + 1).realize()
+                steps.append(weakref.ref(buffer_of(x.uop.src[0])))
+        gc.collect()
+        alive = sum(s() is not None for s in steps)
+        assert alive <= 2, f"no_grad={no_grad}: {alive} of 6 steps' buffers alive"  # the last (and one a cache holds)
+        np.testing.assert_array_equal(x.numpy(), [6.0, 7.0])
     w = Tensor([1.0], device=device, requires_grad=True)
     h = (w * 2).realize()
     y = (h * h).realize()
     del h
     y.sum().backward()  # h's memory is kept by y's record: the gradient reads it
     np.testing.assert_allclose(w.grad.numpy(), [8.0])
+
+
+def test_values_computed_before_a_tensor_required_grad_are_constants_to_it(device: str) -> None:
+    """As in PyTorch: what was computed from a tensor before it required gradients passes none back to it."""
+    a = Tensor([1.0, 2.0], device=device)
+    h = (a * 2).realize()
+    a.requires_grad = True
+    (h * a).sum().backward()
+    assert a.grad is not None
+    np.testing.assert_allclose(a.grad.numpy(), [2.0, 4.0])  # h, not 2 * h + ...
 
 
 def test_what_realize_records_for_gradients_dies_with_the_buffer(device: str) -> None:

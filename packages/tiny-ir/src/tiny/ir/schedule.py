@@ -545,7 +545,8 @@ def _plan(targets: list[UOp]) -> Schedule:
             renamed[original] = rewritten
     fresh = tuple(buffers[u] for u in order if u.op is not Ops.ASSIGN)
     items = [ScheduleItem(ast, tuple(map(buffer_of, bufs))) for ast, bufs in steps]
-    return Schedule(items, becomes, renamed, fresh)
+    reads = tuple(u for u in given.toposort if u.op is Ops.BUFFER)
+    return Schedule(items, becomes, renamed, fresh, reads)
 
 
 def _step(

@@ -46,6 +46,7 @@ class Schedule(NamedTuple):
     becomes: dict[UOp, UOp]  # each realized tensor-level node -> the view of its new buffer
     renamed: dict[UOp, UOp]  # targets that need no kernel, being views of memory once written simply
     fresh: tuple[UOp, ...]  # the BUFFER nodes the schedule made, in the order it made them
+    reads: tuple[UOp, ...]  # the BUFFER nodes of the graph: the memory it was given
 
 
 class StructureKey:
@@ -355,7 +356,8 @@ class Template:
         renamed: dict[UOp, UOp] = {}
         for k, v in self.renamed:
             renamed[_node(k, targets, nodes)] = _node(v, targets, nodes)
-        return _new_tuple(Schedule, (items, becomes, renamed, tuple(nodes[len(graph.buffers) :])))
+        reads = graph.buffers
+        return _new_tuple(Schedule, (items, becomes, renamed, tuple(nodes[len(reads) :]), reads))
 
 
 _new_tuple = tuple.__new__

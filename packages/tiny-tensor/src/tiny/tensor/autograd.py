@@ -19,10 +19,12 @@ if TYPE_CHECKING:
 # record lives exactly as long as its node, with no weak table to update as nodes die:
 # - on each buffer view realize() made, _ORIGIN: (the graph it computed, when -- which realize() call --, and one view
 #   realized with it earlier in the same schedule, kept alive with it: see record_origins);
-# - on each BUFFER an assign wrote into, _WRITTEN: when it last did.
+# - on each BUFFER an assign wrote into, _WRITTEN: when it last did;
+# - on each BUFFER on a gradient's path (a leaf's with requires_grad, a recorded view's), _GRAD_PATH.
 # A view holds the value of its graph while no buffer that graph reads, nor its own, has been written since.
 _ORIGIN = "autograd.origin"
 _WRITTEN = "autograd.written"
+_GRAD_PATH = "autograd.grad_path"  # on a BUFFER a leaf with requires_grad holds, or that a recorded view holds
 _COMPUTED: LiveSet[UOp] = LiveSet()  # the views with a record, in the order they were made (for _read_computed)
 _clock = itertools.count(1)
 _ASSIGN = Ops.ASSIGN  # (an Enum member as a global: see tiny.ir.schedule._BUFFER)
@@ -80,6 +82,7 @@ class AutogradOps(TensorBase):
         self._requires_grad = value
         if value:
             self.realize()  # a leaf gets memory of its own, so that later realizes never rename it
+            mark_gradient_path(self.uop)
 
     @staticmethod
     def no_grad() -> _Mode:
@@ -191,23 +194,33 @@ def _unwritten(view: UOp) -> bool:
     return _written(base) < view.__dict__[_ORIGIN].when
 
 
-def record_origins(becomes: dict[UOp, UOp]) -> None:
-    """Remember the graph each new buffer view computed (the first one: later ones are writes into it), and when.
-    Outside no_grad, the views of one schedule stay alive together, each with the one before it: a graph computed
-    there reads values computed before it in the same schedule, and its gradient reads them from their buffers for
-    as long as it may be asked for (what PyTorch's saved tensors do). Under no_grad no graph is remembered: no
-    gradient passes what was computed there (its ops are detached), and a remembered graph would keep the buffer it
-    read alive, and that one the buffer before it (`x = f(x).realize()` in a loop would keep every step's buffer)."""
+def record_origins(becomes: dict[UOp, UOp], reads: tuple[UOp, ...]) -> None:
+    """Remember the graph each new buffer view computed (the first one: later ones are writes into it), and when --
+    where a gradient may pass: outside no_grad, and where the graph read memory on a gradient's path (a leaf with
+    requires_grad, or what was computed from one). The views of one schedule stay alive together, each with the one
+    before it: a graph computed there reads values computed before it in the same schedule, and its gradient reads
+    them from their buffers for as long as it may be asked for (what PyTorch's saved tensors do). Elsewhere no graph
+    is remembered (no gradient can pass it), as PyTorch saves nothing for ops on tensors that need no gradient: a
+    remembered graph keeps the buffer it read alive, and that one the buffer before it (`x = f(x).realize()` in a
+    loop would keep every step's buffer)."""
     now, before = next(_clock), None
-    saving = not NO_GRAD.value
+    saving = not NO_GRAD.value and any(_GRAD_PATH in b.__dict__ for b in reads)
     for node, view in becomes.items():
         if node.op is _ASSIGN:
             memory_of(view)[0].__dict__[_WRITTEN] = now
+        if not saving:
+            continue
         records = view.__dict__
-        if saving and _ORIGIN not in records:  # the first graph that computed a buffer is where its gradient comes from
+        if _ORIGIN not in records:  # the first graph that computed a buffer is where its gradient comes from
             records[_ORIGIN] = _new_tuple(_Origin, (node, now, before))  # (no Python __new__)
             _COMPUTED.add(view)
             before = view
+        mark_gradient_path(view)
+
+
+def mark_gradient_path(view: UOp) -> None:
+    """Put a view's memory on a gradient's path: graphs that read it remember what they computed."""
+    memory_of(view)[0].__dict__[_GRAD_PATH] = True
 
 
 def no_grad_wrap(uop: UOp) -> UOp:

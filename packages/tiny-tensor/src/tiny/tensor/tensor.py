@@ -129,7 +129,7 @@ class Tensor(
         sched = create_schedule(targets)
         run_schedule(sched.items)
         done = sched.becomes | sched.renamed if sched.renamed else sched.becomes
-        record_origins(done)
+        record_origins(done, sched.reads)
         computed = done.keys()
         for t in Tensor._live.alive():  # every tensor reads what was computed from its buffer from now on
             u = t.uop
