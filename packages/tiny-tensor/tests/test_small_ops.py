@@ -42,6 +42,32 @@ def test_a_live_set_prunes_dead_references_when_it_doubles() -> None:
     assert len(live.refs) <= LiveSet.MIN_LIMIT + 1 and live.alive() == keep
 
 
+def test_a_live_set_drops_settled_objects_as_it_drops_dead_ones() -> None:
+    live: LiveSet[_Thing] = LiveSet(settled=lambda t: getattr(t, "done", False))
+    things = [_Thing() for _ in range(4)]
+    for t in things:
+        live.add(t)
+    things[0].done = things[1].done = things[2].done = True  # type: ignore[attr-defined]
+    assert live.alive() == things[3:] and len(live.refs) == 1  # three of four settled: their references went
+
+
+def test_realize_looks_only_through_tensors_with_work_pending() -> None:
+    """The tensors realize() updates are those made with work pending; realized ones (a model's parameters) are not
+    looked through, and one realized drops out of the list, while a pending reader is still updated."""
+    params = [Tensor([float(i)]).realize() for i in range(50)]
+    x = Tensor([1.0, 2.0]).realize()
+    y = x + 1
+    reader = y * 2
+
+    def pending() -> set[int]:  # (by identity: == on tensors is elementwise)
+        return {id(t) for t in Tensor._pending.alive()}
+
+    assert {id(y), id(reader)} <= pending() and not {id(x), *map(id, params)} & pending()
+    y.realize()
+    assert id(y) not in pending() and id(reader) in pending() and y.uop in reader.uop.toposort
+    assert reader.tolist() == [4.0, 6.0] and id(reader) not in pending()
+
+
 def test_realize_moves_every_tensor_of_the_computed_node_onto_its_buffer() -> None:
     x = Tensor([1.0, 2.0]).realize()
     y = x + 1

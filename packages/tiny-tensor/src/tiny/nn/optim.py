@@ -82,7 +82,7 @@ class Optimizer:
         params = {id(p) for p in self.params}
         return [
             t
-            for t in Tensor._live.alive()
+            for t in Tensor._pending.alive()
             if id(t) not in params and not is_realized(t.uop) and any(u in memory for u in t.uop.toposort)
         ]
 

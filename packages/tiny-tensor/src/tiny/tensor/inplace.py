@@ -80,7 +80,7 @@ def _settle_readers(target: TensorBase, value: TensorBase) -> None:
     base, _ = memory_of(target.uop)
     pending = [
         t
-        for t in type(target)._live.alive()
+        for t in type(target)._pending.alive()
         if t is not target and not is_realized(t.uop) and not _is_memory(t.uop) and base in t.uop.toposort
     ]
     pending = [t for t in pending if t.uop is not value.uop]

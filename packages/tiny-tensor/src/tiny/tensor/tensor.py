@@ -52,7 +52,10 @@ class Tensor(
     """
 
     __slots__ = ()
-    _live: LiveSet[Tensor] = LiveSet()
+    _live: LiveSet[Tensor] = LiveSet()  # every tensor
+    # the tensors made with work pending (not memory yet), listed until they are: what realize() looks through for
+    # the tensors that read what it computed (a model's hundreds of realized parameters cost it nothing)
+    _pending: LiveSet[Tensor] = LiveSet(settled=lambda t: is_realized(t.uop))
 
     def __init__(
         self,
@@ -64,11 +67,11 @@ class Tensor(
         self._requires_grad, self.grad = None, None
         if isinstance(data, UOp):  # made by an op: device and dtype are the graph's
             self.uop = no_grad_wrap(data)
-            Tensor._live.add(self)
+            self._track()
             return
         if isinstance(data, os.PathLike):  # a file's bytes on DISK, mapped lazily
             self.uop = _map_file(data, dtype, device).uop
-            Tensor._live.add(self)
+            self._track()
             return
         dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
         dt = to_dtype(dtype) if dtype is not None else None
@@ -89,7 +92,7 @@ class Tensor(
             self.uop = _upload(arr, dev, dt)
         else:
             raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
-        Tensor._live.add(self)
+        self._track()
         if requires_grad is not None:
             self.requires_grad = requires_grad
 
@@ -99,9 +102,17 @@ class Tensor(
             return type(self)(uop)
         t = _new_tensor(Tensor)
         t._requires_grad = t.grad = None
-        t.uop = no_grad_wrap(uop) if NO_GRAD.value else uop
+        t.uop = u = no_grad_wrap(uop) if NO_GRAD.value else uop
         Tensor._live.add(t)
+        if not is_realized(u):
+            Tensor._pending.add(t)
         return t
+
+    def _track(self) -> None:
+        """List a new tensor among the live ones (and the pending ones, unless it is memory already)."""
+        Tensor._live.add(self)
+        if not is_realized(self.uop):
+            Tensor._pending.add(self)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -131,7 +142,7 @@ class Tensor(
         done = sched.becomes | sched.renamed if sched.renamed else sched.becomes
         record_origins(done, sched.reads)
         computed = done.keys()
-        for t in Tensor._live.alive():  # every tensor reads what was computed from its buffer from now on
+        for t in Tensor._pending.alive():  # every tensor reads what was computed from its buffer from now on
             u = t.uop
             if (view := done.get(u)) is not None:
                 t.uop = view
