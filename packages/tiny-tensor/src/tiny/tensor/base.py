@@ -17,6 +17,10 @@ class TensorBase:
     def _new(self, uop: UOp):  # noqa: ANN202  (returns the concrete Tensor class)
         return type(self)(uop)
 
+    def _operand(self, uop: UOp):  # noqa: ANN202
+        """A tensor of a node that an op makes for its own use and never hands out (a scalar operand)."""
+        return self._new(uop)
+
     @property
     def shape(self) -> tuple[int, ...]:
         return self.uop.shape

@@ -149,9 +149,7 @@ class ElementwiseOps(TensorBase):
             if len(_SCALARS) >= _SCALARS_KEPT:
                 _SCALARS.clear()
             _SCALARS[key] = node
-        t = self._new(node)
-        t.uop = node  # the very node: no_grad wrapped it (or not) when it was made
-        return t
+        return self._operand(node)  # the very node: no_grad wrapped it (or not) when it was made
 
     def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
         if self.shape == shape:

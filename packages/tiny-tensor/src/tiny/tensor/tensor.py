@@ -108,6 +108,16 @@ class Tensor(
             Tensor._pending.add(t)
         return t
 
+    def _operand(self, uop: UOp) -> Tensor:
+        """A tensor of a node that an op makes for its own use and never hands out (a scalar operand): not listed
+        among the live tensors, as nothing looks for it there (it needs no gradient and computes nothing of its own)."""
+        if type(self) is not Tensor:
+            return type(self)(uop)
+        t = _new_tensor(Tensor)
+        t._requires_grad = t.grad = None
+        t.uop = uop
+        return t
+
     def _track(self) -> None:
         """List a new tensor among the live ones (and the pending ones, unless it is memory already)."""
         Tensor._live.add(self)
