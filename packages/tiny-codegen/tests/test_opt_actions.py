@@ -12,10 +12,10 @@ import pytest
 from kernel_helpers import const, expand, interpret_ast, move, reduce, tensor
 from test_cstyle import build, compilers
 
-from tiny.codegen import Kernel, KernelOptError, Opt, OptOps
+from tiny.codegen import Kernel, KernelOptError, Opt, OptOps, program
 from tiny.codegen.beam import actions
 from tiny.codegen.cstyle import CRenderer
-from tiny.codegen.heuristic import hand_opts
+from tiny.codegen.heuristic import TILE_NODES, hand_opts
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower
 from tiny.codegen.opt import Kind, merge_windows
@@ -198,6 +198,43 @@ def test_heuristics_tile_a_matmul_and_vectorize_elementwise() -> None:
     ew = hand_opts(Kernel(ast_of(a * a), CPU))
     assert ew[0] == Opt(OptOps.UPCAST, 0, 8)  # (64 x 64 contiguous: one dim of 4096)
     assert hand_opts(Kernel(ast_of(tensor(3) * tensor(3)), RendererCaps(language="C"))) == []
+
+
+def test_heuristics_leave_a_big_body_untiled() -> None:
+    """A register tile reuses a matrix product's loads; a reduction whose body is hundreds of ops (a fused backward
+    pass) gains little from that, and its code would grow by the whole body with each value of the tile: it is
+    planned as a plain reduction, no output dim upcast."""
+    m, k, n = 16, 32, 24
+    a, b = tensor(m, k), tensor(k, n)
+    prod = expand(move(Ops.RESHAPE, a, (m, k, 1)), (m, k, n)) * expand(move(Ops.RESHAPE, b, (1, k, n)), (m, k, n))
+    body = prod
+    for i in range(1, 70):  # 4 AST nodes a step: scale, shift, max and their constants' views
+        body = (body * const(1 + i / 1000, (m, k, n)) + const(i / 100, (m, k, n))).alu(Ops.MAX, prod)
+    big = ast_of(move(Ops.RESHAPE, reduce(body, (1,)), (m, n)))
+    assert len(Kernel(big, CPU).ast.toposort) > TILE_NODES >= len(Kernel(matmul(m, k, n), CPU).ast.toposort)
+    small_opts = hand_opts(Kernel(matmul(m, k, n), CPU))
+    assert Opt(OptOps.UPCAST, 0, 8) in small_opts and any(o.op is OptOps.UNROLL for o in small_opts)
+    assert hand_opts(Kernel(big, CPU)) == [Opt(OptOps.UNROLL, 2, 16)]  # 16 steps of k, along A's rows, in vectors
+
+
+@pytest.mark.skipif(not compilers(), reason="no C compiler on PATH")
+def test_rules_choose_again_with_fewer_lanes_where_the_code_grows_too_big(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the rules' actions make more ops than CODE_OPS, they choose again with fewer values per thread: the
+    code fits the budget, and computes what the bigger one does."""
+    r = CRenderer("x86_64;vector_width=8;threads=1;")
+    ast = matmul(16, 32, 24)
+    a = np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal((32, 24)).astype(np.float32)
+    sizes = []
+    for budget in (program.CODE_OPS, 150):
+        monkeypatch.setattr(program, "CODE_OPS", budget)
+        kernel, sink = program._lowered_by_rules(ast, r.caps)
+        sizes.append(len(sink.toposort))
+        out = np.zeros((16, 24), dtype=np.float32)
+        fn = getattr(build(r.render(kernel.name, linearize(sink))), kernel.name)
+        fn(*(ctypes.c_void_p(x.ctypes.data) for x in (out, a, b)))
+        np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    assert sizes[0] > 150 >= sizes[1]  # (280 ops with an 8 x 8 tile and 4 steps unrolled; 103 with one vector)
 
 
 @pytest.mark.skipif(not compilers(), reason="no C compiler on PATH")

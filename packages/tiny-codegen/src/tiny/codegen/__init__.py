@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tiny.codegen.beam import beam_search
-from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, kernel_name, lower
 from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
@@ -34,19 +33,20 @@ __all__ = [
 ]
 
 
-def choose_opts(ast: UOp, device: Compiled) -> list[Opt]:
-    """The optimization actions for a kernel on a device: none (NOOPT), searched (BEAM) or the rules'."""
+def choose_opts(ast: UOp, device: Compiled) -> list[Opt] | None:
+    """The optimization actions for a kernel on a device: none (NOOPT), searched (BEAM), or None for the rules',
+    which render_for chooses as it lowers (held to a code size: see tiny.codegen.program.CODE_OPS)."""
     if NOOPT:
         return []
     if BEAM.value > 0:
         return beam_search(ast, device, BEAM.value)
-    return hand_opts(Kernel(ast, device.renderer.caps))
+    return None
 
 
 def get_program(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = None) -> CompiledProgram:
     """The compiled program that runs kernel `ast` on `device`, after `opts` (chosen by choose_opts if None)."""
     chosen = choose_opts(ast, device) if opts is None else list(opts)
-    if DEBUG >= 3:
+    if DEBUG >= 3 and chosen is not None:  # (the rules' are printed as they are chosen)
         plan = Kernel(ast, device.renderer.caps).apply_opts(chosen)
         print(f"{kernel_name(ast)}: {chosen} -> {plan.describe()}")
     return build_program(ast, device, chosen)

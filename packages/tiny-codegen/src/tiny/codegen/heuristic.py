@@ -25,6 +25,9 @@ TILE_STRETCH = 96  # ... or up to this many where the whole of a small dim that 
 ACC_VECTORS = 16  # ... or this many outputs where each accumulates in a vector of its own (along the reduction)
 TILE_VALUES = 1024  # ... and to this many values per thread with the window's offsets (lowering time grows with it)
 UNROLL_LANES = 512  # ... and the innermost reduce dim is unrolled too where values per thread stay within this
+TILE_NODES = 256  # ... in kernels of at most this many AST nodes: a matrix product's or a convolution's body (151 at
+# most in the suite, a fused epilogue included); one of hundreds of ops (a fused LSTM cell's backward pass, 1600)
+# gains little from reusing its loads, and its code grows by all of them with each value of the tile
 WORKGROUP = 256  # threads per workgroup on GPUs
 GROUP_THREADS = (256, 128, 64, 32, 16)  # threads that share one output of a reduction read along its memory
 GPU_BIG = 1 << 22  # elements of an elementwise GPU kernel from which each thread takes two vectors
@@ -33,8 +36,9 @@ FEW_BLOCKS = 1024  # ... and workgroups it keeps at least (the H100 has 132 mult
 FEW_OUTPUTS = 1 << 16  # a GPU kernel with fewer outputs than this shares each one across a workgroup
 
 
-def hand_opts(kernel: Kernel) -> list[Opt]:
-    """Actions for this kernel on its renderer, chosen by the rules of this module."""
+def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
+    """Actions for this kernel on its renderer, chosen by the rules of this module; with max_lanes, no upcast or
+    unroll takes the values each thread computes at once past that many (a kernel whose code grew too big)."""
     if kernel.empty:
         return []
     k = kernel.copy()
@@ -44,6 +48,9 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
         if axis is None:
             return False
         for amt in amounts:
+            lanes_op = op in (OptOps.UPCAST, OptOps.UNROLL)
+            if max_lanes is not None and lanes_op and k.lanes() * (amt or k.axes[axis].size) > max_lanes:
+                continue
             try:
                 k.apply(Opt(op, axis, amt))
             except KernelOptError:
@@ -70,7 +77,8 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
         if p.dim in masked and p.size <= SMALL_DIM and k.lanes() * p.size <= MASKED_LANES:
             attempt(OptOps.UPCAST if p.kind is Kind.GLOBAL else OptOps.UNROLL, k.axes.index(p), (0,))
     reuse = {d for d in outputs if any(_broadcast(v, d) for v in loads) and k.reduce_dims}
-    if k.reduce_dims and reuse and not few:  # a matrix product or a convolution: tile outputs in registers
+    tiled = k.reduce_dims and reuse and not few and len(k.ast.toposort) <= TILE_NODES
+    if tiled:  # a matrix product or a convolution: tile outputs in registers
         # small reduce dims (a convolution's window) written out in full; on a CPU, whose windows are one view each
         # (opt.merge_windows), only the innermost: the values a thread holds go to a bigger tile instead
         reduce_parts = k.of_kind(Kind.REDUCE)
@@ -107,7 +115,7 @@ def hand_opts(kernel: Kernel) -> list[Opt]:
         _panel_order(k, out_dim, vector_loads, attempt)
         if last_reduce is not None and k.lanes() * 2 <= UNROLL_LANES:
             attempt(OptOps.UNROLL, _axis(k, last_reduce), (4, 2) if k.lanes() * 4 <= UNROLL_LANES else (2,))
-    elif k.reduce_dims:  # a plain reduction
+    elif k.reduce_dims:  # a plain reduction (or one whose body is too big to tile)
         red_dim = next((d for d in sorted(k.reduce_dims) if any(_stride(v, d) == 1 for v in loads)), None)
         if red_dim is not None:  # reading along the reduction: accumulate lanes in a vector register
             attempt(OptOps.UNROLL, _axis(k, red_dim), (2 * lanes, lanes, 4, 2))

@@ -12,7 +12,7 @@ from tiny.codegen.narrow import narrow_loops
 from tiny.codegen.opt import Kernel, Opt
 from tiny.codegen.vectorize import vectorize
 from tiny.ir.config import DEBUG
-from tiny.ir.device import Compiled, CompiledProgram, Renderer
+from tiny.ir.device import Compiled, CompiledProgram, Renderer, RendererCaps
 from tiny.ir.dtypes import PtrDType
 from tiny.ir.pattern import graph_rewrite
 from tiny.ir.spec import validate
@@ -30,25 +30,55 @@ class Rendered:
     src: str
 
 
-def render_kernel(ast: UOp, device: Compiled, opts: Sequence[Opt] = ()) -> Rendered:
-    """Lower (after the optimization actions `opts`), simplify, linearize, check and render a kernel; no compiling."""
+# where the rules' actions make a kernel of more ops than this (lowered and simplified), they choose again with fewer
+# values per thread (compile time grows with the ops: a fused LSTM cell's backward pass of 1600 AST nodes tiled as a
+# matrix product was 30000 ops, 600 KB of C that clang took 7 s over, for a kernel of 240 iterations). The suite's
+# kernels stay under 2700.
+CODE_OPS = 4096
+
+
+def render_kernel(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = ()) -> Rendered:
+    """Lower (after the optimization actions `opts`, the rules' if None), simplify, linearize, check and render a
+    kernel; no compiling."""
     return render_for(ast, device.renderer, opts)
 
 
 def render_for(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) -> Rendered:
     """render_kernel for a renderer alone, no device: what compile-only tests of a GPU that is not here use.
-    opts None: the hand-written rules' actions for the renderer's caps."""
+    opts None: the hand-written rules' actions for the renderer's caps, held to CODE_OPS ops."""
     if opts is None:
-        opts = hand_opts(Kernel(ast, renderer.caps))
-    kernel = lower(ast, renderer.caps, opts)  # loops or hardware ids, lanes, index math, REDUCEs
-    sink = graph_rewrite(kernel.sink, symbolic)  # simplify index math and fold constants
-    sink = narrow_loops(sink, renderer.caps)  # sums skip the iterations whose every lane reads padding (CPUs)
-    sink = graph_rewrite(sink, vectorize, ctx=renderer.caps.vector_width * 4)  # lanes doing one thing: vector ops
+        kernel, sink = _lowered_by_rules(ast, renderer.caps)
+    else:
+        kernel = lower(ast, renderer.caps, opts)  # loops or hardware ids, lanes, index math, REDUCEs
+        sink = _simplified(kernel, renderer.caps)
     uops = linearize(sink)  # place each op in its loop, in execution order
     validate(uops)  # only device ops, each well formed
     if DEBUG >= 5:
         print(format_uops(uops))
     return Rendered(kernel, uops, renderer.render(kernel.name, uops))
+
+
+def _simplified(kernel: LoweredKernel, caps: RendererCaps) -> UOp:
+    sink = graph_rewrite(kernel.sink, symbolic)  # simplify index math and fold constants
+    sink = narrow_loops(sink, caps)  # sums skip the iterations whose every lane reads padding (CPUs)
+    return graph_rewrite(sink, vectorize, ctx=caps.vector_width * 4)  # lanes doing one thing: vector ops
+
+
+def _lowered_by_rules(ast: UOp, caps: RendererCaps) -> tuple[LoweredKernel, UOp]:
+    """The kernel lowered and simplified after the rules' actions; where that is more than CODE_OPS ops, again with
+    the rules held to fewer values per thread, in proportion (each value costs about the same code), until it fits
+    or a thread computes one value at a time."""
+    base, max_lanes = Kernel(ast, caps), None
+    while True:
+        opts = hand_opts(base, max_lanes)
+        kernel = lower(ast, caps, opts)
+        sink = _simplified(kernel, caps)
+        size, lanes = len(sink.toposort), base.copy().apply_opts(opts).lanes()
+        if DEBUG >= 3:
+            print(f"{kernel.name}: {opts} -> {size} ops")
+        if size <= CODE_OPS or lanes == 1:
+            return kernel, sink
+        max_lanes = min(lanes - 1, lanes * CODE_OPS // size)
 
 
 def format_uops(uops: list[UOp]) -> str:
@@ -60,8 +90,9 @@ def format_uops(uops: list[UOp]) -> str:
     )
 
 
-def build_program(ast: UOp, device: Compiled, opts: Sequence[Opt] = ()) -> CompiledProgram:
-    """The compiled program that runs kernel `ast` on `device`, after the optimization actions `opts`."""
+def build_program(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = ()) -> CompiledProgram:
+    """The compiled program that runs kernel `ast` on `device`, after the optimization actions `opts` (None: the
+    rules', held to CODE_OPS ops)."""
     r = render_kernel(ast, device, opts)
     return to_program(r, device, device.compile(r.src))
 
