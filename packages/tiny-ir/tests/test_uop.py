@@ -334,3 +334,20 @@ def test_pickle_a_deep_graph() -> None:
     except RecursionError:
         pytest.fail("RecursionError", pytrace=False)
     assert pickle.loads(data) is n
+
+
+def test_a_new_node_over_a_long_chain_finds_its_shape_without_walking_the_chain() -> None:
+    """x + c where x's shape is known and c's is not: c's few nodes are walked, not the chain below x (whose walk
+    each op of a lazy loop would repeat: quadratic in the chain's length)."""
+    device = UOp(Ops.DEVICE, arg="CPU")
+    buf = UOp(Ops.BUFFER, dtypes.float32, (device,), (0, 4))
+    x = UOp(Ops.RESHAPE, dtypes.float32, (buf,), (4,))
+    assert x.shape == (4,)
+    chain = [x]
+    for i in range(50):
+        c = UOp(
+            Ops.EXPAND, dtypes.float32, (UOp(Ops.RESHAPE, dtypes.float32, (UOp.const(dtypes.float32, i),), (1,)),), (4,)
+        )
+        chain.append(chain[-1] + c)
+        assert chain[-1].shape == (4,)
+    assert not any("toposort" in u.__dict__ for u in chain[:-1])

@@ -430,10 +430,13 @@ class UOp(_Fields):
     # ---- tensor-level graph: shape and device
 
     def _sources_know(self, name: str) -> None:
-        """Make sure every source has cached property `name`, computing bottom-up (no deep recursion)."""
-        if any(name not in s.__dict__ for s in self.src):
-            for x in self.toposort[:-1]:
-                getattr(x, name)
+        """Make sure every source has cached property `name`, computing bottom-up (no deep recursion) below the
+        sources that lack it alone (x + 1 over a long lazy chain: the constant's few nodes, not the chain)."""
+        for s in self.src:
+            if name not in s.__dict__:
+                for x in s.toposort:
+                    if name not in x.__dict__:
+                        getattr(x, name)
 
     @cached_property
     def shape(self) -> tuple[int, ...]:

@@ -59,7 +59,11 @@ class ElementwiseOps(TensorBase):
     def _alu(self, op: Ops, *others: Tensor, dtype: DType | None = None) -> Tensor:
         srcs = (self.uop, others[0].uop) if len(others) == 1 else (self.uop, *(o.uop for o in others))
         out_dtype = dtype or (dtypes.bool if op in GroupOp.Comparison else srcs[-1].dtype)
-        return self._new(make_node(UOp, op, out_dtype, srcs))  # (UOp(op, out_dtype, srcs): see make_node)
+        node = make_node(UOp, op, out_dtype, srcs)  # (UOp(op, out_dtype, srcs): see make_node)
+        known, first = node.__dict__, srcs[0].__dict__
+        if "shape" not in known and "shape" in first and "device" in first:  # its sources' (broadcast already): set
+            known["shape"], known["device"] = first["shape"], first["device"]  # here, not found by the properties
+        return self._new(node)
 
     def cast(self, dtype: DType | str) -> Tensor:
         """The values converted to another dtype (floats to ints round toward zero).
