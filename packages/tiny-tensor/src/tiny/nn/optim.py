@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from tiny.ir.schedule import is_realized, memory_of
+from tiny.ir.schedule import memory_of
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor import Tensor, dtypes
 
@@ -80,11 +80,7 @@ class Optimizer:
     def _pending_readers(self) -> list[Tensor]:
         memory = {memory_of(p.uop)[0] for p in self.params}
         params = {id(p) for p in self.params}
-        return [
-            t
-            for t in Tensor._pending.alive()
-            if id(t) not in params and not is_realized(t.uop) and any(u in memory for u in t.uop.toposort)
-        ]
+        return [t for t in Tensor._pending.alive() if id(t) not in params and any(u in memory for u in t.uop.toposort)]
 
     def _write(self, target: Tensor, value: Tensor) -> Tensor:
         """Record `target <- value` for this step's realize; later values that read the result see the new one."""

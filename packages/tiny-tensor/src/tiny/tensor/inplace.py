@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tiny.ir.schedule import is_realized, memory_of
+from tiny.ir.schedule import memory_of
 from tiny.ir.uop import GroupOp, Ops, UOp
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import default_int
@@ -79,9 +79,7 @@ def _settle_readers(target: TensorBase, value: TensorBase) -> None:
     """Compute now every pending tensor that reads this memory, so that it sees the values from before the write."""
     base, _ = memory_of(target.uop)
     pending = [
-        t
-        for t in type(target)._pending.alive()
-        if t is not target and not is_realized(t.uop) and not _is_memory(t.uop) and base in t.uop.toposort
+        t for t in type(target)._pending.alive() if t is not target and not _is_memory(t.uop) and base in t.uop.toposort
     ]
     pending = [t for t in pending if t.uop is not value.uop]
     if pending:

@@ -100,7 +100,7 @@ class TinyJit(Generic[R]):
 
 def _write_pending() -> None:
     """Realize every live tensor that holds a write into memory (an ASSIGN) not done yet."""
-    pending = [t for t in Tensor._pending.alive() if not is_realized(t.uop) and _assigns(t.uop)]
+    pending = [t for t in Tensor._pending.alive() if _assigns(t.uop)]
     if pending:
         pending[0].realize(*pending[1:])
 

@@ -100,12 +100,8 @@ class Tensor(
         """The tensor of an op's result: what Tensor(uop) makes, without dispatching on the argument's type."""
         if type(self) is not Tensor:  # (a subclass: its own constructor)
             return type(self)(uop)
-        t = _new_tensor(Tensor)
-        t._requires_grad = t.grad = None
-        t.uop = u = no_grad_wrap(uop) if NO_GRAD.value else uop
-        Tensor._live.add(t)
-        if not is_realized(u):
-            Tensor._pending.add(t)
+        t = self._operand(no_grad_wrap(uop) if NO_GRAD.value else uop)
+        t._track()
         return t
 
     def _operand(self, uop: UOp) -> Tensor:
@@ -156,7 +152,7 @@ class Tensor(
             u = t.uop
             if (view := done.get(u)) is not None:
                 t.uop = view
-            elif not is_realized(u) and not computed.isdisjoint(u.toposort):
+            elif not computed.isdisjoint(u.toposort):  # (listed pending: not memory)
                 t.uop = substitute(u, done)
         return self
 
