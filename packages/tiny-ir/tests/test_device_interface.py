@@ -26,6 +26,7 @@ from tiny.ir.device import (
     Device,
     DeviceName,
     LRUAllocator,
+    Program,
     Renderer,
     RendererCaps,
     UnknownDevice,
@@ -119,6 +120,19 @@ def test_renderer_base_renders_nothing() -> None:
     assert r.target == "sm_90"
     with pytest.raises(NotImplementedError):
         r.render("k", [])
+
+
+def test_a_programs_default_launcher_calls_it_with_the_grid_and_no_wait() -> None:
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    class Recording(Program):
+        def __call__(self, *bufs: Any, **kw: Any) -> float | None:
+            calls.append((bufs, kw))
+            return None
+
+    launch = Recording(None, "k", b"").launcher(2, (4, 1, 1), (8, 1, 1))  # type: ignore[arg-type]
+    assert launch("out", "in") is None
+    assert calls == [(("out", "in"), {"global_size": (4, 1, 1), "local_size": (8, 1, 1)})]
 
 
 # ---------------------------------------------------------------- buffers

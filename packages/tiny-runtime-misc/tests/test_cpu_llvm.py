@@ -59,9 +59,9 @@ def llvm_device() -> CPUDevice:
     return CPUDevice("CPU:LLVM", "LLVM")
 
 
-def buffers(*arrays: np.ndarray) -> list[tuple[np.ndarray, int]]:
-    """Arrays as the CPU allocator's opaque handles: (owner, address)."""
-    return [(a, a.ctypes.data) for a in arrays]
+def buffers(*arrays: np.ndarray) -> list[int]:
+    """Arrays as the CPU allocator's opaque handles: their addresses (the caller keeps the arrays alive)."""
+    return [a.ctypes.data for a in arrays]
 
 
 def test_cpu_llvm_through_entry_points() -> None:
@@ -162,8 +162,8 @@ def test_two_programs_of_one_name_stay_apart() -> None:
     eight = "define void @k(ptr %out) {\nentry:\n  store i32 8, ptr %out\n  ret void\n}\n"
     p7, p8 = LLVMProgram(dev, "k", dev.compile(seven)), LLVMProgram(dev, "k", dev.compile(eight))
     out = np.zeros(2, np.int32)
-    p7((out, out.ctypes.data))
-    p8((out[1:], out[1:].ctypes.data))
+    p7(out.ctypes.data)
+    p8(out[1:].ctypes.data)
     assert out.tolist() == [7, 8]
 
 
@@ -190,7 +190,7 @@ def test_rendered_kernels_run_with_variables_and_threads() -> None:
     src = dev.renderer.render("squares", uops)
     prog = dev.load(CompiledProgram("squares", dev.name, "LLVM", src, dev.compile(src), 1, (0,), ("n",)))
     res = np.full(64, -1, np.int32)
-    prog((res, res.ctypes.data), vals=(20,), global_size=(2, 1, 1))
+    prog(res.ctypes.data, vals=(20,), global_size=(2, 1, 1))
     want = [(k * k // 20 + t) if k < 20 else -1 for t in (0, 1) for k in range(32)]
     assert res.tolist() == want
 

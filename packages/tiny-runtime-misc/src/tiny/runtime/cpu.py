@@ -4,7 +4,6 @@ compiled in-process by llvmlite; either way for the host's vector ISA, and run i
 from __future__ import annotations
 
 import ctypes
-import operator
 import os
 import platform
 import re
@@ -12,6 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
@@ -30,7 +30,6 @@ from tiny.ir.device import (
 from tiny.runtime.llvm import LLVMCompiler, LoadedObject, host, require_llvmlite
 
 ALIGN = 64  # bytes; one cache line, enough for any vector ISA
-_address = operator.itemgetter(1)  # of an allocation (raw memory, aligned address)
 
 
 @cache
@@ -145,15 +144,27 @@ def _version(cc: str) -> str:
 
 
 class CPUAllocator(LRUAllocator):
+    """Host memory, aligned to ALIGN. An allocation's opaque is its address (an int): what a kernel's ctypes function
+    takes for a pointer as it is, so that a launch converts nothing. The ctypes array that owns the memory is kept
+    by address until it is freed for real."""
+
     caps = AllocatorCaps(host_visible=True, aligned=ALIGN)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owners: dict[int, ctypes.Array] = {}  # each allocation's address -> the array that holds its memory
 
     def _alloc(self, size: int) -> Any:
         raw = (ctypes.c_uint8 * (size + ALIGN))()
         addr = (ctypes.addressof(raw) + ALIGN - 1) // ALIGN * ALIGN
-        return (raw, addr)
+        self.owners[addr] = raw
+        return addr
+
+    def _free(self, opaque: Any, size: int) -> None:
+        del self.owners[opaque]
 
     def as_memoryview(self, opaque: Any, size: int) -> memoryview:
-        return memoryview((ctypes.c_uint8 * size).from_address(opaque[1])).cast("B")
+        return memoryview((ctypes.c_uint8 * size).from_address(opaque)).cast("B")
 
     def copyin(self, dest: Any, src: memoryview) -> None:
         self.as_memoryview(dest, src.nbytes)[:] = src
@@ -167,52 +178,65 @@ class CPUProgram(Program):
 
     def __init__(self, device: Compiled, name: str, binary: bytes) -> None:
         super().__init__(device, name, binary)
-        self.fn = self.load_function(name, binary)
-        self.fn.restype = None
-        self.signature: tuple[int, int, bool] | None = None  # (buffers, ints, threaded) its argtypes declare
+        self.lib = self.load(binary)
+        self.fn = self.symbol()  # (undeclared: what a caller that knows the C signature may declare and call)
+        self.declared: dict[tuple[int, int, bool], Any] = {}  # a ctypes function of the kernel for each signature
 
-    def load_function(self, name: str, binary: bytes) -> Any:
+    def load(self, binary: bytes) -> Any:
         # a file of its own name each time: the dynamic loader would hand back an earlier library by name
-        with tempfile.NamedTemporaryFile(prefix=f"tiny_{name}_", suffix=".so", delete=False) as f:
+        with tempfile.NamedTemporaryFile(prefix=f"tiny_{self.name}_", suffix=".so", delete=False) as f:
             f.write(binary)
         try:
-            self.lib = ctypes.CDLL(f.name)
+            return ctypes.CDLL(f.name)
         finally:
             os.unlink(f.name)
-        return getattr(self.lib, name)
+
+    def symbol(self) -> Any:
+        """A new ctypes function object of the kernel (each with argtypes of its own), returning nothing."""
+        fn = self.lib[self.name]
+        fn.restype = None
+        return fn
+
+    def function(self, n_bufs: int, n_vals: int, threaded: bool) -> Any:
+        """The kernel as a ctypes function declared for its C signature: buffer addresses, ints, then the thread
+        number if threaded. One per signature: declaring another never changes one handed out."""
+        key = (n_bufs, n_vals, threaded)
+        if (fn := self.declared.get(key)) is None:
+            fn = self.declared[key] = self.symbol()
+            fn.argtypes = [ctypes.c_void_p] * n_bufs + [ctypes.c_int] * (n_vals + threaded)
+        return fn
 
     def __call__(self, *bufs: Any, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False) -> float | None:
         threads = global_size[0]
-        if threads == 1 and not wait and not vals and self.signature == (len(bufs), 0, False):
-            self.fn(*map(_address, bufs))  # (the usual small kernel, declared already: buffers alone, nothing to time)
-            return None
-        if self.signature != (len(bufs), len(vals), threads > 1):
-            self.declare(len(bufs), len(vals), threads > 1)
-        args = [*map(_address, bufs), *vals]  # addresses and ints: ctypes converts them by the declared argtypes
+        fn = self.function(len(bufs), len(vals), threads > 1)
         if threads == 1 and not wait:
-            self.fn(*args)
+            fn(*bufs, *vals)  # (addresses and ints: ctypes converts them by the declared argtypes)
             return None
         start = time.perf_counter()
         if threads == 1:
-            self.fn(*args)
+            fn(*bufs, *vals)
         else:  # one call per thread, its number last (gidx0); ctypes lets go of the GIL during each
             pool = _pool(self.device.threads)
-            for f in [pool.submit(self.fn, *args, t) for t in range(threads)]:
+            for f in [pool.submit(fn, *bufs, *vals, t) for t in range(threads)]:
                 f.result()
         return time.perf_counter() - start if wait else None
 
-    def declare(self, n_bufs: int, n_vals: int, threaded: bool) -> None:
-        """The kernel's C signature for ctypes: buffer pointers, int variables, then the thread number if threaded."""
-        self.fn.argtypes = [ctypes.c_void_p] * n_bufs + [ctypes.c_int] * (n_vals + threaded)
-        self.signature = (n_bufs, n_vals, threaded)
+    def launcher(
+        self, n_bufs: int, global_size: tuple[int, int, int], local_size: tuple[int, int, int]
+    ) -> Callable[..., None]:
+        if global_size[0] == 1:  # one thread: the ctypes function itself, which takes the opaques (addresses) as is
+            return self.function(n_bufs, 0, False)
+        return super().launcher(n_bufs, global_size, local_size)
 
 
 class LLVMProgram(CPUProgram):
     """A kernel of an object file (what llvmlite makes), linked into the process; called as CPUProgram calls."""
 
-    def load_function(self, name: str, binary: bytes) -> Any:
-        self.lib = LoadedObject(binary)
-        return self.lib.function(name)
+    def load(self, binary: bytes) -> Any:
+        return LoadedObject(binary)
+
+    def symbol(self) -> Any:
+        return self.lib.function(self.name)
 
 
 class CPUDevice(Compiled):

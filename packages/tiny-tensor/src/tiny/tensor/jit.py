@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from tiny.ir.device import Buffer, Device, GraphLaunch, buffer_of
@@ -184,7 +184,7 @@ def _record(launches: list[Launch], inputs: list[Buffer], out: Any) -> _Recordin
     internal = _internal(launches, set(inputs) | kept)
     before = sum(b.nbytes for b in internal)
     plan = _plan(launches, internal)
-    launches = [Launch(tuple(plan.get(b, b) for b in ln.buffers), ln.program, ln.runner) for ln in launches]
+    launches = [replace(ln, buffers=tuple(plan.get(b, b) for b in ln.buffers)) for ln in launches]
     after = sum(b.nbytes for b in set(plan.values()))
     position = {b: i for i, b in enumerate(inputs)}
     args, patches = [], []
@@ -271,8 +271,7 @@ def _replay(rec: _Recording, tensors: list[Tensor]) -> Any:
             args = list(args)
             for j, k in patches:
                 args[j] = handles[k]
-        prog = ln.program
-        ln.runner(*args, global_size=prog.global_size, local_size=prog.local_size)
+        ln.launch(*args)  # type: ignore[misc]  (a kernel's launch)
     return _rebuild(rec.outputs, dict(zip(rec.inputs, tensors)))
 
 

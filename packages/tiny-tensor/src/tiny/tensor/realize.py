@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tiny.codegen import get_program
 from tiny.ir.config import BEAM, DEBUG, NOOPT
@@ -40,6 +41,7 @@ class Launch:
     buffers: tuple[Buffer, ...]
     program: CompiledProgram | None = None  # None: a copy from buffers[1] into buffers[0]
     runner: Program | None = None
+    launch: Callable[..., None] | None = None  # the runner's launch on the buffers' opaques (Program.launcher)
 
 
 class JitError(RuntimeError):
@@ -64,7 +66,16 @@ def capture() -> Iterator[list[Launch]]:
         _captures.pop()
 
 
-Programs = dict[tuple[UOp, str], tuple[CompiledProgram, Program]]
+class Built(NamedTuple):
+    """A kernel built for a device: the program, its loaded runner, and the runner's call that launches it on the
+    kernel's buffers without waiting (Program.launcher)."""
+
+    program: CompiledProgram
+    runner: Program
+    launch: Callable[..., None]
+
+
+Programs = dict[tuple[UOp, str], Built]
 _programs_by_opts: dict[tuple[int, int], Programs] = {}  # (NOOPT, BEAM) -> the programs built under those flags
 _opaque = operator.attrgetter("opaque")  # a buffer's memory, allocated when first asked for
 _COPY = Ops.COPY  # (an Enum member as a global: see tiny.ir.schedule._BUFFER)
@@ -81,17 +92,19 @@ def programs() -> Programs:
 
 def compiled(ast: UOp, device: str) -> tuple[CompiledProgram, Program]:
     """The compiled and loaded program for a kernel AST on a device, built once per process (and flags)."""
-    return _compiled(ast, device, programs())
+    return _compiled(ast, device, programs())[:2]
 
 
-def _compiled(ast: UOp, device: str, built: Programs) -> tuple[CompiledProgram, Program]:
+def _compiled(ast: UOp, device: str, built: Programs) -> Built:
     key = (ast, device)
     if (found := built.get(key)) is None:
         dev = Device[device]
         prog = get_program(ast, dev)
         if DEBUG >= 4:
             print(prog.src)
-        found = built[key] = (prog, dev.load(prog))
+        runner = dev.load(prog)
+        launch = runner.launcher(prog.n_buffers, prog.global_size, prog.local_size)
+        found = built[key] = Built(prog, runner, launch)
     return found
 
 
@@ -116,11 +129,15 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         device = buffers[0].device
         if (found := built.get((ast, device))) is None:
             found = _compiled(ast, device, built)
-        prog, runner = found
-        opaques = map(_opaque, buffers)  # (allocated when first used)
-        elapsed = runner(*opaques, global_size=prog.global_size, local_size=prog.local_size, wait=debug >= 2)
+        prog, runner, launch = found
+        if debug < 2:  # (the usual run: launched, not timed)
+            launch(*map(_opaque, buffers))  # (the opaques allocated when first asked for)
+            elapsed = None
+        else:
+            opaques = map(_opaque, buffers)
+            elapsed = runner(*opaques, global_size=prog.global_size, local_size=prog.local_size, wait=True)
         if _captures:
-            _captures[-1].append(Launch(buffers, prog, runner))
+            _captures[-1].append(Launch(buffers, prog, runner, launch))
         GlobalCounters.kernels += 1
         GlobalCounters.flops += prog.flops
         GlobalCounters.mem_bytes += prog.mem_bytes

@@ -134,6 +134,14 @@ class Program:
     ) -> float | None:
         raise NotImplementedError
 
+    def launcher(
+        self, n_bufs: int, global_size: tuple[int, int, int], local_size: tuple[int, int, int]
+    ) -> Callable[..., None]:
+        """A call that launches the kernel on the opaques of `n_bufs` buffers (and no integer variables) with this
+        grid, without waiting: what realize() calls for each kernel it runs, so a runtime may give a leaner one than
+        __call__ (the CPU's is the ctypes function itself)."""
+        return functools.partial(self, global_size=global_size, local_size=local_size)
+
 
 @dataclass(frozen=True)
 class GraphLaunch:
