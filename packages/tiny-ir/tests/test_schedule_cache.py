@@ -125,6 +125,9 @@ def test_a_cached_schedule_is_the_computed_one_on_many_graphs() -> None:
             for _ in range(3):
                 schedule(*build())
     assert SCHEDULES.hits == 2 * len(builders)  # each was checked twice against its template
+    # both ways instantiate() takes were checked: the short one (kernels, each target a view of one buffer) and the
+    # general one (a copy's node, an assign's target, a split reduction's partial sums)
+    assert {t._views is None for t in SCHEDULES.templates.values()} == {True, False}
 
 
 def _assign(target: UOp, value: Callable[[UOp], UOp]) -> UOp:

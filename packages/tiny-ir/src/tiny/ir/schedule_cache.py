@@ -117,11 +117,11 @@ def _caps_token(device: str) -> int | None:
     a wrong schedule."""
     if (caps := opened_caps(device)) is None:
         return None
-    if (kept := _CAPS.get(id(caps))) is not caps:
+    if (kept := _CAPS.get(token := id(caps))) is not caps:
         if kept is not None:
             raise AssertionError("internal: two caps objects alive with one id")
-        _CAPS[id(caps)] = caps
-    return id(caps)
+        _CAPS[token] = caps
+    return token
 
 
 def _walk(targets: list[UOp]) -> tuple[tuple | None, tuple[UOp, ...]]:
@@ -317,11 +317,18 @@ class Template:
         init=False, repr=False, compare=False
     )
     _becomes: tuple[tuple[Ref, _ViewOf | Ref], ...] = field(init=False, repr=False, compare=False)
+    # where every step is a kernel, every value becomes a view of one buffer and nothing is renamed (nearly every
+    # schedule): each target's index and its view, for the shorter way instantiate() takes then; else None
+    _views: tuple[tuple[int, _ViewOf], ...] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         steps = tuple((ast, _picker(ks), _is_kernel(ast)) for ast, ks in self.steps)
         object.__setattr__(self, "_steps", steps)
-        object.__setattr__(self, "_becomes", tuple((k, _view_of(v) or v) for k, v in self.becomes))
+        becomes = tuple((k, _view_of(v) or v) for k, v in self.becomes)
+        object.__setattr__(self, "_becomes", becomes)
+        plain = not self.renamed and all(kernel for _, _, kernel in steps)
+        plain = plain and all(type(k) is tuple and len(k) == 1 and type(v) is _ViewOf for k, v in becomes)
+        object.__setattr__(self, "_views", tuple((k[0], v) for k, v in becomes) if plain else None)
 
     @staticmethod
     def record(schedule: Schedule, graph: Structure) -> Template | None:
@@ -343,20 +350,25 @@ class Template:
             node = new_buffer(device, size, dtype)
             nodes.append(node)
             buffers.append(buffer_of(node))
-        targets = graph.targets
+        targets, reads = graph.targets, graph.buffers
         items: list[ScheduleItem] = []
+        becomes: dict[UOp, UOp] = {}
+        if (views := self._views) is not None:  # (the usual schedule: kernels, and each target a view)
+            for ast, pick, _ in self._steps:
+                items.append(_new_tuple(ScheduleItem, (ast, pick(buffers))))
+            for k, v in views:
+                becomes[targets[k]] = v.make(nodes[v.slot])
+            return _new_tuple(Schedule, (items, becomes, {}, tuple(nodes[len(reads) :]), reads))
         for ast, pick, kernel in self._steps:
             if not kernel:  # a copy's node (a kernel's AST is itself)
                 ast = _node(ast, targets, nodes)
             items.append(_new_tuple(ScheduleItem, (ast, pick(buffers))))
-        becomes: dict[UOp, UOp] = {}
         for k, v in self._becomes:
             node = targets[k[0]] if type(k) is tuple and len(k) == 1 else _node(k, targets, nodes)
             becomes[node] = v.make(nodes[v.slot]) if type(v) is _ViewOf else _node(v, targets, nodes)
         renamed: dict[UOp, UOp] = {}
         for k, v in self.renamed:
             renamed[_node(k, targets, nodes)] = _node(v, targets, nodes)
-        reads = graph.buffers
         return _new_tuple(Schedule, (items, becomes, renamed, tuple(nodes[len(reads) :]), reads))
 
 

@@ -203,8 +203,12 @@ def record_origins(becomes: dict[UOp, UOp], reads: tuple[UOp, ...]) -> None:
     is remembered (no gradient can pass it), as PyTorch saves nothing for ops on tensors that need no gradient: a
     remembered graph keeps the buffer it read alive, and that one the buffer before it (`x = f(x).realize()` in a
     loop would keep every step's buffer)."""
-    now, before = next(_clock), None
-    saving = not NO_GRAD.value and any(_GRAD_PATH in b.__dict__ for b in reads)
+    now, before, saving = next(_clock), None, False
+    if not NO_GRAD.value:
+        for b in reads:  # (a loop: any() of a generator is two calls more on Python 3.11)
+            if _GRAD_PATH in b.__dict__:
+                saving = True
+                break
     for node, view in becomes.items():
         if node.op is _ASSIGN:
             memory_of(view)[0].__dict__[_WRITTEN] = now
