@@ -27,7 +27,7 @@ from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import TensorCore  # noqa: F401  (re-exported: renderers declare theirs)
 from tiny.ir.uop import Ops, UOp, make_node
 
-INTERFACE_VERSION = (1, 1)  # (major, minor): runtimes pin a compatible major
+INTERFACE_VERSION = (1, 2)  # (major, minor): runtimes pin a compatible major (1.2: Program.launcher)
 
 
 class DeviceUnavailable(RuntimeError):
