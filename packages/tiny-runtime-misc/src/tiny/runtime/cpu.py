@@ -209,12 +209,9 @@ class CPUProgram(Program):
     def __call__(self, *bufs: Any, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False) -> float | None:
         threads = global_size[0]
         fn = self.function(len(bufs), len(vals), threads > 1)
-        if threads == 1 and not wait:
-            fn(*bufs, *vals)  # (addresses and ints: ctypes converts them by the declared argtypes)
-            return None
-        start = time.perf_counter()
+        start = time.perf_counter() if wait else 0.0
         if threads == 1:
-            fn(*bufs, *vals)
+            fn(*bufs, *vals)  # (addresses and ints: ctypes converts them by the declared argtypes)
         else:  # one call per thread, its number last (gidx0); ctypes lets go of the GIL during each
             pool = _pool(self.device.threads)
             for f in [pool.submit(fn, *bufs, *vals, t) for t in range(threads)]:
