@@ -68,12 +68,12 @@ def clang_and_gcc() -> list[str]:
     return list(dict.fromkeys([system_cc(), *(cc for cc in compilers() if cc == "gcc")]))
 
 
-def build(src: str, cc: str | None = None) -> ctypes.CDLL:
+def build(src: str, cc: str | None = None, flags: tuple[str, ...] = ("-O1",)) -> ctypes.CDLL:
     """Compile C source into a shared library, as the CPU device does, and load it."""
     cc = cc or system_cc()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "kernels.so")
-        args = [cc, "-shared", "-fPIC", "-O1", "-fwrapv", "-fno-math-errno", "-x", "c", "-", "-o", path, "-lm"]
+        args = [cc, "-shared", "-fPIC", *flags, "-fwrapv", "-fno-math-errno", "-x", "c", "-", "-o", path, "-lm"]
         r = subprocess.run(args, input=src.encode(), capture_output=True)
         assert r.returncode == 0, f"{cc} failed:\n{r.stderr.decode()}\n--- source ---\n{src}"
         return ctypes.CDLL(path)  # loaded: the file may go
@@ -453,3 +453,48 @@ def test_a_sum_of_1000_tensors_compiles_and_runs() -> None:
         out = np.zeros(4, np.float32)
         run_c(item.ast, [out, *inputs], cc)
         np.testing.assert_array_equal(out, np.full(4, sum(range(1000)), np.float32), err_msg=cc)
+
+
+# ---------------------------------------------------------------- vector math
+
+EXP2_INPUTS = np.concatenate(
+    [
+        np.random.default_rng(0).uniform(-160, 140, 200_000),
+        np.random.default_rng(1).uniform(-2, 2, 200_000),
+        np.arange(-152, 130, 0.25),  # every integer and half: the rounding of n and both ends of f
+        np.nextafter(np.float32([-126, -149, -149.5, 127, 128, -0.5, 0.5]), np.float32(np.inf)),
+        np.nextafter(np.float32([-126, -149, -150, 127, 128, -0.5, 0.5]), np.float32(-np.inf)),
+        [0.0, -0.0, 1e-30, -1e-30, 3.4e38, -3.4e38, np.inf, -np.inf, np.nan],
+    ]
+).astype(np.float32)
+
+
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+def test_vector_exp2_is_within_2_ulp_of_numpy(lanes: int) -> None:
+    """The C renderer's float32 vector exp2 (a polynomial in the vector unit, not libm's or libmvec's call), built
+    as the CPU device builds kernels (-O2 -march=native, fused multiply-adds) and at -O1 without them, by clang and
+    gcc: within 2 ulp of NumPy's float64 exp2 rounded to float32, subnormal results included; exact at 0 and
+    inf; NaN for NaN."""
+    v = f32.vec(lanes)
+    t = R.vector_type_name(v)
+    src = R.vector_typedef(v) + R.vector_prelude(v)
+    assert "_ZGV" not in src and "__builtin_exp2f" not in src.split(f"tiny_vexp2_{t}")[1].split("}")[0]
+    src += (
+        f"void exp2s(float* out, const float* x, int n) {{\n"
+        f"  for (int i = 0; i < n; i += {lanes}) tiny_vstore_{t}(out + i, tiny_vexp2_{t}(tiny_vload_{t}(x + i)));\n}}\n"
+    )
+    x = np.concatenate([EXP2_INPUTS, np.zeros(-len(EXP2_INPUTS) % lanes, np.float32)])
+    with np.errstate(over="ignore"):
+        want = np.exp2(x.astype(np.float64)).astype(np.float32)
+    native = ("-O2", "-march=native", "-ffp-contract=fast") if os.uname().machine == "x86_64" else ("-O2",)
+    for cc in clang_and_gcc():
+        for flags in (native, ("-O1", "-ffp-contract=off")):
+            got = np.zeros_like(x)
+            lib = build(src, cc, flags)
+            lib.exp2s(ctypes.c_void_p(got.ctypes.data), ctypes.c_void_p(x.ctypes.data), ctypes.c_int(len(x)))
+            what = f"{cc} {' '.join(flags)}"
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(x), err_msg=what)
+            exact = np.isnan(want) | np.isinf(want) | (want == 0) | (x == 0)
+            np.testing.assert_array_equal(got[exact & ~np.isnan(x)], want[exact & ~np.isnan(x)], err_msg=what)
+            ulps = np.abs(got[~exact].astype(np.float64) - want[~exact]) / np.spacing(np.abs(want[~exact]))
+            assert ulps.max() <= 2, f"{what}: {ulps.max()} ulp at x = {x[~exact][ulps.argmax()]!r}"

@@ -137,6 +137,34 @@ def test_a_reduce_becomes_an_accumulator_before_its_loop_and_an_assign_inside() 
     assert store.value is assign and where[store] == (outer,)  # the result is read after the loop
 
 
+def _accumulator_updates(uops: list[UOp]) -> list[UOp]:
+    """The ops of the loop that read the accumulator or an update of it, up to its ASSIGN."""
+    (acc,) = [u for u in uops if u.op is Ops.DEFINE_ACC]
+    chain, last = [], acc
+    for u in uops:
+        if u.op is not Ops.ASSIGN and last in u.src:
+            chain.append(u)
+            last = u
+    return chain
+
+
+def test_unrolled_lanes_reach_the_accumulator_in_one_op_unless_they_are_products() -> None:
+    """A max (or a sum of anything but products) of 4 unrolled lanes combines them first: the accumulator takes
+    one op per iteration, so the chain from one iteration to the next is one op long. A sum of products is added
+    one product at a time (acc + a0*b0) + a1*b1 ...: multiply-adds the compiler fuses."""
+    x = tensor(4, 64)
+    _, uops = kernel_uops(only_ast(reduce(x, (1,), Ops.MAX)), opts=[Opt(OptOps.UNROLL, 1, 4)])
+    (update,) = _accumulator_updates(uops)
+    assert update.op is Ops.MAX
+    _, uops = kernel_uops(only_ast(reduce(x.alu(Ops.EXP2), (1,))), opts=[Opt(OptOps.UNROLL, 1, 4)])
+    assert [u.op for u in _accumulator_updates(uops)] == [Ops.ADD]
+    y = tensor(4, 64)
+    _, uops = kernel_uops(only_ast(reduce(x * y, (1,))), opts=[Opt(OptOps.UNROLL, 1, 4)])
+    updates = _accumulator_updates(uops)
+    assert [u.op for u in updates] == [Ops.ADD] * 4
+    assert all(u.src[1].op is Ops.MUL for u in updates)
+
+
 def test_reduce_identities() -> None:
     assert identity(Ops.ADD, f32) == 0 and identity(Ops.MUL, f32) == 1
     assert identity(Ops.MAX, f32) == -float("inf") and identity(Ops.MAX, dtypes.int8) == -128

@@ -38,6 +38,7 @@ class HIPRenderer(GPUCStyleRenderer):
     )
     type_names = CRenderer.type_names | {"bool": "bool"}
     mvec = False  # no glibc vector math on the GPU: vector math goes lane by lane
+    inline_exp2 = False  # the GPU has an exp2 instruction per lane
 
     # GNU vectors and their helpers, as the C renderer writes them
     vector_typedef = CRenderer.vector_typedef

@@ -65,8 +65,10 @@ class _Linearizer:
             if chain and r.arg is Ops.ADD and w.op is Ops.CONST:
                 self.wmma_chains[r.value] = chain
         chained = {w for chain in self.wmma_chains.values() for w in chain}
-        # a sum of unrolled lanes ((v0 + v1) + v2 ...) that only its REDUCE uses, computed inside its loop, is added
-        # to the accumulator one lane at a time ((acc + v0) + v1 ...): a chain of multiply-adds the compiler fuses
+        # a sum of unrolled products ((a0*b0 + a1*b1) + ...) that only its REDUCE uses, computed inside its loop, is
+        # added to the accumulator one product at a time ((acc + a0*b0) + a1*b1 ...): a chain of multiply-adds the
+        # compiler fuses. Other lanes (a max, a sum of exps) are combined first and reach the accumulator in one op,
+        # so the chain from one iteration to the next is one op long, not one per lane.
         self.lane_terms: dict[UOp, list[UOp]] = {}
         for r in self.reduces:
             spine, terms, v = [], [], r.value
@@ -74,7 +76,7 @@ class _Linearizer:
                 spine.append(v)
                 terms.append(v.src[1])
                 v = v.src[0]
-            if spine:
+            if spine and r.arg is Ops.ADD and all(t.op is Ops.MUL for t in (v, *terms)):
                 self.lane_terms[r.value] = [v] + terms[::-1]
                 chained.update(spine)
         for u in self.topo:
