@@ -102,3 +102,30 @@ def test_a_narrowed_loop_renders_as_c_that_compiles() -> None:
     out = subprocess.run([cc, "-c", "-x", "c", "-", "-o", "/dev/null"], input=src.encode(), capture_output=True)
     assert out.returncode == 0, out.stderr.decode()
     assert "?" in src.split("for (")[-1].split(";")[1]  # the loop's bound: a max/min of the row, not a number
+
+
+@pytest.mark.parametrize("size,threads", [(4099, 2), (4099, 4), (10, 4), (13, 3)])
+def test_a_dim_padded_for_threads_loops_to_its_end_without_gates(size: int, threads: int) -> None:
+    """A prime dim padded to a multiple of the threads and split across them: each thread's loop stops where the
+    dim does (the last one's share is shorter, or empty), so no load or store is gated, and the loop is the plain
+    one a C compiler vectorizes."""
+    a, b = tensor(size), tensor(size)
+    ast = ast_of(a * b + a)
+    opts = [Opt(OptOps.PADTO, 0, threads), Opt(OptOps.THREAD, 0, threads)]
+    kernel, uops = kernel_uops(ast, RendererCaps(language="C", threads=threads), opts)
+    av, bv = (np.random.default_rng(i).standard_normal(size).astype(np.float32) for i in range(2))
+    out = np.full(size, np.nan, np.float32)
+    interpret(uops, [out, av, bv], kernel.global_size)
+    np.testing.assert_allclose(out, av * bv + av, rtol=1e-6)
+    (loop,) = [u for u in uops if u.op is Ops.RANGE]
+    assert loop.end.op is not Ops.CONST  # min(share, size - gidx0 * share)
+    assert all(u.address.gate is None for u in uops if u.op in (Ops.LOAD, Ops.STORE))
+
+
+def test_an_output_loop_with_a_store_that_is_not_gated_is_not_narrowed() -> None:
+    """Two stores, one of them writing every iteration: the loop must run them all."""
+    a = tensor(13)
+    padded = move(Ops.PAD, a, ((0, 3),))  # 16 outputs, the last 3 zeros: the store is not gated, the load is
+    _, uops = kernel_uops(ast_of(padded * 2), RendererCaps(language="C", threads=2), [Opt(OptOps.THREAD, 0, 2)])
+    (loop,) = [u for u in uops if u.op is Ops.RANGE]
+    assert loop.end.op is Ops.CONST and loop.end.arg == 8

@@ -200,6 +200,16 @@ def test_heuristics_tile_a_matmul_and_vectorize_elementwise() -> None:
     assert hand_opts(Kernel(ast_of(tensor(3) * tensor(3)), RendererCaps(language="C"))) == []
 
 
+def test_heuristics_pad_a_prime_dim_to_split_it_across_threads() -> None:
+    """No thread count divides 2**20 + 7 (prime): the dim is padded to a multiple of the threads and split, each
+    thread's loop stopping where the dim ends (tiny.codegen.narrow); a dim some count divides is split by it."""
+    n = 2**20 + 7
+    assert hand_opts(Kernel(ast_of(tensor(n) * tensor(n)), CPU)) == [Opt(OptOps.PADTO, 0, 4), Opt(OptOps.THREAD, 0, 4)]
+    assert Opt(OptOps.PADTO, 0, 4) in actions(Kernel(ast_of(tensor(n) * tensor(n)), CPU))
+    even = hand_opts(Kernel(ast_of(tensor(3 * 2**19) * tensor(3 * 2**19)), CPU))
+    assert Opt(OptOps.THREAD, 0, 4) in even and not any(o.op is OptOps.PADTO for o in even)
+
+
 def test_heuristics_leave_a_big_body_untiled() -> None:
     """A register tile reuses a matrix product's loads; a reduction whose body is hundreds of ops (a fused backward
     pass) gains little from that, and its code would grow by the whole body with each value of the tile: it is

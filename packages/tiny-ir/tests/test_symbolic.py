@@ -169,6 +169,17 @@ def test_a_load_whose_gate_is_known() -> None:
     assert simplify(load(r.lt(3))).address.gate is not None  # decided at run time
 
 
+def test_a_store_whose_gate_holds_is_plain() -> None:
+    buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(8), (), 0)
+    value = UOp.const(dtypes.float32, 1.0)
+
+    def store(gate: UOp) -> UOp:
+        return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, r, gate)), value))
+
+    assert simplify(store(r.lt(100))) is UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, r)), value))
+    assert simplify(store(r.lt(3))).address.gate is not None  # decided at run time
+
+
 def test_float_rules_stay_exact() -> None:
     zero, one = c(0.0, dtypes.float32), c(1.0, dtypes.float32)
     for unsafe in (f * zero, f + zero, f - f, zero + f, f * 0, (f + one) + one, f.ne(f), f / f):

@@ -12,6 +12,7 @@ import numpy as np
 from tensor_helpers import poison
 
 from tiny.codegen import Opt, OptOps, get_program
+from tiny.codegen.opt import MAX_THREADS
 from tiny.ir.device import Device
 from tiny.runtime.cpu import _pool
 from tiny.tensor import Tensor
@@ -40,6 +41,24 @@ def test_threads_give_the_same_bits_as_one_thread() -> None:
     np.testing.assert_allclose(
         np.frombuffer(one, np.float32).reshape(96, 64), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-4
     )
+
+
+def test_a_prime_dim_is_split_across_threads_and_gives_the_same_bits() -> None:
+    """2**20 + 7 is prime: no thread count divides it, so the rules pad it to a multiple of the threads and each
+    thread's loop stops where the dim ends. Every output is written (the buffer is poisoned first), bit for bit as
+    one thread writes it."""
+    n = 2**20 + 7
+    rng = np.random.default_rng(2)
+    a, b = (Tensor(rng.standard_normal(n).astype(np.float32), device="CPU").realize() for _ in range(2))
+    (item,) = ((a * b + 1).exp()).schedule()
+    one, _ = _run(item, [])
+    for threads in (2, 3, 4):
+        many, gs = _run(item, [Opt(OptOps.PADTO, 0, threads), Opt(OptOps.THREAD, 0, threads)])
+        assert gs == (threads, 1, 1) and many == one, f"{threads} threads changed the result"
+    want = np.exp(a.numpy() * b.numpy() + 1)
+    np.testing.assert_allclose(np.frombuffer(one, np.float32), want, rtol=2e-6, atol=1e-30)
+    prog, _ = compiled(item.ast, "CPU")  # what the rules chose
+    assert prog.global_size[0] == min(Device["CPU"].threads, MAX_THREADS), prog.global_size
 
 
 def test_one_pool_for_every_kernel_and_thread() -> None:

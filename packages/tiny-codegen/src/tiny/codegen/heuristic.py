@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from tiny.codegen.opt import Kernel, KernelOptError, Kind, Opt, OptOps
+from tiny.codegen.opt import MAX_THREADS, Kernel, KernelOptError, Kind, Opt, OptOps
 from tiny.ir.uop import Ops
 from tiny.ir.views import View
 
@@ -134,9 +134,15 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
     work = math.prod(k.full_shape)
     if caps.threads > 1 and work >= THREAD_MIN_WORK:
         counts = [t for t in range(caps.threads, 1, -1)]
-        for i, p in enumerate(k.axes):
-            if p.kind is Kind.GLOBAL and attempt(OptOps.THREAD, i, tuple(t for t in counts if p.size % t == 0)):
-                break
+        outputs = [i for i, p in enumerate(k.axes) if p.kind is Kind.GLOBAL]
+        if not any(attempt(OptOps.THREAD, i, tuple(t for t in counts if k.axes[i].size % t == 0)) for i in outputs):
+            # no count divides an output dim (a prime one): the biggest whole one padded to a multiple of the
+            # threads, each thread's share stopping where the dim ends (tiny.codegen.narrow), so no lane is masked
+            threads = min(caps.threads, MAX_THREADS)
+            for i in sorted(outputs, key=lambda i: -k.axes[i].size):
+                if attempt(OptOps.PADTO, i, (threads,)):
+                    attempt(OptOps.THREAD, i, (threads,))
+                    break
     if caps.has_local:
         _local_opts(k, attempt)
     return chosen

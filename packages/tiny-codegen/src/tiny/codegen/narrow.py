@@ -27,11 +27,27 @@ def narrow_loops(sink: UOp, caps: RendererCaps) -> UOp:
     devices (a GPU's threads share a loop's count with their workgroup, its barriers and its warp's tensor cores)."""
     if caps.has_local or not any(u.op is Ops.INDEX and u.gate is not None for u in sink.toposort):
         return sink
+    reduced = {x for u in sink.toposort if u.op is Ops.REDUCE for x in u.ranges}
     for r in [u for u in sink.toposort if u.op is Ops.RANGE]:
-        narrowed = _narrow(sink, r)
+        narrowed = _narrow(sink, r) if r in reduced else _narrow_output(sink, r)
         if narrowed is not None:
             sink = narrowed
     return sink
+
+
+def _narrow_output(sink: UOp, r: UOp) -> UOp | None:
+    """Output loop r counting only the iterations where some store reading r may store: where every such store is
+    gated by a bound on r that reads no loop (a dim padded to a multiple of the threads, each thread's share of it
+    ending where the dim does: gidx0*R + r < S), the loop stops there and the gates say nothing more. Its body is
+    then a plain loop that the C compiler vectorizes, with a tail, where a gate in every iteration kept it scalar."""
+    stores = [u for u in sink.src if u.op is Ops.STORE and r in u.toposort]
+    if not stores or any(st.src[0].gate is None for st in stores):
+        return None
+    finder = _Finder(r, frozenset())
+    interval: Interval = None
+    for st in stores:
+        interval = _union(interval, finder.nonzero(st.src[0].gate))
+    return None if interval is None else _bounded(sink, r, interval, finder)
 
 
 def _narrow(sink: UOp, r: UOp) -> UOp | None:
@@ -49,6 +65,12 @@ def _narrow(sink: UOp, r: UOp) -> UOp | None:
         interval = _union(interval, finder.nonzero(s.value))
     if interval is None:
         return None  # nothing but zeros: left to the simplifier
+    return _bounded(sink, r, interval, finder)
+
+
+def _bounded(sink: UOp, r: UOp, interval: tuple[Bound, Bound], finder: _Finder) -> UOp | None:
+    """The kernel with loop r counting over `interval` only (clipped to 0 .. its end), the gate clauses that gave
+    the interval's bounds dropped; None where that clips nothing."""
     lo, hi = first = interval
     end = r.end
     if lo is not None and lo.vmax <= 0:

@@ -389,6 +389,13 @@ def _load_constant_gate(u: UOp) -> UOp | None:
     return UOp(Ops.LOAD, u.dtype, (plain, *(s for s in u.src[1:] if s is not alt)), u.arg)
 
 
+def _store_true_gate(u: UOp) -> UOp | None:
+    addr = u.address
+    if addr.op is not Ops.INDEX or (gate := addr.gate) is None or gate.op is not Ops.CONST or not gate.arg:
+        return None
+    return u.replace(src=(UOp(Ops.INDEX, addr.dtype, (addr.pointer, addr.offset), addr.arg), *u.src[1:]))
+
+
 def _cast_noop(u: UOp, x: UOp) -> UOp | None:
     """A CAST to the dtype it already has."""
     return x if u.dtype == x.dtype else None
@@ -639,6 +646,7 @@ symbolic = PatternMatcher(
         (UPat.var("c", dtypes.bool).where(UPat.const(True), UPat.const(False)), lambda c: c),  # c ? True : False -> c
         # ---- memory: a gate known to hold or to fail
         (UPat(Ops.LOAD, name="u"), _load_constant_gate),  # a load gated by False -> its alternative; by True -> plain
+        (UPat(Ops.STORE, name="u"), _store_true_gate),  # a store gated by True -> plain
         # ---- ints: identities that hold for vectors too (scalar sums are canonicalized above)
         (_x_int // 1, lambda x: x),  # x//1 -> x
         (_x_int % 1, lambda x: x.const_like(0)),  # x%1 -> 0
