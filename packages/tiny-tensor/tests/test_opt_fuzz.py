@@ -3,8 +3,9 @@
 Kernels come from real tensor programs (matrix products, convolutions, reductions with odd sizes, padded,
 flipped and strided views, several dtypes). For each, random sequences of legal actions (the ones BEAM
 tries) are applied; the optimized program runs on the same inputs and its output is compared with the
-unoptimized program's. The seed is fixed and the count bounded in CI; `pytest --opt-fuzz=N` runs N
-sequences per kernel (and a different seed with --opt-fuzz-seed).
+unoptimized program's. fp16 and bf16 products also run on the PYTHON emulator declaring the tensor cores of
+sm_80, gfx1100 and gfx942: the rules' TC mapping, then random actions after it. The seed is fixed and the count
+bounded in CI; `pytest --opt-fuzz=N` runs N sequences per kernel (and a different seed with --opt-fuzz-seed).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import numpy as np
 import pytest
 from tensor_helpers import poison
 
-from tiny.codegen import Kernel, KernelOptError, Opt, get_program
+from tiny.codegen import Kernel, KernelOptError, Opt, OptOps, get_program
 from tiny.codegen.beam import actions
+from tiny.codegen.heuristic import hand_opts
 from tiny.ir.device import Device
+from tiny.runtime.python import PythonDevice
 from tiny.tensor import Tensor, dtypes
 from tiny.tensor.realize import run_schedule
 
@@ -73,6 +76,8 @@ def _run(item, device, opts):  # noqa: ANN001, ANN202
         *[b.ensure_allocated().opaque for b in item.buffers], global_size=prog.global_size, local_size=prog.local_size
     )
     out = item.buffers[0]
+    if out.dtype == dtypes.bfloat16:  # (the top 16 bits of a float32)
+        return (np.frombuffer(out.as_bytes(), np.uint16).astype(np.uint32) << 16).view(np.float32)
     return np.frombuffer(out.as_bytes(), dtype=np.dtype(out.dtype.fmt or "u2")).copy()
 
 
@@ -92,11 +97,12 @@ def _random_opts(kernel: Kernel, r: random.Random, steps: int) -> list[Opt]:
     return chosen
 
 
-def _compare(got: np.ndarray, want: np.ndarray, what: str) -> None:
+def _compare(got: np.ndarray, want: np.ndarray, what: str, half: bool = False) -> None:
+    """half: the kernel's dtype has 16 bits (bfloat16 comes back as float32)."""
     if got.dtype.kind in "iub":
         np.testing.assert_array_equal(got, want, err_msg=what)
     else:
-        tol = 2e-2 if got.dtype.itemsize <= 2 else 1e-4
+        tol = 2e-2 if half or got.dtype.itemsize <= 2 else 1e-4
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=what)
 
 
@@ -121,3 +127,44 @@ def test_random_actions_keep_results(name: str, target: str, request: pytest.Fix
         _compare(_run(item, target, opts), want, f"{name} on {target} with {opts}")
     if kernel.axes:
         assert tried > 0, f"no legal action found for {name}"
+
+
+# fp16/bf16 products the tensor cores take (after PADTO where M, N or K is not a multiple of the tile)
+TC_PROGRAMS: dict[str, Callable[[str], Tensor]] = {
+    "matmul_fp16": lambda d: _t(32, 48, dtype=dtypes.float16, device=d) @ _t(48, 32, dtype=dtypes.float16, device=d),
+    "matmul_padded_bf16": lambda d: (
+        _t(20, 24, dtype=dtypes.bfloat16, device=d) @ _t(24, 10, dtype=dtypes.bfloat16, device=d)
+    ),
+    "conv2d_fp16": lambda d: _t(1, 16, 4, 18, dtype=dtypes.float16, device=d).conv2d(
+        _t(16, 16, 3, 3, dtype=dtypes.float16, device=d)
+    ),
+}
+TC_ARCHS = {"sm_80": "PYTHON:80", "gfx1100": "PYTHON:1100", "gfx942": "PYTHON:942"}
+
+
+@pytest.mark.parametrize("name", sorted(TC_PROGRAMS))
+@pytest.mark.parametrize("arch", sorted(TC_ARCHS))
+def test_random_actions_after_tensor_cores_keep_results(
+    name: str, arch: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the PYTHON emulator declaring a GPU's tensor cores: the rules' TC mapping (with the PADTOs it needs), then
+    0 to 3 random legal actions (UPCAST, LOCAL, UNROLL, SWAP ... as BEAM tries them after TC), compute what the
+    unoptimized kernel computes."""
+    device = TC_ARCHS[arch]
+    monkeypatch.setitem(Device._open, device, PythonDevice(device, "PYTHON", tensor_cores_of=arch))
+    count = request.config.getoption("--opt-fuzz")
+    seed = request.config.getoption("--opt-fuzz-seed")
+    items = TC_PROGRAMS[name](device).schedule()
+    run_schedule(items[:-1])
+    item = items[-1]
+    want = _run(item, device, [])
+    kernel = Kernel(item.ast, Device[device].renderer.caps)
+    rules = hand_opts(kernel)
+    assert any(o.op is OptOps.TC for o in rules), f"the rules put {name} on no tensor core of {arch}: {rules}"
+    prefix = rules[: next(i for i, o in enumerate(rules) if o.op is OptOps.TC) + 1]
+    mapped = kernel.copy().apply_opts(prefix)
+    r = random.Random(f"{seed}:{name}:{arch}")
+    for i in range(count):
+        opts = prefix + _random_opts(mapped, r, steps=i % 4)
+        # (a tensor core's products are exact; the unoptimized kernel rounds each to the input dtype first)
+        _compare(_run(item, device, opts), want, f"{name} on {arch} tensor cores with {opts}", half=True)
