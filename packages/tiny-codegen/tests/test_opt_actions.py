@@ -200,6 +200,17 @@ def test_heuristics_tile_a_matmul_and_vectorize_elementwise() -> None:
     assert hand_opts(Kernel(ast_of(tensor(3) * tensor(3)), RendererCaps(language="C"))) == []
 
 
+def test_heuristics_pad_an_odd_number_of_columns_to_whole_vectors() -> None:
+    """A sum down the columns of 256 x 4099: no vector count divides 4099, so the outputs are padded to whole tiles of
+    32, to a multiple of the threads' shares of them (4099 -> 4224 = 132 tiles, 33 a thread); an even width is only
+    cut. On a GPU nothing is padded."""
+    odd = hand_opts(Kernel(ast_of(reduce(tensor(256, 4099), (0,))), CPU))
+    assert odd[:2] == [Opt(OptOps.PADTO, 0, 128), Opt(OptOps.UPCAST, 0, 32)] and Opt(OptOps.THREAD, 0, 4) in odd
+    even = hand_opts(Kernel(ast_of(reduce(tensor(256, 4096), (0,))), CPU))
+    assert even[0] == Opt(OptOps.UPCAST, 0, 32) and not any(o.op is OptOps.PADTO for o in even)
+    assert not any(o.op is OptOps.PADTO for o in hand_opts(Kernel(ast_of(reduce(tensor(256, 4099), (0,))), GPU)))
+
+
 def test_heuristics_pad_a_prime_dim_to_split_it_across_threads() -> None:
     """No thread count divides 2**20 + 7 (prime): the dim is padded to a multiple of the threads and split, each
     thread's loop stopping where the dim ends (tiny.codegen.narrow); a dim some count divides is split by it."""

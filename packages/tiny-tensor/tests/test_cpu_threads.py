@@ -61,6 +61,17 @@ def test_a_prime_dim_is_split_across_threads_and_gives_the_same_bits() -> None:
     assert prog.global_size[0] == min(Device["CPU"].threads, MAX_THREADS), prog.global_size
 
 
+def test_a_sum_down_an_odd_number_of_columns() -> None:
+    """4099 columns (prime): the rules pad them to whole tiles of 32 (the last tile's lanes past the end masked) and
+    split the tiles across the threads; every column's sum is right."""
+    xv = np.random.default_rng(3).standard_normal((300, 4099)).astype(np.float32)
+    x = Tensor(xv, device="CPU").realize()
+    (item,) = x.sum(0).schedule()
+    prog, _ = compiled(item.ast, "CPU")
+    assert prog.global_size[0] == min(Device["CPU"].threads, MAX_THREADS), prog.global_size  # (only once padded)
+    np.testing.assert_allclose(x.sum(0).numpy(), xv.sum(0), rtol=1e-4, atol=1e-4)
+
+
 def test_one_pool_for_every_kernel_and_thread() -> None:
     """Four Python threads run threaded kernels at once: the kernels' threads all come from one pool of one thread
     per core, and each sum is exact."""
