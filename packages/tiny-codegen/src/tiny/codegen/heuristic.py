@@ -130,7 +130,7 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
                 # down its memory a cache line per value (a sum over 4096 x 4099: 137 -> 11 ms). The lanes are then
                 # scalar: each has a gate of its own
                 tile = wide[0]
-                if attempt(OptOps.PADTO, axis, (tile * caps.threads, tile) if caps.threads > 1 else (tile,)):
+                if attempt(OptOps.PADTO, axis, (tile * caps.threads, tile)):
                     attempt(OptOps.UPCAST, axis, (tile,))
         if caps.has_shared:
             _group(k, red_dim, few, reuse, attempt)

@@ -41,12 +41,12 @@ def _narrow_output(sink: UOp, r: UOp) -> UOp | None:
     ending where the dim does: gidx0*R + r < S), the loop stops there and the gates say nothing more. Its body is
     then a plain loop that the C compiler vectorizes, with a tail, where a gate in every iteration kept it scalar."""
     stores = [u for u in sink.src if u.op is Ops.STORE and r in u.toposort]
-    if not stores or any(st.src[0].gate is None for st in stores):
+    if not stores or any(st.address.gate is None for st in stores):
         return None
     finder = _Finder(r, frozenset())
     interval: Interval = None
     for st in stores:
-        interval = _union(interval, finder.nonzero(st.src[0].gate))
+        interval = _union(interval, finder.nonzero(st.address.gate))
     return None if interval is None else _bounded(sink, r, interval, finder)
 
 

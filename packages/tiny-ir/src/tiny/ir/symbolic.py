@@ -393,7 +393,7 @@ def _store_true_gate(u: UOp) -> UOp | None:
     addr = u.address
     if addr.op is not Ops.INDEX or (gate := addr.gate) is None or gate.op is not Ops.CONST or not gate.arg:
         return None
-    return u.replace(src=(UOp(Ops.INDEX, addr.dtype, (addr.pointer, addr.offset), addr.arg), *u.src[1:]))
+    return u.replace(src=(addr.replace(src=(addr.pointer, addr.offset)), u.value))
 
 
 def _cast_noop(u: UOp, x: UOp) -> UOp | None:
