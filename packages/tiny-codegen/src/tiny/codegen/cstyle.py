@@ -102,6 +102,14 @@ class CStyleRenderer(Renderer):
     def vector_literal(self, dt: DType, lanes: list[str]) -> str:
         return f"(({self.vector_type_name(dt)}){{{', '.join(lanes)}}})"
 
+    def value_type(self, u: UOp) -> str:
+        """The C type of the variable holding u's value (a dialect may hold some values in another form)."""
+        return self.type_name(u.dtype)
+
+    def vectorize(self, u: UOp, lanes: list[str]) -> str:
+        """A VECTORIZE of these lanes' values."""
+        return self.vector_literal(u.dtype, lanes)
+
     def vector_load(self, dt: DType, addr: str) -> str:
         """A vector of dt read from the scalars at addr on (no alignment beyond the scalar's is assumed)."""
         return f"tiny_vload_{self.vector_type_name(dt)}({addr})"
@@ -340,7 +348,7 @@ class CStyleRenderer(Renderer):
                 alt = u.alternative
                 val = raw if addr.gate is None or alt is None else f"({names[addr.gate]}?{raw}:{names[alt]})"
                 names[u] = fresh("val")
-                line(f"{self.type_name(u.dtype)} {names[u]} = {val};")
+                line(f"{self.value_type(u)} {names[u]} = {val};")
             elif op is Ops.STORE:
                 addr = u.address
                 if u.value.dtype.count > 1 and _element(addr.pointer.dtype).count == 1:
@@ -369,7 +377,7 @@ class CStyleRenderer(Renderer):
                     expr = self.wmma(u, src)
                 elif op is Ops.VECTORIZE:
                     lanes = [f"-({x})" for x in src] if u.dtype.is_bool else src  # a true lane is all ones
-                    expr = self.vector_literal(u.dtype, lanes)
+                    expr = self.vectorize(u, lanes)
                 elif op is Ops.GEP:
                     expr = f"({self.gep(src[0], u.arg)} != 0)" if u.dtype.is_bool else self.gep(src[0], u.arg)
                 elif op is Ops.CAST:
@@ -386,7 +394,7 @@ class CStyleRenderer(Renderer):
                 else:
                     nest[u] = 0
                     names[u] = fresh("alu")
-                    line(f"{self.type_name(u.dtype)} {names[u]} = {expr};")
+                    line(f"{self.value_type(u)} {names[u]} = {expr};")
             else:
                 raise NotImplementedError(f"{type(self).__name__} cannot render {op}")
         if held:

@@ -44,6 +44,10 @@ TINY_F unsigned short tiny_f32_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16);
 }
 TINY_F float tiny_bf16_round(float f) { return tiny_bf16_to_f32(tiny_f32_to_bf16(f)); }
+TINY_F unsigned short tiny_f16_bits(float f) { return tiny_f32_to_f16(f); }
+TINY_F unsigned short tiny_f16_bits(unsigned short h) { return h; }
+TINY_F unsigned short tiny_bf16_bits(float f) { return tiny_f32_to_bf16(f); }
+TINY_F unsigned short tiny_bf16_bits(unsigned short b) { return b; }
 """
 
 _VECTORS = r"""template <typename T, int N> struct __align__(sizeof(T) * N) tiny_vec {
@@ -129,6 +133,7 @@ class CUDARenderer(GPUCStyleRenderer):
         self.max_grid = int(target_fields(";".join(p for p in target.split(";") if p)).get("max_grid", "65535"))
         self._grid, self._fold = (1, 1, 1), None  # the grid of the kernel being rendered, and how it is launched
         self._mma: list[str] = []  # the tensor cores the kernel being rendered uses
+        self._bits: set[UOp] = set()  # 16-bit float values held as their bits (see tensor_core_bits)
         self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch))  # mma.sync on sm_80 and newer
 
     # ---------------------------------------------------------------- 16-bit floats: memory bits, float registers
@@ -140,7 +145,19 @@ class CUDARenderer(GPUCStyleRenderer):
         return "f16" if dt.scalar == dtypes.float16 else "bf16"
 
     def loaded(self, u: UOp, raw: str) -> str:
+        if u in self._bits:
+            return raw
         return f"tiny_{self._tag(u.dtype)}_to_f32({raw})" if self._bf16(u.dtype) else raw
+
+    def value_type(self, u: UOp) -> str:
+        if u in self._bits:
+            return "unsigned short" if u.dtype.count == 1 else f"tiny_vec<unsigned short, {u.dtype.count}>"
+        return super().value_type(u)
+
+    def vectorize(self, u: UOp, lanes: list[str]) -> str:
+        if u in self._bits:
+            return f"{self.value_type(u)}{{{{{', '.join(lanes)}}}}}"
+        return super().vectorize(u, lanes)
 
     def stored(self, value: UOp, expr: str) -> str:
         return f"tiny_f32_to_{self._tag(value.dtype)}({expr})" if self._bf16(value.dtype) else expr
@@ -227,6 +244,7 @@ class CUDARenderer(GPUCStyleRenderer):
         self._grid = (grid[0], grid[1], grid[2])
         self._fold = fold_grid(self._grid, self.max_grid) if max(grid) > self.max_grid else None
         self._mma = sorted({u.arg for u in uops if u.op is Ops.WMMA})
+        self._bits = tensor_core_bits(uops)
         return super().render(name, uops)
 
     def wmma(self, u: UOp, args: list[str]) -> str:
@@ -236,12 +254,13 @@ class CUDARenderer(GPUCStyleRenderer):
         return f"tiny_mma_{tc.name}({', '.join(args)})"
 
     def mma_function(self, name: str) -> str:
-        """mma.sync.aligned.m16n8k16 through inline PTX: the fragments (16-bit floats in float registers, exact) are
-        packed two to a 32-bit register, the lower element in the lower half, as the instruction takes them."""
+        """mma.sync.aligned.m16n8k16 through inline PTX: the fragments are packed two to a 32-bit register, the lower
+        element in the lower half, as the instruction takes them. A fragment comes as floats (a computed value,
+        converted here) or as the 16-bit values' bits (loaded from memory: tensor_core_bits), one template each."""
         tc = tensor_core(name)
         tag = "f16" if tc.dtype_in == dtypes.float16 else "bf16"
         na, nb, nc = tc.a.elements, tc.b.elements, tc.c.elements
-        pack = [f"tiny_f32_to_{tag}({x}[{i}]) | ((unsigned int)tiny_f32_to_{tag}({x}[{i + 1}]) << 16)"
+        pack = [f"tiny_{tag}_bits({x}[{i}]) | ((unsigned int)tiny_{tag}_bits({x}[{i + 1}]) << 16)"
                 for x, n in (("a", na), ("b", nb)) for i in range(0, n, 2)]  # fmt: skip
         regs = [f"%{i}" for i in range(nc + len(pack) + nc)]
         a_regs, b_regs = regs[nc : nc + na // 2], regs[nc + na // 2 : nc + len(pack)]
@@ -252,8 +271,8 @@ class CUDARenderer(GPUCStyleRenderer):
         outs = ", ".join(f'"=f"(d[{i}])' for i in range(nc))
         ins = ", ".join([f'"r"((unsigned int)({p}))' for p in pack] + [f'"f"(c[{i}])' for i in range(nc)])
         return (
-            f"TINY_F tiny_vec<float, {nc}> tiny_mma_{name}(tiny_vec<float, {na}> a, tiny_vec<float, {nb}> b, "
-            f"tiny_vec<float, {nc}> c) {{\n  tiny_vec<float, {nc}> d;\n"
+            f"template <typename TA, typename TB>\nTINY_F tiny_vec<float, {nc}> tiny_mma_{name}(tiny_vec<TA, {na}> a, "
+            f"tiny_vec<TB, {nb}> b, tiny_vec<float, {nc}> c) {{\n  tiny_vec<float, {nc}> d;\n"
             f'  asm volatile("{ptx}"\n    : {outs}\n    : {ins});\n  return d;\n}}\n'
         )
 
@@ -268,3 +287,25 @@ class CUDARenderer(GPUCStyleRenderer):
 
     def preamble(self, scalars: set[DType]) -> str:
         return _PRELUDE + _VECTORS + "".join(self.mma_function(name) for name in self._mma)
+
+
+def tensor_core_bits(uops: list[UOp]) -> set[UOp]:
+    """The 16-bit float loads that only feed tensor-core fragments, and the fragments made of them alone: these
+    are held as their bits (unsigned short), loaded and handed to mma.sync with no conversion. Held as floats, each
+    element took a conversion to float at its load and another back at the mma, two of the conversion unit's 16
+    results a clock per multiprocessor for every element: the instruction stream of a tensor-core kernel."""
+    users: dict[UOp, list[UOp]] = {}
+    for u in uops:
+        for s in u.src:
+            users.setdefault(s, []).append(u)
+    fragments = {
+        v
+        for u in uops
+        if u.op is Ops.WMMA
+        for v in u.src[:2]
+        if v.op is Ops.VECTORIZE
+        and all(x.op is Ops.LOAD and x.dtype in _HALF_BITS for x in v.src)
+        and all(w.op is Ops.WMMA and w.src[2] is not v for w in users[v])
+    }
+    loads = {x for v in fragments for x in v.src if all(w in fragments for w in users[x])}
+    return loads | {v for v in fragments if all(x in loads for x in v.src)}
