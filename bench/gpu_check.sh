@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Time on a GPU goes to measuring: one script that installs tiny on an NVIDIA machine, runs the GPU tests and the
+# GPU benchmark, and writes what it found into one folder. Everything else is built and checked on a CPU machine.
+#
+#   bash bench/gpu_check.sh wheels          # on a machine with pip and an index: tiny's six wheels into .whl/
+#   bash bench/gpu_check.sh run [OUTDIR]    # on the GPU machine, from the checkout's root (no index needed there)
+#
+# `run` needs python3 with numpy, torch (CUDA), pytest, hypothesis and the nvidia-cuda-nvrtc wheel installed (an
+# image with PyTorch for CUDA has them); tiny itself comes from .whl/, installed into a private folder. It writes to
+# OUTDIR (default: $OUT where that is set, else bench/gpu_out): log.txt (everything printed), tests.txt (the GPU
+# tests), kernels.txt (the matmul kernel under each plan, timed alone), RESULTS_GPU.md and results_gpu.json (the
+# suite, as bench/RESULTS_GPU.md is kept). Each stage has its own time limit, so a stage that hangs costs its limit
+# and the stages after it still run. GPU_CHECK_BUDGET (default 25) is the suite's --budget, seconds per side.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+build_wheels() {  # from the last commit (git archive HEAD), so that the figures belong to a commit
+    local tree
+    tree=$(mktemp -d)
+    git archive HEAD packages | tar -x -C "$tree" || exit 1
+    rm -rf .whl && mkdir -p .whl
+    git rev-parse --short HEAD > .whl/COMMIT
+    for dist in tiny-ir tiny-codegen tiny-runtime-misc tiny-runtime-nv tiny-runtime-amd tiny-tensor; do
+        python3 -m pip wheel --no-deps --no-build-isolation -q -w .whl "$tree/packages/$dist" || exit 1
+    done
+    rm -rf "$tree"
+    echo "wheels of $(cat .whl/COMMIT):" && ls .whl
+}
+
+run_checks() {
+    local out="${1:-${OUT:-bench/gpu_out}}"
+    mkdir -p "$out"
+    exec > >(tee "$out/log.txt") 2>&1
+    local site=/tmp/tiny-site
+    rm -rf "$site"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/tiny_*.whl || exit 1
+    export PYTHONPATH="$site" PYTHONUNBUFFERED=1
+    echo "== machine"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    python3 -c "import sys, numpy, torch; print(sys.version.split()[0], 'numpy', numpy.__version__, 'torch', \
+torch.__version__, 'cuda', torch.version.cuda)"
+    echo "tiny: wheels of commit $(cat .whl/COMMIT)"
+    python3 -m tiny.ir.device 2>&1 | head -20
+
+    echo "== GPU tests (tiny-runtime-nv, and the tensor-core and matmul tests on CUDA and CUDA:PTX)"
+    {
+        timeout 150 python3 -m pytest -q -x -p no:cacheprovider packages/tiny-runtime-nv/tests
+        for dev in CUDA CUDA:PTX; do
+            DEVICE=$dev timeout 100 python3 -m pytest -q -p no:cacheprovider packages/tiny-tensor/tests \
+                -k "matmul or dot or conv or softmax or half or bfloat16" --maxfail=5
+        done
+    } 2>&1 | tee "$out/tests.txt" | tail -40
+
+    echo "== the matmul kernel under each plan (bench/gpu_kernels.py)"
+    timeout 150 python3 -m bench.gpu_kernels 2>&1 | tee "$out/kernels.txt"
+
+    echo "== the GPU suite"
+    timeout 300 python3 -m bench.run --gpu --budget "${GPU_CHECK_BUDGET:-25}" --markdown "$out/RESULTS_GPU.md" \
+        --json "$out/results_gpu.json"
+    echo "== done: $out"
+}
+
+case "${1:-}" in
+    wheels) build_wheels ;;
+    run) run_checks "${2:-}" ;;
+    *) echo "usage: bash bench/gpu_check.sh wheels | run [OUTDIR]" >&2; exit 2 ;;
+esac

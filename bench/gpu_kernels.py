@@ -1,0 +1,100 @@
+"""The matrix product's kernel alone, under each plan, on each renderer of a GPU device: what the heuristics chose,
+what each optimization action adds, and (with --beam) what BEAM finds. Part of bench/gpu_check.sh.
+
+    python -m bench.gpu_kernels                         # CUDA and CUDA:PTX, fp16 and bf16, N = 4096 and 8192
+    python -m bench.gpu_kernels --devices CPU --dtypes float32 --sizes 256   # the code path on a CPU machine
+
+Each kernel runs on buffers of its sizes (uninitialized: a kernel's time does not depend on the values) and is
+timed by the device (`wait=True`), the fastest of --reps runs after one warm-up. TFLOPS = 2 N^3 / time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+from tiny.codegen.beam import beam_search
+from tiny.codegen.heuristic import hand_opts
+from tiny.codegen.opt import Kernel, KernelOptError, Opt
+from tiny.codegen.program import build_program
+from tiny.ir.device import CompileError, Device
+from tiny.ir.dtypes import PtrDType, dtypes
+from tiny.ir.schedule import create_schedule
+from tiny.ir.uop import Ops, UOp
+from tiny.tensor import Tensor
+
+
+def matmul_ast(n: int, dtype: str, device: str) -> UOp:
+    """The kernel of an n x n @ n x n product of `dtype` tensors on `device` (the one with the sum)."""
+    dt = dtypes.from_name(dtype)
+    a, b = Tensor.empty(n, n, dtype=dt, device=device), Tensor.empty(n, n, dtype=dt, device=device)
+    items = create_schedule([(a @ b).uop]).items
+    return next(i.ast for i in items if any(u.op is Ops.REDUCE_AXIS for u in i.ast.toposort))
+
+
+def time_plan(ast: UOp, device: str, opts: list[Opt] | None, reps: int) -> float:
+    """Seconds of the fastest of `reps` runs of the kernel after `opts` (None: the heuristics')."""
+    dev = Device[device]
+    prog = build_program(ast, dev, opts)
+    runner = dev.load(prog)
+    bufs = []
+    for g in sorted({u for u in ast.toposort if u.op is Ops.DEFINE_GLOBAL}, key=lambda u: u.arg):
+        assert isinstance(g.dtype, PtrDType) and g.dtype.base is not None
+        bufs.append((dev.allocator.alloc(g.dtype.size * g.dtype.base.itemsize), g.dtype.size * g.dtype.base.itemsize))
+    try:
+        best = math.inf
+        for _ in range(reps + 1):
+            t = runner(*(b for b, _ in bufs), global_size=prog.global_size, local_size=prog.local_size, wait=True)
+            best = min(best, t if t is not None else math.inf)
+        return best
+    finally:
+        for b, size in bufs:
+            dev.allocator.free(b, size)
+
+
+def plans(ast: UOp, device: str) -> dict[str, list[Opt] | None]:
+    """The heuristics' plan, and that plan with each of its last actions left out (what each one brings)."""
+    rules = hand_opts(Kernel(ast, Device[device].renderer.caps))
+    out: dict[str, list[Opt] | None] = {"rules": None}
+    for cut in range(1, min(3, len(rules)) + 1):
+        out[f"rules less the last {cut}"] = rules[:-cut]
+    out["rules: " + " ".join(repr(o) for o in rules)] = rules
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--devices", default="CUDA,CUDA:PTX")
+    p.add_argument("--dtypes", default="float16,bfloat16")
+    p.add_argument("--sizes", default="4096,8192")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--beam", type=int, default=0, help="also a BEAM search of this width (first device and dtype)")
+    p.add_argument("--beam-budget", type=float, default=60.0)
+    args = p.parse_args(argv)
+    for device in args.devices.split(","):
+        for dtype in args.dtypes.split(","):
+            for n in (int(s) for s in args.sizes.split(",")):
+                ast = matmul_ast(n, dtype, device)
+                for label, opts in plans(ast, device).items():
+                    try:
+                        seconds = time_plan(ast, device, opts, args.reps)
+                    except (KernelOptError, CompileError) as e:
+                        print(f"{device:9} {dtype:9} N={n:5}  {label}: not run: {str(e).splitlines()[0][:150]}")
+                        continue
+                    tflops = 2 * n**3 / seconds / 1e12
+                    print(f"{device:9} {dtype:9} N={n:5}  {tflops:8.1f} TFLOPS  {seconds * 1e3:8.3f} ms  {label}")
+    if args.beam:
+        device, dtype, n = args.devices.split(",")[0], args.dtypes.split(",")[0], int(args.sizes.split(",")[0])
+        ast = matmul_ast(n, dtype, device)
+        start = time.perf_counter()
+        found = beam_search(ast, Device[device], args.beam, args.beam_budget)
+        seconds = time_plan(ast, device, found, args.reps)
+        print(f"BEAM={args.beam} on {device} {dtype} N={n} ({time.perf_counter() - start:.0f} s): "
+              f"{2 * n**3 / seconds / 1e12:.1f} TFLOPS {seconds * 1e3:.3f} ms with {found}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
