@@ -242,3 +242,43 @@ def test_the_flop_estimate_counts_the_tensor_cores_work() -> None:
     uops = uops_of(matmul(64, 32, 48), caps_of("gfx942"), [Opt(OptOps.TC, 2, 0), Opt(OptOps.UPCAST, 0, 2)])
     flops, _ = estimate(uops)
     assert flops == 2 * 64 * 32 * 48
+
+
+def test_stage_puts_the_operand_tiles_in_local_memory() -> None:
+    caps = caps_of("sm_80")
+    k = Kernel(matmul(256, 128, 256), caps)
+    opts = [Opt(OptOps.TC, 2, 0), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.STAGE, 2)]
+    k.apply_opts(opts)
+    assert k.staged
+    uops = uops_of(matmul(256, 128, 256), caps, opts)
+    locals_ = [u for u in uops if u.op is Ops.DEFINE_LOCAL]
+    assert [u.arg[0] for u in locals_] == ["stage0", "stage1"]
+    # A: 32 rows of 32 k (64 bytes, padded to 40), B: 8 columns by 16 k (the first run of 64 bytes or more, padded
+    # by 8), twice for 32 k; each twice (two buffers)
+    assert [u.arg[1] for u in locals_] == [2 * 32 * 40, 2 * 2 * (16 * 8 + 8)]
+    assert sum(u.op is Ops.BARRIER for u in uops) == 1, "one barrier an iteration: the buffers alternate"
+    loop = next(i for i, u in enumerate(uops) if u.op is Ops.RANGE)
+    assert loop < next(i for i, u in enumerate(uops) if u.op is Ops.BARRIER), "the barrier is inside the K loop"
+
+
+@pytest.mark.parametrize(
+    "shape, opts, reason",
+    [
+        ((32, 256, 8), [Opt(OptOps.STAGE, 1)], "after TC"),
+        ((32, 256, 8), [Opt(OptOps.TC, 2, 0), Opt(OptOps.STAGE, 0)], "needs a reduce axis"),
+        ((32, 256, 8), [Opt(OptOps.TC, 2, 0), Opt(OptOps.STAGE, 1), Opt(OptOps.STAGE, 1)], "already"),
+        ((16, 256, 128), [Opt(OptOps.TC, 2, 0), Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.STAGE, 0)], "over 512 threads"),
+    ],
+)
+def test_stage_refusals_say_why(shape: tuple[int, int, int], opts: list[Opt], reason: str) -> None:
+    k = Kernel(matmul(*shape), caps_of("sm_80"))
+    with pytest.raises(KernelOptError, match=reason):
+        k.apply_opts(opts)
+
+
+def test_stage_needs_local_memory_for_both_tiles() -> None:
+    caps = replace(caps_of("sm_80"), shared_max=4096)
+    k = Kernel(matmul(256, 128, 256), caps)
+    k.apply_opts([Opt(OptOps.TC, 2, 0), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.UPCAST, 0, 4)])
+    with pytest.raises(KernelOptError, match="bytes of local memory"):
+        k.apply(Opt(OptOps.STAGE, 2))

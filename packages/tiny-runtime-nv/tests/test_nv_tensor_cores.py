@@ -85,12 +85,16 @@ def test_cuda_c_hands_loaded_fragments_to_mma_as_bits(dtype: str) -> None:
 
 
 def test_a_computed_fragment_is_converted_once() -> None:
-    """A factor that is computed (a scaled matrix, fused into the product) is a float in registers and converted
-    at the mma; the loaded one next to it stays bits. Both forms compile."""
+    """A factor that is computed (a scaled matrix, fused into the product) is a float in registers: converted at the
+    mma where fragments come from memory, at its copy into local memory where the tiles are staged (whose
+    fragments are then bits). Both forms compile."""
     rng = np.random.default_rng(1)
     p = Tensor(rng.standard_normal((64, 64)).astype(np.float32), device="CPU").cast(dtypes.float16).realize()
     q = Tensor(rng.standard_normal((64, 64)).astype(np.float32), device="CPU").cast(dtypes.float16).realize()
-    (k,) = render_schedule("matmul", (p * 2) @ q, CUDARenderer(target("sm_90")))
-    body = k.src.split("__global__")[1]
-    assert "tiny_vec<float, 8>" in body and "tiny_vec<unsigned short, 4>" in body
-    assert compile_cuda(nvrtc(), k.src, "sm_90", cubin=True)[:4] == b"\x7fELF"
+    plain = [Opt(OptOps.TC, 2, 0), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.LOCAL, 0, 2)]
+    for opts, computed, loaded in ((plain, "float, 8", "unsigned short, 4"), (None, None, "unsigned short, 8")):
+        (k,) = render_schedule("matmul", (p * 2) @ q, CUDARenderer(target("sm_90")), opts)
+        body = k.src.split("__global__")[1]
+        assert (computed is None) == ("stage0" in body)
+        assert f"tiny_vec<{loaded}>" in body and (computed is None or f"tiny_vec<{computed}>" in body)
+        assert compile_cuda(nvrtc(), k.src, "sm_90", cubin=True)[:4] == b"\x7fELF"

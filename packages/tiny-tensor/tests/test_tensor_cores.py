@@ -107,3 +107,31 @@ def test_kernels_that_do_not_qualify_run_without_tensor_cores(tc_device: str) ->
     with capture() as launches:
         (f @ f).realize()
     assert wmma_kernels(launches) == []
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "a_shape, b_shape, transpose",
+    [
+        ((128, 64), (64, 128), False),  # one workgroup's tiles, two iterations of K (both buffers)
+        ((256, 96), (96, 128), False),  # several workgroups, three iterations (a buffer used twice)
+        ((2, 128, 64), (2, 64, 128), False),  # batched
+        ((96, 128), (128, 96), True),  # a.T @ b.T: the tiles read down columns of memory
+        ((120, 40), (40, 100), False),  # M, K and N padded to the tile
+    ],
+)
+def test_staged_matmul_on_nvidia_tensor_cores(dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool) -> None:
+    """sm_80's tensor cores with STAGE (the rules choose it there): each iteration of K, the workgroup copies its A
+    and B tiles into local memory (two buffers, one barrier), and the warps read their fragments from there."""
+    device = "PYTHON:80"
+    Device._open.setdefault(device, PythonDevice(device, "PYTHON", tensor_cores_of="sm_80"))
+    av, bv = rounded(a_shape, dtype, 11), rounded(b_shape, dtype, 12)
+    a, b = on(device, av, dtype), on(device, bv, dtype)
+    with capture() as launches:
+        out = (a.T @ b.T if transpose else a @ b).cast(dtypes.float32).realize()
+    want = av.T @ bv.T if transpose else av @ bv
+    want = want.astype(np.float16).astype(np.float32) if dtype == "float16" else want
+    tol = 2e-3 if dtype == "float16" else 2e-2
+    np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
+    (src,) = wmma_kernels(launches)
+    assert "stage0" in src and "BARRIER" in src, "the rules staged the tiles through local memory"

@@ -61,6 +61,8 @@ def actions(k: Kernel) -> list[Opt]:
             out += [Opt(OptOps.UNROLL, i, a) for a in AMOUNTS if a == 0 and p.size <= 16 or a and p.size % a == 0]
             if caps.has_shared:
                 out += [Opt(op, i, a) for op in (OptOps.GROUP, OptOps.GROUPTOP) for a in (2, 4, 8, 16, 32, 64)]
+            if k.tc is not None and caps.has_shared:
+                out.append(Opt(OptOps.STAGE, i))
         if p.size == k.full_shape[p.dim] and p.size % 16:  # (and to a multiple of the threads: THREAD after it)
             pads = (4, 8, 16, 32) + ((caps.threads,) if caps.threads > 1 and p.kind is Kind.GLOBAL else ())
             out += [Opt(OptOps.PADTO, i, a) for a in dict.fromkeys(pads)]

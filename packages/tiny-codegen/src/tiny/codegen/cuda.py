@@ -160,6 +160,8 @@ class CUDARenderer(GPUCStyleRenderer):
         return super().vectorize(u, lanes)
 
     def stored(self, value: UOp, expr: str) -> str:
+        if value in self._bits:
+            return expr
         return f"tiny_f32_to_{self._tag(value.dtype)}({expr})" if self._bf16(value.dtype) else expr
 
     def rounded(self, u: UOp, expr: str) -> str:
@@ -290,8 +292,8 @@ class CUDARenderer(GPUCStyleRenderer):
 
 
 def tensor_core_bits(uops: list[UOp]) -> set[UOp]:
-    """The 16-bit float loads that only feed tensor-core fragments, and the fragments made of them alone: these
-    are held as their bits (unsigned short), loaded and handed to mma.sync with no conversion. Held as floats, each
+    """The 16-bit float loads that only feed tensor-core fragments or are only copied into local memory, and the
+    fragments made of such loads alone: these are held as their bits (unsigned short), loaded and handed to mma.sync with no conversion. Held as floats, each
     element took a conversion to float at its load and another back at the mma, two of the conversion unit's 16
     results a clock per multiprocessor for every element: the instruction stream of a tensor-core kernel."""
     users: dict[UOp, list[UOp]] = {}
@@ -308,4 +310,10 @@ def tensor_core_bits(uops: list[UOp]) -> set[UOp]:
         and all(w.op is Ops.WMMA and w.src[2] is not v for w in users[v])
     }
     loads = {x for v in fragments for x in v.src if all(w in fragments for w in users[x])}
-    return loads | {v for v in fragments if all(x in loads for x in v.src)}
+    copied = {  # a value copied into local memory as it was loaded (a staged tile, tiny.codegen.lower)
+        u
+        for u in uops
+        if u.op is Ops.LOAD and u.dtype in _HALF_BITS and u.address.pointer.op is Ops.DEFINE_GLOBAL
+        and all(w.op is Ops.STORE and w.value is u and w.address.pointer.op is Ops.DEFINE_LOCAL for w in users[u])
+    }
+    return loads | copied | {v for v in fragments if all(x in loads for x in v.src)}

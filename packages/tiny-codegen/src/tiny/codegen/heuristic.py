@@ -178,6 +178,8 @@ def _tensor_cores(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, .
                 attempt(OptOps.UPCAST, _axis(k, k.tc.m), (2,))
             for dim in (k.tc.n, k.tc.m):
                 attempt(OptOps.LOCAL, _axis(k, dim), (2,))
+            if n == 8:  # the warps' tiles of A and B through local memory: each warp's fragments read in whole rows
+                attempt(OptOps.STAGE, _axis(k, k.tc.k), (0,))
             return True
     return False
 

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from tiny.codegen.opt import Kernel, Kind, Opt
+from tiny.codegen.opt import STAGE_BUFFERS, Kernel, Kind, Opt, stage_layout
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
@@ -97,6 +97,11 @@ class _Lowerer:
         # tensor cores: the warp's lane, and for each output index the C element there (with the env of its tile)
         self.lane: UOp | None = None
         self.tc_element: dict[tuple[UOp, ...], tuple[dict[int, UOp], int]] = {}
+        # staged operands (STAGE): (reduction, operand) -> its local buffer, parts' strides there, this iteration's
+        # offset; the copies' stores, and the barrier the fragment loads wait for (made once every copy is stored)
+        self.stages: dict[tuple[UOp, UOp], tuple[UOp, dict[int, int], UOp]] = {}
+        self.stage_stores: list[UOp] = []
+        self.stage_barrier = UOp(Ops.BARRIER, arg="stage pending")
 
     def new_range(self, size: int) -> UOp:
         r = UOp.range(UOp.const(self.idx_dtype, size), self.next_range, self.idx_dtype)
@@ -172,12 +177,70 @@ class _Lowerer:
             out += [(use.b, at(lanes, core.b, e)) for e in range(core.b.elements)]
         return out
 
+    def stage(self, u: UOp, operand: UOp) -> tuple[UOp, dict[int, int], UOp]:
+        """The local buffer that holds operand's tile in this iteration of reduction u's K loop (tiny.codegen.opt
+        stage_layout): every thread of the workgroup copies tile/threads values of it, consecutive threads
+        consecutive values of memory. Two buffers, by the iteration's parity: one barrier an iteration suffices, as
+        the buffer an iteration fills was last read two iterations before, ahead of the barrier in between."""
+        if (u, operand) in self.stages:
+            return self.stages[(u, operand)]
+        k = self.k
+        assert k.tc is not None and self.lane is not None
+        order, strides, size = stage_layout(k, operand)
+        name = f"stage{len(self.stages)}"
+        buf = UOp(Ops.DEFINE_LOCAL, operand.dtype.ptr(size * STAGE_BUFFERS, local=True), (), (name, size * STAGE_BUFFERS))
+        (rng,) = self.reduce_env[u].values()
+        base = (rng % STAGE_BUFFERS) * size
+        workgroup = [i for i, p in enumerate(k.parts) if p.kind is Kind.LOCAL]
+        tid, threads = self.lane, k.tc.core.threads
+        for i in reversed(workgroup):
+            tid, threads = tid + self.env[i] * threads, threads * k.parts[i].size
+        tile = math.prod(k.parts[i].size for i in order)
+        outside = {i: self.zero for i, p in enumerate(k.parts) if p.kind in (Kind.TC, Kind.UPCAST, Kind.UNROLL, Kind.LOCAL)}
+        for step in range(tile // threads):
+            element, env, at = tid + step * threads, dict(self.env | outside | self.reduce_env[u]), base
+            inner = 1
+            for i in reversed(order):
+                value = (element // inner) % k.parts[i].size if inner > 1 else element % k.parts[i].size
+                env[i], at, inner = value, at + value * strides[i], inner * k.parts[i].size
+            full = tuple(self.dim_index(d, env) for d in range(len(k.full_shape)))
+            value = self._in_tile(self.lower(operand, full), full, (k.tc.m, k.tc.n, k.tc.k))
+            self.stage_stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, at)), value)))
+        self.stages[(u, operand)] = (buf, strides, base)
+        return self.stages[(u, operand)]
+
+    def staged_operands(self, u: UOp, idxs: tuple[UOp, ...]) -> list[UOp]:
+        """tc_operands' values, read from the staged tiles in local memory after this iteration's barrier."""
+        assert self.k.tc is not None
+        use, core = self.k.tc, self.k.tc.core
+        origin, _ = self.tc_element[idxs]
+        if u not in self.reduce_env:
+            self.reduce_env[u] = {
+                i: self.new_range(p.size) for i, p in enumerate(self.k.parts) if p.kind is Kind.REDUCE
+            }
+        (a, a_strides, a_base), (b, b_strides, b_base) = self.stage(u, use.a), self.stage(u, use.b)
+
+        def read(buf: UOp, strides: dict[int, int], base: UOp, env: dict[int, UOp]) -> UOp:
+            at = base
+            for i, stride in strides.items():
+                at = at + env[i] * stride
+            return UOp(Ops.LOAD, core.dtype_in, (UOp(Ops.INDEX, buf.dtype, (buf, at)), self.stage_barrier))
+
+        out: list[UOp] = []
+        for lanes in self.lane_combos(Kind.UNROLL):
+            env = origin | lanes
+            out += [read(a, a_strides, a_base, env | self.tc_env(core.a, e)) for e in range(core.a.elements)]
+            out += [read(b, b_strides, b_base, env | self.tc_env(core.b, e)) for e in range(core.b.elements)]
+        return out
+
     def tc_reduce(self, u: UOp, idxs: tuple[UOp, ...], values: list[UOp]) -> UOp:
         """The sum at idxs: its element of the accumulated WMMAs of its tile."""
         assert self.k.tc is not None
         core = self.k.tc.core
         _, elem = self.tc_element[idxs]
-        if self.k.padded:  # elements in the padding are 0, whatever the factors compute there
+        if self.k.staged:  # (the copies into local memory mask the padding)
+            values = self.staged_operands(u, idxs)
+        elif self.k.padded:  # elements in the padding are 0, whatever the factors compute there
             use = self.k.tc
             at = [i for _, i in self.tc_operands(u, idxs)]
             values = [self._in_tile(v, i, (use.m, use.n, use.k)) for v, i in zip(values, at)]
@@ -294,7 +357,7 @@ class _Lowerer:
             if any(u.src[0].shape[a] == 0 for a in u.arg[1]):  # nothing to reduce over: no loop, no value
                 return []
             if self.k.tc is not None:
-                return self.tc_operands(u, idxs)
+                return [] if self.k.staged else self.tc_operands(u, idxs)
             return [self.key(u.src[0], inner) for inner in self.reduce_inner(u, idxs)]
         if u.op in GroupOp.Elementwise:
             return [self.key(s, idxs) for s in u.src]
@@ -323,7 +386,9 @@ class _Lowerer:
             _, valid = u.src[0].arg.to_index(idxs) if u.src else (None, None)
             return value if valid is None else valid.where(value, UOp.const(u.dtype, 0))
         if u.op is Ops.REDUCE_AXIS:
-            return self.tc_reduce(u, idxs, srcs) if self.k.tc is not None and srcs else self.reduce(u, idxs, srcs)
+            if self.k.tc is not None and (srcs or self.k.staged):
+                return self.tc_reduce(u, idxs, srcs)
+            return self.reduce(u, idxs, srcs)
         return UOp(u.op, u.dtype, tuple(srcs), u.arg)
 
     def reduce(self, u: UOp, idxs: tuple[UOp, ...], values: list[UOp]) -> UOp:
@@ -501,5 +566,7 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     sink = UOp(Ops.SINK, dtypes.void, tuple(stores) + tuple(buffers))
     if lw.local_stores:
         sink = substitute(sink, {lw.barrier: UOp(Ops.BARRIER, dtypes.void, tuple(lw.local_stores))})
+    if lw.stage_stores:
+        sink = substitute(sink, {lw.stage_barrier: UOp(Ops.BARRIER, dtypes.void, tuple(lw.stage_stores))})
     gs, ls = lw.global_size, lw.local_size
     return LoweredKernel(sink, kernel_name(k.scheduled), (gs[0], gs[1], gs[2]), (ls[0], ls[1], ls[2]))

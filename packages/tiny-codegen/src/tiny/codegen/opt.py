@@ -14,6 +14,9 @@ in two and gives one piece a kind that says how lowering walks it:
   tc       a tile piece of a matrix product's M, N or K dim on a tensor core: the warp's lanes and their fragment
            elements index it, each operand by its own layout (tiny.ir.tensorcore)
 
+STAGE (on a kernel mapped onto tensor cores) cuts nothing: each iteration of the K loop, the workgroup's threads
+together copy the A and B tiles the iteration reads into local memory, and the warps read their fragments there.
+
 A dim's index is the sum of its parts' indices times their strides. `Opt(op, axis, arg)` names the part by
 its place among the global and reduce parts (globals first), as `Kernel.axes` lists them.
 """
@@ -44,6 +47,7 @@ class OptOps(enum.Enum):
     SWAP = "swap"  # exchange the loop order of two output parts (arg: the other part)
     THREAD = "thread"  # split an output part across arg CPU threads (the outer piece)
     TC = "tc"  # map a matrix product onto the renderer's tensor cores (arg: which one)
+    STAGE = "stage"  # copy the tensor-core operands' tiles of each iteration of the K loop (axis) to local memory
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class Kind(enum.Enum):
 
 
 LANES = (Kind.UPCAST, Kind.UNROLL)
+IN_BLOCK = (Kind.TC, Kind.UPCAST, Kind.UNROLL, Kind.LOCAL)  # the pieces one workgroup covers in one iteration
+STAGE_BUFFERS = 2  # a staged tile is double-buffered: iteration i fills buffer i % 2 while i - 1's may be read
 
 
 @dataclass(frozen=True)
@@ -243,6 +249,7 @@ class Kernel:
     padded: dict[int, int] = field(default_factory=dict)  # dim -> its size after padding
     applied: list[Opt] = field(default_factory=list)
     tc: TensorCoreUse | None = None
+    staged: bool = False  # the tensor-core operands go through local memory (STAGE)
 
     def __post_init__(self) -> None:
         self.scheduled = self.ast  # the AST as the scheduler made it (its shape names the kernel)
@@ -284,7 +291,7 @@ class Kernel:
     def copy(self) -> Kernel:
         k = Kernel(self.ast, self.caps)  # (merged already: merging again changes nothing)
         k.scheduled, k.parts, k.padded = self.scheduled, list(self.parts), dict(self.padded)
-        k.applied, k.tc = list(self.applied), self.tc
+        k.applied, k.tc, k.staged = list(self.applied), self.tc, self.staged
         return k
 
     # ---- actions
@@ -312,6 +319,7 @@ class Kernel:
             OptOps.SWAP: self._swap,
             OptOps.THREAD: self._thread,
             OptOps.TC: self._tc,
+            OptOps.STAGE: self._stage,
         }[opt.op]
         handler(opt, part)
         self.applied.append(opt)
@@ -438,6 +446,32 @@ class Kernel:
         """The warp of a tensor core as a workgroup part (lidx0), for counting workgroup dims and threads."""
         return [] if self.tc is None else [Part(-1, self.tc.core.threads, 1, Kind.LOCAL)]
 
+    def _stage(self, opt: Opt, part: Part) -> None:
+        if self.tc is None or not self.caps.has_shared:
+            raise KernelOptError(f"{opt}: stages tensor-core operands, on a renderer with local memory, after TC")
+        if self.staged:
+            raise KernelOptError(f"{opt}: the operands are staged already")
+        self._need(opt, part, Kind.REDUCE)
+        if len(self.of_kind(Kind.REDUCE)) != 1:
+            raise KernelOptError(f"{opt}: staging needs the K loop to be the one reduce loop")
+        threads = self.workgroup_threads()
+        total = 0
+        for label, operand in (("A", self.tc.a), ("B", self.tc.b)):
+            size = math.prod(self.parts[i].size for i in self.stage_parts(operand))
+            if not any(u.op is Ops.LOAD for u in operand.toposort) or size % threads:
+                raise KernelOptError(f"{opt}: {label}'s tile of {size} values does not split over {threads} threads")
+            total += stage_size(self, operand) * self.tc.core.dtype_in.itemsize * STAGE_BUFFERS
+        if total > self.caps.shared_max:
+            raise KernelOptError(f"{opt}: the tiles take {total} bytes of local memory, more than {self.caps.shared_max}")
+        self.staged = True
+
+    def workgroup_threads(self) -> int:
+        return math.prod(p.size for p in self.of_kind(Kind.LOCAL) + self.of_kind(Kind.GROUP) + self._warp())
+
+    def stage_parts(self, operand: UOp) -> list[int]:
+        """The parts (indices) a staged operand's tile spans: the in-block pieces of the dims its value runs along."""
+        return [i for i, p in enumerate(self.parts) if p.kind in IN_BLOCK and _varies(operand, p.dim)]
+
     def _after_tc(self, opt: Opt) -> None:
         if self.tc is not None:
             raise KernelOptError(f"{opt}: not on a kernel mapped onto tensor cores (only UPCAST, UNROLL, LOCAL, SWAP)")
@@ -512,6 +546,28 @@ class Kernel:
         return " ".join(f"{p.kind.value}{p.size}@{p.dim}" for p in self.parts) + (
             f" padded {self.padded}" if self.padded else ""
         )
+
+
+def stage_layout(k: Kernel, operand: UOp) -> tuple[list[int], dict[int, int], int]:
+    """Where a staged operand's tile lies in local memory: its parts outermost first (ordered as its first load
+    walks memory, so the copy reads runs of memory), each part's stride there, and the elements one buffer holds.
+    Rows (the innermost parts, at least 64 bytes) are padded by 16 bytes, which puts the rows a warp's fragment
+    reads in different banks."""
+    view = next(u.src[1].arg for u in operand.toposort if u.op is Ops.LOAD)
+    parts = k.stage_parts(operand)
+    order = sorted(parts, key=lambda i: -abs(view.strides[k.parts[i].dim]) * k.parts[i].stride)
+    itemsize = operand.dtype.itemsize
+    strides, size, padded = {}, 1, False
+    for i in reversed(order):
+        strides[i] = size
+        size *= k.parts[i].size
+        if not padded and size * itemsize >= 64:
+            size, padded = size + 16 // itemsize, True
+    return order, strides, size
+
+
+def stage_size(k: Kernel, operand: UOp) -> int:
+    return stage_layout(k, operand)[2]
 
 
 def _product_operands(u: UOp, dtype_in: DType, dtype_out: DType) -> tuple[UOp, UOp] | None:
