@@ -293,9 +293,9 @@ class CUDARenderer(GPUCStyleRenderer):
 
 def tensor_core_bits(uops: list[UOp]) -> set[UOp]:
     """The 16-bit float loads that only feed tensor-core fragments or are only copied into local memory, and the
-    fragments made of such loads alone: these are held as their bits (unsigned short), loaded and handed to mma.sync with no conversion. Held as floats, each
-    element took a conversion to float at its load and another back at the mma, two of the conversion unit's 16
-    results a clock per multiprocessor for every element: the instruction stream of a tensor-core kernel."""
+    fragments made of such loads alone: these are held as their bits (unsigned short), loaded and handed on with no
+    conversion. Held as floats, each element took a conversion to float at its load and another back at the mma
+    or the copy: inline-asm cvt, 16 results a clock per multiprocessor."""
     users: dict[UOp, list[UOp]] = {}
     for u in uops:
         for s in u.src:
@@ -313,7 +313,9 @@ def tensor_core_bits(uops: list[UOp]) -> set[UOp]:
     copied = {  # a value copied into local memory as it was loaded (a staged tile, tiny.codegen.lower)
         u
         for u in uops
-        if u.op is Ops.LOAD and u.dtype in _HALF_BITS and u.address.pointer.op is Ops.DEFINE_GLOBAL
+        if u.op is Ops.LOAD
+        and u.dtype in _HALF_BITS
+        and u.address.pointer.op is Ops.DEFINE_GLOBAL
         and all(w.op is Ops.STORE and w.value is u and w.address.pointer.op is Ops.DEFINE_LOCAL for w in users[u])
     }
     return loads | copied | {v for v in fragments if all(x in loads for x in v.src)}

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from tiny.codegen.opt import STAGE_BUFFERS, Kernel, Kind, Opt, stage_layout
+from tiny.codegen.opt import IN_BLOCK, STAGE_BUFFERS, Kernel, Kind, Opt, stage_layout
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
@@ -188,7 +188,8 @@ class _Lowerer:
         assert k.tc is not None and self.lane is not None
         order, strides, size = stage_layout(k, operand)
         name = f"stage{len(self.stages)}"
-        buf = UOp(Ops.DEFINE_LOCAL, operand.dtype.ptr(size * STAGE_BUFFERS, local=True), (), (name, size * STAGE_BUFFERS))
+        total = size * STAGE_BUFFERS
+        buf = UOp(Ops.DEFINE_LOCAL, operand.dtype.ptr(total, local=True), (), (name, total))
         (rng,) = self.reduce_env[u].values()
         base = (rng % STAGE_BUFFERS) * size
         workgroup = [i for i, p in enumerate(k.parts) if p.kind is Kind.LOCAL]
@@ -196,7 +197,7 @@ class _Lowerer:
         for i in reversed(workgroup):
             tid, threads = tid + self.env[i] * threads, threads * k.parts[i].size
         tile = math.prod(k.parts[i].size for i in order)
-        outside = {i: self.zero for i, p in enumerate(k.parts) if p.kind in (Kind.TC, Kind.UPCAST, Kind.UNROLL, Kind.LOCAL)}
+        outside = {i: self.zero for i, p in enumerate(k.parts) if p.kind in IN_BLOCK}
         for step in range(tile // threads):
             element, env, at = tid + step * threads, dict(self.env | outside | self.reduce_env[u]), base
             inner = 1

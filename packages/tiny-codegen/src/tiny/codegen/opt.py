@@ -462,7 +462,7 @@ class Kernel:
                 raise KernelOptError(f"{opt}: {label}'s tile of {size} values does not split over {threads} threads")
             total += stage_size(self, operand) * self.tc.core.dtype_in.itemsize * STAGE_BUFFERS
         if total > self.caps.shared_max:
-            raise KernelOptError(f"{opt}: the tiles take {total} bytes of local memory, more than {self.caps.shared_max}")
+            raise KernelOptError(f"{opt}: the tiles take {total} bytes of local memory, over {self.caps.shared_max}")
         self.staged = True
 
     def workgroup_threads(self) -> int:
