@@ -70,10 +70,13 @@ def gpu(torch_device: str) -> dict[str, Any]:
     return {"gpu": name, "gpu_driver": _nvidia_driver(), "torch_cuda": cuda, "torch_device": torch_device}
 
 
-def machine(device: str, torch_device: str | None = None) -> dict[str, Any]:
-    """Where and with what the figures were taken; with torch_device (a --gpu run), the GPU too."""
-    commit = _git("rev-parse", "--short=12", "HEAD")
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else False
+def machine(device: str, torch_device: str | None = None, commit: str | None = None) -> dict[str, Any]:
+    """Where and with what the figures were taken; with torch_device (a --gpu run), the GPU too. commit: tiny's
+    commit as given (else git's HEAD here, with a note where the checkout has uncommitted changes)."""
+    dirty = False
+    if commit is None:
+        commit = _git("rev-parse", "--short=12", "HEAD")
+        dirty = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else False
     return {
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),

@@ -57,6 +57,12 @@ def parser() -> argparse.ArgumentParser:
         help="where the JSON goes (default bench/results.json; --gpu: results_gpu.json)",
     )
     p.add_argument("--markdown", type=Path, metavar="PATH", help="also write the table as markdown, with a header")
+    p.add_argument(
+        "--commit",
+        metavar="TEXT",
+        help="tiny's commit as the header gives it (default: git's HEAD here; bench/gpu_check.sh passes the commit "
+        "its wheels were built from, as the checkout sent to a GPU machine may carry another .git)",
+    )
     return p
 
 
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "bench.run", *(sys.argv[1:] if argv is None else argv)])
     options = {"quick": args.quick, "budget_s": args.budget, "min_time_s": args.min_time, "reps": args.reps}
     options["command"] = command
-    meta = {"machine": report.machine(device, torch_device), "options": options}
+    meta = {"machine": report.machine(device, torch_device, args.commit), "options": options}
     where = f", PyTorch on {torch_device} ({meta['machine']['gpu'] or 'no GPU'})" if args.gpu else ""
     print(f"bench: {len(workloads)} workload(s), tiny on {device}{where}", file=sys.stderr, flush=True)
     frameworks = GPU_FRAMEWORKS if args.gpu else FRAMEWORKS
