@@ -282,18 +282,3 @@ def test_stage_needs_local_memory_for_both_tiles() -> None:
     k.apply_opts([Opt(OptOps.TC, 2, 0), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.UPCAST, 0, 4)])
     with pytest.raises(KernelOptError, match="bytes of local memory"):
         k.apply(Opt(OptOps.STAGE, 2))
-
-
-def test_staged_copies_move_16_bytes_at_a_time() -> None:
-    """Each thread copies runs of 8 fp16 values (one run of memory, one row of the tile) with one vector load and
-    one vector store, where the tile has 8 for every thread; else value by value."""
-    caps = caps_of("sm_80")
-    opts = [Opt(OptOps.TC, 2, 0), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 0, 2)]
-    uops = uops_of(matmul(256, 128, 256), caps, opts + [Opt(OptOps.STAGE, 2)])
-    copies = [u for u in uops if u.op is Ops.STORE and u.address.pointer.op is Ops.DEFINE_LOCAL]
-    assert all(u.value.dtype == f16.vec(8) and u.value.op is Ops.LOAD for u in copies)
-    assert len(copies) == (32 * 32 + 32 * 64) // (64 * 8)  # A: 32 x 32, B: 32 x 64 values; 64 threads
-    narrow = [Opt(OptOps.TC, 2, 0), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.STAGE, 2)]
-    uops = uops_of(matmul(256, 128, 256), caps, narrow)
-    copies = [u for u in uops if u.op is Ops.STORE and u.address.pointer.op is Ops.DEFINE_LOCAL]
-    assert sorted(u.value.dtype.count for u in copies) == [1, 1, 1, 1, 8, 8]  # B: 32 x 8 values, 4 a thread

@@ -98,15 +98,3 @@ def test_a_computed_fragment_is_converted_once() -> None:
         assert (computed is None) == ("stage0" in body)
         assert f"tiny_vec<{loaded}>" in body and (computed is None or f"tiny_vec<{computed}>" in body)
         assert compile_cuda(nvrtc(), k.src, "sm_90", cubin=True)[:4] == b"\x7fELF"
-
-
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_staged_tiles_compile_in_both_renderers(dtype: str) -> None:
-    """The rules stage a 128 x 128 x 64 product's tiles (STAGE): CUDA C copies them as 8 bits-lanes at a time;
-    PTX, which has no .v8.b16, as four b32; both assemble with no local-memory spills of the copies' vectors."""
-    (k,) = render_schedule("matmul", matmul(dtype, 128, 64, 128), CUDARenderer(target("sm_90")))
-    assert "__shared__" in k.src and "tiny_vload<unsigned short, 8>" in k.src and "__syncthreads();" in k.src
-    assert compile_cuda(nvrtc(), k.src, "sm_90", cubin=True)[:4] == b"\x7fELF"
-    (p,) = render_schedule("matmul", matmul(dtype, 128, 64, 128), PTXRenderer(target("sm_90")))
-    assert "ld.global.v4.b32" in p.src and "st.shared.v4.b32" in p.src and "bar.sync" in p.src
-    assert ptxas(p.src, "sm_90") == ""

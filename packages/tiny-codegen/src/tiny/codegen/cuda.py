@@ -201,15 +201,11 @@ class CUDARenderer(GPUCStyleRenderer):
             lanes = [f"(bool)({x})" for x in lanes]
         return f"{self.vector_type_name(dt)}{{{{{', '.join(lanes)}}}}}"
 
-    def _lane_type(self, dt: DType) -> str:
-        """A vector's lane type in memory: 16-bit floats move in vectors as their bits (tensor_core_bits)."""
-        return "unsigned short" if self._bf16(dt) else self.type_names[dt.scalar.name]
-
     def vector_load(self, dt: DType, addr: str) -> str:
-        return f"tiny_vload<{self._lane_type(dt)}, {dt.count}>({addr})"
+        return f"tiny_vload<{self.type_names[dt.scalar.name]}, {dt.count}>({addr})"
 
     def vector_store(self, dt: DType, addr: str, value: str) -> str:
-        return f"tiny_vstore<{self._lane_type(dt)}, {dt.count}>({addr}, {value});"
+        return f"tiny_vstore<{self.type_names[dt.scalar.name]}, {dt.count}>({addr}, {value});"
 
     def float_math(self, fn: str, args: list[str], dt: DType) -> str:
         """CUDA's math library: fn for double, fnf for float and the 16-bit floats (float in registers)."""
@@ -318,7 +314,7 @@ def tensor_core_bits(uops: list[UOp]) -> set[UOp]:
         u
         for u in uops
         if u.op is Ops.LOAD
-        and u.dtype.scalar in _HALF_BITS
+        and u.dtype in _HALF_BITS
         and u.address.pointer.op is Ops.DEFINE_GLOBAL
         and all(w.op is Ops.STORE and w.value is u and w.address.pointer.op is Ops.DEFINE_LOCAL for w in users[u])
     }

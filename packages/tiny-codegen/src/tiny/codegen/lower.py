@@ -179,11 +179,9 @@ class _Lowerer:
 
     def stage(self, u: UOp, operand: UOp) -> tuple[UOp, dict[int, int], UOp]:
         """The local buffer that holds operand's tile in this iteration of reduction u's K loop (tiny.codegen.opt
-        stage_layout). Every thread of the workgroup copies tile/threads values of it: consecutive threads take
-        consecutive runs of 16 bytes of memory (one vector load and store each) where the operand is a plain load
-        whose runs lie whole in rows of the tile, else consecutive values. Two buffers, by the iteration's parity:
-        one barrier an iteration suffices, as the buffer an iteration fills was last read two iterations before,
-        ahead of the barrier in between."""
+        stage_layout): every thread of the workgroup copies tile/threads values of it, consecutive threads
+        consecutive values of memory. Two buffers, by the iteration's parity: one barrier an iteration suffices, as
+        the buffer an iteration fills was last read two iterations before, ahead of the barrier in between."""
         if (u, operand) in self.stages:
             return self.stages[(u, operand)]
         k = self.k
@@ -199,30 +197,16 @@ class _Lowerer:
         for i in reversed(workgroup):
             tid, threads = tid + self.env[i] * threads, threads * k.parts[i].size
         tile = math.prod(k.parts[i].size for i in order)
-        chunk = 16 // operand.dtype.itemsize  # values a thread moves with one 16-byte vector load and store
-        if operand.op is not Ops.LOAD or chunk < 2 or k.parts[order[-1]].size % chunk or tile % (threads * chunk):
-            chunk = 1  # (a computed operand, or rows the vectors do not divide: value by value)
         outside = {i: self.zero for i, p in enumerate(k.parts) if p.kind in IN_BLOCK}
-        for step in range(tile // (threads * chunk)):
-            first = (tid + step * threads) * chunk if chunk > 1 else tid + step * threads
-            env, at, inner = dict(self.env | outside | self.reduce_env[u]), base, 1
+        for step in range(tile // threads):
+            element, env, at = tid + step * threads, dict(self.env | outside | self.reduce_env[u]), base
+            inner = 1
             for i in reversed(order):
-                value = (first // inner) % k.parts[i].size if inner > 1 else first % k.parts[i].size
+                value = (element // inner) % k.parts[i].size if inner > 1 else element % k.parts[i].size
                 env[i], at, inner = value, at + value * strides[i], inner * k.parts[i].size
-            values, addrs, ats, row = [], [], [], order[-1]  # (a chunk's values lie along the innermost part)
-            for lane in range(chunk):
-                lane_env = env | {row: env[row] + lane} if lane else env
-                full = tuple(self.dim_index(d, lane_env) for d in range(len(k.full_shape)))
-                values.append(self._in_tile(self.lower(operand, full), full, (k.tc.m, k.tc.n, k.tc.k)))
-                ats.append(at + lane * strides[row] if lane else at)
-                if chunk > 1:
-                    addrs.append(self.access(operand.src[0], operand.src[1].arg, full))
-            ungated = all(a.gate is None for a in addrs)
-            if chunk > 1 and ungated and contiguous([a.offset for a in addrs], self.simplified):
-                vector = UOp(Ops.LOAD, operand.dtype.vec(chunk), (addrs[0],))  # one run of memory, ungated
-                values, ats = [vector], ats[:1]
-            for value, at in zip(values, ats):
-                self.stage_stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, at)), value)))
+            full = tuple(self.dim_index(d, env) for d in range(len(k.full_shape)))
+            value = self._in_tile(self.lower(operand, full), full, (k.tc.m, k.tc.n, k.tc.k))
+            self.stage_stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, at)), value)))
         self.stages[(u, operand)] = (buf, strides, base)
         return self.stages[(u, operand)]
 

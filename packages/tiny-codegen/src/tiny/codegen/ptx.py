@@ -389,8 +389,6 @@ class PTXRenderer(Renderer):
         mt = _MEMORY[dt.name]
         if n == 1:
             k.emit(f"{on}ld.{space}.{mt} {raw[0]}, [{regs[addr]}]")
-        elif n * dt.itemsize == 16 and dt.itemsize == 2:  # (PTX has no .v8.b16) four b32, two values each
-            return self._load_pairs(k, u, regs, raw)
         else:
             aligned, unaligned = self._alignment(k, _scalar(regs[addr]), n * dt.itemsize, gate)
             k.emit(f"@{aligned} ld.{space}.v{n}.{mt} {{{', '.join(raw)}}}, [{regs[addr]}]")
@@ -440,41 +438,10 @@ class PTXRenderer(Renderer):
         if n == 1:
             k.emit(f"{f'@{gate} ' if gate else ''}st.{space}.{mt} [{regs[addr]}], {out[0]}")
             return
-        if n * dt.itemsize == 16 and dt.itemsize == 2:  # (PTX has no .v8.b16) four b32, two values each
-            pairs = [k.reg("b32") for _ in range(4)]
-            for r, lo, hi in zip(pairs, out[::2], out[1::2]):
-                k.emit(f"mov.b32 {r}, {{{lo}, {hi}}}" if dt != dtypes.bfloat16 else f"prmt.b32 {r}, {lo}, {hi}, 0x5410")
-            out, n, mt, dt = pairs, 4, "b32", dtypes.uint32
         aligned, unaligned = self._alignment(k, _scalar(regs[addr]), n * dt.itemsize, gate)
         k.emit(f"@{aligned} st.{space}.v{n}.{mt} [{regs[addr]}], {{{', '.join(out)}}}")
         for i, x in enumerate(out):
             k.emit(f"@{unaligned} st.{space}.{mt} [{regs[addr]}+{i * dt.itemsize}], {x}")
-
-    def _load_pairs(self, k: _Kernel, u: UOp, regs: dict[UOp, Reg], raw: list[str]) -> list[str]:
-        """A vector of eight 16-bit values, loaded as four b32 (aligned; value by value where not) and split: the
-        lower half of each is the first of its pair. bfloat16 lanes are float32 registers with the bits on top."""
-        addr, dt = u.address, u.dtype.scalar
-        gate = regs[addr.gate] if addr.gate is not None else None
-        space, mt = self._space(u), _MEMORY[dt.name]
-        pairs = [k.reg("b32") for _ in range(4)]
-        aligned, unaligned = self._alignment(k, _scalar(regs[addr]), 16, gate)
-        k.emit(f"@{aligned} ld.{space}.v4.b32 {{{', '.join(pairs)}}}, [{regs[addr]}]")
-        for i, r in enumerate(raw):
-            k.emit(f"@{unaligned} ld.{space}.{mt} {r}, [{regs[addr]}+{i * 2}]")
-        for j, r in enumerate(pairs):
-            lo, hi = raw[2 * j], raw[2 * j + 1]
-            if dt == dtypes.bfloat16:
-                k.emit(f"@{aligned} shl.b32 {lo}, {r}, 16")
-                k.emit(f"@{aligned} and.b32 {hi}, {r}, 0xffff0000")
-            else:
-                k.emit(f"@{aligned} mov.b32 {{{lo}, {hi}}}, {r}")
-        if dt == dtypes.bfloat16:  # value by value: the bits go on top
-            for r in raw:
-                k.emit(f"@{unaligned} shl.b32 {r}, {r}, 16")
-        if gate is not None and u.alternative is not None:
-            for r, alt in zip(raw, _as_list(regs[u.alternative])):
-                k.emit(f"@!{gate} mov.{reg_class(dt)} {r}, {alt}")
-        return raw
 
     # ---------------------------------------------------------------- bfloat16 and float16 helpers
 
