@@ -51,6 +51,10 @@ def test_linspace_dtypes_and_errors(device: str) -> None:
         Tensor.linspace(0, 1, 2.5, device=device)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="end"):
         Tensor.linspace(0, "1", 3, device=device)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="bool"):  # PyTorch: "linspace_cpu" not implemented for 'Bool'
+        Tensor.linspace(0, 1, 3, dtype="bool", device=device)
+    with pytest.raises(NotImplementedError):
+        torch.linspace(0, 1, 3, dtype=torch.bool)
 
 
 def test_constants_and_ranges_match_torch(device: str) -> None:

@@ -120,6 +120,8 @@ class CreationOps(TensorBase):
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise TypeError(f"linspace() takes a number as {name}, got {type(v).__name__}")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        if dt == dtypes.bool:
+            raise TypeError("linspace() computes numbers and cannot make bool values (as PyTorch); give a number dtype")
         i = np.arange(steps, dtype=np.float64)
         step = (end - start) / (steps - 1) if steps > 1 else 0.0
         # the first half counts up from start, the second down from end: both ends are exact
