@@ -237,6 +237,17 @@ def test_lru_allocator_empties_its_cache_when_memory_runs_out() -> None:
         a.alloc(64)
 
 
+def test_a_buffer_the_device_cannot_hold_says_what_was_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An out-of-memory error names the bytes, the device and, where the allocator says, its memory."""
+    a = CountingAllocator(budget=1000)
+    monkeypatch.setattr(Device["NULL"], "allocator", a)
+    with pytest.raises(MemoryError, match=r"^NULL cannot allocate 4000 bytes .* for 1000 float32 values: it does not"):
+        Buffer("NULL", 1000, dtypes.float32).ensure_allocated()
+    monkeypatch.setattr(a, "memory", lambda: (600, 1000))
+    with pytest.raises(MemoryError, match=r"^NULL cannot allocate 2000 bytes .*: it has 600 bytes .* free of 1000"):
+        Buffer("NULL", 1000, dtypes.int16).ensure_allocated()
+
+
 # ---------------------------------------------------------------- the compile cache
 
 
