@@ -12,7 +12,7 @@ import numpy as np
 from tiny.ir.device import Device, device_supports
 from tiny.ir.dtypes import DType, dtypes, to_dtype, truncate
 from tiny.tensor.base import TensorBase
-from tiny.tensor.checks import default_int, on_device, wide_ints
+from tiny.tensor.checks import check_dtype, default_int, on_device, wide_ints
 from tiny.tensor.shapes import prod, shape_arg
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ class CreationOps(TensorBase):
         dt = to_dtype(dtype) if dtype is not None else on_device(dtypes.from_py([start, stop, step]), dev)
         if dt.is_bool:
             raise TypeError("arange() computes numbers and cannot make bool values (as PyTorch); give a number dtype")
+        check_dtype(dev, dt)
         last = start + (n - 1) * step if n else start
         if dt.is_int:
             if any(isinstance(v, float) and not v.is_integer() for v in (start, stop, step)):
