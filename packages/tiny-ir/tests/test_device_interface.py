@@ -8,6 +8,8 @@ import gc
 import multiprocessing
 import os
 import sqlite3
+import subprocess
+import sys
 import types
 import weakref
 from pathlib import Path
@@ -235,6 +237,17 @@ def test_lru_allocator_empties_its_cache_when_memory_runs_out() -> None:
         a.alloc(64)
 
 
+def test_a_buffer_the_device_cannot_hold_says_what_was_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An out-of-memory error names the bytes, the device and, where the allocator says, its memory."""
+    a = CountingAllocator(budget=1000)
+    monkeypatch.setattr(Device["NULL"], "allocator", a)
+    with pytest.raises(MemoryError, match=r"^NULL cannot allocate 4000 bytes .* for 1000 float32 values: it does not"):
+        Buffer("NULL", 1000, dtypes.float32).ensure_allocated()
+    monkeypatch.setattr(a, "memory", lambda: (600, 1000))
+    with pytest.raises(MemoryError, match=r"^NULL cannot allocate 2000 bytes .*: it has 600 bytes .* free of 1000"):
+        Buffer("NULL", 1000, dtypes.int16).ensure_allocated()
+
+
 # ---------------------------------------------------------------- the compile cache
 
 
@@ -349,6 +362,32 @@ def test_flags_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CACHELEVEL", "lots")
     with pytest.raises(ValueError, match="CACHELEVEL='lots': expected int"):
         _ = CACHELEVEL.value
+
+
+@pytest.mark.parametrize("name, text", [("BEAM", "lots"), ("BEAM_BUDGET", "1.5"), ("THREADS", "four")])
+def test_a_flag_that_does_not_parse_fails_at_import(name: str, text: str) -> None:
+    """A flag this run never reads (BEAM_BUDGET without BEAM, THREADS off the CPU) is no more ignored than one it
+    does: importing tiny fails, naming the flag, its type and the value given."""
+    env = {k: v for k, v in os.environ.items() if k not in FLAGS} | {
+        name: text,
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", "import tiny.ir.config"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode != 0, run.stdout + run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError") and f"{name}={text!r}: expected int" in last, run.stderr
+
+
+def test_context_refuses_a_value_of_the_wrong_type() -> None:
+    with pytest.raises(TypeError, match="Context\\(BEAM='lots'\\): flag BEAM takes a value of type int, got str"):
+        with Context(BEAM="lots"):
+            pass
+    with pytest.raises(TypeError, match="CC.*str, got int"):
+        with Context(CC=3):
+            pass
+    assert not FLAGS["BEAM"]._override and not FLAGS["CC"]._override
 
 
 def test_a_flag_parses_the_environment_once_per_change(monkeypatch: pytest.MonkeyPatch) -> None:

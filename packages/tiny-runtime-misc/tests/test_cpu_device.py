@@ -207,6 +207,20 @@ def test_allocator_alignment_and_caps() -> None:
         assert isinstance(opaque, int) and opaque % ALIGN == 0
 
 
+def test_an_allocation_the_host_cannot_hold_says_what_was_asked_and_what_there_is() -> None:
+    """The MemoryError was empty: it names the bytes asked for, the device, and the host's memory."""
+    n = 2**50  # 1 PiB: more than any host has
+    with pytest.raises(MemoryError) as e:
+        Buffer("CPU", n, dtypes.uint8).ensure_allocated()
+    msg = str(e.value)
+    assert msg.startswith(f"CPU cannot allocate {n} bytes") and f"{n} uint8 values" in msg, msg
+    free, total = CPUAllocator().memory() or (None, None)
+    assert total is not None and 0 < free <= total and f"free of {total} bytes" in msg, msg
+    tensor = pytest.importorskip("tiny.tensor")
+    with pytest.raises(MemoryError, match=f"CPU cannot allocate {4 * n} bytes .* for {n} float32 values: it has"):
+        tensor.Tensor.empty(n, device="CPU").contiguous().realize()
+
+
 def test_allocator_copies_and_views() -> None:
     alloc = CPUAllocator()
     buf = alloc.alloc(8)

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from tensor_helpers import small
 
+from tiny.ir.device import device_supports
+from tiny.ir.uop import Ops
 from tiny.tensor import Tensor, dtypes
 from tiny.tensor.checks import default_int
 
@@ -51,6 +53,95 @@ def test_linspace_dtypes_and_errors(device: str) -> None:
         Tensor.linspace(0, 1, 2.5, device=device)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="end"):
         Tensor.linspace(0, "1", 3, device=device)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="bool"):  # PyTorch: "linspace_cpu" not implemented for 'Bool'
+        Tensor.linspace(0, 1, 3, dtype="bool", device=device)
+    with pytest.raises(NotImplementedError):
+        torch.linspace(0, 1, 3, dtype=torch.bool)
+
+
+ARANGES = [
+    (5,),
+    (0,),
+    (1,),
+    (3, 3),
+    (1, 7, 2),
+    (10, 0, -3),
+    (-5, 5, 2),
+    (100, -100, -7),
+    (17,),  # past FUSED_COUNT_MAX: one kernel counts, the reader cuts
+    (-300, 700),
+    (1, 2, 0.25),
+    (0.5, 3),
+    (-1, 1, 0.1),  # length 20 by torch's double-precision rule
+    (1, 2, 0.1),
+    (0, 1, 0.3),
+    (2.5, -2.5, -0.5),
+    (0.0, 0.0, 0.1),
+]
+
+
+@pytest.mark.parametrize("args", ARANGES, ids=str)
+def test_arange_matches_torch(device: str, args: tuple) -> None:
+    """Same length, dtype and values as torch.arange: ints exactly, floats to float32 rounding (torch computes
+    start + i * step with its SIMD width, so its float values can differ by an ulp from the exact ones)."""
+    out, ref = Tensor.arange(*args, device=device), torch.arange(*args)
+    assert out.dtype.name == str(ref.dtype).removeprefix("torch.") or out.dtype == default_int(device)
+    assert out.shape == tuple(ref.shape)
+    if ref.dtype.is_floating_point:
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-6, atol=1e-7)
+    else:
+        assert out.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize(
+    "args, dtype",
+    [
+        ((4,), "int8"),
+        ((200, 0, -50), "uint8"),
+        ((3,), "float16"),
+        ((0, 3, 0.5), "float64"),
+        ((70000, 0, -20000), "int32"),
+    ],
+    ids=str,
+)
+def test_arange_dtypes(device: str, args: tuple, dtype: str) -> None:
+    if dtype == "float64" and not device_supports(device, dtypes.float64):
+        pytest.skip(f"{device} has no float64")
+    out = Tensor.arange(*args, dtype=dtype, device=device)
+    ref = torch.arange(*args, dtype=getattr(torch, dtype))
+    assert out.dtype.name == dtype and out.tolist() == ref.tolist()
+
+
+def test_arange_refuses_what_does_not_fit_or_leads_nowhere(device: str) -> None:
+    with pytest.raises(ValueError, match="8589934591, which int32 cannot hold"):
+        Tensor.arange(2**33, dtype="int32", device=device)
+    with pytest.raises(ValueError, match="-1, which uint8 cannot hold"):
+        Tensor.arange(3, -2, -1, dtype="uint8", device=device)  # torch wraps to 255
+    with pytest.raises(ValueError, match="past float16's range"):
+        Tensor.arange(0, 80000, 10000, dtype="float16", device=device)  # 70000 rounds to inf
+    with pytest.raises(ValueError, match="sign"):  # torch: upper bound and lower bound inconsistent with step sign
+        Tensor.arange(0, 5, -1, device=device)
+    with pytest.raises(ValueError, match="sign"):
+        Tensor.arange(5, 0, device=device)
+    with pytest.raises(ValueError, match="finite"):
+        Tensor.arange(0, math.inf, device=device)
+    with pytest.raises(ValueError, match="whole numbers"):  # torch truncates, to other lengths in int32 and int64
+        Tensor.arange(0, 2, 0.5, dtype="int32", device=device)
+    with pytest.raises(TypeError, match="bool"):
+        Tensor.arange(3, dtype="bool", device=device)
+    with pytest.raises(RuntimeError):
+        torch.arange(5, 0)
+
+
+def test_a_huge_arange_allocates_nothing_until_read(device: str) -> None:
+    """arange was computed with NumPy on the host: arange(2**40) asked for 8 TiB at once. It is a graph of constants
+    now; a slice of it computes (the small kernel behind it writes the next power of two of a range past 16)."""
+    huge = Tensor.arange(2**40, device=device)
+    assert huge.shape == (2**40,) and not any(u.op is Ops.BUFFER for u in huge.uop.toposort)
+    assert Tensor.arange(2**62, -(2**62), -(2**40), device=device).shape == (2**23,)
+    assert Tensor.arange(3000, device=device)[-3:].tolist() == [2997, 2998, 2999]
+    with pytest.raises(ValueError, match="uint64 cannot hold"):
+        Tensor.arange(2**64 - 2, 2**64 + 1, dtype="uint64", device=device)
 
 
 def test_constants_and_ranges_match_torch(device: str) -> None:

@@ -141,6 +141,27 @@ def test_axis_out_of_range(x, op):
 
 
 @pytest.mark.parametrize(
+    "op, torch_op",
+    [
+        (lambda t: t.flip((0, 0)), None),
+        (lambda t: t.flip((1, -1)), None),
+        (lambda t: t.sum((0, -2)), None),
+        (lambda t: t.max((1, 1)), lambda t: t.amax((1, 1))),
+        (lambda t: t.squeeze((0, 0)), None),
+    ],
+    ids=["flip", "flip-neg", "sum", "max", "squeeze"],
+)
+def test_a_dim_named_twice(x, op, torch_op):
+    """PyTorch refuses a dim named twice ("dim 0 appears multiple times"); tiny used it once, silently."""
+    with pytest.raises(ValueError, match="appears more than once") as e:
+        op(x)
+    assert "dim " in str(e.value) and "2 dimension" in str(e.value), str(e.value)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError, match="multiple times"):
+        (torch_op or op)(torch.arange(6.0).reshape(2, 3))
+
+
+@pytest.mark.parametrize(
     "index,words",
     [(2, "index 2"), (-3, "index -3"), ((0, 3), "index 3"), ((1, -4), "index -4"), ((0, 0, 0), "too many indices")],
 )

@@ -55,7 +55,10 @@ class Flag(Generic[T]):
         try:
             return self.type(text)
         except ValueError:
-            raise ValueError(f"environment flag {self.name}={text!r}: expected {self.type.__name__}") from None
+            raise ValueError(
+                f"environment flag {self.name}={text!r}: expected {self.type.__name__} (as {self.name}="
+                f"{self.default}, its default); unset it or give it a value of that type"
+            ) from None
 
     def __bool__(self) -> bool:
         return bool(self.value)
@@ -125,12 +128,23 @@ AMD_IFACE = _flag(
 )
 
 
+def check_environment() -> None:
+    """Parse every flag the environment sets, so that one that does not parse (BEAM=lots) fails when tiny is
+    imported, naming the flag, its type and the value, even where this run would never read it."""
+    for flag in FLAGS.values():
+        _ = flag.value
+
+
 @contextlib.contextmanager
 def Context(**values: int | str) -> Iterator[None]:  # noqa: N802  (used like a class)
     """Override flags inside a with-block: `with Context(DEBUG=2, CACHELEVEL=0): ...`."""
     unknown = [name for name in values if name not in FLAGS]
     if unknown:
         raise KeyError(f"unknown flag(s) {unknown}; known flags: {sorted(FLAGS)}")
+    for name, v in values.items():
+        if not isinstance(v, FLAGS[name].type):
+            kind = FLAGS[name].type.__name__
+            raise TypeError(f"Context({name}={v!r}): flag {name} takes a value of type {kind}, got {type(v).__name__}")
     flags = []
     for name, v in values.items():
         FLAGS[name]._override.append(v)
@@ -145,3 +159,6 @@ def Context(**values: int | str) -> Iterator[None]:  # noqa: N802  (used like a 
 def cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "tiny")
+
+
+check_environment()  # a flag that does not parse fails here, at import, not in the middle of a run

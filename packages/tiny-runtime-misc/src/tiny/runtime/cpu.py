@@ -25,6 +25,7 @@ from tiny.ir.device import (
     DeviceUnavailable,
     LRUAllocator,
     Program,
+    host_memory,
     usable_cores,
 )
 from tiny.runtime.llvm import LLVMCompiler, LoadedObject, host, require_llvmlite
@@ -155,13 +156,19 @@ class CPUAllocator(LRUAllocator):
         self.owners: dict[int, ctypes.Array] = {}  # each allocation's address -> the array that holds its memory
 
     def _alloc(self, size: int) -> Any:
-        raw = (ctypes.c_uint8 * (size + ALIGN))()
+        try:
+            raw = (ctypes.c_uint8 * (size + ALIGN))()
+        except OverflowError:  # (ctypes: larger than the address space)
+            raise MemoryError(f"{size} bytes are more than this process can address") from None
         addr = (ctypes.addressof(raw) + ALIGN - 1) // ALIGN * ALIGN
         self.owners[addr] = raw
         return addr
 
     def _free(self, opaque: Any, size: int) -> None:
         del self.owners[opaque]
+
+    def memory(self) -> tuple[int, int] | None:
+        return host_memory()
 
     def as_memoryview(self, opaque: Any, size: int) -> memoryview:
         return memoryview((ctypes.c_uint8 * size).from_address(opaque)).cast("B")

@@ -31,6 +31,7 @@ from tiny.ir.device import (
     Program,
     Renderer,
     RendererCaps,
+    host_memory,
 )
 from tiny.ir.dtypes import DType, bf16_to_float, dtypes, float_to_bf16, truncate
 from tiny.ir.spec import SpecError, validate
@@ -619,6 +620,9 @@ class PythonAllocator(LRUAllocator):
 
     def _alloc(self, size: int) -> memoryview:
         return memoryview(bytearray(size))
+
+    def memory(self) -> tuple[int, int] | None:
+        return host_memory()
 
     def copyin(self, dest: memoryview, src: memoryview) -> None:
         src = _bytes_view(src)

@@ -111,10 +111,28 @@ def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
     return {"losses": losses, "test_accuracy": test_acc}
 
 
-def evaluate_checkpoint(args: argparse.Namespace) -> None:
-    _, _, x_test, y_test = load_data(args)
+def load_checkpoint(path: str) -> MnistCNN:
+    """The model with a safetensors checkpoint's weights; a file that is missing, unreadable, not a safetensors
+    file or not this model's weights ends the program with one line that says so (exit status 1)."""
     model = MnistCNN()
-    load_state_dict(model, safe_load(args.eval))
+    try:
+        state = safe_load(path)
+    except OSError as e:
+        sys.exit(f"mnist: cannot read the checkpoint {path}: {e.strerror or e}")
+    except (ValueError, TypeError) as e:
+        sys.exit(f"mnist: the checkpoint is not a safetensors file this can read: {e}")
+    try:
+        load_state_dict(model, state)
+    except RuntimeError as e:
+        problems = [line.strip() for line in str(e).splitlines()[1:]]
+        more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
+        sys.exit(f"mnist: {path} does not hold this model's weights: {'; '.join(problems[:3])}{more}")
+    return model
+
+
+def evaluate_checkpoint(args: argparse.Namespace) -> None:
+    model = load_checkpoint(args.eval)  # before the data: a wrong path fails at once
+    _, _, x_test, y_test = load_data(args)
     limit = args.eval_limit or len(x_test)
     print(f"test accuracy of {args.eval}: {evaluate(model, x_test[:limit], y_test[:limit]):.2%}")
 

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tiny.ir.device import Device
-from tiny.ir.dtypes import DType, dtypes, to_dtype
+from tiny.ir.device import Device, device_supports
+from tiny.ir.dtypes import DType, dtypes, to_dtype, truncate
 from tiny.tensor.base import TensorBase
-from tiny.tensor.checks import default_int, on_device, wide_ints
+from tiny.tensor.checks import check_dtype, default_int, on_device, wide_ints
 from tiny.tensor.shapes import prod, shape_arg
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 Scalar = int | float | bool
 Shape = int | Sequence[int]
+FUSED_COUNT_MAX = 16  # an arange up to this long is computed inside the kernels that read it (see _counting)
 
 
 class _Rng:
@@ -85,25 +86,50 @@ class CreationOps(TensorBase):
         dtype: DType | str | None = None,
         device: str | None = None,
     ) -> Tensor:
-        """Evenly spaced values in [start, stop), like torch.arange.
+        """Evenly spaced values in [start, stop), like torch.arange: start + i * step for i below
+        ceil((stop - start) / step). Computed on the device when used; creating even a huge range allocates nothing.
 
         >>> Tensor.arange(1, 7, 2).tolist()
         [1, 3, 5]
         """
         if stop is None:
             start, stop = 0, start
-        if step == 0:
-            raise ValueError("arange() step must not be zero")
+        n = _arange_length(start, stop, step)
         dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
         dt = to_dtype(dtype) if dtype is not None else on_device(dtypes.from_py([start, stop, step]), dev)
-        n = max(0, math.ceil((stop - start) / step))
-        return cls(
-            np.arange(n, dtype=np.float64) * step + start
-            if dt.is_float
-            else np.arange(start, stop, step, dtype=np.int64),
-            device=dev,
-            dtype=dt,
-        )
+        if dt.is_bool:
+            raise TypeError("arange() computes numbers and cannot make bool values (as PyTorch); give a number dtype")
+        check_dtype(dev, dt)
+        last = start + (n - 1) * step if n else start
+        if dt.is_int:
+            if any(isinstance(v, float) and not v.is_integer() for v in (start, stop, step)):
+                raise ValueError(
+                    f"arange({start}, {stop}, {step}, dtype={dt.name}): an integer dtype needs whole numbers for "
+                    "start, stop and step (PyTorch truncates them, differently for int32 and int64)"
+                )
+            start, step, last = int(start), int(step), int(last)
+            wide = default_int(dev)
+            for v in (start, last):
+                if not dt.min <= v <= dt.max:
+                    raise ValueError(
+                        f"arange({start}, {stop}, {step}) of {n} values reaches {v}, which {dt.name} cannot hold "
+                        f"(it holds {dt.min}..{dt.max})"
+                    )
+            if not all(wide.min <= v <= wide.max for v in (start, last, last - start)):
+                raise ValueError(
+                    f"arange({start}, {stop}, {step}) is counted in {wide.name} on {dev}, which cannot hold its values"
+                )
+            counted = _counting(cls, n, wide, dev)
+            return (counted * step + start).cast(dt) if n else cls.full((0,), 0, dt, dev)
+        for v in (start, last):
+            if math.isinf(truncate(dt, v)):
+                raise ValueError(f"arange({start}, {stop}, {step}) of {n} values reaches {v}, past {dt.name}'s range")
+        if n - 1 > default_int(dev).max:
+            raise ValueError(f"arange() of {n} values counts past {default_int(dev).name}, the widest int on {dev}")
+        if n == 0:
+            return cls.full((0,), 0, dt, dev)
+        wide = dtypes.float64 if device_supports(dev, dtypes.float64) else dtypes.float32
+        return (_counting(cls, n, default_int(dev), dev).cast(wide) * step + start).cast(dt)
 
     @classmethod
     def linspace(
@@ -120,6 +146,8 @@ class CreationOps(TensorBase):
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise TypeError(f"linspace() takes a number as {name}, got {type(v).__name__}")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        if dt == dtypes.bool:
+            raise TypeError("linspace() computes numbers and cannot make bool values (as PyTorch); give a number dtype")
         i = np.arange(steps, dtype=np.float64)
         step = (end - start) / (steps - 1) if steps > 1 else 0.0
         # the first half counts up from start, the second down from end: both ends are exact
@@ -190,7 +218,7 @@ class CreationOps(TensorBase):
         RNG.counter += 1
         key = _mix32(_mix32(RNG.seed & 0xFFFFFFFF) ^ _mix32(RNG.seed >> 32) ^ RNG.counter)
         n = prod(shape)
-        counter = cls(np.arange(n, dtype=np.uint32), device=device)
+        counter = cls.arange(n, dtype=dtypes.uint32, device=device)
         x = counter ^ key
         for mult in (0x7FEB352D, 0x846CA68B):
             x = (x ^ (x >> 16)) * mult
@@ -475,3 +503,42 @@ def _gain(nonlinearity: str, a: float) -> float:
     if nonlinearity not in gains:
         raise ValueError(f"unknown nonlinearity {nonlinearity!r}; expected one of {sorted((*linear, *gains))}")
     return gains[nonlinearity]
+
+
+def _arange_length(start: Scalar, stop: Scalar, step: Scalar) -> int:
+    """How many values arange(start, stop, step) has, by torch.arange's rule: ceil((stop - start) / step), exact for
+    ints and in double precision otherwise; a step that leads away from stop is an error, as in PyTorch."""
+    for name, v in (("start", start), ("stop", stop), ("step", step)):
+        if not isinstance(v, (int, float)):
+            raise TypeError(f"arange() takes a number as {name}, got {type(v).__name__}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"arange() needs a finite {name}, got {v}")
+    if step == 0:
+        raise ValueError("arange() step must not be zero")
+    if (step > 0 and start > stop) or (step < 0 and start < stop):
+        raise ValueError(f"arange({start}, {stop}, {step}): a step of that sign never goes from start to stop")
+    if all(isinstance(v, int) for v in (start, stop, step)):
+        return -((start - stop) // step)
+    return math.ceil((float(stop) - float(start)) / float(step))
+
+
+def _counting(cls: type[Tensor], n: int, dtype: DType, device: str) -> Tensor:
+    """0, 1, ..., n-1 in an integer dtype, as a graph of constants: no buffer until it is computed.
+
+    Up to FUSED_COUNT_MAX values, the sum of the n - 1 steps [i >= k] (each a 1 padded with k zeros before it), which
+    the kernel reading it computes in place. Beyond, one small kernel (keyed by the number of bits alone) writes the
+    next power of two of them: over a (2, 2, ..., 2) shape bit k of the index is dim k, and the index is the sum of
+    each bit's weight 2**(bits-1-k) padded with a 0 before it, flattened and cut to n."""
+    if n <= FUSED_COUNT_MAX:
+        total = cls.full((n,), 0, dtype, device)
+        for k in range(1, n):
+            total = total + cls.full((n - k,), 1, dtype, device).pad(((k, 0),))
+        return total
+    bits = (n - 1).bit_length()
+    total = None
+    for k in range(bits):
+        padding = [(0, 0)] * bits
+        padding[k] = (1, 0)
+        weight = cls.full((1,) * bits, 2 ** (bits - 1 - k), dtype, device).pad(padding).expand((2,) * bits)
+        total = weight if total is None else total + weight
+    return total.reshape(2**bits).shrink(((0, n),))

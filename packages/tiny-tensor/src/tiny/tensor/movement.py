@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
-from tiny.tensor.shapes import normalize_axis, prod, shape_arg
+from tiny.tensor.shapes import normalize_axes, normalize_axis, prod, shape_arg
 
 if TYPE_CHECKING:
     from tiny.tensor.tensor import Tensor
@@ -165,7 +165,7 @@ class MovementOps(TensorBase):
         >>> Tensor([[1, 2], [3, 4]]).flip(1).tolist()
         [[2, 1], [4, 3]]
         """
-        axes = tuple(sorted({normalize_axis(a, self.ndim) for a in shape_arg(axis, allow_neg=True)}))
+        axes = normalize_axes(shape_arg(axis, allow_neg=True), self.ndim)
         return self._movement(Ops.FLIP, axes) if axes else self
 
     def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
@@ -205,7 +205,7 @@ class MovementOps(TensorBase):
         """
         if dim is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
-        dims = {normalize_axis(d, self.ndim) for d in ((dim,) if isinstance(dim, int) else dim)}
+        dims = normalize_axes(dim, self.ndim)
         return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in dims or s != 1))
 
     def unsqueeze(self, dim: int) -> Tensor:

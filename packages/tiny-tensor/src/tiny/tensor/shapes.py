@@ -44,7 +44,13 @@ def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def normalize_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    """The dims named (all for None), non-negative and sorted; a dim named twice (as 1 and -1 of a 2-d tensor, say)
+    is an error, as in PyTorch, not one use of it."""
     if axis is None:
         return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    return tuple(sorted({normalize_axis(a, ndim) for a in axes}))
+    dims = [normalize_axis(a, ndim) for a in axes]
+    for d in dims:
+        if dims.count(d) > 1:
+            raise ValueError(f"dim {d} appears more than once in the dims {axes} of a tensor with {ndim} dimension(s)")
+    return tuple(sorted(dims))

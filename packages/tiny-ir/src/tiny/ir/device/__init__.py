@@ -27,7 +27,10 @@ from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import TensorCore  # noqa: F401  (re-exported: renderers declare theirs)
 from tiny.ir.uop import Ops, UOp, make_node
 
-INTERFACE_VERSION = (1, 2)  # (major, minor): runtimes pin a compatible major (1.2: Program.launcher)
+INTERFACE_VERSION = (
+    1,
+    3,
+)  # (major, minor): runtimes pin a compatible major (1.2: Program.launcher; 1.3: Allocator.memory)
 
 
 class DeviceUnavailable(RuntimeError):
@@ -182,6 +185,11 @@ class Allocator:
     def copyout(self, dest: memoryview, src: Any) -> None:
         raise NotImplementedError
 
+    def memory(self) -> tuple[int, int] | None:
+        """(free, total) bytes of the memory this allocator takes from, for an error that says why an allocation
+        failed; None where the device does not say."""
+        return None
+
     def as_memoryview(self, opaque: Any, size: int) -> memoryview:
         raise NotImplementedError(f"{type(self).__name__} memory is not host visible")
 
@@ -191,6 +199,29 @@ class Allocator:
 
     def transfer(self, dest: Any, src: Any, size: int, src_device: Compiled, dest_device: Compiled) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no device-to-device transfer")
+
+
+def host_memory() -> tuple[int, int] | None:
+    """(available, total) bytes of the host's physical memory, as the OS reports them (None where it does not)."""
+    if not hasattr(os, "sysconf"):
+        return None
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+    except (ValueError, OSError):
+        return None
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes} bytes ({nbytes / 2**30:.3g} GiB)"
+
+
+def out_of_memory(device: str, nbytes: int, what: str, allocator: Allocator, why: str = "") -> str:
+    """The message of a MemoryError: what was asked for, on which device, and how much memory the device has."""
+    has = allocator.memory()
+    text = f"{device} cannot allocate {_gib(nbytes)} for {what}: "
+    text += f"it has {_gib(has[0])} free of {_gib(has[1])}" if has else "it does not say how much memory it has"
+    return text + (f"; {why}" if why else "")
 
 
 class LRUAllocator(Allocator):
@@ -508,7 +539,11 @@ class Buffer:
             if self.base is not None:
                 self._opaque = allocator.offset(self.base.opaque, self.offset, nbytes)
             else:
-                self._opaque = allocator.alloc(nbytes or 1)
+                try:
+                    self._opaque = allocator.alloc(nbytes or 1)
+                except MemoryError as e:
+                    what = f"{self.size} {self.dtype.name} values"
+                    raise MemoryError(out_of_memory(self.device, nbytes, what, allocator, str(e))) from None
             self._allocator = allocator
         return self
 
