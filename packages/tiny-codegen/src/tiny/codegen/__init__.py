@@ -8,18 +8,20 @@ the hand-written rules otherwise), then lower, simplify, vectorize, linearize, c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from tiny.codegen.beam import beam_search
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, kernel_name, lower
 from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
-from tiny.codegen.program import build_program, render_for, render_kernel
+from tiny.codegen.program import Rendered, build_program, render_for, render_kernel, to_program
 from tiny.ir.config import BEAM, DEBUG, NOOPT
-from tiny.ir.device import Compiled, CompiledProgram
+from tiny.ir.device import Compiled, CompiledProgram, usable_cores
 from tiny.ir.uop import UOp
 
 __all__ = [
     "get_program",
+    "get_programs",
     "choose_opts",
     "render_kernel",
     "render_for",
@@ -46,7 +48,29 @@ def choose_opts(ast: UOp, device: Compiled) -> list[Opt] | None:
 def get_program(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = None) -> CompiledProgram:
     """The compiled program that runs kernel `ast` on `device`, after `opts` (chosen by choose_opts if None)."""
     chosen = choose_opts(ast, device) if opts is None else list(opts)
+    _print_plan(ast, device, chosen)
+    return build_program(ast, device, chosen)
+
+
+def get_programs(kernels: Sequence[tuple[UOp, Compiled]]) -> list[CompiledProgram]:
+    """get_program for many kernels at once, as a schedule's cold start needs: each planned and rendered here, then
+    all compiled side by side on every core this process may use (a compiler is a process, or a library call that
+    lets go of the interpreter lock: clang, NVRTC, LLVM, COMGR)."""
+    rendered: list[tuple[Compiled, Rendered]] = []
+    for ast, device in kernels:
+        chosen = choose_opts(ast, device)
+        _print_plan(ast, device, chosen)
+        rendered.append((device, render_kernel(ast, device, chosen)))
+    workers = min(usable_cores(), len(rendered))
+    if workers <= 1:
+        binaries = [device.compile(r.src) for device, r in rendered]
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            binaries = list(pool.map(lambda job: job[0].compile(job[1].src), rendered))
+    return [to_program(r, device, binary) for (device, r), binary in zip(rendered, binaries)]
+
+
+def _print_plan(ast: UOp, device: Compiled, chosen: list[Opt] | None) -> None:
     if DEBUG >= 3 and chosen is not None:  # (the rules' are printed as they are chosen)
         plan = Kernel(ast, device.renderer.caps).apply_opts(chosen)
         print(f"{kernel_name(ast)}: {chosen} -> {plan.describe()}")
-    return build_program(ast, device, chosen)

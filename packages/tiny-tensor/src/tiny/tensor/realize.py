@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tiny.codegen import get_program
+from tiny.codegen import get_program, get_programs
 from tiny.ir.config import BEAM, DEBUG, NOOPT
 from tiny.ir.device import Buffer, CompiledProgram, Device, Program
 from tiny.ir.schedule import ScheduleItem
@@ -98,14 +98,30 @@ def compiled(ast: UOp, device: str) -> tuple[CompiledProgram, Program]:
 def _compiled(ast: UOp, device: str, built: Programs) -> Built:
     key = (ast, device)
     if (found := built.get(key)) is None:
-        dev = Device[device]
-        prog = get_program(ast, dev)
-        if DEBUG >= 4:
-            print(prog.src)
-        runner = dev.load(prog)
-        launch = runner.launcher(prog.n_buffers, prog.global_size, prog.local_size)
-        found = built[key] = Built(prog, runner, launch)
+        found = _loaded(key, get_program(ast, Device[device]), built)
     return found
+
+
+def _loaded(key: tuple[UOp, str], prog: CompiledProgram, built: Programs) -> Built:
+    if DEBUG >= 4:
+        print(prog.src)
+    runner = Device[key[1]].load(prog)
+    launch = runner.launcher(prog.n_buffers, prog.global_size, prog.local_size)
+    found = built[key] = Built(prog, runner, launch)
+    return found
+
+
+def _build_ahead(items: list[ScheduleItem], built: Programs) -> None:
+    """The kernels of a schedule not built yet, built together before the first runs: their compilers run side by
+    side on every core (a cold first training step compiles a hundred kernels). Under BEAM each is searched in turn."""
+    todo: dict[tuple[UOp, str], None] = {}
+    for ast, buffers in items:
+        if ast.op is not _COPY and (ast, buffers[0].device) not in built:
+            todo[(ast, buffers[0].device)] = None
+    if len(todo) < 2:
+        return
+    for key, prog in zip(todo, get_programs([(ast, Device[device]) for ast, device in todo])):
+        _loaded(key, prog, built)
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
@@ -113,6 +129,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     if debug >= 1 and items:
         kernels = sum(1 for i in items if i.ast.op is Ops.SINK)
         print(f"schedule: {kernels} kernel(s), {len(items) - kernels} copy(ies)")
+    _build_ahead(items, built)
     for item in items:
         ast, buffers = item
         if ast.op is _COPY:

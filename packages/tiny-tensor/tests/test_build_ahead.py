@@ -1,0 +1,41 @@
+"""A schedule's kernels that are not built yet are built together before the first one runs, their compilers side
+by side on every core (tiny.codegen.get_programs): what a cold first training step spends its time on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tiny.tensor.realize as realize
+from tiny.codegen import get_program, get_programs
+from tiny.ir.device import Device
+from tiny.ir.schedule import create_schedule
+from tiny.tensor import Tensor
+
+
+def test_a_schedule_builds_its_new_kernels_in_one_batch(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    batches: list[int] = []
+
+    def recording(kernels: list) -> list:
+        batches.append(len(kernels))
+        return get_programs(kernels)
+
+    monkeypatch.setattr(realize, "get_programs", recording)
+    x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4) + 0.125, device=device)
+    y = (x.sum(axis=0, keepdim=True) * x).max(axis=1) + x.exp().mean()  # several kernels, none built yet
+    want = (x.numpy().sum(0, keepdims=True) * x.numpy()).max(1) + np.exp(x.numpy()).mean()
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5)
+    assert batches and batches[0] >= 2, "the kernels went to the compilers together"
+    z = (x.sum(axis=0, keepdim=True) * x).max(axis=1) + x.exp().mean()  # the same kernels: built already
+    before = len(batches)
+    np.testing.assert_allclose(z.numpy(), want, rtol=1e-5)
+    assert len(batches) == before
+
+
+def test_programs_built_together_are_the_ones_built_alone(device: str) -> None:
+    x = Tensor(np.ones((8, 8), np.float32), device=device)
+    items = [i for i in create_schedule([((x @ x).relu() + x.sum()).uop]).items if i.ast.op.name == "SINK"]
+    dev = Device[device]
+    together = get_programs([(i.ast, dev) for i in items])
+    assert [p.src for p in together] == [get_program(i.ast, dev).src for i in items]
+    assert all(p.binary for p in together)
