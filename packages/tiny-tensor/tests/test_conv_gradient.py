@@ -209,3 +209,83 @@ def test_a_dropped_convolution_leaves_no_gradient_rule_behind(transposed: bool) 
         del x, y
     gc.collect()
     assert all(ref() is None for ref in nodes), "a dropped convolution's node (and rule) is freed"
+
+
+def _conv_twice(op: str, kw: dict, between: str):
+    """x -> conv(w) -> [bias, relu] -> conv(w): the weight used by both convolutions (and by a matmul with 'matmul')."""
+
+    def model(x, w, b, lib):
+        conv = getattr(lib.nn.functional, op) if lib is torch else (lambda v, k, c=None, **a: getattr(v, op)(k, c, **a))
+        h = conv(x, w, b if "bias" in between else None, **kw)
+        h = h.relu() if "relu" in between else h
+        y = conv(h, w, b if "bias" in between else None, **kw)
+        out = (y * y).sum()
+        if "matmul" in between:
+            flat = w.reshape(w.shape[0], -1)
+            out = out + (flat @ flat.T if lib is torch else flat @ flat.transpose(0, 1)).sum()
+        return out
+
+    return model
+
+
+SHARED_WEIGHT_CASES = [
+    ("conv2d", dict(), ""),
+    ("conv2d", dict(), "bias"),
+    ("conv2d", dict(), "relu"),
+    ("conv2d", dict(padding=1), "bias relu"),
+    ("conv2d", dict(stride=2, padding=1), ""),
+    ("conv2d", dict(padding=1, dilation=2), "matmul"),
+    ("conv1d", dict(), ""),
+    ("conv1d", dict(stride=2, padding=2), "bias relu matmul"),
+]
+
+
+@pytest.mark.parametrize(("op", "kw", "between"), SHARED_WEIGHT_CASES, ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["channels-first", "channels-last"])
+def test_a_weight_used_by_two_convolutions_counts_each_path_once(
+    device: str, op: str, kw: dict, between: str, channels_last: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """x.conv2d(w).conv2d(w): the outer convolution's rule derived its weight gradient through everything below it,
+    the inner convolution too, and the walk then added the inner one's gradient again (2 x inner + outer)."""
+    if channels_last:  # the other weight-gradient rule (16 channels: innermost on a CPU with 8 or 16 float lanes)
+        monkeypatch.setattr(windows, "CHANNELS_LAST_MIN_WORK", 0)
+    c, spatial = (16, (7, 6)) if channels_last else (4, (6, 5))
+    spatial = spatial[:1] if op == "conv1d" else spatial
+    xs, ws = (2, c, *spatial), (c, c, *([3] * len(spatial)))
+    x, w, b = _rand(*xs), _rand(*ws, seed=1) * 0.3, _rand(c, seed=2)
+    model = _conv_twice(op, kw, between)
+    tx, tw, tb = (Tensor(a, device=device, requires_grad=True) for a in (x, w, b))
+    if windows._channels_last(tx, tw, spatial) != channels_last:
+        pytest.skip(f"{device} does not keep this convolution's channels {'last' if channels_last else 'first'}")
+    out = model(tx, tw, tb, None)
+    dx, dw, db = out.gradient(tx, tw, tb)
+    rx, rw, rb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    ref = model(rx, rw, rb, torch)
+    ref.backward()
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-4)
+    np.testing.assert_allclose(dw.numpy(), rw.grad.numpy(), atol=1e-3, rtol=1e-4)
+    np.testing.assert_allclose(dx.numpy(), rx.grad.numpy(), atol=1e-3, rtol=1e-4)
+    if "bias" in between:
+        np.testing.assert_allclose(db.numpy(), rb.grad.numpy(), atol=1e-3, rtol=1e-4)
+
+
+def test_a_weight_used_by_two_transposed_convolutions_counts_each_path_once(device: str) -> None:
+    x, w = _rand(1, 3, 4, 5), _rand(3, 3, 3, 3, seed=1)
+    tx, tw = Tensor(x, device=device, requires_grad=True), Tensor(w, device=device, requires_grad=True)
+    dx, dw = tx.conv_transpose2d(tw, stride=2).relu().conv_transpose2d(tw, padding=1).square().sum().gradient(tx, tw)
+    rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    F = torch.nn.functional
+    F.conv_transpose2d(F.conv_transpose2d(rx, rw, stride=2).relu(), rw, padding=1).square().sum().backward()
+    np.testing.assert_allclose(dw.numpy(), rw.grad.numpy(), atol=1e-3, rtol=1e-4)
+    np.testing.assert_allclose(dx.numpy(), rx.grad.numpy(), atol=1e-3, rtol=1e-4)
+
+
+def test_a_convolution_of_a_tensor_with_itself(device: str) -> None:
+    """One node as both inputs: the rule cannot tell the input's gradient from the weight's (each alone would miss the
+    other, both would count the one the primitives give twice), so the primitives derive it."""
+    a = _rand(2, 2, 3, 3)
+    t = Tensor(a, device=device, requires_grad=True)
+    (dt,) = t.conv2d(t, padding=1).square().sum().gradient(t)
+    r = torch.tensor(a, requires_grad=True)
+    torch.nn.functional.conv2d(r, r, padding=1).square().sum().backward()
+    np.testing.assert_allclose(dt.numpy(), r.grad.numpy(), atol=1e-3, rtol=1e-4)

@@ -231,6 +231,86 @@ def test_scatter_src_larger_than_index(device: str) -> None:
 
 R_INDEX = [[1, 1, 3], [0, 0, 0], [2, 3, 2]]  # repeats: several values reduce into one place
 
+# repeats along the scattered dim: (dim, self's shape, index, src's shape)
+REPEATS = {
+    "dim1": (1, (3, 4), [[1, 1, 3, 1], [0, 0, 0, 2]], (2, 4)),
+    "dim0": (0, (3, 2), [[1, 0], [1, 1], [1, 0]], (3, 2)),
+    "neg_dim_3d": (-2, (2, 3, 2), [[[2, 0], [2, 2], [0, 0]], [[1, 1], [1, 2], [1, 1]]], (2, 3, 2)),
+    "src_larger": (1, (2, 5), [[4, 4, 0], [3, 1, 3]], (2, 4)),
+}
+
+
+def _last_writes(dim: int, index: np.ndarray) -> np.ndarray:
+    """Which index elements PyTorch's CPU scatter keeps: along dim, the last of those that name one place."""
+    moved = np.moveaxis(index, dim, -1)
+    kept = np.ones_like(moved, dtype=bool)
+    for pos in np.ndindex(*moved.shape[:-1]):
+        row = moved[pos]
+        kept[pos] = [v not in row[j + 1 :] for j, v in enumerate(row)]
+    return np.moveaxis(kept, -1, dim)
+
+
+@pytest.mark.parametrize("name", sorted(REPEATS))
+def test_scatter_with_repeated_indices_keeps_the_last_write(device: str, name: str) -> None:
+    """Several indices naming one place used to add their values up; PyTorch's CPU kernel keeps the last in index
+    order. The gradient of self matches torch's; src's is the place's gradient for the element written and 0 for
+    the overwritten ones (torch hands the place's gradient to each of them, though the output does not depend on
+    them)."""
+    dim, shape, index, src_shape = REPEATS[name]
+    rng = np.random.default_rng(0)
+    x, s, g = (rng.uniform(-2, 2, sh).astype(np.float32) for sh in (shape, src_shape, shape))
+    tx, ts = Tensor(x, device=device, requires_grad=True), Tensor(s, device=device, requires_grad=True)
+    out = tx.scatter(dim, Tensor(index, device=device), ts)
+    dx, ds = out.gradient(tx, ts, gradient=Tensor(g, device=device))
+    idx = np.array(index)
+    region = tuple(slice(0, n) for n in idx.shape)  # (torch's backward takes no src larger than the index)
+    rx, rs = torch.tensor(x, requires_grad=True), torch.tensor(s[region], requires_grad=True)
+    ref = rx.scatter(dim, torch.tensor(index), rs)
+    ref.backward(torch.tensor(g))
+    np.testing.assert_array_equal(out.numpy(), ref.detach().numpy())
+    np.testing.assert_array_equal(dx.numpy(), rx.grad.numpy())
+    want = np.zeros_like(s)
+    want[region] = torch.tensor(g).gather(dim, torch.tensor(index)).numpy() * _last_writes(dim, idx)
+    np.testing.assert_array_equal(ds.numpy(), want)
+
+
+def test_scatter_of_a_value_and_of_ints_with_repeated_indices(device: str) -> None:
+    index = [[1, 1, 3, 1], [0, 0, 0, 2]]
+    x = np.arange(12).reshape(3, 4)
+    s = -np.arange(1, 9).reshape(2, 4)
+    out = Tensor(x, device=device).scatter(1, Tensor(index, device=device), Tensor(s, device=device))
+    ref = torch.tensor(x).scatter(1, torch.tensor(index), torch.tensor(s))
+    np.testing.assert_array_equal(out.numpy(), ref.numpy())
+    out = Tensor(x, device=device).scatter(1, Tensor(index, device=device), 7)
+    np.testing.assert_array_equal(out.numpy(), torch.tensor(x).scatter(1, torch.tensor(index), 7).numpy())
+
+
+def test_scatter_add(device: str) -> None:
+    compare(device, lambda x, s: x.scatter_add(1, ix(x, R_INDEX), s), (3, 4), (3, 3))
+    compare(device, lambda x, s: x.scatter_add(0, ix(x, [[2, 0, 2, 2], [2, 1, 0, 2]]), s), (3, 4), (2, 4))
+
+
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
+@pytest.mark.parametrize("reduce", ["add", "multiply"])
+def test_scatter_with_reduce(device: str, reduce: str) -> None:
+    """scatter(reduce=...) combines every value sent to a place with the one there (torch's values). torch has no
+    gradient for it: ours are scatter_reduce's ("sum", "prod" with include_self), compared with torch's there."""
+    same = {"add": "sum", "multiply": "prod"}[reduce]
+    rng = np.random.default_rng(0)
+    x, s = rng.uniform(-2, 2, (3, 4)).astype(np.float32), rng.uniform(-2, 2, (3, 3)).astype(np.float32)
+    tx, ts = Tensor(x, device=device, requires_grad=True), Tensor(s, device=device, requires_grad=True)
+    out = tx.scatter(1, Tensor(R_INDEX, device=device), ts, reduce=reduce)
+    want = torch.tensor(x).scatter(1, torch.tensor(R_INDEX), torch.tensor(s), reduce=reduce)
+    np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-6)
+    dx, ds = out.square().sum().gradient(tx, ts)
+    rx, rs = torch.tensor(x, requires_grad=True), torch.tensor(s, requires_grad=True)
+    rx.scatter_reduce(1, torch.tensor(R_INDEX), rs, same, include_self=True).square().sum().backward()
+    np.testing.assert_allclose(dx.numpy(), rx.grad.numpy(), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(ds.numpy(), rs.grad.numpy(), atol=1e-5, rtol=1e-5)
+    value = Tensor(x, device=device).scatter(0, Tensor([[2, 0, 2, 2]], device=device), 1.5, reduce=reduce)
+    ref = torch.tensor(x).scatter(0, torch.tensor([[2, 0, 2, 2]]), 1.5, reduce=reduce)
+    np.testing.assert_allclose(value.numpy(), ref.numpy(), rtol=1e-6)
+
 
 def test_cat_then_slice_one_part(device: str) -> None:
     # a kernel whose loads of one buffer all fold away still takes that buffer: launches pass buffers by position
@@ -365,6 +445,8 @@ def test_errors(device: str) -> None:
         x.scatter(1, Tensor([[0, 1]], device=device), Tensor([[1.0]], device=device))
     with pytest.raises(ValueError, match="reduce must be one of"):
         x.scatter_reduce(1, Tensor([[0]], device=device), x, "max")
+    with pytest.raises(ValueError, match="reduce must be None, 'add' or 'multiply', got 'sum'"):
+        x.scatter(1, Tensor([[0]], device=device), x, reduce="sum")
     with pytest.raises(ValueError, match="less than its size"):
         x.pad((4, 0), mode="reflect")
     with pytest.raises(ValueError, match="more than once"):
@@ -422,6 +504,8 @@ def test_kernel_counts(device: str) -> None:
     assert kernels(a.roll((1, -1), (0, 1)) * 2) == 1
     for mode in ("reflect", "replicate", "circular"):
         assert kernels(a.pad((2, 1, 1, 2), mode=mode) + 1) == 1
-    assert kernels(a.scatter(1, index[:, :2], b.pad((0, 1, 0, 0))[:, :2].cat(b[:1, :2]))) == 1
+    # a scatter first finds the index elements a later one repeats (they write nothing), then writes in one kernel
+    assert kernels(a.scatter(1, index[:, :2], b.pad((0, 1, 0, 0))[:, :2].cat(b[:1, :2]))) == 2
+    assert kernels(a.scatter_add(1, index, a)) == 1
     assert kernels(a.scatter_reduce(1, index, a, "amax")) == 1
     assert kernels(a.repeat(2, 1)) == 1  # read through further ops, a repeat is a copy first (one view cannot say it)

@@ -21,6 +21,7 @@ from tiny.ir.uop import GroupOp, Ops, UOp, arg_key, make_node
 from tiny.tensor.autograd import NO_GRAD, no_grad_wrap
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import check_dtype, default_int
+from tiny.tensor.gradient import Grads, set_composite_rule
 from tiny.tensor.shapes import broadcast_shape
 
 if TYPE_CHECKING:
@@ -51,6 +52,30 @@ def _float32_math(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         return fn(wide, *args, **kwargs).cast(x.dtype)
 
     return in_float32
+
+
+def _pow_grads(
+    tensor: type[Tensor],
+    exponent: float | None,
+    node: UOp,
+    inputs: tuple[UOp, ...],
+    g: UOp,
+    needed: tuple[bool, ...],
+) -> Grads:
+    """PyTorch's derivatives of y = a ** b, edges included: b * a ** (b - 1) for the base, 0 where b = 0 (an infinite
+    or NaN base too); y * log(a) for the exponent, 0 where a = 0 and b >= 0. NaN where a negative base meets a
+    fraction, and the infinities of a power at 0. `exponent`: b as a Python number, whose a ** (b - 1) is then a
+    power by a number too, as torch's (with its sqrt for 0.5). (The primitives' gradient gave 0 in each branch a
+    where() did not take, and NaN from the products of 0 and inf between them.)"""
+    a, b, grad = tensor(inputs[0]), tensor(inputs[1]), tensor(g)
+    da = db = None
+    if needed[0] and exponent is not None:
+        da = grad * (exponent * a.pow(exponent - 1)) if exponent != 0 else grad.zeros_like()
+    elif needed[0]:
+        da = (b == 0).where(0.0, grad * (b * a.pow(b - 1)))
+    if needed[1]:
+        db = ((a == 0) & (b >= 0)).where(0.0, grad * (tensor(node) * a.log()))
+    return (None if da is None else da.uop, None if db is None else db.uop)
 
 
 class ElementwiseOps(TensorBase):
@@ -238,15 +263,16 @@ class ElementwiseOps(TensorBase):
         return ((r != 0) & ((r < 0) ^ (b < 0))).where(r + b, r)
 
     def pow(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        """self ** x. Integers stay integers (wrapping like PyTorch); floats follow IEEE pow's signs.
+        """self ** x. Integers stay integers (wrapping like PyTorch); floats follow C's pow at every edge (0, +-inf,
+        NaN, negative bases), and their gradients are PyTorch's (see _pow_grads).
 
         >>> Tensor([2.0, -2.0]).pow(3).tolist()
         [8.0, -8.0]
         """
-        small_int = isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 8
+        small_int = isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 8
         if not reverse and small_int and self.dtype.is_float:
-            out = self.ones_like()
-            for _ in range(x):  # exact for small powers, as x*x is
+            out = self
+            for _ in range(x - 1):  # exact for small powers, as x*x is
                 out = out * self
             return out
         a, b = self._broadcasted(x, reverse)
@@ -254,12 +280,28 @@ class ElementwiseOps(TensorBase):
             a, b = a.cast(default_int(a.device)), b.cast(default_int(a.device))
         if a.dtype.is_int:
             return a._int_pow(b, x if not reverse and isinstance(x, int) else None)
+        exponent = x if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool) else None
+        out = a._float_pow(b, exponent)
+        set_composite_rule(out.uop, (a.uop, b.uop), functools.partial(_pow_grads, type(self), exponent))
+        return out
+
+    def _float_pow(self, b: Tensor, exponent: float | None) -> Tensor:
+        """self ** b for floats of one shape, as C's pow: |self| ** b as exp2(b * log2|self|), its sign from an odd
+        integer b, NaN for a finite negative base to a fraction, and 1 for b = 0, a base of 1, and -1 to +-inf.
+        `exponent`: b as a Python number; torch computes 0.5 and -0.5 as sqrt and 1/sqrt (NaN for every negative
+        base, -inf too; 1/sqrt(-0) is -inf), and so does this."""
+        a = self
         mag = (b * a.abs().log2()).exp2()
-        b_int = b.trunc() == b
-        b_odd = b_int & ((b.abs() % 2) == 1)
-        neg = a < 0
-        out = neg.where(b_int.where(b_odd.where(-mag, mag), math.nan), mag)
-        return (b == 0).where(1.0, out).cast(a.dtype)
+        signed = (a < 0) | (a.reciprocal() < 0)  # -0 too: (-0) ** -1 is -inf
+        if exponent in (0.5, -0.5):
+            out = (a < 0).where(math.nan, signed.where(-mag, mag))  # (-0 alone is signed and not < 0)
+        else:
+            whole = b.trunc() == b  # (+-inf too)
+            odd = whole & ((b.abs() % 2) == 1)
+            out = (odd & signed).where(-mag, mag)
+            out = ((a < 0) & (a != -math.inf) & whole.logical_not()).where(math.nan, out)
+        one = (b == 0) | (a == 1) | ((a == -1) & b.isinf())
+        return one.where(1.0, out).cast(a.dtype)
 
     def _int_pow(self, e: Tensor, scalar: int | None) -> Tensor:
         """Integer power by squaring, over the bits of the exponent; negative exponents as PyTorch."""

@@ -185,8 +185,9 @@ COMPOSITE: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], CompositeRule]]
 
 def set_composite_rule(node: UOp, inputs: tuple[UOp, ...], rule: CompositeRule) -> None:
     """Give `node`, built from `inputs` by primitives, a derivative of its own: rule(node, inputs, grad of node, which
-    inputs need one) gives one gradient per input (None where none is needed). Gradients skip the primitives
-    between."""
+    inputs need one) gives one gradient per input (None where none is needed), each input taken as an independent
+    variable (a rule that derives one through the primitives uses primitive_gradient, which holds the others
+    constant). Gradients skip the primitives between; a node whose inputs repeat one node is derived through them."""
     COMPOSITE[node] = (inputs, rule)
 
 
@@ -206,21 +207,36 @@ def substitute_keeping_rules(root: UOp, mapping: dict[UOp, UOp], done: dict[UOp,
     return done[root]
 
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp], primitive_root: bool = False) -> list[UOp | None]:
-    """d(root)/d(target) for each target, with root's gradient root_grad; None where root does not depend on it.
-    primitive_root: derive root through its primitives even where it has a composite rule (the rule's own use)."""
+def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> list[UOp | None]:
+    """d(root)/d(target) for each target, with root's gradient root_grad; None where root does not depend on it."""
+    return _walk(root, root_grad, targets, frozenset(), use_root_rule=True)
+
+
+def primitive_gradient(node: UOp, inputs: tuple[UOp, ...], node_grad: UOp, target: UOp) -> UOp | None:
+    """A composite rule's own use: d(node)/d(target) through the primitives between node and its inputs, each input
+    an independent variable. A path from node that reaches the target through another input is not followed: the
+    walk that applies the rule adds it, from the gradient the rule gives that input (following it here too would count
+    it twice: the weight of `x.conv2d(w).conv2d(w)` through the inner convolution)."""
+    return _walk(node, node_grad, [target], frozenset(inputs) - {target}, use_root_rule=False)[0]
+
+
+def _walk(root: UOp, root_grad: UOp, targets: list[UOp], held: frozenset[UOp], use_root_rule: bool) -> list[UOp | None]:
+    """Apply the rules from root down to the targets. `held`: nodes taken as constants (no gradient passes below them);
+    use_root_rule=False derives root through its primitives even where it has a composite rule."""
     topo = root.toposort
     wanted = set(targets)
     on_path: set[UOp] = set()
     for u in topo:  # the nodes through which some target reaches root
-        if u in wanted or any(s in on_path for s in u.src):
+        if u in wanted or (u not in held and any(s in on_path for s in u.src)):
             on_path.add(u)
     grads: dict[UOp, UOp] = {root: root_grad}
     for node in reversed(topo):
         g = grads.get(node)
         if g is None or node.op in NO_GRADIENT or node.op is Ops.DETACH or not any(s in on_path for s in node.src):
             continue
-        composite = None if (primitive_root and node is root) else COMPOSITE.get(node)
+        composite = COMPOSITE.get(node) if use_root_rule or node is not root else None
+        if composite is not None and len(set(composite[0])) < len(composite[0]):
+            composite = None  # one node in two of its inputs (x.conv2d(x)): the rule cannot tell them apart
         if composite is not None:
             srcs = composite[0]
             grads_of = composite[1](node, srcs, g, tuple(s in on_path for s in srcs))

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 Scalar = int | float | bool
 REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+SCATTER_REDUCTIONS = {"add": "sum", "multiply": "prod"}  # scatter(reduce=...) -> the scatter_reduce it is
 
 
 @dataclass(frozen=True)
@@ -365,18 +366,39 @@ class IndexingOps(TensorBase):
         hot = index.unsqueeze(-1) == self._arange_along(n, self.ndim, self.ndim + 1)
         return values._select_sum(hot, (-1,))
 
-    def scatter(self, dim: int, index: Tensor, src: Tensor | Scalar) -> Tensor:
+    def scatter(self, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str | None = None) -> Tensor:
         """A copy with self[index[i][j]][j] = src[i][j] for dim 0 (and so on), as torch.scatter; src may be a scalar.
-        Where several indices name one place torch leaves the winner unspecified; here their values add up.
+        Where several indices along dim name one place, the last of them in index order writes it (what PyTorch's
+        CPU kernel keeps; its GPU kernels keep any one): the others write nothing, and their src elements take no
+        gradient (PyTorch hands each of them the place's gradient). reduce="add" or "multiply" combines the values
+        sent to a place with the one there instead, as scatter_reduce's "sum" and "prod" with include_self.
 
-        >>> Tensor([0, 0, 0]).scatter(0, Tensor([2, 0]), Tensor([5, 7])).tolist()
-        [7, 0, 5]
+        >>> Tensor([0, 0, 0]).scatter(0, Tensor([2, 0, 2]), Tensor([5, 7, 9])).tolist()
+        [7, 0, 9]
+        >>> Tensor([1, 1, 1]).scatter(0, Tensor([2, 0, 2]), Tensor([5, 7, 9]), reduce="add").tolist()
+        [8, 1, 15]
         """
-        hot, values = self._scatter_parts(dim, index, src, "scatter")
+        if reduce is not None:
+            if reduce not in SCATTER_REDUCTIONS:
+                raise ValueError(f"scatter's reduce must be None, 'add' or 'multiply', got {reduce!r}")
+            self._check_index(index, "scatter")
+            if not isinstance(src, TensorBase):
+                src = type(self).full(index.shape, src, self.dtype, self.device)
+            return self.scatter_reduce(dim, index, src, SCATTER_REDUCTIONS[reduce], include_self=True)
+        hot, values = self._scatter_parts(dim, index, src, "scatter", last_only=True)
         if index.numel() == 0:  # an empty index sends nothing anywhere
             return self
         hits = hot.sum(-1, dtype=dtypes.int32) > 0
         return hits.where(values._select_sum(hot, (-1,)), self)
+
+    def scatter_add(self, dim: int, index: Tensor, src: Tensor) -> Tensor:
+        """A copy with src[i][j] added to self[index[i][j]][j] for dim 0 (and so on): every value sent to a place
+        adds up, as torch.scatter_add.
+
+        >>> Tensor([1, 1, 1]).scatter_add(0, Tensor([2, 0, 2]), Tensor([5, 7, 9])).tolist()
+        [8, 1, 15]
+        """
+        return self.scatter_reduce(dim, index, src, "sum", include_self=True)
 
     def scatter_reduce(self, dim: int, index: Tensor, src: Tensor, reduce: str, include_self: bool = True) -> Tensor:
         """Reduce the src values that index sends to each place ("sum", "prod", "mean", "amax" or "amin"), together
@@ -418,9 +440,12 @@ class IndexingOps(TensorBase):
         best = best._order_flip() if flip else best
         return (count > 0).where(best, self)
 
-    def _scatter_parts(self, dim: int, index: Tensor, src: Tensor | Scalar, name: str) -> tuple[Tensor, Tensor]:
+    def _scatter_parts(
+        self, dim: int, index: Tensor, src: Tensor | Scalar, name: str, last_only: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """The one-hot mask and the src values of a scatter, both of shape self.shape + (index.shape[dim],): along the
-        last dim, which src elements land on each place of self (masked out beyond the index's extent)."""
+        last dim, which src elements land on each place of self (masked out beyond the index's extent). last_only:
+        of the elements that name one place, only the last along dim lands."""
         self._check_index(index, name)
         if self.ndim == 0:
             raise ValueError(f"{name} needs a tensor of at least 1 dim")
@@ -438,7 +463,10 @@ class IndexingOps(TensorBase):
         order = list(range(k)) + [d]  # index dims, with the new last dim (which place of dim d) moved to d
         order[d] = k
         grow = [(0, 0) if e == d else (0, self.shape[e] - s[e]) for e in range(k)] + [(0, 0)]
-        hot = (index.unsqueeze(-1) == self._arange_along(n, k, k + 1)).permute(order).pad(grow)
+        hot = index.unsqueeze(-1) == self._arange_along(n, k, k + 1)
+        if last_only:
+            hot = hot & _repeated_later(index, d).logical_not().unsqueeze(-1)
+        hot = hot.permute(order).pad(grow)
         values = src.unsqueeze(-1).expand(*s, n).permute(order).pad(grow)
         return hot, values
 
@@ -472,6 +500,16 @@ class IndexingOps(TensorBase):
                     f"{name}: index of shape {index.shape} is larger than {what} of shape {shape} in dim {e} "
                     f"(only dim {d} may be)"
                 )
+
+
+def _repeated_later(index: Tensor, d: int) -> Tensor:
+    """Whether a later element along dim d (the same other coordinates) holds the same index: a bool of index's
+    shape. An element that is repeated later is overwritten by it in a scatter."""
+    m, k = index.shape[d], index.ndim
+    later = index.unsqueeze(k).transpose(d, k)  # later[..., 1 at d, ..., j] = index[..., j at d, ...]
+    same = index.unsqueeze(-1) == later
+    after = index._arange_along(m, k, k + 1) > index._arange_along(m, d, k + 1)  # j > i
+    return (same & after).any(-1)
 
 
 def _dims_used(item: Any) -> int:

@@ -22,7 +22,7 @@ from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import is_realized
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
-from tiny.tensor.gradient import Grads, compute_gradient, set_composite_rule
+from tiny.tensor.gradient import Grads, primitive_gradient, set_composite_rule
 
 if TYPE_CHECKING:
     from tiny.tensor.tensor import Tensor
@@ -198,7 +198,7 @@ class WindowOps(TensorBase):
                 dw = (dw.sum(0) if group < n else dw.reshape(dw.shape[1:])).contiguous()
                 dw = dw.permute(nd + 1, *range(nd + 1)).uop
             elif needed[1]:
-                dw = compute_gradient(node, gm.uop, [w_node], primitive_root=True)[0]
+                dw = primitive_gradient(node, inputs, gm.uop, w_node)
             return (dx, dw)
 
         set_composite_rule(y.uop, (self.uop, weight.uop), conv_grads)  # (tensors' uops change on realize)
@@ -318,7 +318,7 @@ class WindowOps(TensorBase):
             if needed[0]:
                 conv = gm._conv(tensor(w_node), None, strides, pads, dils, groups, nd, name)
                 dx = conv.uop if batched else conv.reshape(x_node.shape).uop
-            dw = compute_gradient(node, gm.uop, [w_node], primitive_root=True)[0] if needed[1] else None
+            dw = primitive_gradient(node, inputs, gm.uop, w_node) if needed[1] else None
             return (dx, dw)
 
         set_composite_rule(y.uop, (self.uop, weight.uop), conv_transpose_grads)  # (uops change on realize)
