@@ -102,3 +102,111 @@ def test_setitem_with_tensor_indices_matches_torch(device: str) -> None:
     t[Tensor([1], device=device)] = 0.0
     ref[torch.tensor([1])] = 0.0
     np.testing.assert_array_equal(t.numpy(), ref.numpy())
+
+
+# ---------------------------------------------------------------- in-place operators and requires_grad=
+
+
+INPLACE = {
+    "+=": (lambda a, b: a.__iadd__(b)),
+    "-=": (lambda a, b: a.__isub__(b)),
+    "*=": (lambda a, b: a.__imul__(b)),
+    "/=": (lambda a, b: a.__itruediv__(b)),
+    "//=": (lambda a, b: a.__ifloordiv__(b)),
+    "%=": (lambda a, b: a.__imod__(b)),
+    "**=": (lambda a, b: a.__ipow__(b)),
+}
+
+
+@pytest.mark.parametrize("op", list(INPLACE))
+def test_inplace_operators_write_through_the_buffer(device: str, op: str) -> None:
+    torch = pytest.importorskip("torch")
+    a = np.array([[1.5, -2.0, 3.0], [4.0, 0.5, -6.0]], np.float32)
+    b = np.array([2.0, -1.5, 0.5], np.float32)
+    t = Tensor(a, device=device).realize()
+    view = t.T  # a view of the same memory sees the write
+    ours = INPLACE[op](t, Tensor(b, device=device))
+    ref = INPLACE[op](torch.tensor(a), torch.tensor(b))
+    assert ours is t
+    np.testing.assert_allclose(t.numpy(), ref.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(view.numpy(), ref.numpy().T, rtol=1e-6)
+
+
+def test_inplace_bit_operators_on_ints(device: str) -> None:
+    t = Tensor(np.array([12, 5, -3], np.int32), device=device).realize()
+    t &= 6
+    t |= 1
+    t ^= 3
+    t <<= 2
+    t >>= 1
+    x = np.array([12, 5, -3], np.int32)
+    x &= 6
+    x |= 1
+    x ^= 3
+    x <<= 2
+    x >>= 1
+    assert t.tolist() == x.tolist()
+
+
+def test_inplace_refuses_a_float_result_in_an_int_tensor(device: str) -> None:
+    t = Tensor([1, 2], device=device)
+    with pytest.raises(TypeError, match="float32 and cannot be written into this int"):
+        t /= 2
+    with pytest.raises(ValueError, match="does not fit"):
+        t += Tensor([[1], [2]], device=device)
+
+
+def test_inplace_on_a_leaf_that_requires_grad(device: str) -> None:
+    w = Tensor([1.0, 2.0], device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf tensor that requires grad"):
+        w += 1
+    (w * w).sum().backward()
+    with Tensor.no_grad():  # an optimizer's update: allowed, as in PyTorch
+        w -= 0.5 * w.grad
+    assert w.tolist() == [0.0, 0.0] and w.requires_grad
+
+
+def test_inplace_on_a_tensor_computed_from_a_leaf_keeps_the_gradient(device: str) -> None:
+    torch = pytest.importorskip("torch")
+    w, tw = Tensor([1.0, -2.0], device=device, requires_grad=True), torch.tensor([1.0, -2.0], requires_grad=True)
+    for x, leaf in ((w, w), (tw, tw)):
+        y = x * 3
+        y += x * x
+        y *= 2
+        (y * y).sum().backward()
+        assert leaf.grad is not None
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy())
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: Tensor.zeros(2, 3, device=d, requires_grad=True),
+        lambda d: Tensor.ones(3, device=d, requires_grad=True),
+        lambda d: Tensor.full((2,), 1.5, device=d, requires_grad=True),
+        lambda d: Tensor.arange(0.0, 3.0, device=d, requires_grad=True),
+        lambda d: Tensor.linspace(0, 1, 4, device=d, requires_grad=True),
+        lambda d: Tensor.eye(2, device=d, requires_grad=True),
+        lambda d: Tensor.rand(2, 2, device=d, requires_grad=True),
+        lambda d: Tensor.randn(3, device=d, requires_grad=True),
+        lambda d: Tensor.uniform(3, device=d, requires_grad=True),
+        lambda d: Tensor.ones(3, device=d).zeros_like(requires_grad=True),
+        lambda d: Tensor.kaiming_uniform(2, 3, device=d, requires_grad=True),
+    ],
+    ids=["zeros", "ones", "full", "arange", "linspace", "eye", "rand", "randn", "uniform", "zeros_like", "kaiming"],
+)
+def test_creation_functions_take_requires_grad(device: str, make) -> None:
+    t = make(device)
+    assert t.requires_grad is True
+    (t * 2).sum().backward()
+    np.testing.assert_array_equal(t.grad.numpy(), np.full(t.shape, 2.0, np.float32))
+
+
+def test_requires_grad_on_ints_and_requires_grad_(device: str) -> None:
+    with pytest.raises(TypeError, match="only float tensors"):
+        Tensor.zeros(2, dtype="int32", device=device, requires_grad=True)
+    t = Tensor([1.0, 2.0], device=device)
+    assert t.requires_grad_() is t and t.requires_grad is True
+    assert t.requires_grad_(False).requires_grad is False
+    with pytest.raises(TypeError, match="takes a bool"):
+        t.requires_grad_("yes")

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from tiny.nn import optim
+from tiny.nn import BatchNorm1d, optim
+from tiny.nn.state import get_parameters
 from tiny.tensor import GlobalCounters, Tensor
 from tiny.tensor.realize import programs
 
@@ -219,9 +220,9 @@ def test_changing_the_lr_compiles_nothing_new() -> None:
     assert compiled[1:] == compiled[:1] * 3
 
 
-def test_step_without_grad_says_which_parameter() -> None:
+def test_step_before_any_backward_is_refused() -> None:
     p = Tensor(np.zeros(3, np.float32), device=DEVICE, requires_grad=True)
-    with pytest.raises(RuntimeError, match="no .grad"):
+    with pytest.raises(RuntimeError, match="no parameter has a .grad"):
         optim.SGD([p]).step()
 
 
@@ -328,3 +329,37 @@ def test_schedule_drives_the_step() -> None:
         opt.step()
         sched.step()
     np.testing.assert_allclose(p.numpy(), [-1.75])
+
+
+def test_parameters_without_requires_grad_are_left_out() -> None:
+    """Adam(get_parameters(model)) with batch norm: its running statistics never get a gradient and are left out."""
+    bn = BatchNorm1d(3)
+    w = Tensor(np.ones((3, 3), np.float32), device=DEVICE, requires_grad=True)
+    params = get_parameters([w, bn])
+    assert any(p.requires_grad is not True for p in params)  # the running statistics are among them
+    opt = optim.Adam(params, lr=0.1)
+    assert all(p.requires_grad for p in opt.params) and len(opt.params) == 3  # w, bn.weight, bn.bias
+    x = Tensor(np.arange(12, dtype=np.float32).reshape(4, 3), device=DEVICE)
+    with Tensor.train():
+        bn(x @ w).square().sum().backward()
+    opt.step()
+    with pytest.raises(ValueError, match="none of the 2 tensors"):
+        optim.SGD([bn.running_mean, bn.running_var])
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam"])
+def test_a_parameter_without_a_grad_is_skipped_as_in_torch(name: str) -> None:
+    params, grads = fixed_data()
+    kwargs = {"lr": 0.1, "momentum": 0.9} if name == "SGD" else {"lr": 0.1}
+    ours = [Tensor(p, device=DEVICE, requires_grad=True) for p in params]
+    theirs = [torch.tensor(p, requires_grad=True) for p in params]
+    opt, ref = getattr(optim, name)(ours, **kwargs), getattr(torch.optim, name)(theirs, **kwargs)
+    for step in range(2):  # parameter 1 never gets a gradient: it and its state stay as they are
+        for i, (p, tp, g) in enumerate(zip(ours, theirs, grads[step])):
+            p.grad = None if i == 1 else Tensor(g, device=DEVICE)
+            tp.grad = None if i == 1 else torch.tensor(g)
+        opt.step()
+        ref.step()
+    for p, tp in zip(ours, theirs):
+        np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(ours[1].numpy(), params[1])

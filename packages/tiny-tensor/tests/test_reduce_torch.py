@@ -291,7 +291,7 @@ def test_long_scans_run_in_blocks(device: str, monkeypatch: pytest.MonkeyPatch) 
     data = np.random.default_rng(0).uniform(0.8, 1.2, (2, 30)).astype(np.float32)
     same(device, lambda x: x.cumprod(-1), lambda x: x.cumprod(-1), data)
     data = np.array([1.0, 3.0, 2.0, 3.0, NAN, 1.0, 7.0, 2.0, 9.0, 9.0, 0.0], dtype=np.float32)
-    same(device, lambda x: x.cummax(0, return_indices=True), lambda x: x.cummax(0), data)
+    same(device, lambda x: x.cummax(0), lambda x: x.cummax(0), data)
     monkeypatch.setattr(reduce_module, "SCAN_DIRECT_MAX", 4)
     same(device, lambda x: x.cumsum(0), lambda x: x.cumsum(0), np.arange(-20, 30, dtype=np.int32))
 
@@ -302,20 +302,20 @@ CUM_DATA = np.array([[1.0, 3.0, 3.0, 2.0, 5.0], [4.0, 4.0, 1.0, 4.0, 0.0], [2.0,
 @pytest.mark.parametrize("name, axis", [("cummax", 1), ("cummin", 0)])
 def test_cummax_cummin(device: str, name: str, axis: int) -> None:
     """Ties: the index (and the gradient) goes to the last element equal to the running max, as in torch."""
-    compare(device, both(lambda x: getattr(x, name)(axis), lambda x: getattr(x, name)(axis).values), data=[CUM_DATA])
-    same(device, lambda x: getattr(x, name)(axis, return_indices=True), lambda x: getattr(x, name)(axis), CUM_DATA)
+    compare(device, lambda x: getattr(x, name)(axis).values, data=[CUM_DATA])
+    same(device, lambda x: getattr(x, name)(axis), lambda x: getattr(x, name)(axis), CUM_DATA)
 
 
 @pytest.mark.parametrize("name", ["cummax", "cummin"])
 def test_cummax_cummin_nan(device: str, name: str) -> None:
     nans = np.array([[1.0, NAN, 2.0, NAN, 0.0], [-INF, 3.0, INF, 1.0, NAN]], dtype=np.float32)
-    same(device, lambda x: getattr(x, name)(-1, True), lambda x: getattr(x, name)(-1), nans)
+    same(device, lambda x: getattr(x, name)(-1), lambda x: getattr(x, name)(-1), nans)
 
 
 def test_cummax_cummin_ints(device: str) -> None:
     ints = np.array([[3, 1, 3, 4], [-2, -2, -5, 0]], dtype=np.int32)
-    same(device, lambda x: x.cummin(-1, True), lambda x: x.cummin(-1), ints)
-    same(device, lambda x: x.cummax(0, True), lambda x: x.cummax(0), np.array([False, True, False]))
+    same(device, lambda x: x.cummin(-1), lambda x: x.cummin(-1), ints)
+    same(device, lambda x: x.cummax(0), lambda x: x.cummax(0), np.array([False, True, False]))
 
 
 # ---------------------------------------------------------------- sort, argsort, topk
@@ -393,7 +393,7 @@ def test_empty_reductions(device: str) -> None:
         lambda x: x.topk(0, 0),
     ):
         same(device, fn, fn, empty)
-    same(device, lambda x: x.cummax(0, True), lambda x: x.cummax(0), empty)
+    same(device, lambda x: x.cummax(0), lambda x: x.cummax(0), empty)
     same(device, lambda x: x.sum(), lambda x: x.sum(), np.zeros((2, 0), np.int32))
 
 
@@ -434,7 +434,7 @@ def test_zero_dim_tensors(device: str) -> None:
         lambda x: x.topk(1, 0),
     ):
         same(device, fn, fn, scalar)
-    same(device, lambda x: x.cummax(0, True), lambda x: x.cummax(0), scalar)
+    same(device, lambda x: x.cummax(0), lambda x: x.cummax(0), scalar)
 
 
 # ---------------------------------------------------------------- errors at the call

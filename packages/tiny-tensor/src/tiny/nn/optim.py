@@ -33,9 +33,13 @@ class Optimizer:
     """The base of the optimizers: the parameters, a learning rate on the device, zero_grad() and step()."""
 
     def __init__(self, params: list[Tensor], lr: float) -> None:
-        self.params = list(params)
-        if not self.params:
+        given = list(params)
+        if not given:
             raise ValueError("an optimizer needs at least one parameter, got an empty list")
+        # tensors that never get a gradient (a batch norm's running statistics, from get_parameters) are left out
+        self.params = [p for p in given if p.requires_grad]
+        if not self.params:
+            raise ValueError(f"none of the {len(given)} tensors given to the optimizer has requires_grad=True")
         devices = {p.device for p in self.params}
         if len(devices) != 1:
             raise ValueError(f"all parameters must be on one device, got {sorted(devices)}")
@@ -58,15 +62,15 @@ class Optimizer:
             p.grad = None
 
     def step(self) -> None:
-        """Update every parameter from its .grad: all new values are built lazily and realized together."""
-        missing = [i for i, p in enumerate(self.params) if p.grad is None]
-        if missing:
-            raise RuntimeError(f"step(): parameters {missing} have no .grad; call backward() first")
+        """Update every parameter from its .grad: all new values are built lazily and realized together. A
+        parameter whose .grad is None (no gradient reached it) is left alone, as in PyTorch."""
+        if all(p.grad is None for p in self.params):
+            raise RuntimeError("step(): no parameter has a .grad; call backward() first")
         readers = self._pending_readers()  # found before this step makes tensors of its own that read parameters
         with Tensor.no_grad():
             grads = [p.grad for p in self.params]
             self._writes = []
-            self._update([g.cast(p.dtype) for p, g in zip(self.params, grads)])  # type: ignore[union-attr]
+            self._update([None if g is None else g.cast(p.dtype) for p, g in zip(self.params, grads)])
             # computed before the writes (the schedule runs its targets' kernels in order): tensors still pending
             # that read a parameter, so they see the values from before the step as assign() promises; then the
             # lazy gradients, which every write reads
@@ -74,7 +78,8 @@ class Optimizer:
             targets[0].realize(*targets[1:])
         self._writes = []
 
-    def _update(self, grads: list[Tensor]) -> None:
+    def _update(self, grads: list[Tensor | None]) -> None:
+        """Record the writes of one step; a parameter whose gradient is None keeps its value and its state."""
         raise NotImplementedError
 
     def _pending_readers(self) -> list[Tensor]:
@@ -117,8 +122,10 @@ class SGD(Optimizer):
         self.buffers = [self._state(p) for p in self.params] if momentum else []
         self._started = False
 
-    def _update(self, grads: list[Tensor]) -> None:
+    def _update(self, grads: list[Tensor | None]) -> None:
         for i, (p, g) in enumerate(zip(self.params, grads)):
+            if g is None:
+                continue
             if self.weight_decay:
                 g = g + self.weight_decay * p
             if self.momentum:
@@ -132,7 +139,10 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
-    """torch.optim.Adam (and AdamW with decoupled=True): moments with bias correction, optional AMSGrad."""
+    """torch.optim.Adam (and AdamW with decoupled=True): moments with bias correction, optional AMSGrad.
+
+    The bias correction counts the optimizer's steps; PyTorch counts each parameter's, which differs only for a
+    parameter that went without a gradient in some step."""
 
     def __init__(
         self,
@@ -155,11 +165,13 @@ class Adam(Optimizer):
         # beta1**t and beta2**t, kept on the device so the step's kernels stay the same every step
         self.beta_powers = _scalar_buffer(1.0, self.device, 2)
 
-    def _update(self, grads: list[Tensor]) -> None:
+    def _update(self, grads: list[Tensor | None]) -> None:
         b1, b2 = self.betas
         powers = self._write(self.beta_powers, self.beta_powers * Tensor([b1, b2], device=self.device))
         correction1, correction2 = 1 - powers[0], 1 - powers[1]
         for i, (p, g) in enumerate(zip(self.params, grads)):
+            if g is None:
+                continue
             if self.weight_decay and not self.decoupled:
                 g = g + self.weight_decay * p
             m = self._write(self.exp_avgs[i], b1 * self.exp_avgs[i] + (1 - b1) * g)
@@ -207,11 +219,13 @@ class LAMB(Optimizer):
         self.exp_avg_sqs = [self._state(p) for p in self.params]
         self.beta_powers = _scalar_buffer(1.0, self.device, 2)
 
-    def _update(self, grads: list[Tensor]) -> None:
+    def _update(self, grads: list[Tensor | None]) -> None:
         b1, b2 = self.betas
         powers = self._write(self.beta_powers, self.beta_powers * Tensor([b1, b2], device=self.device))
         correction1, correction2 = 1 - powers[0], 1 - powers[1]
         for i, (p, g) in enumerate(zip(self.params, grads)):
+            if g is None:
+                continue
             m = self._write(self.exp_avgs[i], b1 * self.exp_avgs[i] + (1 - b1) * g)
             v = self._write(self.exp_avg_sqs[i], b2 * self.exp_avg_sqs[i] + (1 - b2) * g * g)
             update = (m / correction1) / ((v / correction2).sqrt() + self.eps) + self.weight_decay * p
@@ -239,8 +253,10 @@ class LARS(Optimizer):
         self.trust_coefficient = trust_coefficient
         self.buffers = [self._state(p) for p in self.params] if momentum else []
 
-    def _update(self, grads: list[Tensor]) -> None:
+    def _update(self, grads: list[Tensor | None]) -> None:
         for i, (p, g) in enumerate(zip(self.params, grads)):
+            if g is None:
+                continue
             p_norm, g_norm = p.square().sum().sqrt(), g.square().sum().sqrt()
             ratio = _trust_ratio(self.trust_coefficient * p_norm, g_norm + self.weight_decay * p_norm)
             step = (g + self.weight_decay * p) * ratio * self.lr

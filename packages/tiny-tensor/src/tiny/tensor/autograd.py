@@ -84,6 +84,24 @@ class AutogradOps(TensorBase):
             self.realize()  # a leaf gets memory of its own, so that later realizes never rename it
             mark_gradient_path(self.uop)
 
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        """Set requires_grad in place and return this tensor, as torch.Tensor.requires_grad_.
+
+        >>> Tensor([1.0, 2.0]).requires_grad_().requires_grad
+        True
+        """
+        if not isinstance(requires_grad, bool):
+            raise TypeError(f"requires_grad_() takes a bool, got {requires_grad!r}")
+        self.requires_grad = requires_grad
+        return self  # type: ignore[return-value]
+
+    def _on_gradient_path(self) -> bool:
+        """Whether a gradient can flow into this tensor's graph: it reads memory of a leaf with requires_grad (or
+        what was computed from one) and no_grad is off."""
+        if NO_GRAD.value:
+            return False
+        return any(u.op is Ops.BUFFER and _GRAD_PATH in u.__dict__ for u in self.uop.toposort)
+
     @staticmethod
     def no_grad() -> _Mode:
         """`with Tensor.no_grad():` or `@Tensor.no_grad()`: ops record no path for gradients.

@@ -38,3 +38,15 @@ def on_device(dtype: DType, device: str) -> DType:
 
 def const(value: Scalar, dtype: DType, device: str) -> UOp:
     return UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), truncate(dtype, value))
+
+
+def tensors_given(first: object, rest: tuple, name: str, base: type) -> list:
+    """The tensors of a call made as `a.op(b, c)`, `Tensor.op(a, b, c)` or `Tensor.op([a, b, c])` (PyTorch's
+    form: one sequence), checked to be tensors of `base`; a TypeError names the first that is not."""
+    given = list(first) if isinstance(first, (list, tuple)) and not rest else [first, *rest]
+    if not given:
+        raise TypeError(f"{name}() needs at least one tensor, got an empty sequence")
+    for i, t in enumerate(given):
+        if not isinstance(t, base):
+            raise TypeError(f"{name}() takes Tensors (or one list of them); argument {i} is {type(t).__name__}")
+    return given

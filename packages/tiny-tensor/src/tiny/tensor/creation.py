@@ -3,9 +3,10 @@ weight initializers of torch.nn.init."""
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +22,20 @@ if TYPE_CHECKING:
 Scalar = int | float | bool
 Shape = int | Sequence[int]
 FUSED_COUNT_MAX = 16  # an arange up to this long is computed inside the kernels that read it (see _counting)
+
+
+def _leaf_option(make: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """Give a creation function PyTorch's requires_grad= keyword: requires_grad=True makes what it creates a
+    leaf that gradients accumulate into (a float tensor only, as requires_grad says)."""
+
+    @functools.wraps(make)
+    def made(*args: Any, requires_grad: bool | None = None, **kwargs: Any) -> Tensor:
+        out = make(*args, **kwargs)
+        if requires_grad is not None:
+            out.requires_grad = requires_grad
+        return out
+
+    return made
 
 
 class _Rng:
@@ -39,6 +54,7 @@ class CreationOps(TensorBase):
     # ---- constants and ranges
 
     @classmethod
+    @_leaf_option
     def full(
         cls, shape: Sequence[int] | int, fill: Scalar, dtype: DType | str | None = None, device: str | None = None
     ) -> Tensor:
@@ -51,6 +67,7 @@ class CreationOps(TensorBase):
         return cls(fill, device=device, dtype=dtype).reshape((1,) * len(shape)).expand(shape)
 
     @classmethod
+    @_leaf_option
     def zeros(cls, *shape: Shape, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """Zeros, float32 unless dtype says otherwise.
 
@@ -60,6 +77,7 @@ class CreationOps(TensorBase):
         return cls.full(shape_arg(shape), 0, dtype or dtypes.default_float, device)
 
     @classmethod
+    @_leaf_option
     def ones(cls, *shape: Shape, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """Ones, float32 unless dtype says otherwise.
 
@@ -69,6 +87,7 @@ class CreationOps(TensorBase):
         return cls.full(shape_arg(shape), 1, dtype or dtypes.default_float, device)
 
     @classmethod
+    @_leaf_option
     def empty(cls, *shape: Shape, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """A tensor whose values are not specified, as torch.empty; here they are zeros, so nothing is left unset.
 
@@ -78,6 +97,7 @@ class CreationOps(TensorBase):
         return cls.zeros(*shape, dtype=dtype, device=device)
 
     @classmethod
+    @_leaf_option
     def arange(
         cls,
         start: Scalar,
@@ -132,6 +152,7 @@ class CreationOps(TensorBase):
         return (_counting(cls, n, default_int(dev), dev).cast(wide) * step + start).cast(dt)
 
     @classmethod
+    @_leaf_option
     def linspace(
         cls, start: float, end: float, steps: int, dtype: DType | str | None = None, device: str | None = None
     ) -> Tensor:
@@ -155,6 +176,7 @@ class CreationOps(TensorBase):
         return cls(values, device=device, dtype=dt)
 
     @classmethod
+    @_leaf_option
     def eye(cls, n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """The n x m identity matrix.
 
@@ -166,6 +188,7 @@ class CreationOps(TensorBase):
         cols = cls.arange(m, device=device).reshape(1, m)
         return (rows == cols).cast(dtype or dtypes.default_float)
 
+    @_leaf_option
     def full_like(self, fill: Scalar, dtype: DType | str | None = None) -> Tensor:
         """A tensor of one value with this one's shape, device and (unless given) dtype.
 
@@ -174,6 +197,7 @@ class CreationOps(TensorBase):
         """
         return type(self).full(self.shape, fill, dtype or self.dtype, self.device)
 
+    @_leaf_option
     def zeros_like(self, dtype: DType | str | None = None) -> Tensor:
         """Zeros shaped like this tensor.
 
@@ -182,6 +206,7 @@ class CreationOps(TensorBase):
         """
         return self.full_like(0, dtype)
 
+    @_leaf_option
     def ones_like(self, dtype: DType | str | None = None) -> Tensor:
         """Ones shaped like this tensor.
 
@@ -190,6 +215,7 @@ class CreationOps(TensorBase):
         """
         return self.full_like(1, dtype)
 
+    @_leaf_option
     def empty_like(self, dtype: DType | str | None = None) -> Tensor:
         """Unspecified values shaped like this tensor; here zeros, as Tensor.empty.
 
@@ -226,6 +252,7 @@ class CreationOps(TensorBase):
         return x.reshape(shape)
 
     @classmethod
+    @_leaf_option
     def rand(cls, *shape: Shape, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """Uniform samples in [0, 1), on a grid as fine as the dtype's significand (2**-24 for float32).
 
@@ -239,6 +266,7 @@ class CreationOps(TensorBase):
         return (k.cast(wide) * 2.0**-bits).cast(dt)
 
     @classmethod
+    @_leaf_option
     def randn(cls, *shape: Shape, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """Standard normal samples (Box-Muller on two uniform draws).
 
@@ -252,6 +280,7 @@ class CreationOps(TensorBase):
         return ((_log_unit(u) * -2).sqrt() * _cos_turns(turn)).cast(dt)
 
     @classmethod
+    @_leaf_option
     def randint(
         cls,
         low: int,
@@ -291,6 +320,7 @@ class CreationOps(TensorBase):
         return offset.cast(dt) + low  # wraps back into range where low < 0
 
     @classmethod
+    @_leaf_option
     def uniform(
         cls,
         *shape: Shape,
@@ -308,6 +338,7 @@ class CreationOps(TensorBase):
         return (cls.rand(*shape, device=device) * (high - low) + low).cast(dt)
 
     @classmethod
+    @_leaf_option
     def normal(
         cls,
         *shape: Shape,
@@ -326,6 +357,7 @@ class CreationOps(TensorBase):
             raise ValueError(f"normal() needs std >= 0, got {std}")
         return (cls.randn(*shape, device=device) * std + mean).cast(dt)
 
+    @_leaf_option
     def rand_like(self, dtype: DType | str | None = None) -> Tensor:
         """Uniform samples in [0, 1) shaped like this tensor (its dtype unless one is given).
 
@@ -334,6 +366,7 @@ class CreationOps(TensorBase):
         """
         return type(self).rand(*self.shape, dtype=dtype or self._random_dtype("rand_like"), device=self.device)
 
+    @_leaf_option
     def randn_like(self, dtype: DType | str | None = None) -> Tensor:
         """Standard normal samples shaped like this tensor (its dtype unless one is given).
 
@@ -350,6 +383,7 @@ class CreationOps(TensorBase):
     # ---- weight initializers, as torch.nn.init (fans from the shape: (out, in, *kernel))
 
     @classmethod
+    @_leaf_option
     def xavier_uniform(
         cls, *shape: Shape, gain: float = 1.0, dtype: DType | str | None = None, device: str | None = None
     ) -> Tensor:
@@ -365,6 +399,7 @@ class CreationOps(TensorBase):
     glorot_uniform = xavier_uniform
 
     @classmethod
+    @_leaf_option
     def xavier_normal(
         cls, *shape: Shape, gain: float = 1.0, dtype: DType | str | None = None, device: str | None = None
     ) -> Tensor:
@@ -378,6 +413,7 @@ class CreationOps(TensorBase):
         return cls.normal(*shape, std=std, dtype=dtype, device=device)
 
     @classmethod
+    @_leaf_option
     def kaiming_uniform(
         cls,
         *shape: Shape,
@@ -397,6 +433,7 @@ class CreationOps(TensorBase):
         return cls.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device)
 
     @classmethod
+    @_leaf_option
     def kaiming_normal(
         cls,
         *shape: Shape,
@@ -415,6 +452,7 @@ class CreationOps(TensorBase):
         return cls.normal(*shape, std=std, dtype=dtype, device=device)
 
     @classmethod
+    @_leaf_option
     def scaled_uniform(cls, *shape: Shape, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """U(-1, 1) / sqrt(number of elements).
 

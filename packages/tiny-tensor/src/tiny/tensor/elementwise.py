@@ -121,22 +121,6 @@ class ElementwiseOps(TensorBase):
         check_dtype(self.device, dt)
         return self._new(UOp(Ops.BITCAST, dt, (self.uop,)))
 
-    def float(self) -> Tensor:
-        """Cast to float32.
-
-        >>> Tensor([1, 2]).float().tolist()
-        [1.0, 2.0]
-        """
-        return self.cast(dtypes.float32)
-
-    def int(self) -> Tensor:
-        """Cast to int32.
-
-        >>> Tensor([1.5, -2.5]).int().tolist()
-        [1, -2]
-        """
-        return self.cast(dtypes.int32)
-
     def _float_input(self) -> Tensor:
         """Math functions take ints and bools as the default float, like PyTorch."""
         return self if self.dtype.is_float else self.cast(dtypes.default_float)
@@ -221,12 +205,15 @@ class ElementwiseOps(TensorBase):
             raise TypeError("subtracting bool tensors is not supported; use logical_xor or ^")
         return a._alu(_ADD, -b)
 
-    def div(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        """True division; integers divide as floats.
+    def div(self, x: Tensor | Scalar, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+        """True division (integers divide as floats), or with rounding_mode "trunc" (toward zero) or "floor"
+        (down), which keep integers integers, as torch.div.
 
-        >>> Tensor([1, 3]).div(2).tolist()
-        [0.5, 1.5]
+        >>> Tensor([1, -3]).div(2).tolist(), Tensor([1, -3]).div(2, rounding_mode="trunc").tolist()
+        ([0.5, -1.5], [0, -1])
         """
+        if rounding_mode is not None:
+            return self._rounded_div(x, reverse, rounding_mode)  # type: ignore[attr-defined]
         a, b = self._broadcasted(x, reverse)
         a, b = a._float_input(), b._float_input()
         return a._alu(_FDIV, b)

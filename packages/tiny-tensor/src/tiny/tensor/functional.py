@@ -169,6 +169,24 @@ class FunctionalOps(TensorBase):
         y = self * (self.square().mean(axis=axes, keepdim=True) + eps).rsqrt()
         return y if weight is None else y * weight
 
+    def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+        """x / max(||x||_p, eps) along a dim, as torch.nn.functional.normalize (a zero vector stays zero, with a
+        zero gradient).
+
+        >>> [round(v, 4) for v in Tensor([[3.0, 4.0]]).normalize().tolist()[0]]
+        [0.6, 0.8]
+        """
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or p <= 0:
+            raise ValueError(f"normalize() needs a p > 0, got {p!r}")
+        x = self._float_input()
+        if x.ndim == 0:
+            raise ValueError("normalize() needs a tensor of at least 1 dim, got a 0-d one")
+        total = (x.square() if p == 2 else x.abs().pow(p)).sum(dim, keepdim=True)
+        positive = total > 0  # the root's derivative is infinite at 0: a zero vector takes the root of 1 there
+        safe = positive.where(total, 1.0)
+        norm = positive.where(safe.sqrt() if p == 2 else safe.pow(1.0 / p), 0.0)
+        return x / norm.maximum(eps)
+
     def group_norm(
         self, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
     ) -> Tensor:

@@ -20,7 +20,7 @@ import numpy as np
 
 from tiny.ir.dtypes import dtypes, least_upper_dtype
 from tiny.tensor.base import TensorBase
-from tiny.tensor.checks import default_int
+from tiny.tensor.checks import default_int, tensors_given
 from tiny.tensor.shapes import broadcast_shape, normalize_axis
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class IndexingOps(TensorBase):
             if not i.dtype.is_int:
                 raise TypeError(f"index tensors must have an integer or bool dtype, got {i.dtype.name}")
             return _Take(i)
-        if isinstance(i, (list, np.ndarray)):
+        if isinstance(i, (list, tuple, np.ndarray)):  # (a tuple inside the index is a sequence of indices)
             try:
                 arr = np.asarray(i)
             except ValueError as e:
@@ -190,16 +190,17 @@ class IndexingOps(TensorBase):
     # ---------------------------------------------------------------- joining and splitting
 
     def cat(self, *others: Tensor, dim: int = 0) -> Tensor:
-        """Join tensors along an existing dim (dtypes promote as in torch.cat): `a.cat(b, c, dim=1)` or
-        `Tensor.cat(a, b, c, dim=1)`. Each piece is padded to the result's shape and a where picks it: one kernel.
+        """Join tensors along an existing dim (dtypes promote as in torch.cat): `a.cat(b, c, dim=1)`,
+        `Tensor.cat(a, b, c, dim=1)` or `Tensor.cat([a, b, c], dim=1)`. Each piece is padded to the result's shape
+        and a where picks it: one kernel.
 
         >>> Tensor([1, 2]).cat(Tensor([3])).tolist()
         [1, 2, 3]
         """
-        tensors = [self, *others]
+        tensors = tensors_given(self, others, "cat", TensorBase)
+        if tensors[0] is not self:  # Tensor.cat([a, b, c])
+            return tensors[0].cat(*tensors[1:], dim=dim)
         for t in tensors:
-            if not isinstance(t, TensorBase):
-                raise TypeError(f"cat joins Tensors, got {type(t).__name__}")
             if t.device != self.device:
                 raise ValueError(f"cat got tensors on {self.device} and {t.device}; use .to()")
         if self.ndim == 0:
@@ -231,16 +232,18 @@ class IndexingOps(TensorBase):
         return out
 
     def stack(self, *others: Tensor, dim: int = 0) -> Tensor:
-        """Join tensors of one shape along a new dim: `a.stack(b, dim=1)` or `Tensor.stack(a, b, dim=1)`.
+        """Join tensors of one shape along a new dim: `a.stack(b, dim=1)`, `Tensor.stack(a, b, dim=1)` or
+        `Tensor.stack([a, b], dim=1)`.
 
-        >>> Tensor([1, 2]).stack(Tensor([3, 4])).tolist()
-        [[1, 2], [3, 4]]
+        >>> Tensor([1, 2]).stack(Tensor([3, 4])).tolist(), Tensor.stack([Tensor([1]), Tensor([2])], dim=1).tolist()
+        ([[1, 2], [3, 4]], [[1, 2]])
         """
-        for t in others:
-            if isinstance(t, TensorBase) and t.shape != self.shape:
-                raise ValueError(f"stack needs tensors of one shape, got {self.shape} and {t.shape}")
-        d = normalize_axis(dim, self.ndim + 1)
-        return self.unsqueeze(d).cat(*(t.unsqueeze(d) if isinstance(t, TensorBase) else t for t in others), dim=d)
+        first, *rest = tensors_given(self, others, "stack", TensorBase)
+        for t in rest:
+            if t.shape != first.shape:
+                raise ValueError(f"stack needs tensors of one shape, got {first.shape} and {t.shape}")
+        d = normalize_axis(dim, first.ndim + 1)
+        return first.unsqueeze(d).cat(*(t.unsqueeze(d) for t in rest), dim=d)
 
     def split(self, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
         """Views of consecutive pieces along dim: of one size (the last may be smaller), or of the sizes listed.
@@ -283,6 +286,34 @@ class IndexingOps(TensorBase):
         return tuple(self._slice_dim(d, i, i + 1).squeeze(d) for i in range(self.shape[d]))
 
     # ---------------------------------------------------------------- masks
+
+    def masked_select(self, mask: Tensor) -> Tensor:
+        """The elements where a bool mask (broadcast with self) is True, as a 1-d tensor, as torch.masked_select.
+        Its length depends on the mask's values: the mask is computed and read here. Gradients flow to self.
+
+        >>> Tensor([[1, 2], [3, 4]]).masked_select(Tensor([True, False])).tolist()
+        [1, 3]
+        """
+        if not isinstance(mask, TensorBase) or not mask.dtype.is_bool:
+            got = mask.dtype.name if isinstance(mask, TensorBase) else type(mask).__name__
+            raise TypeError(f"masked_select() takes a bool Tensor as mask, got {got}")
+        shape = broadcast_shape(self.shape, mask.shape)
+        x, m = self._broadcast_to(shape), mask._broadcast_to(shape)  # type: ignore[attr-defined]
+        return x.reshape(-1)[m.reshape(-1)]
+
+    def nonzero(self, as_tuple: bool = False) -> Tensor | tuple[Tensor, ...]:
+        """The indices of the nonzero elements, as torch.nonzero: one row (of ndim ints) per element, in order;
+        with as_tuple, one 1-d tensor of indices per dim (NumPy's nonzero). The tensor is computed and read here.
+
+        >>> Tensor([[0, 1], [2, 0]]).nonzero().tolist(), [t.tolist() for t in Tensor([0, 3, 4]).nonzero(as_tuple=True)]
+        ([[0, 1], [1, 0]], [[1, 2]])
+        """
+        found = np.nonzero(self.numpy().reshape(self.shape or (1,)) != 0)  # type: ignore[attr-defined]
+        dt = default_int(self.device)
+        if as_tuple:
+            return tuple(type(self)(i, device=self.device, dtype=dt) for i in found)
+        rows = np.stack(found, axis=1) if self.ndim else np.zeros((len(found[0]), 0), np.int64)
+        return type(self)(rows, device=self.device, dtype=dt)
 
     def masked_fill(self, mask: Tensor, value: Scalar | Tensor) -> Tensor:
         """`value` where the bool mask (broadcast to this shape) is true; the dtype stays this tensor's.

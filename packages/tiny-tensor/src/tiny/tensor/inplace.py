@@ -1,11 +1,13 @@
-"""Writing into a tensor's memory: assign and __setitem__. Every view of the same buffer sees the write."""
+"""Writing into a tensor's memory: assign, __setitem__ and the in-place operators (+=, -= ...). Every view of the
+same buffer sees the write."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tiny.ir.schedule import memory_of
+from tiny.ir.schedule import is_realized, memory_of
 from tiny.ir.uop import GroupOp, Ops, UOp
+from tiny.tensor.autograd import NO_GRAD
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import default_int
 from tiny.tensor.gradient import compute_gradient
@@ -25,9 +27,14 @@ class InplaceOps(TensorBase):
 
         >>> t = Tensor([1.0, 2.0]); t.assign(Tensor([3.0, 4.0])).tolist()
         [3.0, 4.0]
+
+        A leaf with requires_grad can be written only under no_grad (an optimizer's step), as in PyTorch.
         """
-        if self.requires_grad:
-            raise RuntimeError("a tensor that requires grad cannot be written in place; use .detach() or no_grad")
+        if self.requires_grad and not NO_GRAD.value:
+            raise RuntimeError(
+                "a leaf tensor that requires grad cannot be written in place outside Tensor.no_grad() (PyTorch refuses "
+                "it too); write it inside `with Tensor.no_grad():`, or into .detach()"
+            )
         v = value if isinstance(value, TensorBase) else type(self)(value, device=self.device, dtype=self.dtype)
         if v.device != self.device:
             raise ValueError(f"assign() of a tensor on {v.device} into one on {self.device}; use .to()")
@@ -56,6 +63,68 @@ class InplaceOps(TensorBase):
         # an element chosen twice (repeated tensor indices) takes the mean of its values
         share = placed_t / hits_t.maximum(1) if work.is_float else placed_t // hits_t.maximum(1)
         self.assign((hits_t > 0).where(share.cast(self.dtype), self))
+
+    def _inplace(self, op: str, result: Tensor) -> Tensor:
+        """x op= y: the result written into x (in its buffer, as assign() does), or, where a gradient flows into
+        x's graph (x computed from a leaf with requires_grad), x made the result's value so that the gradient flows
+        through it as in PyTorch. A leaf with requires_grad is refused outside no_grad, and a result PyTorch would
+        not cast back into x's dtype (a float into an int tensor, a number into a bool one) is a TypeError."""
+        if self.requires_grad and not NO_GRAD.value:
+            raise RuntimeError(
+                f"{op}: a leaf tensor that requires grad cannot be changed in place outside Tensor.no_grad() (PyTorch "
+                f"refuses it too); write `x = x {op[:-1]} y` for a new tensor, or do it inside `with Tensor.no_grad():`"
+            )
+        if (result.dtype.is_float and not self.dtype.is_float) or (self.dtype.is_bool and not result.dtype.is_bool):
+            raise TypeError(
+                f"{op}: the result is {result.dtype.name} and cannot be written into this {self.dtype.name} tensor"
+            )
+        if result.shape != self.shape:
+            raise ValueError(
+                f"{op}: the result has shape {result.shape}, which does not fit this tensor's {self.shape}"
+            )
+        if self._on_gradient_path():  # type: ignore[attr-defined]
+            was_memory = is_realized(self.uop)
+            self.uop = result.cast(self.dtype).uop
+            if was_memory:  # listed among the pending tensors again: it has work pending now
+                type(self)._pending.add(self)  # type: ignore[attr-defined]
+            return self  # type: ignore[return-value]
+        return self.assign(result)
+
+    def __iadd__(self, x: Tensor | Scalar) -> Tensor:
+        return self._inplace("+=", self + x)  # type: ignore[operator]
+
+    def __isub__(self, x: Tensor | Scalar) -> Tensor:
+        return self._inplace("-=", self - x)  # type: ignore[operator]
+
+    def __imul__(self, x: Tensor | Scalar) -> Tensor:
+        return self._inplace("*=", self * x)  # type: ignore[operator]
+
+    def __itruediv__(self, x: Tensor | Scalar) -> Tensor:
+        return self._inplace("/=", self / x)  # type: ignore[operator]
+
+    def __ifloordiv__(self, x: Tensor | Scalar) -> Tensor:
+        return self._inplace("//=", self // x)  # type: ignore[operator]
+
+    def __imod__(self, x: Tensor | Scalar) -> Tensor:
+        return self._inplace("%=", self % x)  # type: ignore[operator]
+
+    def __ipow__(self, x: Tensor | Scalar) -> Tensor:
+        return self._inplace("**=", self**x)  # type: ignore[operator]
+
+    def __iand__(self, x: Tensor | Scalar) -> Tensor:
+        return self._inplace("&=", self & x)  # type: ignore[operator]
+
+    def __ior__(self, x: Tensor | Scalar) -> Tensor:
+        return self._inplace("|=", self | x)  # type: ignore[operator]
+
+    def __ixor__(self, x: Tensor | Scalar) -> Tensor:
+        return self._inplace("^=", self ^ x)  # type: ignore[operator]
+
+    def __ilshift__(self, x: Tensor | Scalar) -> Tensor:
+        return self._inplace("<<=", self << x)  # type: ignore[operator]
+
+    def __irshift__(self, x: Tensor | Scalar) -> Tensor:
+        return self._inplace(">>=", self >> x)  # type: ignore[operator]
 
 
 def _fitted(v: TensorBase, shape: tuple[int, ...], what: str) -> Any:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
+from tiny.tensor.checks import tensors_given
 from tiny.tensor.shapes import normalize_axes, normalize_axis, prod, shape_arg
 
 if TYPE_CHECKING:
@@ -284,6 +285,99 @@ class MovementOps(TensorBase):
                 k = s % n
                 x = x._slice_dim(d, n - k, n).cat(x._slice_dim(d, 0, n - k), dim=d)
         return x
+
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+        """The diagonal of the (dim1, dim2) planes as a view, as torch.diagonal: those two dims go and the
+        diagonal becomes the last dim; offset > 0 takes one above the main diagonal, < 0 one below.
+
+        >>> Tensor([[1, 2, 3], [4, 5, 6]]).diagonal().tolist(), Tensor([[1, 2, 3], [4, 5, 6]]).diagonal(1).tolist()
+        ([1, 5], [2, 6])
+        """
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise TypeError(f"diagonal() takes an int offset, got {offset!r}")
+        if self.ndim < 2:
+            raise ValueError(f"diagonal() needs a tensor of at least 2 dims, got shape {self.shape}")
+        d1, d2 = normalize_axis(dim1, self.ndim), normalize_axis(dim2, self.ndim)
+        if d1 == d2:
+            raise ValueError(f"diagonal() needs two different dims, got dim1={dim1} and dim2={dim2}")
+        rest = [d for d in range(self.ndim) if d not in (d1, d2)]
+        x = self.permute(*rest, d1, d2)  # (..., rows, cols)
+        rows, cols = x.shape[-2:]
+        row0, col0 = max(-offset, 0), max(offset, 0)
+        k = max(min(rows - row0, cols - col0), 0)
+        lead = x.shape[:-2]
+        square = x.shrink(
+            [None] * len(lead) + [(min(row0, rows), min(row0, rows) + k), (min(col0, cols), min(col0, cols) + k)]
+        )
+        # element (i, i) of a k x k block sits at i * (k + 1) of its k * k run: pad the run to k * (k + 1) and
+        # take column 0 of it as a (k, k + 1) matrix
+        run = square.reshape(*lead, k * k).pad([(0, 0)] * len(lead) + [(0, k)])
+        return run.reshape(*lead, k, k + 1).shrink([None] * len(lead) + [None, (0, 1)]).reshape(*lead, k)
+
+    def diag(self, diagonal: int = 0) -> Tensor:
+        """As torch.diag: a 1-d tensor becomes a square matrix with it on a diagonal (diagonal > 0 above the
+        main one, < 0 below); a 2-d tensor gives its diagonal.
+
+        >>> Tensor([1, 2]).diag().tolist(), Tensor([[1, 2], [3, 4]]).diag().tolist()
+        ([[1, 0], [0, 2]], [1, 4])
+        """
+        if not isinstance(diagonal, int) or isinstance(diagonal, bool):
+            raise TypeError(f"diag() takes an int diagonal, got {diagonal!r}")
+        if self.ndim == 2:
+            return self.diagonal(diagonal)
+        if self.ndim != 1:
+            raise ValueError(f"diag() takes a 1-d or 2-d tensor, got shape {self.shape}")
+        n = self.shape[0]
+        # each value followed by n zeros, as one run: the first n * n of it, as (n, n), has them on the diagonal
+        square = self.reshape(n, 1).pad([(0, 0), (0, n)]).reshape(n * (n + 1)).shrink([(0, n * n)]).reshape(n, n)
+        k = abs(diagonal)
+        return square.pad([(0, k), (k, 0)] if diagonal >= 0 else [(k, 0), (0, k)])
+
+    def unfold(self, dimension: int, size: int, step: int) -> Tensor:
+        """Every window of `size` elements along a dim, `step` apart, as torch.Tensor.unfold: the dim becomes the
+        number of windows and a new last dim holds each window.
+
+        >>> Tensor([1, 2, 3, 4, 5]).unfold(0, 2, 2).tolist()
+        [[1, 2], [3, 4]]
+        """
+        for name, v in (("size", size), ("step", step)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < (name == "step"):
+                raise ValueError(f"unfold() needs an int {name} >= {int(name == 'step')}, got {v!r}")
+        x = self.reshape(1) if self.ndim == 0 else self
+        d = normalize_axis(dimension, x.ndim)
+        length = x.shape[d]
+        if size > length:
+            raise ValueError(f"unfold(): size {size} is more than dim {dimension}'s {length} elements")
+        windows = (length - size) // step + 1
+        span = step * (windows - 1) + 1
+        # window element j of every window: elements j, j + step ... along the dim
+        parts = [x._slice_dim(d, j, j + span)._take_every(d, step).unsqueeze(-1) for j in range(size)]
+        if not parts:
+            return x._slice_dim(d, 0, 0).unsqueeze(-1).expand(*x.shape[:d], windows, *x.shape[d + 1 :], 0)
+        return parts[0].cat(*parts[1:], dim=-1)  # type: ignore[attr-defined]
+
+    def meshgrid(self, *others: Tensor, indexing: str = "ij") -> list[Tensor]:
+        """Coordinate grids from 1-d tensors, as torch.meshgrid: `Tensor.meshgrid(x, y)` or
+        `Tensor.meshgrid([x, y])`; indexing="ij" (the default) or "xy" (the first two dims swapped).
+
+        >>> [g.tolist() for g in Tensor.meshgrid(Tensor([1, 2]), Tensor([3, 4, 5]))]
+        [[[1, 1, 1], [2, 2, 2]], [[3, 4, 5], [3, 4, 5]]]
+        """
+        tensors = tensors_given(self, others, "meshgrid", TensorBase)
+        if indexing not in ("ij", "xy"):
+            raise ValueError(f"meshgrid() takes indexing 'ij' or 'xy', got {indexing!r}")
+        for i, t in enumerate(tensors):
+            if t.ndim > 1:
+                raise ValueError(f"meshgrid() takes 0-d or 1-d tensors; tensor {i} has shape {t.shape}")
+        sizes = [t.numel() for t in tensors]
+        dims = list(range(len(tensors)))
+        if indexing == "xy" and len(tensors) > 1:
+            dims[0], dims[1] = 1, 0
+            sizes[0], sizes[1] = sizes[1], sizes[0]
+        return [
+            t.reshape(*(t.numel() if i == d else 1 for i in range(len(sizes)))).expand(*sizes)
+            for t, d in zip(tensors, dims)
+        ]
 
     def _basic_index(self, idx: list[Any]) -> Tensor:
         """Basic indexing as views: ints, slices (with steps), None and Ellipsis (indexing.py parses the index)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tiny.codegen.lower import vector_lanes
 from tiny.ir.device import Device
@@ -32,6 +32,13 @@ SCAN_DIRECT_MAX = 64
 PANEL_MIN_B = 1 << 18
 PANEL_MIN_ROWS = 64
 PANEL_DTYPES = frozenset({dtypes.float32, dtypes.float64})
+
+
+class ValuesIndices(NamedTuple):
+    """What cummax, cummin, sort and topk return, as PyTorch's named tuples: (values, indices)."""
+
+    values: Tensor
+    indices: Tensor
 
 
 class ReduceOps(TensorBase):
@@ -301,6 +308,15 @@ class ReduceOps(TensorBase):
         shifted = x - x.max(axis, keepdim=True).detach()
         return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
+    def softmin(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        """softmax(-x) along an axis, as torch.nn.functional.softmin: the smallest values weigh most.
+
+        >>> [round(v, 4) for v in Tensor([1.0, 1.0, 2.0]).softmin().tolist()]
+        [0.4223, 0.4223, 0.1554]
+        """
+        x = self._float_input() if dtype is None else self.cast(dtype)
+        return (-x).softmax(axis)
+
     # ---- scans
 
     def cumsum(self, axis: int = 0) -> Tensor:
@@ -319,17 +335,16 @@ class ReduceOps(TensorBase):
         """
         return self._accumulated_scan(Ops.MUL, axis)
 
-    def cummax(self, axis: int = 0, return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Running maxima along an axis. With return_indices, (values, indices) as torch.cummax: the index
-        of the last element equal to the running max (of the last NaN once one was seen). The gradient of
-        each value flows to that element, as in PyTorch.
+    def cummax(self, axis: int = 0) -> ValuesIndices:
+        """Running maxima along an axis, and their indices, as torch.cummax: the index of the last element equal
+        to the running max (of the last NaN once one was seen). The gradient of each value flows to that element.
 
-        >>> Tensor([1, 3, 2, 5]).cummax(0).tolist()
-        [1, 3, 3, 5]
+        >>> [t.tolist() for t in Tensor([1, 3, 2, 5]).cummax(0)]
+        [[1, 3, 3, 5], [0, 1, 1, 3]]
         """
         ax = self._scan_axis(axis)
         if self.ndim == 0 or self.shape[ax] == 0:
-            return (self, self.zeros_like(default_int(self.device))) if return_indices else self
+            return ValuesIndices(self, self.zeros_like(default_int(self.device)))
         n = self.shape[ax]
         running = self.detach()._scan(Ops.MAX, ax)
         new_top = self == running  # where the running max was (re)reached: the last such j <= i is its index
@@ -340,16 +355,31 @@ class ReduceOps(TensorBase):
         if self.dtype.is_float:  # values as x[index], a one-hot pick: each value's gradient goes where it came from
             picked = index.unsqueeze(ax + 1) == self._positions(n, ax + 1, self.ndim + 1)  # [..., i, j, ...]
             values = picked.where(self.unsqueeze(ax), 0.0)._reduce(Ops.ADD, ax + 1, False)
-        return (values, index.cast(default_int(self.device))) if return_indices else values
+        return ValuesIndices(values, index.cast(default_int(self.device)))
 
-    def cummin(self, axis: int = 0, return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Running minima along an axis; with return_indices, (values, indices) as torch.cummin.
+    def cummin(self, axis: int = 0) -> ValuesIndices:
+        """Running minima along an axis, and their indices, as torch.cummin.
 
-        >>> Tensor([4, 3, 5, 1]).cummin(0).tolist()
-        [4, 3, 3, 1]
+        >>> [t.tolist() for t in Tensor([4, 3, 5, 1]).cummin(0)]
+        [[4, 3, 3, 1], [0, 1, 1, 3]]
         """
-        out = self._order_flip().cummax(axis, return_indices)
-        return (out[0]._order_flip(), out[1]) if isinstance(out, tuple) else out._order_flip()
+        values, indices = self._order_flip().cummax(axis)
+        return ValuesIndices(values._order_flip(), indices)
+
+    def logcumsumexp(self, axis: int = 0) -> Tensor:
+        """log(cumsum(exp(x))) along an axis, computed stably: output i is the logsumexp of elements 0..i, each
+        around its own max. It compares every pair (i, j) of the axis: O(n^2) work, O(n) memory.
+
+        >>> [round(v, 3) for v in Tensor([1000.0, 1000.0, 0.0]).logcumsumexp(0).tolist()]
+        [1000.0, 1000.693, 1000.693]
+        """
+        ax = self._scan_axis(axis)
+        x = self._float_input()
+        if x.ndim == 0 or x.shape[ax] == 0:
+            return x
+        n = x.shape[ax]
+        upto = self._positions(n, ax + 1, x.ndim + 1) <= self._positions(n, ax, x.ndim + 1)  # [..., i, j, ...]: j <= i
+        return upto.where(x.unsqueeze(ax), -math.inf).logsumexp(ax + 1)
 
     def _scan_axis(self, axis: int) -> int:
         if not isinstance(axis, int) or isinstance(axis, bool):
@@ -398,7 +428,7 @@ class ReduceOps(TensorBase):
 
     # ---- sorting
 
-    def sort(self, axis: int = -1, descending: bool = False, stable: bool = True) -> tuple[Tensor, Tensor]:
+    def sort(self, axis: int = -1, descending: bool = False, stable: bool = True) -> ValuesIndices:
         """(values, indices) sorted along an axis, as torch.sort(stable=True): equal values keep their
         order, and NaN sorts as the largest value. The gradient of each value flows to the element it came from.
         The sort is always stable; `stable` is accepted for PyTorch's signature.
@@ -417,7 +447,7 @@ class ReduceOps(TensorBase):
         """
         return self.sort(axis, descending)[1]
 
-    def topk(self, k: int, axis: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:
+    def topk(self, k: int, axis: int = -1, largest: bool = True, sorted: bool = True) -> ValuesIndices:
         """(values, indices) of the k largest (or smallest) elements along an axis, as torch.topk.
         They always come sorted (largest first, or smallest first); of equal values the first wins.
 
@@ -430,15 +460,15 @@ class ReduceOps(TensorBase):
             raise ValueError(f"topk(): k must be an int in [0, {n}] for an axis of size {n}, got {k!r}")
         return self._ranked(ax, k, largest)
 
-    def _ranked(self, ax: int, k: int, descending: bool) -> tuple[Tensor, Tensor]:
+    def _ranked(self, ax: int, k: int, descending: bool) -> ValuesIndices:
         """The first k elements along axis ax in sorted order, and their indices: each element's rank is the
         number of elements that sort before it, and output slot r picks the element of rank r."""
         if self.ndim == 0:
-            return self, self.zeros_like(default_int(self.device))
+            return ValuesIndices(self, self.zeros_like(default_int(self.device)))
         n, nd = self.shape[ax], self.ndim + 1
         if n == 0 or k == 0:
             values = self.shrink(_on(ax, self.ndim, (0, k), None))
-            return values, values.zeros_like(default_int(self.device))
+            return ValuesIndices(values, values.zeros_like(default_int(self.device)))
         mine, other = self.unsqueeze(ax + 1), self.unsqueeze(ax)  # [..., i, j, ...]: element i against element j
         ahead = _sorts_before(mine, other) if descending else _sorts_before(other, mine)
         j = self._positions(n, ax + 1, nd)
@@ -450,7 +480,7 @@ class ReduceOps(TensorBase):
         else:
             values = picked.where(self.unsqueeze(ax), self.dtype.min)._reduce(Ops.MAX, ax + 1, False)
         indices = picked.where(j, 0)._reduce(Ops.ADD, ax + 1, False).cast(default_int(self.device))
-        return values, indices
+        return ValuesIndices(values, indices)
 
     # ---- matmul
 

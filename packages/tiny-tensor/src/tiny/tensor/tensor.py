@@ -14,7 +14,9 @@ from tiny.ir.schedule import ScheduleItem, create_schedule, is_realized
 from tiny.ir.uop import Ops, UOp, substitute
 from tiny.tensor.activations import ActivationOps
 from tiny.tensor.autograd import NO_GRAD, AutogradOps, no_grad_wrap, record_origins
+from tiny.tensor.binaryfns import BinaryFnOps
 from tiny.tensor.checks import check_dtype, const, default_int, on_device, wide_ints
+from tiny.tensor.conversions import ConversionOps
 from tiny.tensor.creation import CreationOps
 from tiny.tensor.elementwise import ElementwiseOps
 from tiny.tensor.functional import FunctionalOps
@@ -25,6 +27,7 @@ from tiny.tensor.mathfns import MathOps
 from tiny.tensor.movement import MovementOps
 from tiny.tensor.realize import JitError, capturing, run_schedule
 from tiny.tensor.reduce import ReduceOps
+from tiny.tensor.sampling import SamplingOps
 from tiny.tensor.windows import WindowOps
 
 Scalar = int | float | bool
@@ -34,7 +37,10 @@ _NP_TO_DTYPE = {np.dtype(d.fmt): d for d in dtypes.all() if d.fmt is not None}
 
 class Tensor(
     CreationOps,
+    SamplingOps,
+    ConversionOps,
     ElementwiseOps,
+    BinaryFnOps,
     MathOps,
     ActivationOps,
     ReduceOps,
