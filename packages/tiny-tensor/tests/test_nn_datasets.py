@@ -33,7 +33,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "home"
 
 
-def _write_idx(path: Path, arr: np.ndarray, compress: bool) -> None:
+def write_idx(path: Path, arr: np.ndarray, compress: bool) -> None:
     magic = (0x0800 + arr.ndim).to_bytes(4, "big")
     data = magic + b"".join(n.to_bytes(4, "big") for n in arr.shape) + arr.astype(np.uint8).tobytes()
     if compress:
@@ -42,9 +42,11 @@ def _write_idx(path: Path, arr: np.ndarray, compress: bool) -> None:
     path.write_bytes(data)
 
 
-def _fake_mnist(
+def fake_mnist(
     folder: Path, n_train: int = 5, n_test: int = 3, compress: bool = False, first_labels: tuple[int, ...] = ()
 ) -> list[np.ndarray]:
+    """Write a small random dataset of the four IDX files into `folder` (its training labels starting with
+    `first_labels`); returns the arrays written."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     arrays = [
@@ -54,14 +56,14 @@ def _fake_mnist(
         rng.integers(0, 10, n_test),
     ]
     arrays[1][: len(first_labels)] = first_labels
-    for name, arr in zip(datasets._FILES, arrays, strict=True):
-        _write_idx(folder / name, arr, compress)
+    for name, arr in zip(datasets.IDX_FILES, arrays, strict=True):
+        write_idx(folder / name, arr, compress)
     return arrays
 
 
 @pytest.mark.parametrize("compress", [False, True])
 def test_mnist_reads_idx_files(tmp_path: Path, compress: bool) -> None:
-    arrays = _fake_mnist(tmp_path, compress=compress)
+    arrays = fake_mnist(tmp_path, compress=compress)
     x_train, y_train, x_test, y_test = mnist(tmp_path)
     assert x_train.shape == (5, 1, 28, 28) and x_train.dtype == dtypes.uint8
     assert y_train.shape == (5,) and y_train.dtype == default_int(Device.DEFAULT) and x_test.shape == (3, 1, 28, 28)
@@ -70,7 +72,7 @@ def test_mnist_reads_idx_files(tmp_path: Path, compress: bool) -> None:
 
 
 def test_mnist_finds_tiny_data_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_mnist(tmp_path / "mnist", n_train=2)
+    fake_mnist(tmp_path / "mnist", n_train=2)
     monkeypatch.setenv("TINY_DATA", str(tmp_path))
     assert mnist(fashion=False)[0].shape == (2, 1, 28, 28)
 
@@ -79,8 +81,8 @@ def test_the_cache_follows_xdg_cache_home(tmp_path: Path, monkeypatch: pytest.Mo
     assert cache_folder() == home / ".cache" / "tiny" / "datasets"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_folder() == tmp_path / "xdg" / "tiny" / "datasets"
-    _fake_mnist(tmp_path / "xdg" / "tiny" / "datasets" / "mnist", n_train=4)
-    _fake_mnist(home / ".cache" / "tiny" / "datasets" / "mnist", n_train=2)  # not looked at while XDG_CACHE_HOME is set
+    fake_mnist(tmp_path / "xdg" / "tiny" / "datasets" / "mnist", n_train=4)
+    fake_mnist(home / ".cache" / "tiny" / "datasets" / "mnist", n_train=2)  # not looked at while XDG_CACHE_HOME is set
     data = read_mnist(fashion=False, download=False)
     assert data.folder == tmp_path / "xdg" / "tiny" / "datasets" / "mnist" and data.x_train.shape == (4, 28, 28)
     monkeypatch.setenv("XDG_CACHE_HOME", "")  # empty means unset, as for the kernel cache
@@ -92,7 +94,7 @@ def test_the_cache_follows_xdg_cache_home(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_mnist_corrupt_files_raise(tmp_path: Path) -> None:
-    _fake_mnist(tmp_path)
+    fake_mnist(tmp_path)
     images = tmp_path / "train-images-idx3-ubyte"
     good = images.read_bytes()
     images.write_bytes(good[:-10])
@@ -125,7 +127,7 @@ def test_mnist_missing_says_how_to_get_files(tmp_path: Path, monkeypatch: pytest
     ],
 )
 def test_the_dataset_is_told_by_its_first_labels(tmp_path: Path, first_labels: tuple[int, ...], name: str) -> None:
-    _fake_mnist(tmp_path / "some-folder", n_train=12, first_labels=first_labels)
+    fake_mnist(tmp_path / "some-folder", n_train=12, first_labels=first_labels)
     data = read_mnist(tmp_path / "some-folder")
     assert data.name.startswith(name) and data.folder == tmp_path / "some-folder", data.name
 
@@ -157,7 +159,7 @@ class _FlakyMirror:
 
 @pytest.mark.parametrize("broken", ["train-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"])
 def test_a_failed_download_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str) -> None:
-    _fake_mnist(tmp_path / "source", n_train=6, n_test=4)
+    fake_mnist(tmp_path / "source", n_train=6, n_test=4)
     monkeypatch.setitem(datasets._COUNTS, "train", 6)
     monkeypatch.setitem(datasets._COUNTS, "t10k", 4)
     monkeypatch.setitem(datasets.MIRRORS, "mnist", ("http://first/", "http://second/"))
@@ -179,7 +181,7 @@ def test_a_failed_download_leaves_nothing_behind(tmp_path: Path, monkeypatch: py
     mirror.broken = ""
     data = read_mnist(fashion=False)
     assert data.folder == tmp_path / "xdg" / "tiny" / "datasets" / "mnist" and data.x_train.shape == (6, 28, 28)
-    assert sorted(p.name for p in data.folder.iterdir()) == sorted(f"{f}.gz" for f in datasets._FILES)
+    assert sorted(p.name for p in data.folder.iterdir()) == sorted(f"{f}.gz" for f in datasets.IDX_FILES)
 
 
 @contextlib.contextmanager
@@ -205,10 +207,10 @@ def test_mnist_downloads_and_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         x_train, _, x_test, y_test = mnist(fashion=True)
     assert x_train.shape == (60000, 1, 28, 28) and x_test.shape == (10000, 1, 28, 28)
     kept = sorted(p.name for p in (tmp_path / "data" / "fashion-mnist").iterdir())
-    assert kept == sorted(f"{f}.gz" for f in datasets._FILES)
+    assert kept == sorted(f"{f}.gz" for f in datasets.IDX_FILES)
     bad = tmp_path / "bad"
     bad.mkdir()
-    for f in datasets._FILES:  # a mirror whose test labels are cut short
+    for f in datasets.IDX_FILES:  # a mirror whose test labels are cut short
         data = (source / f"{f}.gz").read_bytes()
         (bad / f"{f}.gz").write_bytes(gzip.compress(gzip.decompress(data)[:-100]) if f.startswith("t10k-l") else data)
     monkeypatch.setenv("TINY_DATA", str(tmp_path / "other"))
@@ -217,3 +219,15 @@ def test_mnist_downloads_and_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         with pytest.raises(ValueError, match="truncated"):
             mnist(fashion=True)
     assert not (tmp_path / "other").exists()  # neither the bad file nor the three good ones before it, nor the folder
+
+
+def test_a_cache_folder_that_cannot_be_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a-file").write_bytes(b"")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    monkeypatch.setattr(datasets, "_fetch", lambda url, path: pytest.fail(f"fetched {url}"))
+    with pytest.raises(DatasetNotFound, match="Downloading mnist failed") as failed:
+        read_mnist(fashion=False)
+    assert failed.value.download_failures == (
+        f"cannot make the folder {tmp_path / 'a-file' / 'tiny' / 'datasets' / 'mnist'}: Not a directory",
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]

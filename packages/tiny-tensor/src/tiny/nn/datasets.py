@@ -33,9 +33,9 @@ import numpy as np
 from tiny.ir.config import TINY_DATA, cache_dir
 from tiny.tensor import Tensor
 
-__all__ = ["MIRRORS", "DatasetNotFound", "MnistData", "cache_folder", "mnist", "read_mnist"]
+__all__ = ["IDX_FILES", "MIRRORS", "DatasetNotFound", "MnistData", "cache_folder", "mnist", "read_mnist"]
 
-_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
 _IMAGE_MAGIC, _LABEL_MAGIC = 0x00000803, 0x00000801  # IDX: unsigned bytes, 3 dimensions / 1 dimension
 # the first ten training labels of each dataset, which tell them apart (their files have the same shapes)
@@ -108,7 +108,9 @@ def read_mnist(
             raise
         folder = _download("fashion-mnist" if fashion else "mnist", missing)
     magics = (_IMAGE_MAGIC, _LABEL_MAGIC, _IMAGE_MAGIC, _LABEL_MAGIC)
-    x_train, y_train, x_test, y_test = (_read_idx(_path_of(folder, n), m) for n, m in zip(_FILES, magics, strict=True))
+    x_train, y_train, x_test, y_test = (
+        _read_idx(_path_of(folder, n), m) for n, m in zip(IDX_FILES, magics, strict=True)
+    )
     for images, labels, split in ((x_train, y_train, "train"), (x_test, y_test, "t10k")):
         if images.shape[1:] != (28, 28):
             raise ValueError(f"{folder}: {split} images are {images.shape[1:]}, expected 28x28")
@@ -135,13 +137,13 @@ def _candidates(data_dir: str | os.PathLike | None, fashion: bool | None) -> lis
 def _find(data_dir: str | os.PathLike | None, fashion: bool | None) -> Path:
     tried = _candidates(data_dir, fashion)
     for folder in tried:
-        if all(_path_of(folder, name) is not None for name in _FILES):
+        if all(_path_of(folder, name) is not None for name in IDX_FILES):
             return folder
     looked = "\n".join(f"  {p}" for p in tried)
     raise DatasetNotFound(
         "the MNIST IDX files were not found. Looked in:\n"
         f"{looked}\n"
-        f"Each folder needs {', '.join(_FILES)} (optionally .gz). To get them: "
+        f"Each folder needs {', '.join(IDX_FILES)} (optionally .gz). To get them: "
         "`apt-get install dataset-fashion-mnist` (Debian/Ubuntu: Fashion-MNIST in /usr/share/datasets/fashion-mnist), "
         f"or put the four files in {cache_folder()}/mnist (or fashion-mnist), in $TINY_DATA/mnist, "
         "or pass mnist(data_dir=...).",
@@ -154,13 +156,16 @@ def _download(name: str, missing: DatasetNotFound) -> Path:
     remove what this call wrote (the files and the folders it made) before raising."""
     folder = (Path(TINY_DATA.value) if TINY_DATA.value else cache_folder()) / name
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # innermost first
-    folder.mkdir(parents=True, exist_ok=True)
     fetched: list[Path] = []
     failures: list[str] = []
     try:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _download_failed(name, missing, [f"cannot make the folder {folder}: {e.strerror or e}"]) from None
         for mirror in MIRRORS[name]:
             try:
-                for file in _FILES:
+                for file in IDX_FILES:
                     target = folder / f"{file}.gz"
                     if not target.is_file():
                         _fetch_checked(mirror + f"{file}.gz", target, file)
@@ -168,20 +173,22 @@ def _download(name: str, missing: DatasetNotFound) -> Path:
                 return folder
             except (OSError, urllib.error.URLError) as e:
                 failures.append(f"{mirror}: {e}")
-        raise DatasetNotFound(
-            f"{missing}\nDownloading {name} failed:\n" + "\n".join(f"  {f}" for f in failures),
-            missing.looked_in,
-            tuple(failures),
-        )
+        raise _download_failed(name, missing, failures)
     except BaseException:
         for path in fetched:
             path.unlink(missing_ok=True)
         for path in made:
             try:
                 path.rmdir()
-            except OSError:  # not empty: something else wrote there meanwhile
-                break
+            except OSError:  # not empty (something else wrote there meanwhile), or never made
+                if path.exists():
+                    break
         raise
+
+
+def _download_failed(name: str, missing: DatasetNotFound, failures: list[str]) -> DatasetNotFound:
+    message = f"{missing}\nDownloading {name} failed:\n" + "\n".join(f"  {f}" for f in failures)
+    return DatasetNotFound(message, missing.looked_in, tuple(failures))
 
 
 def _fetch_checked(url: str, target: Path, file: str) -> None:
