@@ -24,8 +24,9 @@ from tiny.tensor import Tensor
 FASHION_FIRST_LABELS = (9, 0, 0, 3, 0, 2, 7, 2, 5, 5)  # the first training labels of Fashion-MNIST
 # the job's search with Debian's Fashion-MNIST hidden and a mirror where nothing listens, run as the command runs
 HIDDEN = """import runpy, sys
+from pathlib import Path
 from tiny.nn import datasets
-datasets._DEBIAN_FASHION = datasets.Path(sys.argv.pop(1))
+datasets._DEBIAN_FASHION = Path(sys.argv.pop(1))
 datasets.MIRRORS.update({"mnist": ("http://127.0.0.1:9/",), "fashion-mnist": ("http://127.0.0.1:9/",)})
 runpy.run_module("tiny.examples.mnist", run_name="__main__")
 """
@@ -40,9 +41,12 @@ def command(tmp_path: Path, *args: str, hidden: bool = False) -> subprocess.Comp
         # the kernel cache stays where it is (it follows XDG_CACHE_HOME too): compiled kernels are reused
         "CACHEDB": CACHEDB.value or os.path.join(cache_dir(), "cache.db"),
     }
-    start = [sys.executable, "-c", HIDDEN, str(tmp_path / "not-installed")] if hidden else [sys.executable, "-m"]
+    if hidden:
+        job_command = [sys.executable, "-c", HIDDEN, str(tmp_path / "not-installed")]
+    else:
+        job_command = [sys.executable, "-m", "tiny.examples.mnist"]
     return subprocess.run(
-        [*start, *([] if hidden else ["tiny.examples.mnist"]), *args],
+        [*job_command, *args],
         env=env,
         capture_output=True,
         text=True,
