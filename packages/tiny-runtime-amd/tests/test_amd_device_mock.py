@@ -170,6 +170,7 @@ def test_a_second_gpu_that_is_not_there(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_tensors_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    compiler("gfx1100")  # skips where the toolchain is missing
     np = pytest.importorskip("numpy")
     tensor = pytest.importorskip("tiny.tensor")
     pytest.importorskip("tiny.codegen")

@@ -22,14 +22,16 @@ def have_data() -> None:
 
 def test_a_short_training_run_learns(have_data, tmp_path, capsys) -> None:  # noqa: ANN001
     ckpt = str(tmp_path / "cnn.safetensors")
-    args = ["--steps", "30", "--batch", "32", "--eval-limit", "1000", "--checkpoint", ckpt]
+    args = ["--steps", "30", "--batch", "32", "--eval-limit", "1000", "--save", ckpt]
     out = job.main(args)
     assert out is not None
     losses = out["losses"]
     assert len(losses) == 30 and np.mean(losses[-5:]) < 0.75 * np.mean(losses[:5]), losses
     assert out["test_accuracy"] >= 0.6, out["test_accuracy"]
     printed = capsys.readouterr().out
-    assert "steps/s" in printed and "loss" in printed
+    assert "steps/s" in printed and "loss" in printed and "epoch 1/1 step 30/30" in printed, printed
+    assert re.match(r"training on (Fashion-)?MNIST \(.*\) from .*: 60000 train / 10000 test images\n", printed), printed
+    assert "30 steps of 32 images (1875 steps make an epoch)" in printed, printed
     job.main(["--eval", ckpt, "--eval-limit", "1000"])
     evaluated = re.search(r"test accuracy of .*: ([0-9.]+)%", capsys.readouterr().out)
     assert evaluated is not None and abs(float(evaluated.group(1)) / 100 - out["test_accuracy"]) < 1e-9

@@ -1,24 +1,16 @@
-"""tiny.nn.state and tiny.nn.datasets: model state walking, safetensors, torch checkpoints, MNIST IDX files."""
+"""tiny.nn.state: model state walking, safetensors, torch checkpoints (tiny.nn.datasets: test_nn_datasets.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import gzip
-import http.server
 import json
 import os
 import pickle
-import threading
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tiny.nn import datasets
-from tiny.nn.datasets import mnist
 from tiny.nn.state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save, torch_load
 from tiny.tensor import Device, Tensor, dtypes
 from tiny.tensor.checks import default_int
@@ -213,115 +205,3 @@ def test_torch_load_refuses_non_zip(tmp_path: Path) -> None:
     (tmp_path / "old.pt").write_bytes(pickle.dumps({"a": 1}))
     with pytest.raises(ValueError, match="not a zip"):
         torch_load(tmp_path / "old.pt")
-
-
-# ---------------------------------------------------------------- MNIST
-
-
-def _write_idx(path: Path, arr: np.ndarray, compress: bool) -> None:
-    magic = (0x0800 + arr.ndim).to_bytes(4, "big")
-    data = magic + b"".join(n.to_bytes(4, "big") for n in arr.shape) + arr.astype(np.uint8).tobytes()
-    if compress:
-        path = path.with_name(path.name + ".gz")
-        data = gzip.compress(data)
-    path.write_bytes(data)
-
-
-def _fake_mnist(folder: Path, n_train: int = 5, n_test: int = 3, compress: bool = False) -> list[np.ndarray]:
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    arrays = [
-        rng.integers(0, 256, (n_train, 28, 28)),
-        rng.integers(0, 10, n_train),
-        rng.integers(0, 256, (n_test, 28, 28)),
-        rng.integers(0, 10, n_test),
-    ]
-    for name, arr in zip(datasets._FILES, arrays, strict=True):
-        _write_idx(folder / name, arr, compress)
-    return arrays
-
-
-@pytest.mark.parametrize("compress", [False, True])
-def test_mnist_reads_idx_files(tmp_path: Path, compress: bool) -> None:
-    arrays = _fake_mnist(tmp_path, compress=compress)
-    x_train, y_train, x_test, y_test = mnist(tmp_path)
-    assert x_train.shape == (5, 1, 28, 28) and x_train.dtype == dtypes.uint8
-    assert y_train.shape == (5,) and y_train.dtype == default_int(Device.DEFAULT) and x_test.shape == (3, 1, 28, 28)
-    np.testing.assert_array_equal(x_train.numpy()[:, 0], arrays[0])
-    np.testing.assert_array_equal(y_test.numpy(), arrays[3])
-
-
-def test_mnist_finds_tiny_data_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_mnist(tmp_path / "mnist", n_train=2)
-    monkeypatch.setenv("TINY_DATA", str(tmp_path))
-    assert mnist(fashion=False)[0].shape == (2, 1, 28, 28)
-
-
-def test_mnist_corrupt_files_raise(tmp_path: Path) -> None:
-    _fake_mnist(tmp_path)
-    images = tmp_path / "train-images-idx3-ubyte"
-    good = images.read_bytes()
-    images.write_bytes(good[:-10])
-    with pytest.raises(ValueError, match="truncated"):
-        mnist(tmp_path)
-    images.write_bytes(b"\x00\x00\x08\x01" + good[4:])
-    with pytest.raises(ValueError, match="magic"):
-        mnist(tmp_path)
-
-
-def test_mnist_missing_says_how_to_get_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TINY_DATA", str(tmp_path))
-    monkeypatch.setenv("HOME", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
-        mnist(fashion=False, download=False)
-    monkeypatch.setitem(datasets.MIRRORS, "mnist", ("http://127.0.0.1:9/",))  # nothing listens there
-    with pytest.raises(FileNotFoundError, match=r"(?s)apt-get install dataset-fashion-mnist.*Downloading mnist failed"):
-        mnist(fashion=False)
-    with pytest.raises(FileNotFoundError, match="not found"):
-        mnist(tmp_path / "nowhere")
-
-
-@pytest.mark.skipif(not datasets._DEBIAN_FASHION.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
-def test_mnist_debian_fashion() -> None:
-    x_train, y_train, x_test, y_test = mnist(datasets._DEBIAN_FASHION)
-    assert x_train.shape == (60000, 1, 28, 28) and x_test.shape == (10000, 1, 28, 28)
-    assert y_train.shape == (60000,) and sorted(set(y_test.numpy().tolist())) == list(range(10))
-
-
-@contextlib.contextmanager
-def _serve(folder: Path) -> Iterator[str]:
-    """An HTTP server on localhost serving `folder`, as a dataset mirror."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-
-
-@pytest.mark.skipif(not datasets._DEBIAN_FASHION.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
-def test_mnist_downloads_and_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    source = datasets._DEBIAN_FASHION  # served as a mirror; not found where mnist() looks
-    monkeypatch.setattr(datasets, "_DEBIAN_FASHION", tmp_path / "not-installed")
-    monkeypatch.setenv("TINY_DATA", str(tmp_path / "data"))
-    monkeypatch.setenv("HOME", str(tmp_path))
-    with _serve(source) as url:
-        monkeypatch.setitem(datasets.MIRRORS, "fashion-mnist", ("http://127.0.0.1:9/", url))  # the first is down
-        x_train, _, x_test, y_test = mnist(fashion=True)
-    assert x_train.shape == (60000, 1, 28, 28) and x_test.shape == (10000, 1, 28, 28)
-    kept = sorted(p.name for p in (tmp_path / "data" / "fashion-mnist").iterdir())
-    assert kept == sorted(f"{f}.gz" for f in datasets._FILES)
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    for f in datasets._FILES:  # a mirror whose test labels are cut short
-        data = (source / f"{f}.gz").read_bytes()
-        (bad / f"{f}.gz").write_bytes(gzip.compress(gzip.decompress(data)[:-100]) if f.startswith("t10k-l") else data)
-    monkeypatch.setenv("TINY_DATA", str(tmp_path / "other"))
-    with _serve(bad) as url:
-        monkeypatch.setitem(datasets.MIRRORS, "fashion-mnist", (url,))
-        with pytest.raises(ValueError, match="truncated"):
-            mnist(fashion=True)
-    left = sorted(p.name for p in (tmp_path / "other" / "fashion-mnist").iterdir())
-    assert "t10k-labels-idx1-ubyte.gz" not in left and not any(n.endswith(".part") for n in left)

@@ -1,27 +1,37 @@
 """Train the classic small MNIST CNN with Adam, save a safetensors checkpoint, and evaluate checkpoints.
 
 Train (on the CPU by default, on any device with DEVICE=...):
-    python -m tiny.examples.mnist [--epochs 3] [--batch 128] [--checkpoint mnist.safetensors]
+    python -m tiny.examples.mnist [--epochs 3] [--batch 128] [--save mnist.safetensors]
 Evaluate a checkpoint on the test set:
     python -m tiny.examples.mnist --eval mnist.safetensors
 
-The data is MNIST or Fashion-MNIST as IDX files (tiny.nn.datasets.mnist finds them: --data-dir, $TINY_DATA, the
-user's cache, or where Debian's dataset-fashion-mnist package puts them); --fashion picks Fashion-MNIST.
+The data is MNIST (handwritten digits) or Fashion-MNIST (clothing), 28x28 grey images of 10 classes as IDX files:
+those in --data DIR, else the first found by tiny.nn.datasets ($TINY_DATA, the user's cache, where Debian's
+dataset-fashion-mnist package puts Fashion-MNIST), else downloaded; --fashion picks Fashion-MNIST. The job says which
+it trains on: Fashion-MNIST is the harder one, and its 91% after 3 epochs is a good score there, a poor one on digits.
 The model: two 5x5 and two 3x3 convolutions with batch norm and max pooling, then a linear layer.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
 from tiny import nn
-from tiny.nn.datasets import mnist
+from tiny.nn.datasets import IDX_FILES, DatasetNotFound, MnistData, read_mnist
 from tiny.nn.state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save
 from tiny.tensor import Device, Tensor, TinyJit
+
+DEFAULT_SAVE = "mnist.safetensors"  # in the current folder; the checkout's .gitignore lists it
+KINDS = {"MNIST": "handwritten digits", "Fashion-MNIST": "clothing, harder than the digits"}
 
 
 class MnistCNN:
@@ -41,12 +51,35 @@ def normalize(images: np.ndarray) -> np.ndarray:
     return (images.astype(np.float32) - 127.5) / 127.5
 
 
-def load_data(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def load_data(args: argparse.Namespace) -> MnistData:
+    """The dataset, or the end of the program with one line saying what is missing and how to get it."""
     try:
-        x_train, y_train, x_test, y_test = mnist(args.data_dir, fashion=True if args.fashion else None)
-    except (FileNotFoundError, ValueError) as e:
-        sys.exit(f"mnist: {e}")
-    return x_train.numpy(), y_train.numpy().astype(np.int32), x_test.numpy(), y_test.numpy().astype(np.int32)
+        return read_mnist(args.data, fashion=True if args.fashion else None)
+    except DatasetNotFound as e:
+        sys.exit(f"mnist: {missing_data(e, args.data)}")
+    except (OSError, ValueError) as e:
+        sys.exit(f"mnist: cannot read the data: {e}")
+
+
+def missing_data(e: DatasetNotFound, data: str | None) -> str:
+    """The one line the job prints where no dataset was found: where it looked, what downloading said, what to do."""
+    files = f"the four IDX files {', '.join(IDX_FILES)} (each .gz or not)"
+    if data is not None and not Path(data).is_dir():
+        return f"--data {data}: no such folder; it should be a folder with {files}"
+    if data is not None:
+        return f"--data {data}: the folder does not have {files}"
+    looked = ", ".join(str(p) for p in e.looked_in)
+    download = f"; downloading them failed ({'; '.join(e.download_failures)})" if e.download_failures else ""
+    return (
+        f"no MNIST or Fashion-MNIST files in {looked}{download}. Get Fashion-MNIST with "
+        f"`apt-get install dataset-fashion-mnist` (Debian/Ubuntu), or pass --data DIR, a folder with {files}"
+    )
+
+
+def describe(data: MnistData) -> str:
+    """Which dataset, where from, how many images: so that an accuracy is read against the right dataset."""
+    kind = f" ({KINDS[data.name]})" if data.name in KINDS else ""
+    return f"{data.name}{kind} from {data.folder}: {len(data.x_train)} train / {len(data.x_test)} test images"
 
 
 def evaluate(model: MnistCNN, images: np.ndarray, labels: np.ndarray, batch: int = 1000) -> float:
@@ -62,7 +95,10 @@ def evaluate(model: MnistCNN, images: np.ndarray, labels: np.ndarray, batch: int
 
 def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
     """Train, evaluate, save; returns the losses seen every step and the test accuracy."""
-    x_train, y_train, x_test, y_test = load_data(args)
+    data = load_data(args)
+    if args.batch > len(data.x_train):
+        sys.exit(f"mnist: --batch {args.batch} is more than the {len(data.x_train)} training images")
+    x_train, y_train = data.x_train[:, None], data.y_train.astype(np.int32)
     Tensor.manual_seed(args.seed)
     model = MnistCNN()
     params = [p for p in get_parameters(model) if p.requires_grad]
@@ -82,33 +118,54 @@ def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
     rng = np.random.default_rng(args.seed)
     steps_per_epoch = len(x_train) // args.batch
     total = args.steps or args.epochs * steps_per_epoch
+    epochs = math.ceil(total / steps_per_epoch)
     schedule = nn.optim.CosineAnnealingLR(opt, T_max=total)  # the lr falls to 0 over the run
-    print(f"training on {Device.DEFAULT}: {len(x_train)} images, {total} steps of {args.batch}")
+    print(f"training on {describe(data)}")
+    if args.steps:
+        print(f"on {Device.DEFAULT}: {total} steps of {args.batch} images ({steps_per_epoch} steps make an epoch)")
+    else:
+        plural = "s" if epochs > 1 else ""
+        print(f"on {Device.DEFAULT}: {epochs} epoch{plural} of {steps_per_epoch} steps of {args.batch} images")
     start = time.perf_counter()
-    order = rng.permutation(len(x_train))
     losses: list[float] = []
     for i in range(total):
-        if i and i % steps_per_epoch == 0:
+        epoch, at = divmod(i, steps_per_epoch)
+        if at == 0:
             order = rng.permutation(len(x_train))
-        idx = order[(i % steps_per_epoch) * args.batch : (i % steps_per_epoch + 1) * args.batch]
+        idx = order[at * args.batch : (at + 1) * args.batch]
         loss, acc = step(Tensor(normalize(x_train[idx])), Tensor(y_train[idx]))
         losses.append(loss.item())
         schedule.step()
-        if i % 10 == 0 or i == total - 1:
+        in_epoch = min(steps_per_epoch, total - epoch * steps_per_epoch)  # the last epoch of --steps may be short
+        if at % 10 == 0 or at == in_epoch - 1:
             rate = (i + 1) / (time.perf_counter() - start)
-            bar = "#" * (30 * (i + 1) // total)
+            bar = "#" * (30 * (at + 1) // in_epoch)
             print(
-                f"\r[{bar:<30}] {i + 1}/{total} loss {loss.item():.3f} acc {acc.item():6.1%} {rate:.2f} steps/s",
-                end="",
+                f"\r[{bar:<30}] epoch {epoch + 1}/{epochs} step {at + 1}/{in_epoch} loss {loss.item():.3f} "
+                f"acc {acc.item():6.1%} {rate:.2f} steps/s",
+                end="\n" if at == in_epoch - 1 else "",
                 flush=True,
             )
-    print()
-    limit = args.eval_limit or len(x_test)
-    test_acc = evaluate(model, x_test[:limit], y_test[:limit])
-    print(f"test accuracy {test_acc:.2%}")
-    safe_save(get_state_dict(model), args.checkpoint)
-    print(f"saved {args.checkpoint}; evaluate it with: python -m tiny.examples.mnist --eval {args.checkpoint}")
+    limit = args.eval_limit or len(data.x_test)
+    test_acc = evaluate(model, data.x_test[:limit, None], data.y_test[:limit].astype(np.int32))
+    print(f"test accuracy {test_acc:.2%} on {limit} {data.name} test images")
+    try:
+        safe_save(get_state_dict(model), args.save)
+    except OSError as e:
+        sys.exit(f"mnist: cannot save the checkpoint to {args.save}: {e.strerror or e}")
+    print(f"saved {args.save}; evaluate it with: python -m tiny.examples.mnist --eval {args.save}")
     return {"losses": losses, "test_accuracy": test_acc}
+
+
+def check_save_path(path: str) -> None:
+    """End the program at once, not after the training, where the checkpoint could not be written."""
+    folder = Path(path).parent
+    if Path(path).is_dir():
+        sys.exit(f"mnist: --save {path} is a folder; give the path of the file to write")
+    if not folder.is_dir():
+        sys.exit(f"mnist: --save {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        sys.exit(f"mnist: --save {path}: the folder {folder} is not writable")
 
 
 def load_checkpoint(path: str) -> MnistCNN:
@@ -132,27 +189,106 @@ def load_checkpoint(path: str) -> MnistCNN:
 
 def evaluate_checkpoint(args: argparse.Namespace) -> None:
     model = load_checkpoint(args.eval)  # before the data: a wrong path fails at once
-    _, _, x_test, y_test = load_data(args)
-    limit = args.eval_limit or len(x_test)
-    print(f"test accuracy of {args.eval}: {evaluate(model, x_test[:limit], y_test[:limit]):.2%}")
+    data = load_data(args)
+    limit = args.eval_limit or len(data.x_test)
+    accuracy = evaluate(model, data.x_test[:limit, None], data.y_test[:limit].astype(np.int32))
+    print(f"test accuracy of {args.eval} on {limit} {data.name} test images from {data.folder}: {accuracy:.2%}")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (`mnist: ...`) instead of the usage and then the error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"mnist: {message} (see --help)\n")
+
+
+def count(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least `least`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is less than {least}")
+        return value
+
+    return parse
+
+
+def learning_rate(text: str) -> float:
+    """An argparse type: a positive, finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+WHERE = f"""where the data is looked for, in order (the first folder with the four IDX files is used):
+  DIR                                         (with --data DIR: there only)
+  $TINY_DATA/mnist, $TINY_DATA/fashion-mnist  (where TINY_DATA is set)
+  <cache>/mnist, <cache>/fashion-mnist        (<cache>: $XDG_CACHE_HOME/tiny/datasets or ~/.cache/tiny/datasets)
+  /usr/share/datasets/fashion-mnist           (apt-get install dataset-fashion-mnist, on Debian/Ubuntu)
+--fashion skips the digits' folders. Where no folder has them, MNIST (Fashion-MNIST with --fashion) is downloaded
+into $TINY_DATA/<name>, or <cache>/<name> where TINY_DATA is unset. The four files (each .gz or not):
+  {" ".join(IDX_FILES)}
+
+the device: the fastest present, or the one DEVICE names (DEVICE=CPU, DEVICE=CUDA, ...)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m tiny.examples.mnist",
+        description=__doc__,
+        epilog=WHERE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    n = {"metavar": "N"}
+    p.add_argument("--epochs", type=count(1), default=3, help="passes over the training images (default: 3)", **n)
+    p.add_argument("--steps", type=count(0), default=0, help="train N steps instead (default: 0, whole epochs)", **n)
+    p.add_argument("--batch", type=count(1), default=128, help="images per training step (default: 128)", **n)
+    p.add_argument(
+        "--lr",
+        type=learning_rate,
+        default=1e-3,
+        help="Adam's learning rate at the start; a cosine schedule takes it to 0 by the last step (default: 0.001)",
+    )
+    p.add_argument(
+        "--seed", type=count(0), default=0, help="seeds the first weights and the image order (default: 0)", **n
+    )
+    p.add_argument(
+        "--data",
+        "--data-dir",
+        metavar="DIR",
+        help="a folder with the four IDX files (default: the first folder found, as listed below, else a download)",
+    )
+    p.add_argument("--fashion", action="store_true", help="Fashion-MNIST even where digit MNIST is found")
+    p.add_argument(
+        "--save",
+        "--checkpoint",
+        default=DEFAULT_SAVE,
+        metavar="PATH",
+        help=f"where training saves the weights, a safetensors file (default: {DEFAULT_SAVE}, in the current folder)",
+    )
+    p.add_argument(
+        "--eval", metavar="CHECKPOINT", help="evaluate this checkpoint on the test images instead of training"
+    )
+    p.add_argument(
+        "--eval-limit", type=count(0), default=0, help="evaluate on the first N test images only (default: 0, all)", **n
+    )
+    return p
 
 
 def main(argv: list[str] | None = None) -> dict[str, float | list[float]] | None:
-    parser = argparse.ArgumentParser(prog="python -m tiny.examples.mnist", description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=0, help="train this many steps instead of whole epochs")
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data-dir", default=None, help="a folder with the four IDX files (.gz or not)")
-    parser.add_argument("--fashion", action="store_true", help="Fashion-MNIST even where digit MNIST is present")
-    parser.add_argument("--checkpoint", default="mnist.safetensors", help="where training saves the model")
-    parser.add_argument("--eval", metavar="CHECKPOINT", help="evaluate this checkpoint instead of training")
-    parser.add_argument("--eval-limit", type=int, default=0, help="evaluate on the first N test images only")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if args.eval:
         evaluate_checkpoint(args)
         return None
+    check_save_path(args.save)
     return train(args)
 
 
