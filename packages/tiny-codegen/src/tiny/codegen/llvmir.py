@@ -465,7 +465,10 @@ class LLVMRenderer(Renderer):
         if op in (Ops.SHL, Ops.SHR):
             return self._shift(f, u, a, b)
         if dt.is_float:
-            name = {Ops.ADD: "fadd contract", Ops.MUL: "fmul contract", Ops.FDIV: "fdiv", Ops.MOD: "frem"}[op]
+            # a product feeding a sum may fuse (one rounding, as GPU compilers do), except in float16, which rounds
+            # after each op: on a host with AVX512-FP16 LLVM's half is native and would fuse (a*b+a off by an ulp)
+            fuse = " contract" if dt.scalar != dtypes.float16 else ""
+            name = {Ops.ADD: f"fadd{fuse}", Ops.MUL: f"fmul{fuse}", Ops.FDIV: "fdiv", Ops.MOD: "frem"}[op]
         elif dt.is_bool:
             name = {Ops.ADD: "or", Ops.MUL: "and", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor"}[op]
         else:
