@@ -5,12 +5,12 @@ PTX (assembled by ptxas). What the instruction computes, lane by lane, is the PY
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-from nv_kernels import render_schedule, target
 import subprocess
 import tempfile
 
+import numpy as np
+import pytest
+from nv_kernels import render_schedule, target
 from test_cuda_compile import _ptxas, nvrtc, nvrtc_ptx, ptxas
 
 from tiny.codegen.cuda import CUDARenderer
