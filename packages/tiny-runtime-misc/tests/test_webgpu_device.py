@@ -67,12 +67,39 @@ def test_no_adapter_is_a_clear_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     except DeviceUnavailable as e:
         pytest.skip(str(e))
     webgpu._gpu_device.cache_clear()
-    monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kwargs: None)
+    monkeypatch.setattr(wgpu.gpu, "enumerate_adapters_sync", lambda: [])
     try:
         with pytest.raises(DeviceUnavailable, match="wgpu found no adapter .*mesa-vulkan-drivers"):
             webgpu._gpu_device()
     finally:
         monkeypatch.undo()
+        webgpu._gpu_device.cache_clear()
+
+
+class _Adapter:
+    def __init__(self, backend: str, kind: str, name: str) -> None:
+        self.info = {"backend_type": backend, "adapter_type": kind, "device": name}
+
+
+def test_an_opengl_adapter_is_refused_with_the_reason() -> None:
+    """wgpu offers Mesa's llvmpipe through OpenGL where no Vulkan driver is installed; integer % is wrong there."""
+    with pytest.raises(DeviceUnavailable, match=r"llvmpipe through OpenGL: integer % and / .*mesa-vulkan-drivers"):
+        webgpu.choose_adapter([_Adapter("OpenGL", "CPU", "llvmpipe")])
+
+
+def test_the_most_capable_trusted_adapter_is_chosen() -> None:
+    adapters = [
+        _Adapter("OpenGL", "DiscreteGPU", "gl"),
+        _Adapter("Vulkan", "CPU", "lavapipe"),
+        _Adapter("Vulkan", "IntegratedGPU", "igpu"),
+    ]
+    assert webgpu.choose_adapter(adapters).info["device"] == "igpu"
+    assert webgpu.choose_adapter(adapters[:2]).info["device"] == "lavapipe"
+
+
+def test_the_device_never_runs_on_opengl(dev: WebGPUDevice) -> None:
+    """On a machine whose wgpu offers both (this one: lavapipe through Vulkan, llvmpipe through OpenGL), Vulkan."""
+    assert dev.gpu.adapter.info["backend_type"] not in webgpu.UNTRUSTED_BACKENDS
 
 
 def test_renderer_target_reads_the_adapter(dev: WebGPUDevice) -> None:

@@ -1,5 +1,6 @@
-"""The WEBGPU device: WGSL compute shaders run through wgpu-native (the `wgpu` package) on any adapter it finds:
-a GPU through Vulkan, Metal or D3D12, or a software Vulkan driver such as Mesa's lavapipe.
+"""The WEBGPU device: WGSL compute shaders run through wgpu-native (the `wgpu` package) on the adapter it finds:
+a GPU through Vulkan, Metal or D3D12, or a software Vulkan driver such as Mesa's lavapipe. Adapters through OpenGL
+are refused (UNTRUSTED_BACKENDS: some integer ops give wrong answers there), with the reason.
 
 Buffers are storage buffers (their sizes rounded up to whole 4-byte words, as WebGPU copies and WGSL's packed
 narrow dtypes need). A program is a compute pipeline with an explicit bind group layout: one storage binding
@@ -48,18 +49,46 @@ def _wgpu() -> Any:
     return wgpu
 
 
+# adapters tiny does not run on, by wgpu's backend_type, and why: their answers are wrong for some ops
+UNTRUSTED_BACKENDS = {
+    "OpenGL": "integer % and / of negative values are wrong there (Mesa's llvmpipe through OpenGL: [-7, 7, -7, 3] % "
+    "[2, -2, -2, 2] gave [1, 5, -7, 1])",
+}
+_PREFERENCE = ("DiscreteGPU", "IntegratedGPU", "VirtualGPU", "CPU")  # adapter_type, most wanted first
+
+
+def choose_adapter(adapters: list[Any]) -> Any:
+    """The adapter tiny runs on: the most capable kind (a discrete GPU first, a CPU driver last) among those on a
+    backend it trusts; DeviceUnavailable naming each refused adapter and why, where no trusted one is left."""
+    trusted = [a for a in adapters if a.info.get("backend_type") not in UNTRUSTED_BACKENDS]
+    if not trusted:
+        if not adapters:
+            raise DeviceUnavailable(
+                "wgpu found no adapter (no Vulkan, Metal or D3D12 driver; apt install mesa-vulkan-drivers)"
+            )
+        refused = "; ".join(
+            f"{a.info.get('device', '?')} through {a.info['backend_type']}: "
+            f"{UNTRUSTED_BACKENDS[a.info['backend_type']]}"
+            for a in adapters
+        )
+        raise DeviceUnavailable(
+            f"wgpu offers only adapters tiny refuses ({refused}); a Vulkan driver gives a trusted one (apt install "
+            "mesa-vulkan-drivers)"
+        )
+    kinds = {kind: i for i, kind in enumerate(_PREFERENCE)}
+    return min(trusted, key=lambda a: kinds.get(a.info.get("adapter_type"), len(kinds)))
+
+
 @functools.cache
 def _gpu_device() -> Any:
-    """The one wgpu device of the process: the adapter's largest limits, shader-f16 and timestamps when offered."""
+    """The one wgpu device of the process, on choose_adapter's adapter: its largest limits, shader-f16 and timestamps
+    when offered."""
     wgpu = _wgpu()
     try:
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        adapters = list(wgpu.gpu.enumerate_adapters_sync())
     except Exception as e:  # noqa: BLE001  (wgpu raises a variety of errors when no driver is present)
         raise DeviceUnavailable(f"wgpu found no adapter: {type(e).__name__}: {e}") from e
-    if adapter is None:
-        raise DeviceUnavailable(
-            "wgpu found no adapter (no Vulkan, Metal or D3D12 driver; apt install mesa-vulkan-drivers)"
-        )
+    adapter = choose_adapter(adapters)
     features = [f for f in ("shader-f16", "timestamp-query") if f in adapter.features]
     limits = {k: v for k, v in adapter.limits.items() if _requestable(k)}
     try:
