@@ -93,7 +93,7 @@ def test_grouped_reduction_uses_lds_and_a_barrier(target: str) -> None:
 def test_half_is_llvm_half_and_bfloat16_is_emulated(target: str) -> None:
     h = tensor(64, dtype=dtypes.float16)
     src = render_for(kernel_of(h * h + h), AMDGPURenderer(target)).src
-    assert "fmul contract <4 x half>" in src or "fmul contract half" in src
+    assert "fmul <4 x half>" in src or "fmul half" in src  # (not contract: float16 rounds after each op)
     compile_amd(src, target, "ir")
     b = tensor(64, dtype=dtypes.bfloat16)
     src = render_for(kernel_of(b * b), AMDGPURenderer(target)).src
