@@ -135,7 +135,7 @@ def test_grouped_reduction_uses_shared_memory_and_a_barrier() -> None:
     assert ".maxntid 16, 1, 1" in k.src
     assert ptxas(k.src, "sm_90") == ""
     (c,) = render_schedule("sum", x.sum(axis=1), CUDARenderer(target("sm_90")), [Opt(OptOps.GROUP, 1, 16)])
-    assert "__shared__ float temp0[16];" in c.src and "__syncthreads();" in c.src
+    assert "__align__(16) __shared__ float temp0[16];" in c.src and "__syncthreads();" in c.src
     assert "__launch_bounds__(16)" in c.src and "threadIdx.x" in c.src
     assert "bar.sync" in nvrtc_ptx(c.src, "sm_90")
 

@@ -106,9 +106,13 @@ class CStyleRenderer(Renderer):
         """The C type of the variable holding u's value (a dialect may hold some values in another form)."""
         return self.type_name(u.dtype)
 
-    def vectorize(self, u: UOp, lanes: list[str]) -> str:
-        """A VECTORIZE of these lanes' values."""
+    def vectorize(self, u: UOp, lanes: list[str], names: dict[UOp, str]) -> str:
+        """A VECTORIZE of these lanes' values (names: what every op rendered so far is called)."""
         return self.vector_literal(u.dtype, lanes)
+
+    def elided(self, u: UOp) -> bool:
+        """Whether a load is left out of the source (a dialect that reads its value some other way)."""
+        return False
 
     def vector_load(self, dt: DType, addr: str) -> str:
         """A vector of dt read from the scalars at addr on (no alignment beyond the scalar's is assumed)."""
@@ -341,6 +345,8 @@ class CStyleRenderer(Renderer):
                 depth += 1
             elif op is Ops.INDEX:
                 names[u] = self.index(src[0], u.offset, names)
+            elif op is Ops.LOAD and self.elided(u):
+                continue
             elif op is Ops.LOAD:
                 addr = u.address
                 through_scalars = u.dtype.count > 1 and _element(addr.pointer.dtype).count == 1
@@ -377,7 +383,7 @@ class CStyleRenderer(Renderer):
                     expr = self.wmma(u, src)
                 elif op is Ops.VECTORIZE:
                     lanes = [f"-({x})" for x in src] if u.dtype.is_bool else src  # a true lane is all ones
-                    expr = self.vectorize(u, lanes)
+                    expr = self.vectorize(u, lanes, names)
                 elif op is Ops.GEP:
                     expr = f"({self.gep(src[0], u.arg)} != 0)" if u.dtype.is_bool else self.gep(src[0], u.arg)
                 elif op is Ops.CAST:

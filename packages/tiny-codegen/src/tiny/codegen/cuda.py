@@ -18,6 +18,7 @@ import math
 from dataclasses import replace
 
 from tiny.codegen.cstyle import GPUCStyleRenderer, target_fields
+from tiny.codegen.ldmatrix import MatrixLoad, matrix_loads
 from tiny.ir.device import RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
@@ -93,6 +94,29 @@ template <typename T, int N> TINY_F void tiny_vstore(T* p, tiny_vec<T, N> x) {
 """
 
 
+# fragments of 16-bit values read from shared memory as whole 8 x 8 matrices (tiny.codegen.ldmatrix): each register
+# holds two values, the lower in its lower half
+_LDMATRIX = r"""TINY_F unsigned int tiny_shared_address(const void* p) {
+  unsigned int a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a; }
+TINY_F tiny_vec<unsigned short, 8> tiny_ldmatrix_x4(const unsigned short* p) {
+  unsigned int r[4];
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+    : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tiny_shared_address(p)) : "memory");
+  tiny_vec<unsigned short, 8> v;
+  _Pragma("unroll") for (int i = 0; i < 4; i++) { v[2 * i] = r[i] & 0xffffu; v[2 * i + 1] = r[i] >> 16; }
+  return v;
+}
+TINY_F tiny_vec<unsigned short, 4> tiny_ldmatrix_x2_trans(const unsigned short* p) {
+  unsigned int r[2];
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+    : "=r"(r[0]), "=r"(r[1]) : "r"(tiny_shared_address(p)) : "memory");
+  tiny_vec<unsigned short, 4> v;
+  _Pragma("unroll") for (int i = 0; i < 2; i++) { v[2 * i] = r[i] & 0xffffu; v[2 * i + 1] = r[i] >> 16; }
+  return v;
+}
+"""
+
+
 class CUDARenderer(GPUCStyleRenderer):
     """CUDA C for NVRTC; `target` is the device's 'arch=sm_XY;...' (sm_90 and the limits below when empty)."""
 
@@ -134,6 +158,9 @@ class CUDARenderer(GPUCStyleRenderer):
         self._grid, self._fold = (1, 1, 1), None  # the grid of the kernel being rendered, and how it is launched
         self._mma: list[str] = []  # the tensor cores the kernel being rendered uses
         self._bits: set[UOp] = set()  # 16-bit float values held as their bits (see tensor_core_bits)
+        self._matrices: dict[UOp, MatrixLoad] = {}  # fragments read by ldmatrix, and the loads they stand for
+        self._read_by_matrices: set[UOp] = set()
+        self._tables: dict[tuple[int, ...], int] = {}  # ldmatrix's per-lane row shifts, one table each
         self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch))  # mma.sync on sm_80 and newer
 
     # ---------------------------------------------------------------- 16-bit floats: memory bits, float registers
@@ -154,10 +181,20 @@ class CUDARenderer(GPUCStyleRenderer):
             return "unsigned short" if u.dtype.count == 1 else f"tiny_vec<unsigned short, {u.dtype.count}>"
         return super().value_type(u)
 
-    def vectorize(self, u: UOp, lanes: list[str]) -> str:
+    def vectorize(self, u: UOp, lanes: list[str], names: dict[UOp, str]) -> str:
+        if (m := self._matrices.get(u)) is not None:  # the whole fragment by one ldmatrix (tiny.codegen.ldmatrix)
+            table = self._tables.setdefault(m.shift, len(self._tables))
+            kind = f"x{m.matrices}{'_trans' if m.trans else ''}"
+            return f"tiny_ldmatrix_{kind}({names[m.first]} + tiny_rows{table}[lidx0])"
         if u in self._bits:
             return f"{self.value_type(u)}{{{{{', '.join(lanes)}}}}}"
-        return super().vectorize(u, lanes)
+        return super().vectorize(u, lanes, names)
+
+    def elided(self, u: UOp) -> bool:
+        return u in self._read_by_matrices
+
+    def define_local(self, name: str, dt: DType, size: int) -> str:
+        return f"__align__(16) __shared__ {self.memory_type(dt)} {name}[{size}];"  # (ldmatrix's rows: 16 bytes)
 
     def stored(self, value: UOp, expr: str) -> str:
         if value in self._bits:
@@ -247,6 +284,13 @@ class CUDARenderer(GPUCStyleRenderer):
         self._fold = fold_grid(self._grid, self.max_grid) if max(grid) > self.max_grid else None
         self._mma = sorted({u.arg for u in uops if u.op is Ops.WMMA})
         self._bits = tensor_core_bits(uops)
+        users: dict[UOp, int] = {}
+        for u in uops:
+            for src in u.src:
+                users[src] = users.get(src, 0) + 1
+        self._matrices = {v: m for v, m in matrix_loads(uops).items() if v in self._bits}
+        self._read_by_matrices = {x for v in self._matrices for x in v.src if users[x] == 1}
+        self._tables = {}
         return super().render(name, uops)
 
     def wmma(self, u: UOp, args: list[str]) -> str:
@@ -288,7 +332,12 @@ class CUDARenderer(GPUCStyleRenderer):
         return head + " {\n" + "\n".join(body) + "\n}\n"
 
     def preamble(self, scalars: set[DType]) -> str:
-        return _PRELUDE + _VECTORS + "".join(self.mma_function(name) for name in self._mma)
+        tables = "".join(
+            f"__device__ const int tiny_rows{i}[32] = {{{', '.join(map(str, shift))}}};\n"
+            for shift, i in self._tables.items()
+        )
+        matrices = _LDMATRIX if self._matrices else ""
+        return _PRELUDE + _VECTORS + "".join(self.mma_function(name) for name in self._mma) + matrices + tables
 
 
 def tensor_core_bits(uops: list[UOp]) -> set[UOp]:
