@@ -97,10 +97,10 @@ class InteropOps(TensorBase):
         >>> import numpy as np; t = Tensor([1.0, 2.0]).realize(); a = np.from_dlpack(t); a[0] = 5.0; t.tolist()
         [5.0, 2.0]
         """
-        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+        here = self.__dlpack_device__()  # (a device DLPack has no type for: a ValueError that says so)
+        if dl_device is not None and tuple(dl_device) != here:
             raise BufferError(
-                f"__dlpack__(dl_device={dl_device}): this tensor is on {self.device} "
-                f"({self.__dlpack_device__()}); copy it there first"
+                f"__dlpack__(dl_device={dl_device}): this tensor is on {self.device} ({here}); copy it there first"
             )
         source = self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,))) if copy else self
         source.realize()  # type: ignore[attr-defined]
