@@ -149,7 +149,7 @@ class CPUAllocator(LRUAllocator):
     takes for a pointer as it is, so that a launch converts nothing. The ctypes array that owns the memory is kept
     by address until it is freed for real."""
 
-    caps = AllocatorCaps(host_visible=True, aligned=ALIGN)
+    caps = AllocatorCaps(host_visible=True, aligned=ALIGN, foreign=True)
 
     def __init__(self) -> None:
         super().__init__()
@@ -172,6 +172,12 @@ class CPUAllocator(LRUAllocator):
 
     def as_memoryview(self, opaque: Any, size: int) -> memoryview:
         return memoryview((ctypes.c_uint8 * size).from_address(opaque)).cast("B")
+
+    def wrap(self, address: int, size: int) -> Any:
+        return address  # (an opaque is an address already)
+
+    def address(self, opaque: Any) -> int:
+        return opaque
 
     def copyin(self, dest: Any, src: memoryview) -> None:
         self.as_memoryview(dest, src.nbytes)[:] = src

@@ -22,6 +22,7 @@ from tiny.tensor.elementwise import ElementwiseOps
 from tiny.tensor.functional import FunctionalOps
 from tiny.tensor.indexing import IndexingOps
 from tiny.tensor.inplace import InplaceOps
+from tiny.tensor.interop import InteropOps
 from tiny.tensor.live import LiveSet
 from tiny.tensor.mathfns import MathOps
 from tiny.tensor.movement import MovementOps
@@ -49,6 +50,7 @@ class Tensor(
     FunctionalOps,
     WindowOps,
     InplaceOps,
+    InteropOps,
     AutogradOps,
 ):
     """A lazily evaluated n-dimensional array on a device.

@@ -27,10 +27,9 @@ from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import TensorCore  # noqa: F401  (re-exported: renderers declare theirs)
 from tiny.ir.uop import Ops, UOp, make_node
 
-INTERFACE_VERSION = (
-    1,
-    3,
-)  # (major, minor): runtimes pin a compatible major (1.2: Program.launcher; 1.3: Allocator.memory)
+# (major, minor): runtimes pin a compatible major (1.2: Program.launcher; 1.3: Allocator.memory; 1.4: foreign memory,
+# AllocatorCaps.foreign with Allocator.wrap and Allocator.address)
+INTERFACE_VERSION = (1, 4)
 
 
 class DeviceUnavailable(RuntimeError):
@@ -166,6 +165,7 @@ class AllocatorCaps:
     transfer: bool = False  # transfer() copies between two devices of this kind without the host
     aligned: int = 16  # alignment of every allocation, bytes
     views: bool = False  # offset() gives a sub-range of an allocation that shares its memory
+    foreign: bool = False  # wrap() takes memory someone else owns at an address, address() tells where an allocation is
 
 
 class Allocator:
@@ -199,6 +199,15 @@ class Allocator:
 
     def transfer(self, dest: Any, src: Any, size: int, src_device: Compiled, dest_device: Compiled) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no device-to-device transfer")
+
+    def wrap(self, address: int, size: int) -> Any:
+        """An opaque for the `size` bytes at `address`, memory of this device that someone else owns (no copy); it is
+        never given to free()."""
+        raise NotImplementedError(f"{type(self).__name__} cannot wrap memory it did not allocate")
+
+    def address(self, opaque: Any) -> int:
+        """The address of an allocation (or of a view of one), as another library takes it."""
+        raise NotImplementedError(f"{type(self).__name__} does not tell the address of its allocations")
 
 
 def host_memory() -> tuple[int, int] | None:
@@ -493,15 +502,50 @@ def available() -> list[DeviceStatus]:
 
 class Buffer:
     """Memory on a device for `size` elements of `dtype`, allocated when first needed; or a view of another
-    buffer's memory, `offset` bytes in (`base` is then that buffer)."""
+    buffer's memory, `offset` bytes in (`base` is then that buffer); or memory someone else owns (`foreign`)."""
 
-    __slots__ = ("device", "size", "dtype", "base", "offset", "_opaque", "_allocator", "__weakref__")
+    __slots__ = (
+        "device",
+        "size",
+        "dtype",
+        "base",
+        "offset",
+        "_opaque",
+        "_allocator",
+        "foreign",
+        "owner",
+        "__weakref__",
+    )
 
     def __init__(self, device: str, size: int, dtype: DType, base: Buffer | None = None, offset: int = 0) -> None:
         self.device, self.size, self.dtype = device, size, dtype
         self.base, self.offset = base, offset
         self._opaque: Any = None
         self._allocator: Allocator | None = None  # the allocator that gave _opaque (and takes it back)
+        self.foreign = False  # memory tiny did not allocate (Buffer.wrap): never freed here
+        self.owner: Any = None  # what keeps foreign memory alive, held as long as this buffer
+
+    @staticmethod
+    def wrap(device: str, address: int, size: int, dtype: DType, owner: Any = None) -> Buffer:
+        """A buffer over `size` elements of `dtype` at `address`, memory of `device` that someone else owns (no copy):
+        `owner` is kept alive as long as the buffer, and the memory is never freed here."""
+        allocator = Device[device].allocator
+        if not allocator.caps.foreign:
+            raise ValueError(
+                f"{device} cannot wrap memory it did not allocate ({type(allocator).__name__} does not declare "
+                "AllocatorCaps.foreign); expected a device such as CPU or CUDA"
+            )
+        if not isinstance(address, int) or isinstance(address, bool) or address <= 0:
+            raise ValueError(f"the address of foreign memory must be a positive int, got {address!r}")
+        buffer = Buffer(device, size, dtype)
+        buffer._opaque, buffer._allocator = allocator.wrap(address, size * dtype.itemsize), allocator
+        buffer.foreign, buffer.owner = True, owner
+        return buffer
+
+    @property
+    def address(self) -> int:
+        """Where the memory is, as another library takes it (on devices whose allocator declares `foreign`)."""
+        return self.allocator.address(self.opaque)
 
     def __repr__(self) -> str:
         state = "allocated" if self._opaque is not None else "lazy"
@@ -592,7 +636,7 @@ class Buffer:
             self.copyin(src.copyout(memoryview(bytearray(src.nbytes))))
 
     def __del__(self) -> None:
-        if self._opaque is not None and self.base is None:
+        if self._opaque is not None and self.base is None and not self.foreign:
             try:
                 self._allocator.free(self._opaque, self.size * self.dtype.itemsize or 1)
             except Exception:  # noqa: BLE001  (interpreter shutdown)
@@ -651,6 +695,13 @@ def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     buffer = _new_object(Buffer)  # Buffer(device, size, dtype), its __init__ called from here rather than from C
     buffer.__init__(device, size, dtype)
     _keep_buffer(node, buffer)
+    return node
+
+
+def new_foreign_buffer(device: str, address: int, size: int, dtype: DType, owner: Any = None) -> UOp:
+    """A BUFFER node over memory someone else owns at `address` (see Buffer.wrap); `owner` lives as long as it."""
+    node = UOp(Ops.BUFFER, dtype, _sources_on(device), (next(_buffer_ids), size))
+    _keep_buffer(node, Buffer.wrap(device, address, size, dtype, owner))
     return node
 
 

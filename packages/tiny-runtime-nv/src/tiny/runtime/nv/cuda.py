@@ -403,7 +403,7 @@ class CUDAAllocator(LRUAllocator):
     """Device memory (cuMemAlloc); copies from and to the host through a pinned staging buffer, between GPUs peer to
     peer where the driver allows."""
 
-    caps = AllocatorCaps(host_visible=False, transfer=True, aligned=256, views=True)
+    caps = AllocatorCaps(host_visible=False, transfer=True, aligned=256, views=True, foreign=True)
 
     def __init__(self, dev: CUDADevice) -> None:
         super().__init__()
@@ -465,6 +465,12 @@ class CUDAAllocator(LRUAllocator):
 
     def offset(self, opaque: Any, offset: int, size: int) -> Any:
         return opaque + offset
+
+    def wrap(self, address: int, size: int) -> int:
+        return address  # a device pointer (CUdeviceptr) of this device's context, as an allocation's opaque is
+
+    def address(self, opaque: int) -> int:
+        return opaque
 
 
 # ---------------------------------------------------------------- the device
