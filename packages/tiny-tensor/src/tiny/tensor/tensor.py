@@ -28,6 +28,7 @@ from tiny.tensor.movement import MovementOps
 from tiny.tensor.realize import JitError, capturing, run_schedule
 from tiny.tensor.reduce import ReduceOps
 from tiny.tensor.sampling import SamplingOps
+from tiny.tensor.tinygrad_names import TinygradNameOps
 from tiny.tensor.windows import WindowOps
 
 Scalar = int | float | bool
@@ -50,6 +51,7 @@ class Tensor(
     WindowOps,
     InplaceOps,
     AutogradOps,
+    TinygradNameOps,
 ):
     """A lazily evaluated n-dimensional array on a device.
 
