@@ -25,6 +25,7 @@ from tiny.nn.layers import (
     LSTMCell,
     RMSNorm,
 )
+from tiny.nn.tinygrad_names import BatchNorm, InstanceNorm, LayerNorm2d
 
 __all__ = [
     "datasets",
@@ -46,4 +47,8 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "RMSNorm",
+    # tinygrad's names (tiny.nn.tinygrad_names)
+    "BatchNorm",
+    "InstanceNorm",
+    "LayerNorm2d",
 ]

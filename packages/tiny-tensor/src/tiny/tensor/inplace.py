@@ -1,5 +1,5 @@
-"""Writing into a tensor's memory: assign, __setitem__ and the in-place operators (+=, -= ...). Every view of the
-same buffer sees the write."""
+"""Writing into a tensor's memory: assign, __setitem__, the in-place operators (+=, -= ...) and PyTorch's in-place
+methods (add_, zero_, copy_ ...). Every view of the same buffer sees the write."""
 
 from __future__ import annotations
 
@@ -64,15 +64,17 @@ class InplaceOps(TensorBase):
         share = placed_t / hits_t.maximum(1) if work.is_float else placed_t // hits_t.maximum(1)
         self.assign((hits_t > 0).where(share.cast(self.dtype), self))
 
-    def _inplace(self, op: str, result: Tensor) -> Tensor:
+    def _inplace(self, op: str, result: Tensor, instead: str | None = None) -> Tensor:
         """x op= y: the result written into x (in its buffer, as assign() does), or, where a gradient flows into
         x's graph (x computed from a leaf with requires_grad), x made the result's value so that the gradient flows
         through it as in PyTorch. A leaf with requires_grad is refused outside no_grad, and a result PyTorch would
-        not cast back into x's dtype (a float into an int tensor, a number into a bool one) is a TypeError."""
+        not cast back into x's dtype (a float into an int tensor, a number into a bool one) is a TypeError.
+        `instead` is the out-of-place form the refusal suggests (for an operator, `x = x + y`)."""
         if self.requires_grad and not NO_GRAD.value:
+            instead = instead or f"x = x {op[:-1]} y"
             raise RuntimeError(
                 f"{op}: a leaf tensor that requires grad cannot be changed in place outside Tensor.no_grad() (PyTorch "
-                f"refuses it too); write `x = x {op[:-1]} y` for a new tensor, or do it inside `with Tensor.no_grad():`"
+                f"refuses it too); write `{instead}` for a new tensor, or do it inside `with Tensor.no_grad():`"
             )
         if (result.dtype.is_float and not self.dtype.is_float) or (self.dtype.is_bool and not result.dtype.is_bool):
             raise TypeError(
@@ -125,6 +127,109 @@ class InplaceOps(TensorBase):
 
     def __irshift__(self, x: Tensor | Scalar) -> Tensor:
         return self._inplace(">>=", self >> x)  # type: ignore[operator]
+
+    # ---- PyTorch's in-place methods: the same write as the operators, and they return the tensor
+
+    def add_(self, x: Tensor | Scalar, alpha: Scalar = 1) -> Tensor:
+        """self += alpha * x, in place; returns self.
+
+        >>> t = Tensor([1.0, 2.0]); t.add_(Tensor([1.0, 1.0]), alpha=2).tolist()
+        [3.0, 4.0]
+        """
+        return self._inplace("add_", self + (x if alpha == 1 else x * alpha), "x = x.add(y)")  # type: ignore[operator]
+
+    def sub_(self, x: Tensor | Scalar, alpha: Scalar = 1) -> Tensor:
+        """self -= alpha * x, in place; returns self.
+
+        >>> t = Tensor([5, 7]); t.sub_(2).tolist()
+        [3, 5]
+        """
+        return self._inplace("sub_", self - (x if alpha == 1 else x * alpha), "x = x.sub(y)")  # type: ignore[operator]
+
+    def mul_(self, x: Tensor | Scalar) -> Tensor:
+        """self *= x, in place; returns self.
+
+        >>> t = Tensor([1.0, 2.0]); t.mul_(3).tolist()
+        [3.0, 6.0]
+        """
+        return self._inplace("mul_", self * x, "x = x.mul(y)")  # type: ignore[operator]
+
+    def div_(self, x: Tensor | Scalar, rounding_mode: str | None = None) -> Tensor:
+        """self /= x in place (rounding_mode "trunc" or "floor" as div, which keeps integers integers); returns self.
+
+        >>> t = Tensor([3.0, 5.0]); t.div_(2).tolist()
+        [1.5, 2.5]
+        """
+        result = self.div(x, rounding_mode=rounding_mode)  # type: ignore[attr-defined]
+        return self._inplace("div_", result, "x = x.div(y)")
+
+    def clamp_(self, min: Tensor | Scalar | None = None, max: Tensor | Scalar | None = None) -> Tensor:  # noqa: A002
+        """self clamped to [min, max] in place; returns self.
+
+        >>> t = Tensor([-2.0, 0.5, 3.0]); t.clamp_(-1, 1).tolist()
+        [-1.0, 0.5, 1.0]
+        """
+        return self._inplace("clamp_", self.clamp(min, max), "x = x.clamp(lo, hi)")  # type: ignore[attr-defined]
+
+    clip_ = clamp_
+
+    def zero_(self) -> Tensor:
+        """Every element set to 0 in place; returns self.
+
+        >>> t = Tensor([1.0, 2.0]); t.zero_().tolist()
+        [0.0, 0.0]
+        """
+        return self._inplace("zero_", self.full_like(0), "x = x.zeros_like()")  # type: ignore[attr-defined]
+
+    def fill_(self, value: Tensor | Scalar) -> Tensor:
+        """Every element set to value (a number or a 0-d tensor, cast to this tensor's dtype) in place; returns self.
+
+        >>> t = Tensor([1, 2, 3]); t.fill_(7).tolist()
+        [7, 7, 7]
+        """
+        if isinstance(value, TensorBase):
+            if value.ndim:
+                raise ValueError(f"fill_() takes a number or a 0-d tensor, got a tensor of shape {value.shape}")
+            if value.device != self.device:
+                raise ValueError(f"fill_() with a tensor on {value.device} into one on {self.device}; use .to()")
+            result = value.cast(self.dtype)._broadcast_to(self.shape)  # type: ignore[attr-defined]
+        else:
+            result = self.full_like(value)  # type: ignore[attr-defined]
+        return self._inplace("fill_", result, "x = x.full_like(v)")
+
+    def copy_(self, src: Tensor) -> Tensor:
+        """src's values written into this tensor in place: broadcast to its shape, cast to its dtype (a float into an
+        int tensor too, as PyTorch's copy_) and moved to its device; returns self.
+
+        >>> t = Tensor([0, 0]); t.copy_(Tensor([1.7, -2.2])).tolist()
+        [1, -2]
+        """
+        if not isinstance(src, TensorBase):
+            raise TypeError(f"copy_() takes a Tensor, got {type(src).__name__}")
+        v = _fitted(src.to(self.device), self.shape, "the tensor").cast(self.dtype)  # type: ignore[attr-defined]
+        return self._inplace("copy_", v, "x = src.clone()")
+
+    def uniform_(self, from_: float = 0.0, to: float = 1.0) -> Tensor:
+        """Uniform samples in [from_, to) written in place (a float tensor); returns self.
+
+        >>> t = Tensor.zeros(100); t.uniform_(-2, 2).min().item() >= -2
+        True
+        """
+        sample = type(self).uniform(  # type: ignore[attr-defined]
+            *self.shape, low=from_, high=to, dtype=self.dtype, device=self.device
+        )
+        return self._inplace("uniform_", sample, "x = Tensor.uniform(*x.shape, low=a, high=b)")
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
+        """Normal samples with the given mean and standard deviation written in place (a float tensor); returns self.
+
+        >>> t = Tensor.zeros(2, 3); t.normal_(1.0, 0.5).shape
+        (2, 3)
+        """
+        sample = type(self).normal(  # type: ignore[attr-defined]
+            *self.shape, mean=mean, std=std, dtype=self.dtype, device=self.device
+        )
+        return self._inplace("normal_", sample, "x = Tensor.normal(*x.shape, mean=m, std=s)")
 
 
 def _fitted(v: TensorBase, shape: tuple[int, ...], what: str) -> Any:

@@ -29,6 +29,7 @@ from tiny.tensor.movement import MovementOps
 from tiny.tensor.realize import JitError, capturing, run_schedule
 from tiny.tensor.reduce import ReduceOps
 from tiny.tensor.sampling import SamplingOps
+from tiny.tensor.tinygrad_names import TinygradNameOps
 from tiny.tensor.windows import WindowOps
 
 Scalar = int | float | bool
@@ -52,6 +53,7 @@ class Tensor(
     InplaceOps,
     InteropOps,
     AutogradOps,
+    TinygradNameOps,
 ):
     """A lazily evaluated n-dimensional array on a device.
 
