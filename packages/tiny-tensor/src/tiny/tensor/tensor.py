@@ -30,6 +30,7 @@ from tiny.tensor.realize import JitError, capturing, run_schedule
 from tiny.tensor.reduce import ReduceOps
 from tiny.tensor.sampling import SamplingOps
 from tiny.tensor.tinygrad_names import TinygradNameOps
+from tiny.tensor.unpool import UnpoolOps
 from tiny.tensor.windows import WindowOps
 
 Scalar = int | float | bool
@@ -50,6 +51,7 @@ class Tensor(
     IndexingOps,
     FunctionalOps,
     WindowOps,
+    UnpoolOps,
     InplaceOps,
     InteropOps,
     AutogradOps,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import is_realized
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
+from tiny.tensor.checks import default_int
 from tiny.tensor.gradient import Grads, primitive_gradient, set_composite_rule
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ class WindowOps(TensorBase):
                 f"{cin_g * groups} (weight.shape[1] * groups)"
             )
         _check_bias(name, bias, cout)
-        strides, dils = _ints(stride, nd, "stride", name), _ints(dilation, nd, "dilation", name)
+        strides, dils = pool_ints(stride, nd, "stride", name), pool_ints(dilation, nd, "dilation", name)
         pads = _conv_padding(padding, kernel, dils, strides, name)
         out = [
             (s + lo + hi - d * (k - 1) - 1) // st + 1
@@ -271,8 +272,9 @@ class WindowOps(TensorBase):
         _check_groups(name, groups, c, cout_g * groups, "input channels", "output channels")
         cout = cout_g * groups
         _check_bias(name, bias, cout)
-        strides, dils = _ints(stride, nd, "stride", name), _ints(dilation, nd, "dilation", name)
-        pads, opads = _ints(padding, nd, "padding", name, 0), _ints(output_padding, nd, "output_padding", name, 0)
+        strides, dils = pool_ints(stride, nd, "stride", name), pool_ints(dilation, nd, "dilation", name)
+        pads = pool_ints(padding, nd, "padding", name, 0)
+        opads = pool_ints(output_padding, nd, "output_padding", name, 0)
         for op, st, d in zip(opads, strides, dils):
             if op >= st and op >= d:
                 raise ValueError(
@@ -404,14 +406,17 @@ class WindowOps(TensorBase):
         padding: IntOrSeq = 0,
         dilation: IntOrSeq = 1,
         ceil_mode: bool = False,
-    ) -> Tensor:
+        return_indices: bool = False,
+    ) -> Any:
         """Maximum over kernel_size windows of (N, C, H, W) (stride defaults to kernel_size), as torch's
-        max_pool2d; padding is never the maximum.
+        max_pool2d; padding is never the maximum. With return_indices, also where each maximum is: its flat index
+        in its (H, W) plane (the first in the window where several are equal; a NaN is the maximum), as
+        max_unpool2d takes it.
 
         >>> Tensor([[[[1.0, 2.0], [3.0, 4.0]]]]).max_pool2d(2).tolist()
         [[[[4.0]]]]
         """
-        return self._max_pool(kernel_size, stride, padding, dilation, ceil_mode, 2)
+        return self._max_pool(kernel_size, stride, padding, dilation, ceil_mode, 2, return_indices)
 
     def max_pool1d(
         self,
@@ -420,13 +425,14 @@ class WindowOps(TensorBase):
         padding: IntOrSeq = 0,
         dilation: IntOrSeq = 1,
         ceil_mode: bool = False,
-    ) -> Tensor:
-        """Maximum over windows of (N, C, L), as torch's max_pool1d.
+        return_indices: bool = False,
+    ) -> Any:
+        """Maximum over windows of (N, C, L), as torch's max_pool1d (return_indices: as max_pool2d's).
 
         >>> Tensor([[[1.0, 3.0, 5.0, 2.0]]]).max_pool1d(2).tolist()
         [[[3.0, 5.0]]]
         """
-        return self._max_pool(kernel_size, stride, padding, dilation, ceil_mode, 1)
+        return self._max_pool(kernel_size, stride, padding, dilation, ceil_mode, 1, return_indices)
 
     def _max_pool(
         self,
@@ -436,7 +442,8 @@ class WindowOps(TensorBase):
         dilation: IntOrSeq,
         ceil_mode: bool,
         nd: int,
-    ) -> Tensor:
+        return_indices: bool = False,
+    ) -> Any:
         name = f"max_pool{nd}d"
         x, batched = self._with_batch(nd, name)
         kernel, strides, pads, dils = _pool_args(kernel_size, stride, padding, dilation, nd, name)
@@ -446,14 +453,21 @@ class WindowOps(TensorBase):
         starts = [[k * d - p for k in range(ks)] for ks, d, p in zip(kernel, dils, pads)]
         win = _windows(x, starts, strides, out)
         inside = [_window_inside(s, st_k, st, o) for s, st_k, st, o in zip(spatial, starts, strides, out)]
-        if not all(m.all() for m in inside):  # some windows reach into the padding: it must never be the max
-            mask = inside[0]
-            for m in inside[1:]:
-                mask = _outer_and(mask, m)
-            valid = type(self)(mask, device=x.device)  # (*out, *kernel)
-            win = valid.where(win, x.dtype.min)
-        y = win.max(axis=tuple(range(2 + nd, 2 + 2 * nd)))
-        return y if batched else y.reshape(y.shape[1:])
+        mask = inside[0]
+        for m in inside[1:]:
+            mask = _outer_and(mask, m)
+        if not mask.all():  # some windows reach into the padding: it must never be the max
+            win = type(self)(mask, device=x.device).where(win, x.dtype.min)  # (mask: (*out, *kernel))
+        kernel_axes = tuple(range(2 + nd, 2 + 2 * nd))
+        y = win.max(axis=kernel_axes)
+        if not return_indices:
+            return y if batched else y.reshape(y.shape[1:])
+        flat = _window_positions(spatial, starts, strides, out)  # (*out, *kernel): each element's place in the plane
+        at_max = (win == y.reshape(*y.shape, *(1,) * nd)) | ((win != win) & (y != y).reshape(*y.shape, *(1,) * nd))
+        past = math.prod(spatial)  # (past every place: what padding is never chosen as)
+        where = type(self)(np.where(mask, flat, past), device=x.device, dtype=default_int(x.device))
+        idx = at_max.where(where, past).min(axis=kernel_axes)
+        return (y, idx) if batched else (y.reshape(y.shape[1:]), idx.reshape(idx.shape[1:]))
 
     def adaptive_avg_pool2d(self, output_size: IntOrSeq | Sequence[int | None]) -> Tensor:
         """Mean over the windows that split (N, C, H, W) into output_size cells, as torch's adaptive_avg_pool2d.
@@ -527,7 +541,7 @@ class WindowOps(TensorBase):
         nd = self.ndim - 2
         spatial = self.shape[2:]
         if size is not None:
-            out = list(_ints(size, nd, "size", "interpolate"))
+            out = list(pool_ints(size, nd, "size", "interpolate"))
             scales = [s / o for s, o in zip(spatial, out)]
         else:
             factors = [float(scale_factor)] * nd if isinstance(scale_factor, (int, float)) else list(scale_factor)
@@ -744,6 +758,21 @@ def _window_inside(size: int, starts: Sequence[int], stride: int, out: int) -> n
     return (pos >= 0) & (pos < size)
 
 
+def _window_positions(
+    spatial: Sequence[int], starts: Sequence[Sequence[int]], strides: Sequence[int], out: Sequence[int]
+) -> np.ndarray:
+    """(*out, *kernel) ints: the flat index in the (*spatial) plane of each window element (padding: anything)."""
+    flat = np.zeros((*out, *(len(s) for s in starts)), np.int64)
+    nd, place = len(spatial), 1
+    for i in reversed(range(nd)):
+        pos = np.arange(out[i])[:, None] * strides[i] + np.asarray(starts[i])[None, :]  # (out_i, kernel_i)
+        shape = [1] * (2 * nd)
+        shape[i], shape[nd + i] = out[i], len(starts[i])
+        flat = flat + pos.reshape(shape) * place
+        place *= spatial[i]
+    return flat
+
+
 def _outer_and(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a (o1.., k1..) and b (o2, k2) -> (o1.., o2, k1.., k2), the logical and of every pair."""
     na = a.ndim // 2
@@ -772,9 +801,9 @@ def _pool_out(size: int, k: int, stride: int, pad: int, dilation: int, ceil_mode
 def _pool_args(
     kernel_size: IntOrSeq, stride: IntOrSeq | None, padding: IntOrSeq, dilation: IntOrSeq, nd: int, name: str
 ) -> tuple[tuple[int, ...], ...]:
-    kernel = _ints(kernel_size, nd, "kernel_size", name)
-    strides = kernel if stride is None or stride == [] else _ints(stride, nd, "stride", name)
-    return kernel, strides, _ints(padding, nd, "padding", name, 0), _ints(dilation, nd, "dilation", name)
+    kernel = pool_ints(kernel_size, nd, "kernel_size", name)
+    strides = kernel if stride is None or stride == [] else pool_ints(stride, nd, "stride", name)
+    return kernel, strides, pool_ints(padding, nd, "padding", name, 0), pool_ints(dilation, nd, "dilation", name)
 
 
 def _check_pool(
@@ -828,7 +857,7 @@ def _linear_matrix(size: int, out: int, scale: float, align_corners: bool, from_
 # ---------------------------------------------------------------- argument checks
 
 
-def _ints(v: IntOrSeq, n: int, what: str, name: str, minimum: int = 1) -> tuple[int, ...]:
+def pool_ints(v: IntOrSeq, n: int, what: str, name: str, minimum: int = 1) -> tuple[int, ...]:
     out = (v,) * n if isinstance(v, int) else tuple(v)
     if len(out) != n or not all(isinstance(i, int) and not isinstance(i, bool) and i >= minimum for i in out):
         raise ValueError(f"{name}() {what} takes an int or {n} ints, each at least {minimum}, got {v!r}")
@@ -847,7 +876,7 @@ def _conv_padding(
         return [(t // 2, t - t // 2) for t in totals]
     if isinstance(padding, str):
         raise ValueError(f"{name}() padding must be an int, a tuple, 'valid' or 'same', got {padding!r}")
-    return [(p, p) for p in _ints(padding, len(kernel), "padding", name, 0)]
+    return [(p, p) for p in pool_ints(padding, len(kernel), "padding", name, 0)]
 
 
 def _check_groups(name: str, groups: int, cin: int, cout: int, in_what: str, out_what: str) -> None:
