@@ -47,15 +47,21 @@ def _ptxas() -> str | None:
     return found
 
 
-def ptxas(src: str, arch: str) -> str:
-    """ptxas's complaints about the PTX ('' when it assembles); skips where there is no ptxas."""
+def ptxas(src: str, arch: str, report: bool = False) -> str:
+    """ptxas's complaints about the PTX ('' when it assembles), or with report its -v report of each kernel
+    (registers, spills, barriers, shared memory; an assertion where it does not assemble); skips where there is no
+    ptxas."""
     tool = _ptxas()
     if tool is None:
         pytest.skip("no ptxas: install a CUDA toolkit or pip install nvidia-cuda-nvcc-cu12 (the nv nox session does)")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(src)
         f.flush()
-        r = subprocess.run([tool, f"-arch={arch}", "-o", "/dev/null", f.name], capture_output=True, text=True)
+        verbose = ["-v"] if report else []
+        r = subprocess.run([tool, *verbose, f"-arch={arch}", "-o", "/dev/null", f.name], capture_output=True, text=True)
+    if report:
+        assert r.returncode == 0, r.stderr
+        return r.stderr
     return "" if r.returncode == 0 else r.stderr or "failed"
 
 

@@ -5,13 +5,10 @@ PTX (assembled by ptxas). What the instruction computes, lane by lane, is the PY
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
-
 import numpy as np
 import pytest
 from nv_kernels import render_schedule, target
-from test_cuda_compile import _ptxas, nvrtc, nvrtc_ptx, ptxas
+from test_cuda_compile import nvrtc, nvrtc_ptx, ptxas
 
 from tiny.codegen.cuda import CUDARenderer
 from tiny.codegen.opt import Opt, OptOps
@@ -103,19 +100,6 @@ def test_a_computed_fragment_is_converted_once() -> None:
         assert compile_cuda(nvrtc(), k.src, "sm_90", cubin=True)[:4] == b"\x7fELF"
 
 
-def _ptxas_report(ptx: str, arch: str) -> str:
-    """ptxas -v's report of the PTX's one kernel (registers, spills, barriers, shared memory)."""
-    tool = _ptxas()
-    if tool is None:
-        pytest.skip("no ptxas: install a CUDA toolkit or pip install nvidia-cuda-nvcc-cu12 (the nv nox session does)")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ptx)
-        f.flush()
-        r = subprocess.run([tool, "-v", f"-arch={arch}", "-o", "/dev/null", f.name], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return r.stderr
-
-
 @pytest.mark.parametrize("renderer", ["CUDA", "PTX"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_the_staged_4096_product_keeps_to_registers(renderer: str, dtype: str) -> None:
@@ -127,6 +111,6 @@ def test_the_staged_4096_product_keeps_to_registers(renderer: str, dtype: str) -
     made = CUDARenderer(target("sm_90")) if renderer == "CUDA" else PTXRenderer(target("sm_90"))
     (k,) = render_schedule("matmul", x @ x, made)
     ptx = nvrtc_ptx(k.src, "sm_90") if renderer == "CUDA" else k.src
-    report = _ptxas_report(ptx, "sm_90")
+    report = ptxas(ptx, "sm_90", report=True)
     assert "0 bytes spill stores, 0 bytes spill loads" in report and "used 1 barriers" in report, report
     assert "38912 bytes smem" in report, report  # 16-bit values: A 2 x 128 x 40, B 2 x 32 x 2 x 72

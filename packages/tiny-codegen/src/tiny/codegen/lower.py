@@ -156,16 +156,20 @@ class _Lowerer:
             env[self.k.tc_part(dim)] = value
         return env
 
+    def tc_loops(self, u: UOp) -> dict[int, UOp]:
+        """The loop counters of a tensor-core sum's reduce parts (made on first use)."""
+        if u not in self.reduce_env:
+            self.reduce_env[u] = {
+                i: self.new_range(p.size) for i, p in enumerate(self.k.parts) if p.kind is Kind.REDUCE
+            }
+        return self.reduce_env[u]
+
     def tc_operands(self, u: UOp, idxs: tuple[UOp, ...]) -> list[tuple[UOp, tuple[UOp, ...]]]:
         """The A and B fragments' elements of the tile the output index idxs is in: (AST piece, index) each."""
         assert self.k.tc is not None
         use, core = self.k.tc, self.k.tc.core
         origin, _ = self.tc_element[idxs]
-        if u not in self.reduce_env:
-            self.reduce_env[u] = {
-                i: self.new_range(p.size) for i, p in enumerate(self.k.parts) if p.kind is Kind.REDUCE
-            }
-        env = origin | self.reduce_env[u]
+        env = origin | self.tc_loops(u)
 
         def at(lanes: dict[int, UOp], frag: Fragment, elem: int) -> tuple[UOp, ...]:
             full = env | lanes | self.tc_env(frag, elem)
@@ -215,10 +219,7 @@ class _Lowerer:
         assert self.k.tc is not None
         use, core = self.k.tc, self.k.tc.core
         origin, _ = self.tc_element[idxs]
-        if u not in self.reduce_env:
-            self.reduce_env[u] = {
-                i: self.new_range(p.size) for i, p in enumerate(self.k.parts) if p.kind is Kind.REDUCE
-            }
+        self.tc_loops(u)
         (a, a_strides, a_base), (b, b_strides, b_base) = self.stage(u, use.a), self.stage(u, use.b)
 
         def read(buf: UOp, strides: dict[int, int], base: UOp, env: dict[int, UOp]) -> UOp:
