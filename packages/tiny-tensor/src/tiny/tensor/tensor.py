@@ -23,6 +23,7 @@ from tiny.tensor.functional import FunctionalOps
 from tiny.tensor.indexing import IndexingOps
 from tiny.tensor.inplace import InplaceOps
 from tiny.tensor.interop import InteropOps
+from tiny.tensor.linalg import LinalgOps
 from tiny.tensor.live import LiveSet
 from tiny.tensor.mathfns import MathOps
 from tiny.tensor.movement import MovementOps
@@ -52,6 +53,7 @@ class Tensor(
     FunctionalOps,
     WindowOps,
     UnpoolOps,
+    LinalgOps,
     InplaceOps,
     InteropOps,
     AutogradOps,
