@@ -266,7 +266,8 @@ def test_stage_puts_the_operand_tiles_in_local_memory() -> None:
     [
         ((32, 256, 8), [Opt(OptOps.STAGE, 1)], "after TC"),
         ((32, 256, 8), [Opt(OptOps.TC, 2, 0), Opt(OptOps.STAGE, 0)], "needs a reduce axis"),
-        ((32, 256, 8), [Opt(OptOps.TC, 2, 0), Opt(OptOps.STAGE, 1), Opt(OptOps.STAGE, 1)], "already"),
+        ((32, 256, 8), [Opt(OptOps.TC, 2, 0), Opt(OptOps.STAGE, 1), Opt(OptOps.STAGE, 1)], "last action"),
+        ((32, 256, 8), [Opt(OptOps.TC, 2, 0), Opt(OptOps.STAGE, 1), Opt(OptOps.UNROLL, 1, 0)], "last action"),
         ((16, 256, 128), [Opt(OptOps.TC, 2, 0), Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.STAGE, 0)], "over 512 threads"),
     ],
 )

@@ -305,6 +305,8 @@ class Kernel:
         """Apply one action, or raise KernelOptError (leaving the kernel as it was) if it is not legal here."""
         if self.empty:
             raise KernelOptError("an empty kernel has nothing to optimize")
+        if self.staged:  # (a later cut would change the tiles it copies, or remove the loop it copies in)
+            raise KernelOptError(f"{opt}: STAGE is the last action on a kernel")
         axes = self.axes
         if not 0 <= opt.axis < len(axes):
             raise KernelOptError(f"{opt}: axis {opt.axis} does not exist; this kernel has {len(axes)} axes")
@@ -449,8 +451,6 @@ class Kernel:
     def _stage(self, opt: Opt, part: Part) -> None:
         if self.tc is None or not self.caps.has_shared:
             raise KernelOptError(f"{opt}: stages tensor-core operands, on a renderer with local memory, after TC")
-        if self.staged:
-            raise KernelOptError(f"{opt}: the operands are staged already")
         self._need(opt, part, Kind.REDUCE)
         if len(self.of_kind(Kind.REDUCE)) != 1:
             raise KernelOptError(f"{opt}: staging needs the K loop to be the one reduce loop")
