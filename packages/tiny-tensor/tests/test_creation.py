@@ -136,9 +136,13 @@ def test_arange_refuses_what_does_not_fit_or_leads_nowhere(device: str) -> None:
 def test_a_huge_arange_allocates_nothing_until_read(device: str) -> None:
     """arange was computed with NumPy on the host: arange(2**40) asked for 8 TiB at once. It is a graph of constants
     now; a slice of it computes (the small kernel behind it writes the next power of two of a range past 16)."""
-    huge = Tensor.arange(2**40, device=device)
-    assert huge.shape == (2**40,) and not any(u.op is Ops.BUFFER for u in huge.uop.toposort)
-    assert Tensor.arange(2**62, -(2**62), -(2**40), device=device).shape == (2**23,)
+    if default_int(device).itemsize < 8:  # (WEBGPU: int32 is the default int, which 2**40 does not fit)
+        with pytest.raises(ValueError, match="int32 cannot hold"):
+            Tensor.arange(2**40, device=device)
+    else:
+        huge = Tensor.arange(2**40, device=device)
+        assert huge.shape == (2**40,) and not any(u.op is Ops.BUFFER for u in huge.uop.toposort)
+        assert Tensor.arange(2**62, -(2**62), -(2**40), device=device).shape == (2**23,)
     assert Tensor.arange(3000, device=device)[-3:].tolist() == [2997, 2998, 2999]
     with pytest.raises(ValueError, match="uint64 cannot hold"):
         Tensor.arange(2**64 - 2, 2**64 + 1, dtype="uint64", device=device)
