@@ -28,6 +28,7 @@ from autograd_fuzz import (
     generate,
     limited,
     mismatches,
+    run,
     shrink,
 )
 
@@ -153,3 +154,28 @@ def test_sum_over_the_one_column_of_a_matmul_finishes() -> None:
     m = Tensor(a, dtype=dtypes.float32) @ Tensor(b, dtype=dtypes.float32)
     out = limited(lambda: (m + m.sum(-1, keepdim=True)).numpy(), seconds=10)
     np.testing.assert_allclose(out, 2 * (a @ b))
+
+
+@pytest.mark.xfail(strict=True, raises=Hang, reason="log_softmax over the size-1 axis of a mean never finishes")
+def test_log_softmax_over_a_size_one_axis_of_a_mean_finishes() -> None:
+    """Found by the fuzz (seed 1007, shrunk): x (1, 1, 3) -> mean(2) (1, 1) -> log_softmax(1) -> nll_loss, backward."""
+    program = Program(
+        1007,
+        (Leaf("v0", (1, 1, 3), "float64"),),
+        (
+            Step("v2", "mean", ("v0",), ("{0}.mean(2)", "{0}.mean(2)"), (1, 1), "float64"),
+            Step(
+                "v3",
+                "nll_loss",
+                ("v2",),
+                (
+                    "{0}.log_softmax(1).nll_loss(Tensor([0]), reduction='none')",
+                    "F.nll_loss({0}.log_softmax(1), torch.tensor([0]), reduction='none')",
+                ),
+                (1,),
+                "float64",
+            ),
+        ),
+    )
+    limited(lambda: run(program, "tiny"), seconds=10)
+    assert mismatches(program) == []
