@@ -70,3 +70,5 @@ def skip_for_missing_dtype(device: str, error: BaseException) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--opt-fuzz", type=int, default=6, help="random action sequences per kernel in test_opt_fuzz")
     parser.addoption("--opt-fuzz-seed", type=int, default=0, help="seed of test_opt_fuzz")
+    parser.addoption("--autograd-fuzz", type=int, default=40, help="random graphs in test_autograd_fuzz")
+    parser.addoption("--autograd-fuzz-seed", type=int, default=0, help="first seed of test_autograd_fuzz")
