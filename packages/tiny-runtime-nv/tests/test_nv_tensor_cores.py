@@ -8,14 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from nv_kernels import render_schedule, target
-from test_cuda_compile import nvrtc, nvrtc_ptx, ptxas
+from test_cuda_compile import _ptxas_release, nvrtc, nvrtc_ptx, ptxas
 
 from tiny.codegen.cuda import CUDARenderer
 from tiny.codegen.opt import Opt, OptOps
 from tiny.codegen.ptx import PTXRenderer
 from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import Ops
-from tiny.runtime.nv.nvrtc import compile_cuda
+from tiny.runtime.nv.nvrtc import compile_cuda, installed
 from tiny.tensor import Tensor
 
 ARCHS = ("sm_80", "sm_90")
@@ -110,7 +110,14 @@ def test_the_staged_4096_product_keeps_to_registers(renderer: str, dtype: str) -
     x = small.expand(4096, 4096).contiguous().realize()
     made = CUDARenderer(target("sm_90")) if renderer == "CUDA" else PTXRenderer(target("sm_90"))
     (k,) = render_schedule("matmul", x @ x, made)
-    ptx = nvrtc_ptx(k.src, "sm_90") if renderer == "CUDA" else k.src
+    if renderer == "CUDA":  # NVRTC's PTX, from the newest NVRTC whose PTX ISA this ptxas knows
+        release = _ptxas_release()
+        fits = [n for n in installed() if release is not None and n.version <= release]
+        if not fits:
+            pytest.skip(f"no NVRTC installed is as old as ptxas {release}: its PTX ISA would be too new for it")
+        ptx = compile_cuda(max(fits, key=lambda n: n.version), k.src, "sm_90", cubin=False).rstrip(b"\0").decode()
+    else:
+        ptx = k.src
     report = ptxas(ptx, "sm_90", report=True)
     assert "0 bytes spill stores, 0 bytes spill loads" in report and "used 1 barriers" in report, report
     assert "38912 bytes smem" in report, report  # 16-bit values: A 2 x 128 x 40, B 2 x 32 x 2 x 72
