@@ -11,7 +11,7 @@
 # tests), kernels.txt (the matmul kernel under each plan, timed alone), RESULTS_GPU.md and results_gpu.json (the
 # suite, as bench/RESULTS_GPU.md is kept). Each stage has its own time limit, so a stage that hangs costs its limit
 # and the stages after it still run; the whole run stays under 9 minutes. GPU_CHECK_STAGES (default
-# tests,kernels,suite) picks stages, GPU_CHECK_ONLY passes --only to the suite, GPU_CHECK_BUDGET (default 25) is
+# tests,kernels,suite,beam) picks stages, GPU_CHECK_ONLY passes --only to the suite, GPU_CHECK_BUDGET (default 25) is
 # the suite's --budget in seconds per side.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +44,7 @@ torch.__version__, 'cuda', torch.version.cuda)"
     echo "tiny: wheels of commit $(cat .whl/COMMIT)"
     python3 -m tiny.ir.device 2>&1 | head -20
 
-    local stages=",${GPU_CHECK_STAGES:-tests,kernels,suite},"
+    local stages=",${GPU_CHECK_STAGES:-tests,kernels,suite,beam},"
     if [[ $stages == *,tests,* ]]; then
         echo "== GPU tests (tiny-runtime-nv; the tensor tests of matmuls, convolutions and 16-bit floats on CUDA)"
         {
@@ -56,11 +56,18 @@ torch.__version__, 'cuda', torch.version.cuda)"
     if [[ $stages == *,kernels,* ]]; then
         echo "== the matmul kernel under each plan (bench/gpu_kernels.py)"
         timeout 120 python3 -m bench.gpu_kernels 2>&1 | tee "$out/kernels.txt"
+        echo "-- the same kernels in CUDA C without ldmatrix (LDMATRIX=0): one shared-memory load per element"
+        LDMATRIX=0 timeout 60 python3 -m bench.gpu_kernels --devices CUDA --sizes 4096 2>&1 | tee -a "$out/kernels.txt"
     fi
     if [[ $stages == *,suite,* ]]; then
         echo "== the GPU suite"
         timeout 240 python3 -m bench.run --gpu --budget "${GPU_CHECK_BUDGET:-25}" ${GPU_CHECK_ONLY:+--only "$GPU_CHECK_ONLY"} \
             --markdown "$out/RESULTS_GPU.md" --json "$out/results_gpu.json" --commit "$(cat .whl/COMMIT) (wheels)"
+    fi
+    if [[ $stages == *,beam,* ]]; then
+        echo "== BEAM on the fp16 4096 product's kernel (CUDA C)"
+        timeout 120 python3 -m bench.gpu_kernels --devices CUDA --dtypes float16 --sizes 4096 --beam 4 \
+            --beam-budget 60 2>&1 | tail -1 | tee "$out/beam.txt"
     fi
     echo "== done: $out"
 }

@@ -16,6 +16,7 @@ from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.ldmatrix import LANES, MatrixLoad, matrix_loads
 from tiny.codegen.opt import Kernel, Opt, OptOps
 from tiny.codegen.program import render_for
+from tiny.ir.config import Context
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
 from tiny.ir.symbolic import symbolic
@@ -92,3 +93,12 @@ def test_fragments_in_global_memory_are_never_matrices() -> None:
     plain = [Opt(OptOps.TC, 2, 0), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.LOCAL, 0, 2)]
     r = render_for(ast, CUDARenderer("arch=sm_90"), plain)
     assert matrix_loads(r.uops) == {} and "ldmatrix" not in r.src
+
+
+def test_ldmatrix_flag_off_keeps_the_scalar_reads() -> None:
+    """LDMATRIX=0 renders the staged product with one shared-memory load per element (to measure what ldmatrix
+    brings, and a way around it should a driver mis-run it)."""
+    ast = matmul(256, 128, 256)
+    with Context(LDMATRIX=0):
+        r = render_for(ast, CUDARenderer("arch=sm_90"), None)
+    assert "ldmatrix" not in r.src and "= *(stage" in r.src

@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from tiny.codegen.cstyle import GPUCStyleRenderer, target_fields
 from tiny.codegen.ldmatrix import MatrixLoad, matrix_loads
+from tiny.ir.config import LDMATRIX
 from tiny.ir.device import RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
@@ -288,7 +289,8 @@ class CUDARenderer(GPUCStyleRenderer):
         for u in uops:
             for src in u.src:
                 users[src] = users.get(src, 0) + 1
-        self._matrices = {v: m for v, m in matrix_loads(uops).items() if v in self._bits}
+        loads = matrix_loads(uops) if LDMATRIX else {}
+        self._matrices = {v: m for v, m in loads.items() if v in self._bits}
         self._read_by_matrices = {x for v in self._matrices for x in v.src if users[x] == 1}
         self._tables = {}
         return super().render(name, uops)

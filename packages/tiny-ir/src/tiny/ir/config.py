@@ -126,6 +126,12 @@ AMD_IFACE = _flag(
     "KFD",
     "how the AMD device reaches the GPU: KFD (the kernel driver, no ROCm library) or HIP (ROCm's libamdhip64)",
 )
+LDMATRIX = _flag(
+    "LDMATRIX",
+    int,
+    1,
+    "CUDA C reads 16-bit tensor-core fragments from shared memory with ldmatrix; 0: one load per element",
+)
 
 
 def check_environment() -> None:
