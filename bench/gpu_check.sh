@@ -26,6 +26,8 @@ build_wheels() {  # from the last commit (git archive HEAD), so that the figures
         python3 -m pip wheel --no-deps --no-build-isolation -q -w .whl "$tree/packages/$dist" || exit 1
     done
     rm -rf "$tree"
+    # the tests run in parallel there (16 cores): pytest-xdist comes along, as the GPU machine has no index
+    python3 -m pip download -q --no-deps -d .whl pytest-xdist==3.8.0 execnet==2.1.1 || exit 1
     echo "wheels of $(cat .whl/COMMIT):" && ls .whl
 }
 
@@ -35,7 +37,7 @@ run_checks() {
     exec > >(tee "$out/log.txt") 2>&1
     local site=/tmp/tiny-site
     rm -rf "$site"
-    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/tiny_*.whl || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl || exit 1
     export PYTHONPATH="$site" PYTHONUNBUFFERED=1
     echo "== machine"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
@@ -48,9 +50,11 @@ torch.__version__, 'cuda', torch.version.cuda)"
     if [[ $stages == *,tests,* ]]; then
         echo "== GPU tests (tiny-runtime-nv; the tensor tests of matmuls, convolutions and 16-bit floats on CUDA)"
         {
-            timeout 120 python3 -m pytest -q -x -p no:cacheprovider packages/tiny-runtime-nv/tests
-            DEVICE=CUDA timeout 150 python3 -m pytest -q -p no:cacheprovider packages/tiny-tensor/tests \
+            timeout 150 python3 -m pytest -q -x -n 8 -p no:cacheprovider packages/tiny-runtime-nv/tests
+            echo "-- tiny-runtime-nv tests exited $? (124: cut short by the timeout, so not all of them ran)"
+            DEVICE=CUDA timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider packages/tiny-tensor/tests \
                 -k "matmul or conv2d or softmax or float16" --maxfail=5
+            echo "-- CUDA tensor tests exited $? (124: cut short by the timeout, so not all of them ran)"
         } 2>&1 | tee "$out/tests.txt" | tail -40
     fi
     if [[ $stages == *,kernels,* ]]; then
