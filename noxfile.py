@@ -51,26 +51,25 @@ def _requirements(dist: str, extras: tuple[str, ...] = ()) -> list[Requirement]:
     return [Requirement(r) for r in reqs]
 
 
-def _local_closure(dist: str, extras: tuple[str, ...] = ()) -> list[str]:
-    """`dist` and every tiny package it needs (with `extras`), dependencies first."""
-    order: list[str] = []
+def _local_closure(dist: str, extras: tuple[str, ...] = ()) -> dict[str, set[str]]:
+    """`dist` and every tiny package it needs (with `extras`), dependencies first, each with the extras asked of it
+    (tiny-tensor asks tiny-runtime-misc for [llvm])."""
+    order: dict[str, set[str]] = {}
 
     def visit(name: str, extras: tuple[str, ...]) -> None:
         for req in _requirements(name, extras):
             dep = canonicalize_name(req.name)
-            if dep in LOCAL and dep not in order:
-                visit(dep, tuple(req.extras))
-        if name not in order:
-            order.append(name)
+            if dep in LOCAL and (dep not in order or not set(req.extras) <= order[dep]):
+                visit(dep, tuple(sorted(order.get(dep, set()) | set(req.extras))))
+        order.setdefault(name, set()).update(extras)
 
     visit(dist, extras)
     return order
 
 
-def _third_party(dists: list[str], extras: tuple[str, ...]) -> list[str]:
-    """The requirements of `dists` that come from an index (everything that is not a tiny package)."""
-    top = dists[-1]
-    reqs = [r for d in dists for r in _requirements(d, extras if d == top else ())]
+def _third_party(dists: dict[str, set[str]]) -> list[str]:
+    """The requirements of `dists` (with their extras) that come from an index (everything not a tiny package)."""
+    reqs = [r for d, extras in dists.items() for r in _requirements(d, tuple(sorted(extras)))]
     return sorted({str(r) for r in reqs if canonicalize_name(r.name) not in LOCAL})
 
 
@@ -82,11 +81,12 @@ def _install_local(
     test_with: tuple[str, ...] = (),
 ) -> None:
     """Install dist (and test_with: local packages its tests use but it does not depend on)."""
-    dists = list(
-        dict.fromkeys(d for name in (*test_with, dist) for d in _local_closure(name, extras if name == dist else ()))
-    )
+    dists: dict[str, set[str]] = {}
+    for name in (*test_with, dist):
+        for d, asked in _local_closure(name, extras if name == dist else ()).items():
+            dists.setdefault(d, set()).update(asked)
     # 1. from the index: test tools, the packages' third-party dependencies, and the build backend
-    from_index = [*TEST_TOOLS, *tools, *_third_party(dists, extras), *EDITABLE_BACKEND]
+    from_index = [*TEST_TOOLS, *tools, *_third_party(dists), *EDITABLE_BACKEND]
     session.install(*dict.fromkeys(from_index))
     # 2. from this checkout, with no index, no find-links and no pip config: nothing can be fetched here
     offline = {name: None for name in os.environ if name.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}

@@ -355,7 +355,8 @@ def test_a_tiny_dependency_missing_from_the_command_fails_the_install(venv):
 
 @pytest.mark.slow
 def test_umbrella_installs_every_package_from_this_checkout(venv):
-    # tiny-tensor's third-party dependency comes from the index first; then the umbrella, offline
-    _run([venv.python, "-m", "pip", "install", "--quiet", "numpy>=1.24"], ONLINE, venv.root)
+    # tiny-tensor's third-party dependencies (NumPy; llvmlite through tiny-runtime-misc[llvm]) come from the index
+    # first; then the umbrella, offline
+    _run([venv.python, "-m", "pip", "install", "--quiet", "numpy>=1.24", "llvmlite>=0.44"], ONLINE, venv.root)
     venv.pip_offline(ROOT)
     venv.check_installed(["tiny", *DISTS])

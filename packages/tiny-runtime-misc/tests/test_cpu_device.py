@@ -26,7 +26,8 @@ from tiny.ir.device import (
     renderer_entry_points,
 )
 from tiny.ir.dtypes import dtypes
-from tiny.runtime.cpu import ALIGN, ClangCompiler, CPUAllocator, CPUDevice, CPUProgram, find_compiler
+from tiny.runtime import cpu
+from tiny.runtime.cpu import ALIGN, ClangCompiler, CPUAllocator, CPUDevice, CPUProgram, find_clang, find_compiler
 
 ADD_KERNEL = """
 void add(float* restrict out, const float* restrict a, const float* restrict b, int n) {
@@ -48,8 +49,10 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
     monkeypatch.setenv("CACHEDB", str(tmp_path / "cache.db"))
     monkeypatch.delenv("CC", raising=False)
     find_compiler.cache_clear()
+    find_clang.cache_clear()
     yield
     find_compiler.cache_clear()
+    find_clang.cache_clear()
 
 
 def fake_tools(directory: Path, *names: str, executable: bool = True) -> Path:
@@ -104,6 +107,71 @@ def test_cc_is_respected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     find_compiler.cache_clear()
     with Context(CC="mycc"):
         assert find_compiler() == "mycc"
+
+
+# ---------------------------------------------------------------- which path `CPU` takes
+
+
+@pytest.mark.parametrize(
+    ("tools", "cc", "llvmlite", "expected"),
+    [
+        (("clang-19", "gcc"), "", True, "C"),  # clang: C, as fast as LLVM and compiled beside the process
+        (("gcc",), "", True, "LLVM"),  # gcc's vector code is slower than LLVM's: in-process LLVM
+        (("gcc",), "", False, "C"),  # no llvmlite: gcc it is
+        ((), "", True, "LLVM"),  # no compiler at all
+        ((), "", False, "C"),  # nothing: C, whose opening says what to install
+        (("gcc",), "gcc", True, "C"),  # CC names the compiler: C through it
+    ],
+)
+def test_the_default_renderer_is_the_fastest_path_here(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tools: tuple[str, ...],
+    cc: str,
+    llvmlite: bool,
+    expected: str,
+) -> None:
+    monkeypatch.setenv("PATH", str(fake_tools(tmp_path / "bin", *tools)))
+    monkeypatch.setattr(cpu, "llvmlite_present", lambda: llvmlite)
+    with Context(CC=cc):
+        assert CPUDevice.default_renderer() == expected
+
+
+def test_no_compiler_and_no_llvmlite_says_both_ways_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(fake_tools(tmp_path / "bin")))
+    monkeypatch.setattr(cpu, "llvmlite_present", lambda: False)
+    with pytest.raises(DeviceUnavailable) as info:
+        CPUDevice("CPU", CPUDevice.default_renderer())
+    assert "apt install clang" in str(info.value) and "pip install llvmlite" in str(info.value)
+
+
+@pytest.mark.skipif(not cpu.llvmlite_present(), reason="llvmlite is not installed")
+def test_without_clang_cpu_is_llvm_and_says_so(tmp_path: Path) -> None:
+    """A machine with gcc but no clang (PATH holds only gcc): `CPU` opens with LLVM, `CPU:LLVM` is the same
+    device, `CPU:C` is gcc; `python -m tiny.ir.device` and DEBUG=1 name the compiler of each."""
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc on PATH")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("gcc", "as", "ld"):
+        if (found := shutil.which(name)) is not None:
+            (tools / name).symlink_to(found)
+    env = {k: v for k, v in os.environ.items() if k not in ("DEVICE", "CC")} | {"PATH": str(tools), "DEBUG": "1"}
+    code = (
+        "from tiny.ir.device import Device; import numpy as np\n"
+        "from tiny.ir.device import Buffer\n"
+        "print(Device.canonicalize('CPU:LLVM'), Device.canonicalize('CPU:C'), Device['CPU'].renderer_name)\n"
+        "print(Device['CPU:C'].describe())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "CPU CPU:C LLVM" in lines
+    assert any(line.startswith("opened device CPU with renderer LLVM (llvmlite ") for line in lines), lines
+    assert any(line.startswith("gcc: ") for line in lines), lines
+    r = subprocess.run([sys.executable, "-m", "tiny.ir.device"], capture_output=True, text=True, env=env, timeout=120)
+    cpu_row = next(line for line in r.stdout.splitlines() if line.split()[:1] == ["CPU"])
+    assert "renderer LLVM (llvmlite" in cpu_row and "in-process" in cpu_row and cpu_row.endswith("also CPU:C")
 
 
 # ---------------------------------------------------------------- compiling and running
@@ -267,7 +335,8 @@ def test_device_cpu_through_entry_points() -> None:
     dev = Device["CPU"]
     assert isinstance(dev, CPUDevice) and dev.name == "CPU"
     assert Device["cpu"] is dev and Device["CPU:0"] is dev
-    assert dev.renderer_name == "C"
+    assert dev.renderer_name == CPUDevice.default_renderer()
+    dev = Device["CPU:C"]  # the default where clang is here; LLVM's own tests are in test_cpu_llvm.py
     if "C" in renderer_entry_points():  # the C renderer comes with tiny-codegen, which this package does not need
         assert dev.renderer.caps.language == "C"
         assert dtypes.float32 in dev.renderer.caps.dtypes and dev.renderer.caps.vector_width in (4, 8, 16)
@@ -285,8 +354,9 @@ def test_device_cpu_through_entry_points() -> None:
 
 @needs_cc
 def test_naming_the_default_renderer_gives_the_same_device() -> None:
-    assert Device.canonicalize("CPU:C") == "CPU"
-    assert Device["CPU:C"] is Device["CPU"]
+    default = CPUDevice.default_renderer()
+    assert Device.canonicalize(f"CPU:{default}") == "CPU"
+    assert Device[f"CPU:{default}"] is Device["CPU"]
 
 
 def test_python_m_tiny_ir_device_lists_the_devices() -> None:
@@ -302,12 +372,12 @@ def test_python_m_tiny_ir_device_lists_the_devices() -> None:
         assert reason, f"{name} says {answer} without saying why"
     assert rows["NULL"][0] == "yes"
     assert rows["CPU"][0] == ("yes" if has_cc() else "no")
-    if not has_cc():
+    if not has_cc() and not cpu.llvmlite_present():
         assert "clang" in rows["CPU"][1] and "gcc" in rows["CPU"][1]
     if "PYTHON" in rows:
         assert rows["PYTHON"][0] in ("yes", "no")
     assert lines[-1].startswith("default device: ")
-    if has_cc():
+    if has_cc() or cpu.llvmlite_present():
         assert lines[-1] == "default device: CPU"
 
 
@@ -317,6 +387,9 @@ def test_python_m_tiny_ir_device_without_a_compiler(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("DEVICE", "CC")} | {"PATH": str(empty)}
     r = subprocess.run([sys.executable, "-m", "tiny.ir.device"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
-    (cpu,) = [line for line in r.stdout.splitlines() if line.split()[:1] == ["CPU"]]
-    assert cpu.split()[1] == "no" and "clang" in cpu and "gcc" in cpu
-    assert "default device: CPU" not in r.stdout
+    (row,) = [line for line in r.stdout.splitlines() if line.split()[:1] == ["CPU"]]
+    if cpu.llvmlite_present():  # no compiler is needed: LLVM in-process
+        assert row.split()[1] == "yes" and "renderer LLVM" in row and "default device: CPU" in r.stdout
+    else:
+        assert row.split()[1] == "no" and "clang" in row and "gcc" in row
+        assert "default device: CPU" not in r.stdout

@@ -17,7 +17,7 @@ from tiny.ir.device import CompiledProgram, CompileError, Device, DeviceUnavaila
 from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import Ops, UOp
 from tiny.runtime import llvm as llvm_runtime
-from tiny.runtime.cpu import CPUDevice, CPUProgram, LLVMProgram, find_compiler
+from tiny.runtime.cpu import CPUDevice, CPUProgram, LLVMProgram, find_clang, find_compiler
 
 pytest.importorskip("llvmlite.binding", reason="llvmlite is not installed: pip install 'tiny-runtime-misc[llvm]'")
 
@@ -82,6 +82,7 @@ def test_opens_and_runs_without_a_c_compiler(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("PATH", str(empty))
     monkeypatch.delenv("CC", raising=False)
     find_compiler.cache_clear()
+    find_clang.cache_clear()
     try:
         with pytest.raises(DeviceUnavailable):
             find_compiler()
@@ -92,13 +93,14 @@ def test_opens_and_runs_without_a_c_compiler(tmp_path: Path, monkeypatch: pytest
         prog(*buffers(out, a, b), vals=(4,), global_size=(2, 1, 1))
     finally:
         find_compiler.cache_clear()
+        find_clang.cache_clear()
     assert isinstance(prog, LLVMProgram)
     np.testing.assert_array_equal(out, np.arange(8) + 0.5)
 
 
 def test_without_llvmlite_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(llvm_runtime, "llvm", None)
-    with pytest.raises(DeviceUnavailable, match=r"llvmlite.*tiny-runtime-misc\[llvm\]"):
+    with pytest.raises(DeviceUnavailable, match=r"llvmlite.*pip install llvmlite"):
         llvm_device()
 
 

@@ -1,5 +1,8 @@
 """The CPU device: C from the C renderer compiled by clang or gcc, or (CPU:LLVM) LLVM IR from the LLVM renderer
-compiled in-process by llvmlite; either way for the host's vector ISA, and run in-process on one pool of threads."""
+compiled in-process by llvmlite; either way for the host's vector ISA, and run in-process on one pool of threads.
+
+`CPU` alone takes the fastest path this machine has: C through clang where a clang is on PATH, else LLVM IR through
+llvmlite (no compiler needed), else C through gcc. `CC=gcc` (any C compiler), `CPU:C` and `CPU:LLVM` choose."""
 
 from __future__ import annotations
 
@@ -28,9 +31,21 @@ from tiny.ir.device import (
     host_memory,
     usable_cores,
 )
-from tiny.runtime.llvm import LLVMCompiler, LoadedObject, host, require_llvmlite
+from tiny.runtime.llvm import INSTALL_HINT, LLVMCompiler, LoadedObject, host, llvmlite_present, require_llvmlite
 
 ALIGN = 64  # bytes; one cache line, enough for any vector ISA
+
+
+@cache
+def find_clang() -> str | None:
+    """The newest clang on PATH (clang-19 before clang-14 before clang), or None."""
+    clangs = []
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        if os.path.isdir(d):
+            clangs += [
+                f for f in os.listdir(d) if re.fullmatch(r"clang(-\d+)?", f) and os.access(os.path.join(d, f), os.X_OK)
+            ]
+    return max(clangs, key=lambda c: int(c.split("-")[1]) if "-" in c else 0) if clangs else None
 
 
 @cache
@@ -40,17 +55,12 @@ def find_compiler() -> str:
         if shutil.which(CC.value) is None:
             raise DeviceUnavailable(f"CC={CC.value!r} is not on PATH")
         return CC.value
-    clangs = []
-    for d in os.environ.get("PATH", "").split(os.pathsep):
-        if os.path.isdir(d):
-            clangs += [
-                f for f in os.listdir(d) if re.fullmatch(r"clang(-\d+)?", f) and os.access(os.path.join(d, f), os.X_OK)
-            ]
-    if clangs:
-        return max(clangs, key=lambda c: int(c.split("-")[1]) if "-" in c else 0)
+    if (clang := find_clang()) is not None:
+        return clang
     if shutil.which("gcc"):
         return "gcc"
-    raise DeviceUnavailable("the CPU device needs a C compiler: neither clang nor gcc is on PATH (apt install clang)")
+    hint = "" if llvmlite_present() else f"; or, with no compiler, {INSTALL_HINT} and use CPU:LLVM"
+    raise DeviceUnavailable(f"CPU:C needs a C compiler: neither clang nor gcc is on PATH (apt install clang){hint}")
 
 
 @cache
@@ -254,6 +264,19 @@ class CPUDevice(Compiled):
 
     priority = 10
     renderers = ("C", "LLVM")
+
+    @classmethod
+    def default_renderer(cls) -> str:
+        """C where clang is here (or CC names a compiler), else LLVM where llvmlite is, else C through gcc: clang and
+        LLVM make code of one speed, gcc's vector code is slower (see bench/RESULTS.md, by compiler)."""
+        if CC.value or find_clang() is not None or not llvmlite_present():
+            return "C"
+        return "LLVM"
+
+    def describe(self) -> str:
+        if self.renderer_name == "LLVM":
+            return f"{host().llvm_version}, in-process"
+        return f"{self.cc}: {_version(self.cc)}"
 
     def __init__(self, name: str, renderer: str) -> None:
         if renderer == "LLVM":

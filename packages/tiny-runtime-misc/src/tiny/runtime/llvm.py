@@ -3,7 +3,8 @@
 The compiler parses and verifies the IR, optimizes it for the host CPU and its features (the new pass manager at
 O3), and emits an object file: that is the binary the disk cache keeps. Loading an object file links it into the
 process with LLVM's MCJIT, resolving the few functions it calls (libm's sinf, exp2f ...) in the process. No C
-compiler and no linker are needed. llvmlite is an optional dependency: `pip install tiny-runtime-misc[llvm]`.
+compiler and no linker are needed. llvmlite comes with tiny-tensor; tiny-runtime-misc alone takes it as an extra
+(`pip install tiny-runtime-misc[llvm]`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ except ImportError:  # the CPU device's LLVM renderer says so when it is chosen
     llvmlite = None
     llvm = None
 
-INSTALL_HINT = "pip install 'tiny-runtime-misc[llvm]' (or tiny-tensor[llvm])"
+INSTALL_HINT = "pip install llvmlite (tiny-tensor brings it; or pip install 'tiny-runtime-misc[llvm]')"
 OPT_LEVEL = 3
+
+
+def llvmlite_present() -> bool:
+    return llvm is not None
 
 
 def require_llvmlite() -> None:

@@ -28,8 +28,8 @@ from tiny.ir.tensorcore import TensorCore  # noqa: F401  (re-exported: renderers
 from tiny.ir.uop import Ops, UOp, make_node
 
 # (major, minor): runtimes pin a compatible major (1.2: Program.launcher; 1.3: Allocator.memory; 1.4: foreign memory,
-# AllocatorCaps.foreign with Allocator.wrap and Allocator.address)
-INTERFACE_VERSION = (1, 4)
+# AllocatorCaps.foreign with Allocator.wrap and Allocator.address; 1.5: Compiled.default_renderer and describe)
+INTERFACE_VERSION = (1, 5)
 
 
 class DeviceUnavailable(RuntimeError):
@@ -282,9 +282,20 @@ class Compiled:
         self.program = program
         self.renderer_name = renderer
 
+    @classmethod
+    def default_renderer(cls) -> str:
+        """The renderer of a name that names none ('CPU'): the first of `renderers`, unless the device picks by what
+        this machine has (the CPU: C where clang is here, else LLVM in-process, else C through gcc)."""
+        return cls.renderers[0] if cls.renderers else ""
+
     def compiler(self) -> Compiler:
         """The compiler for this device's chosen renderer."""
         raise NotImplementedError
+
+    def describe(self) -> str:
+        """What this device compiles with, in words (a compiler and its version), for `python -m tiny.ir.device`
+        and DEBUG=1; empty where there is nothing to say."""
+        return ""
 
     def renderer_target(self) -> str:
         """The target the renderer generates for (an ISA, a GPU architecture ...)."""
@@ -383,8 +394,8 @@ class _Registry:
             known = ", ".join(sorted(device_entry_points())) or "none (is a tiny runtime package installed?)"
             raise UnknownDevice(f"unknown device {name!r}; known devices: {known}")
         if parsed.renderer is not None:
-            renderers = device_entry_points()[parsed.base].load().renderers
-            if renderers and parsed.renderer == renderers[0]:
+            cls = device_entry_points()[parsed.base].load()
+            if cls.renderers and parsed.renderer == cls.default_renderer():
                 parsed = DeviceName(parsed.base, parsed.index)
         return str(parsed)
 
@@ -398,12 +409,12 @@ class _Registry:
                 return self._open[canon]
             parsed = DeviceName.parse(canon)
             cls = device_entry_points()[parsed.base].load()
-            renderer = parsed.renderer or (cls.renderers[0] if cls.renderers else "")
+            renderer = parsed.renderer or cls.default_renderer()
             if cls.renderers and renderer not in cls.renderers:
                 raise UnknownDevice(f"device {parsed.base} takes the renderers {list(cls.renderers)}, not {renderer!r}")
             dev = cls(canon, renderer)
             if DEBUG >= 1:
-                print(f"opened device {canon} with renderer {renderer}")
+                print(f"opened device {canon} with renderer {renderer}" + (f" ({d})" if (d := dev.describe()) else ""))
             self._open[canon] = dev
         return self._open[canon]
 
@@ -479,6 +490,7 @@ class DeviceStatus:
     ok: bool
     reason: str  # why it is absent, or what it is when present
     renderers: tuple[str, ...] = field(default=())
+    renderer: str = ""  # the one it opened with
 
 
 def available() -> list[DeviceStatus]:
@@ -491,7 +503,8 @@ def available() -> list[DeviceStatus]:
                 out.append(DeviceStatus(name, True, f"{cls.__name__}, one device per file: {name}:/path/to/file"))
                 continue
             dev = Device[name]
-            out.append(DeviceStatus(name, True, f"{type(dev).__name__}, renderer {dev.renderer_name}", cls.renderers))
+            what = f"{type(dev).__name__}, renderer {dev.renderer_name}" + (f" ({d})" if (d := dev.describe()) else "")
+            out.append(DeviceStatus(name, True, what, cls.renderers, dev.renderer_name))
         except Exception as e:  # noqa: BLE001
             out.append(DeviceStatus(name, False, f"{type(e).__name__}: {e}"))
     return out

@@ -10,7 +10,9 @@ def main() -> None:
         print("no runtime package is installed (pip install tiny-runtime-misc)")
     width = max((len(s.name) for s in statuses), default=4)
     for s in statuses:
-        print(f"  {s.name:<{width}}  {'yes' if s.ok else 'no '}  {s.reason}")
+        others = [f"{s.name}:{r}" for r in s.renderers if r != s.renderer] if s.ok else []
+        also = f"; also {', '.join(others)}" if others else ""
+        print(f"  {s.name:<{width}}  {'yes' if s.ok else 'no '}  {s.reason}{also}")
     try:
         print(f"default device: {Device.DEFAULT}")
     except Exception as e:  # noqa: BLE001
