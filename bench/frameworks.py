@@ -82,6 +82,52 @@ def tinygrad_upload(array: np.ndarray) -> object:
     return tinygrad.Tensor(array).realize()
 
 
+# ---------------------------------------------------------------- the CPU's compilers (--compiler)
+
+COMPILERS = ("clang", "llvm", "gcc")  # the CPU device's paths: C through clang, LLVM IR in-process, C through gcc
+# how near each path should come to clang's figure (issue 25): LLVM within 10%, gcc within 20%
+COMPILER_TARGETS = {"llvm": 0.9, "gcc": 0.8}
+
+
+def compiler_sides(spec: str) -> dict[str, str]:
+    """--compiler's sides, each tiny's side on one CPU path: side name -> tiny's device. The first compiler named
+    is the "tiny" column (the references' ratios are its), the others are "tiny:NAME". A path this machine lacks is
+    a ValueError that says what is missing."""
+    names = list(COMPILERS) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in COMPILERS]
+    if unknown or not names:
+        raise ValueError(f"--compiler takes {', '.join(COMPILERS)} or all, comma-separated; got {spec!r}")
+    from tiny.runtime.cpu import find_clang  # the CPU device's own search, so the bench finds what it would
+
+    sides = {}
+    for i, name in enumerate(dict.fromkeys(names)):
+        if name == "llvm":
+            device = Device.canonicalize("CPU:LLVM")
+            Device[device]  # noqa: B018  (opens it: no llvmlite is a DeviceUnavailable saying what to install)
+        else:
+            cc = find_clang() if name == "clang" else "gcc"
+            if cc is None:
+                raise ValueError("--compiler clang: no clang on PATH")
+            device = Device.canonicalize(f"CPU:{i + 1}:C")  # a CPU device of its own for each C compiler
+            Device[device].set_compiler(cc)
+        sides["tiny" if i == 0 else f"tiny:{name}"] = device
+    return sides
+
+
+def describe(device: str) -> str:
+    """The compiler behind a tiny device, in words ("clang-19: Debian clang version 19.1.7 ...")."""
+    return Device[device].describe()
+
+
+def tiny_process_env(device: str) -> dict[str, str]:
+    """What a new Python process needs in its environment to run tiny on the same path as `device` here (a CPU
+    device given a compiler by compiler_sides is CPU:C with CC set)."""
+    dev = Device[device]
+    if getattr(dev, "cc", "") and dev.renderer_name == "C":
+        return {"DEVICE": "CPU:C", "CC": dev.cc}
+    return {"DEVICE": "CPU:LLVM" if dev.renderer_name == "LLVM" and device.startswith("CPU") else device}
+
+
 def random_arrays(shape: tuple[int, ...], count: int) -> list[np.ndarray]:
     """`count` float32 arrays uniform in [0, 1), the same in every framework's setup (seed 0)."""
     rng = np.random.default_rng(0)

@@ -5,14 +5,25 @@ time from starting a fresh process to its first result (imports, device start, c
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import weakref
 
 import numpy as np
 
 from bench.core import MS, US_PER_KERNEL, Params, Prepared, Setup, Target, Unavailable, Workload
-from bench.frameworks import TinyJit, tiny_done, tiny_upload, tinygrad, tinygrad_done, tinygrad_upload, torch
+from bench.frameworks import (
+    TinyJit,
+    tiny_done,
+    tiny_process_env,
+    tiny_upload,
+    tinygrad,
+    tinygrad_done,
+    tinygrad_upload,
+    torch,
+)
 from tiny.tensor import GlobalCounters, Tensor
 
 SMALL = np.arange(1, 5, dtype=np.float32)  # the 4-element input of the small-op workloads
@@ -187,12 +198,13 @@ FIRST_RESULT_CODE = {  # {n}: the matrices' size
 }
 
 
-def _spawn(framework: str, n: int, device: str) -> None:
-    """Run the framework's first-result snippet in a new Python with an empty compile cache, and wait for it."""
+def _spawn(framework: str, n: int, device: str, cache: str | None = None) -> None:
+    """Run the framework's first-result snippet in a new Python and wait for it: with an empty compile cache, or
+    with the cache file `cache` (tiny's and tinygrad's)."""
     with tempfile.TemporaryDirectory(prefix="tiny-bench-") as scratch:
-        env = dict(os.environ, CACHEDB=os.path.join(scratch, "cache.db"))  # tiny's and tinygrad's cache file
+        env = dict(os.environ, CACHEDB=cache or os.path.join(scratch, "cache.db"))
         if framework == "tiny":
-            env["DEVICE"] = device
+            env |= tiny_process_env(device)
         done = subprocess.run(
             [sys.executable, "-c", FIRST_RESULT_CODE[framework].format(n=n)], env=env, capture_output=True, text=True
         )
@@ -200,21 +212,33 @@ def _spawn(framework: str, n: int, device: str) -> None:
         raise RuntimeError(f"the {framework} process exited {done.returncode}: {done.stderr.strip()[-400:]}")
 
 
-def _first_result(framework: str) -> Setup:
+def _first_result(framework: str, warm: bool) -> Setup:
     def setup(params: Params, device: str) -> Prepared:
-        return Prepared(lambda: _spawn(framework, params["n"], device))
+        if not warm:
+            return Prepared(lambda: _spawn(framework, params["n"], device))
+        scratch = tempfile.mkdtemp(prefix="tiny-bench-warm-")  # filled by the warmup run, read by the timed ones
+        cache = os.path.join(scratch, "cache.db")
+        prepared = Prepared(lambda: _spawn(framework, params["n"], device, cache))
+        weakref.finalize(prepared, shutil.rmtree, scratch, True)
+        return prepared
 
     return setup
 
 
-FIRST_RESULT = Workload(
-    name="first_result",
-    group="startup",
-    what="wall time of `python -c` computing (rand(n,n) @ rand(n,n)).sum() with an empty compile cache",
-    metrics=(MS,),
-    full={"n": 64},
-    quick={"n": 64},
-    setups={name: _first_result(name) for name in FIRST_RESULT_CODE},
-    reps=3,
-    quick_reps=1,
-)
+def _first_result_workload(warm: bool) -> Workload:
+    cache = "the compile cache its warmup run filled" if warm else "an empty compile cache"
+    return Workload(
+        name="first_result_warm" if warm else "first_result",
+        group="startup",
+        what=f"wall time of `python -c` computing (rand(n,n) @ rand(n,n)).sum() with {cache}",
+        metrics=(MS,),
+        full={"n": 64},
+        quick={"n": 64},
+        setups={name: _first_result(name, warm) for name in FIRST_RESULT_CODE},
+        reps=3,
+        quick_reps=1,
+    )
+
+
+FIRST_RESULT = _first_result_workload(warm=False)
+FIRST_RESULT_WARM = _first_result_workload(warm=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import FRAMEWORKS, Result, Workload
-from bench.frameworks import torch, versions
+from bench.frameworks import COMPILER_TARGETS, torch, versions
 
 ROOT = Path(__file__).resolve().parent.parent
 CONVENTION = (
@@ -115,12 +115,15 @@ def workload_entry(workload: Workload, results: dict[str, Result], quick: bool) 
     tiny's ratios, and its target (not checked with --quick, whose sizes are not the target's)."""
     sides = {fw: _side(workload, result, quick) for fw, result in results.items()}
     first = workload.metrics[0]
-    tiny = sides["tiny"].get("figures", {}).get(first.unit)
-    ratios = {}
-    for ref in list(sides)[1:]:
-        theirs = sides[ref].get("figures", {}).get(first.unit)
-        if tiny is not None and theirs is not None:
-            ratios[ref] = first.ratio(tiny, theirs)
+    figure = {fw: side.get("figures", {}).get(first.unit) for fw, side in sides.items()}
+    tiny = figure["tiny"]
+    ratios, compilers = {}, {}
+    for other in list(sides)[1:]:
+        if tiny is not None and figure[other] is not None:
+            if _is_tiny(other):  # another CPU path (--compiler): its ratio to the tiny column
+                compilers[other] = first.ratio(figure[other], tiny)
+            else:
+                ratios[other] = first.ratio(tiny, figure[other])
     target = workload.target
     return {
         "what": workload.what,
@@ -129,6 +132,7 @@ def workload_entry(workload: Workload, results: dict[str, Result], quick: bool) 
         "metrics": [m.unit for m in workload.metrics],
         "results": sides,
         "ratios": ratios,
+        **({"compiler_ratios": compilers} if compilers else {}),
         "target": target.text if target else None,
         "target_met": target.met(ratios, tiny) if target and not quick else None,
     }
@@ -175,6 +179,10 @@ def _cell(side: dict[str, Any], unit: str) -> str:
     return _number(side["figures"][unit]) + ("*" if side["over_budget"] else "")
 
 
+def _is_tiny(side: str) -> bool:
+    return side == "tiny" or side.startswith("tiny:")
+
+
 def frameworks(report: dict) -> list[str]:
     """The suite's frameworks, tiny first: every workload's results name all of them."""
     entries = list(report["workloads"].values())
@@ -183,7 +191,13 @@ def frameworks(report: dict) -> list[str]:
 
 def header(report: dict) -> list[str]:
     names = frameworks(report)
-    return ["workload", "size", "unit", *names, *(f"vs {r}" for r in names[1:]), "target", "met?"]
+    refs = [f"vs {r}" for r in names[1:] if not _is_tiny(r)]
+    return ["workload", "size", "unit", *names, *refs, *(f"{t} vs tiny" for t in _other_paths(names)), "target", "met?"]
+
+
+def _other_paths(names: list[str]) -> list[str]:
+    """The tiny sides after the first (--compiler): tiny:llvm, tiny:gcc."""
+    return [n for n in names[1:] if _is_tiny(n)]
 
 
 def _right(column: str) -> bool:
@@ -206,16 +220,42 @@ def rows(report: dict) -> list[list[str]]:
         sides, ratios = entry["results"], entry["ratios"]
         for i, unit in enumerate(entry["metrics"]):
             row = [name, _size(entry["params"]), unit, *(_cell(sides[fw], unit) for fw in names)]
-            row += [_ratio(ratios[r]) if r in ratios else "-" for r in names[1:]]
+            row += [_ratio(ratios[r]) if r in ratios else "-" for r in names[1:] if not _is_tiny(r)]
+            paths = entry.get("compiler_ratios", {})
+            row += [_ratio(paths[t]) if t in paths else "-" for t in _other_paths(names)]
             row += [entry["target"] or "", _met(entry, quick)] if i == 0 else ["", ""]
             out.append(row)
+    return out
+
+
+def compiler_summary(report: dict) -> list[str]:
+    """With --compiler: for each other CPU path, on how many workloads it came within its target of the tiny column
+    (LLVM within 10% of clang, gcc within 20%), and its lowest ratio."""
+    compilers = report["machine"].get("compilers")
+    if not compilers or not compilers.get("tiny", "").startswith("CPU"):
+        return []
+    out = [f"{side}: {what}" for side, what in compilers.items()]
+    for side in _other_paths(frameworks(report)):
+        name = side.split(":", 1)[1]
+        ratios = {
+            w: e["compiler_ratios"][side]
+            for w, e in report["workloads"].items()
+            if side in e.get("compiler_ratios", {})
+        }
+        if not ratios or name not in COMPILER_TARGETS:
+            continue
+        goal = COMPILER_TARGETS[name]
+        low = min(ratios, key=ratios.__getitem__)
+        met = sum(r >= goal for r in ratios.values())
+        lowest = f"{_ratio(ratios[low])} ({low})"
+        out.append(f"{side} vs tiny: at least {goal:g}x on {met} of {len(ratios)} workloads; lowest {lowest}")
     return out
 
 
 def notes(report: dict) -> list[str]:
     """The lines under the table: notes, errors and over-budget measurements, by workload and framework."""
     budget = report["options"]["budget_s"]
-    out = []
+    out = compiler_summary(report)
     for name, entry in report["workloads"].items():
         for fw, side in entry["results"].items():
             if side.get("over_budget"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.core import Workload
 from bench.kernels import CONV2D, ELEMENTWISE, SOFTMAX, SUM, matmul
-from bench.overhead import FIRST_RESULT, JIT_REPLAY, OVERHEAD_EACH, OVERHEAD_LAZY
+from bench.overhead import FIRST_RESULT, FIRST_RESULT_WARM, JIT_REPLAY, OVERHEAD_EACH, OVERHEAD_LAZY
 from bench.training import MNIST_STEP
 
 WORKLOADS: tuple[Workload, ...] = (
@@ -20,6 +20,7 @@ WORKLOADS: tuple[Workload, ...] = (
     OVERHEAD_LAZY,
     JIT_REPLAY,
     FIRST_RESULT,
+    FIRST_RESULT_WARM,
 )
 
 

@@ -139,6 +139,48 @@ def test_torch_device_is_refused_without_gpu() -> None:
     assert done.returncode == 2 and "--torch-device goes with --gpu" in done.stderr
 
 
+def _has_gcc_and_clang() -> bool:
+    import shutil
+
+    from tiny.runtime.cpu import find_clang
+
+    return shutil.which("gcc") is not None and find_clang() is not None
+
+
+@pytest.mark.skipif(not _has_gcc_and_clang(), reason="the compiler axis test needs clang and gcc on PATH")
+def test_the_compiler_axis_times_each_cpu_path_in_one_run(tmp_path: Path) -> None:
+    """--compiler all: tiny on clang's C (the tiny column), LLVM in-process and gcc's C, each against the same
+    references and compared with the first; the cold and the warm first result both run on each path."""
+    out = tmp_path / "results.json"
+    only = "matmul512,first_result_warm"
+    cmd = [sys.executable, "-m", "bench.run", "--quick", "--compiler", "all", "--only", only, "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"bench.run exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    report = json.loads(out.read_text())
+    compilers = report["machine"]["compilers"]
+    assert list(compilers) == ["tiny", "tiny:llvm", "tiny:gcc"]
+    assert "clang" in compilers["tiny"] and "llvmlite" in compilers["tiny:llvm"] and "gcc" in compilers["tiny:gcc"]
+    for name in ("matmul512", "first_result_warm"):
+        entry = report["workloads"][name]
+        assert list(entry["results"])[:3] == ["tiny", "tiny:llvm", "tiny:gcc"]
+        assert all(entry["results"][s]["status"] == "ok" for s in compilers), entry["results"]
+        first = entry["metrics"][0]
+        for side in ("tiny:llvm", "tiny:gcc"):
+            theirs, ours = entry["results"][side]["figures"][first], entry["results"]["tiny"]["figures"][first]
+            expected = theirs / ours if first == "GFLOPS" else ours / theirs
+            assert entry["compiler_ratios"][side] == pytest.approx(expected)
+        assert "tiny:llvm" not in entry["ratios"] and "numpy" in entry["ratios"]
+    header = done.stdout.splitlines()[0]
+    assert "tiny:llvm vs tiny" in header and "tiny:gcc vs tiny" in header
+    assert any(line.startswith("tiny:llvm vs tiny: at least 0.9x on ") for line in done.stdout.splitlines())
+
+
+def test_an_unknown_compiler_is_refused() -> None:
+    cmd = [sys.executable, "-m", "bench.run", "--compiler", "icc", "--only", "sum"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--compiler takes clang, llvm, gcc or all" in done.stderr
+
+
 @pytest.fixture
 def bench_core(monkeypatch: pytest.MonkeyPatch):
     """bench.core imported in this process, with one timed run per turn."""

@@ -287,6 +287,17 @@ class CPUDevice(Compiled):
         self.threads = thread_count()
         super().__init__(name, CPUAllocator(), LLVMProgram if renderer == "LLVM" else CPUProgram, renderer)
 
+    def set_compiler(self, cc: str) -> None:
+        """Compile this device's C with `cc` (a C compiler on PATH) from now on, whatever CC says: one process can
+        hold CPU:1 with clang and CPU:2 with gcc side by side (the benchmark's --compiler axis)."""
+        if self.renderer_name != "C":
+            raise ValueError(f"{self.name} renders {self.renderer_name}, not C: it takes no C compiler")
+        if shutil.which(cc) is None:
+            raise DeviceUnavailable(f"the C compiler {cc!r} is not on PATH")
+        self.cc = cc
+        for cached in ("_compiler", "renderer"):  # both were made for the old compiler (its features), if at all
+            self.__dict__.pop(cached, None)
+
     def compiler(self) -> Compiler:
         return LLVMCompiler() if self.renderer_name == "LLVM" else ClangCompiler(self.cc)
 
