@@ -174,6 +174,20 @@ def test_without_clang_cpu_is_llvm_and_says_so(tmp_path: Path) -> None:
     assert "renderer LLVM (llvmlite" in cpu_row and "in-process" in cpu_row and cpu_row.endswith("also CPU:C")
 
 
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc on PATH")
+def test_a_second_cpu_device_takes_its_own_compiler() -> None:
+    dev = Device["CPU:7:C"]
+    dev.set_compiler("gcc")
+    assert dev.cc == "gcc" and "gcc" in dev._compiler.cachekey and dev.describe().startswith("gcc: ")
+    binary = dev.compile(ADD_KERNEL)
+    assert binary and Device["CPU:C"].cc == find_compiler()  # the other CPU device keeps its own
+    with pytest.raises(DeviceUnavailable, match="no-such-cc"):
+        dev.set_compiler("no-such-cc")
+    if cpu.llvmlite_present():
+        with pytest.raises(ValueError, match="renders LLVM"):
+            Device["CPU:LLVM"].set_compiler("gcc")
+
+
 # ---------------------------------------------------------------- compiling and running
 
 
