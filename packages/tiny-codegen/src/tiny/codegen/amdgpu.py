@@ -107,6 +107,8 @@ class AMDGPURenderer(LLVMRenderer):
         f.declares.add(f"declare i32 @{fn}()")
         return self._widened(f, f.value(f"call i32 @{fn}()"), u.dtype)
 
+    inline_vexp2 = False  # the GPU's exp2 is an instruction
+
     def helper_source(self, name: str) -> str:
         fn = name.removeprefix("tiny_").removesuffix("_f64")
         if name == amdmath.ir_name(fn) and fn in amdmath.FUNCTIONS:
