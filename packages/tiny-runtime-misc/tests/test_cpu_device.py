@@ -174,6 +174,19 @@ def test_without_clang_cpu_is_llvm_and_says_so(tmp_path: Path) -> None:
     assert "renderer LLVM (llvmlite" in cpu_row and "in-process" in cpu_row and cpu_row.endswith("also CPU:C")
 
 
+def test_a_device_that_cannot_open_names_itself_and_the_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DEVICE=CUDA on a machine without a driver, or CPU:C without a compiler: the error names the device and points
+    to `python -m tiny.ir.device`; the listing itself gives the bare reason."""
+    monkeypatch.setenv("PATH", str(fake_tools(tmp_path / "bin")))
+    with pytest.raises(DeviceUnavailable) as info:
+        Device["CPU:5:C"]
+    message = str(info.value)
+    name = Device.canonicalize("CPU:5:C")  # CPU:5 where C is the default renderer
+    assert message.startswith(f"{name}: CPU:C needs a C compiler") and "`python -m tiny.ir.device` lists" in message
+
+
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc on PATH")
 def test_a_second_cpu_device_takes_its_own_compiler() -> None:
     dev = Device["CPU:7:C"]

@@ -23,7 +23,8 @@ def _why_not() -> str | None:
         Device["CUDA"]
         return None
     except DeviceUnavailable as e:
-        return str(e)
+        assert str(e).startswith("CUDA: ") and "python -m tiny.ir.device" in str(e)
+        return e.reason  # the bare reason, as the listing gives it
 
 
 WHY_NOT = _why_not()

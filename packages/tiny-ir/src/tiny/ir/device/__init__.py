@@ -32,8 +32,14 @@ from tiny.ir.uop import Ops, UOp, make_node
 INTERFACE_VERSION = (1, 5)
 
 
+LIST_HINT = " (`python -m tiny.ir.device` lists the devices that start here, and why the others do not)"
+
+
 class DeviceUnavailable(RuntimeError):
-    """A device that cannot start; the message says why (no driver, no compiler ...)."""
+    """A device that cannot start; the message says why (no driver, no compiler ...). Raised by `Device[name]`, it
+    names the device and points to the listing; `reason` is the runtime's own words, as the listing shows them."""
+
+    reason: str = ""
 
 
 class UnknownDevice(ValueError):
@@ -412,7 +418,12 @@ class _Registry:
             renderer = parsed.renderer or cls.default_renderer()
             if cls.renderers and renderer not in cls.renderers:
                 raise UnknownDevice(f"device {parsed.base} takes the renderers {list(cls.renderers)}, not {renderer!r}")
-            dev = cls(canon, renderer)
+            try:
+                dev = cls(canon, renderer)
+            except DeviceUnavailable as e:
+                opened = DeviceUnavailable(f"{canon}: {e}{LIST_HINT}")
+                opened.reason = str(e)  # what the listing shows
+                raise opened from None
             if DEBUG >= 1:
                 print(f"opened device {canon} with renderer {renderer}" + (f" ({d})" if (d := dev.describe()) else ""))
             self._open[canon] = dev
@@ -506,7 +517,8 @@ def available() -> list[DeviceStatus]:
             what = f"{type(dev).__name__}, renderer {dev.renderer_name}" + (f" ({d})" if (d := dev.describe()) else "")
             out.append(DeviceStatus(name, True, what, cls.renderers, dev.renderer_name))
         except Exception as e:  # noqa: BLE001
-            out.append(DeviceStatus(name, False, f"{type(e).__name__}: {e}"))
+            why = getattr(e, "reason", "") or str(e)
+            out.append(DeviceStatus(name, False, f"{type(e).__name__}: {why}"))
     return out
 
 
