@@ -19,7 +19,7 @@ import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tiny.codegen.opt import IN_BLOCK, STAGE_BUFFERS, Kernel, Kind, Opt, stage_layout
 from tiny.ir.device import RendererCaps
@@ -43,6 +43,9 @@ class LoweredKernel:
     name: str
     global_size: tuple[int, int, int]
     local_size: tuple[int, int, int]
+    # what the symbolic rules made of each node they simplified while lowering (gates, offsets): graph_rewrite's memo,
+    # from which the later passes over the kernel start (a node's simplified form is a function of the node alone)
+    simplified: dict[UOp, UOp] = field(default_factory=dict, compare=False, repr=False)
 
 
 def _index_dtype(ast: UOp) -> DType:
@@ -571,4 +574,4 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     if lw.stage_stores:
         sink = substitute(sink, {lw.stage_barrier: UOp(Ops.BARRIER, dtypes.void, tuple(lw.stage_stores))})
     gs, ls = lw.global_size, lw.local_size
-    return LoweredKernel(sink, kernel_name(k.scheduled), (gs[0], gs[1], gs[2]), (ls[0], ls[1], ls[2]))
+    return LoweredKernel(sink, kernel_name(k.scheduled), (gs[0], gs[1], gs[2]), (ls[0], ls[1], ls[2]), lw.simplified)
