@@ -28,7 +28,6 @@ from tiny.ir.pattern import graph_rewrite
 from tiny.ir.symbolic import symbolic
 from tiny.ir.tensorcore import Fragment
 from tiny.ir.uop import GroupOp, Ops, UOp, evaluate, substitute
-from tiny.ir.views import View
 
 # dtypes whose values the code generator packs into vectors, and the reductions that accumulate in one
 VECTOR_DTYPES = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
@@ -92,6 +91,7 @@ class _Lowerer:
         self.barrier = UOp(Ops.BARRIER, arg="pending")
         self.group_gate: UOp | None = None
         self.simplified: dict[UOp, UOp] = {}  # gates and offsets simplified so far (graph_rewrite's memo)
+        self.indexed: dict[tuple[UOp, tuple[UOp, ...]], tuple[UOp, UOp | None]] = {}  # (VIEW, idxs) -> view_index
         self.padding: set[tuple[UOp, tuple[UOp, ...]]] = set()  # (AST node, index) that reads padding only
         # each (AST node, index) lowered so far, for every lane: where a node does not depend on the dims a lane
         # differs in (a value broadcast along an upcast dim), the lanes share its lowering (see key)
@@ -286,9 +286,18 @@ class _Lowerer:
                 valid = c if valid is None else valid & c
         return valid
 
-    def access(self, buf: UOp, view: View, idxs: tuple[UOp, ...]) -> UOp:
-        offset, valid = view.to_index(idxs)
-        pad = self.pad_valid(view.shape, idxs, range(len(view.shape)))
+    def view_index(self, view: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp | None]:
+        """A VIEW's offset and validity at idxs (View.to_index), made once per kernel: loads of several buffers
+        through one view, and lanes that share an index, ask again."""
+        if (found := self.indexed.get((view, idxs))) is None:
+            found = self.indexed[(view, idxs)] = view.arg.to_index(idxs)
+        return found
+
+    def access(self, buf: UOp, view: UOp, idxs: tuple[UOp, ...]) -> UOp:
+        """The INDEX of buffer buf through VIEW view at idxs, gated where the view or a padded dim says."""
+        offset, valid = self.view_index(view, idxs)
+        shape = view.arg.shape
+        pad = self.pad_valid(shape, idxs, range(len(shape)))
         if pad is not None:
             valid = pad if valid is None else valid & pad
         return UOp(Ops.INDEX, buf.dtype, (buf, offset) + ((valid,) if valid is not None else ()))
@@ -371,7 +380,7 @@ class _Lowerer:
     def _combine(self, key: tuple[UOp, tuple[UOp, ...]], srcs: list[UOp]) -> UOp:
         u, idxs = key
         if u.op is Ops.LOAD:
-            addr = self.access(u.src[0], u.src[1].arg, idxs)
+            addr = self.access(u.src[0], u.src[1], idxs)
             if addr.gate is None:
                 return UOp(Ops.LOAD, u.dtype, (addr,))
             gate = graph_rewrite(addr.gate, symbolic, memo=self.simplified)
@@ -388,7 +397,7 @@ class _Lowerer:
             return real[0] if real else srcs[0]  # (an ADD has two sources)
         if u.op is Ops.CONST:
             value = UOp.const(u.dtype, u.arg)
-            _, valid = u.src[0].arg.to_index(idxs) if u.src else (None, None)
+            _, valid = self.view_index(u.src[0], idxs) if u.src else (None, None)
             return value if valid is None else valid.where(value, UOp.const(u.dtype, 0))
         if u.op is Ops.REDUCE_AXIS:
             if self.k.tc is not None and (srcs or self.k.staged):
@@ -529,7 +538,7 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     lanes = vector_lanes(k.caps, value.dtype)
 
     def address(env: dict[int, UOp]) -> UOp:
-        return lw.access(buf, view.arg, lw.out_idxs(env))
+        return lw.access(buf, view, lw.out_idxs(env))
 
     out_vec = None if k.tc is not None else _vector_part(lw, upcasts, address, lanes)
     unrolls = [i for i, p in enumerate(k.parts) if p.kind is Kind.UNROLL]
