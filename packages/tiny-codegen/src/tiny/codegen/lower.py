@@ -388,7 +388,12 @@ class _Lowerer:
                 self.padding.add(key)
                 return UOp.const(u.dtype, 0)
             return UOp(Ops.LOAD, u.dtype, (addr, UOp.const(u.dtype, 0)))  # (a gate always true: symbolic drops it)
-        if u.op is Ops.ADD and u.dtype.is_float and any(self.key(s, idxs) in self.padding for s in u.src):
+        if (
+            u.op is Ops.ADD
+            and self.padding
+            and u.dtype.is_float
+            and any(self.key(s, idxs) in self.padding for s in u.src)
+        ):
             # a sum with padding in it (a window of a convolution or pool is a sum of padded views, one per offset,
             # of which one is real at each offset): x, not x + 0.0, which would cost an add and turn -0.0 into 0.0
             real = [v for s, v in zip(u.src, srcs) if self.key(s, idxs) not in self.padding]

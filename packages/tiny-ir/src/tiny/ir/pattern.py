@@ -168,12 +168,24 @@ class PatternMatcher:
                     self._by_op.setdefault(op, []).append(entry)
         for op in Ops:  # rules for "any op" keep their place after the op-specific ones
             self._by_op[op] = self._by_op.get(op, []) + self._any
+        # the rules whose pattern's own op and dtype admit a node of this op and dtype, made when first asked for
+        self._by_kind: dict[Ops, dict[DType, list[tuple[UPat, Rewrite, bool]]]] = {op: {} for op in Ops}
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules, f"{self.name}+{other.name}")
 
+    def _rules_for(self, op: Ops, dtype: DType) -> list[tuple[UPat, Rewrite, bool]]:
+        found = self._by_kind[op][dtype] = [
+            entry
+            for entry in self._by_op[op]
+            if (dts := entry[0].dtypes) is None or dtype in dts or dtype.scalar in dts
+        ]
+        return found
+
     def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
-        for pat, fn, wants_ctx in self._by_op[u.op]:
+        if (rules := self._by_kind[u.op].get(u.dtype)) is None:
+            rules = self._rules_for(u.op, u.dtype)
+        for pat, fn, wants_ctx in rules:
             for binding in pat.match(u, {}):
                 out = fn(ctx=ctx, **binding) if wants_ctx else fn(**binding)
                 if out is not None and out is not u:
