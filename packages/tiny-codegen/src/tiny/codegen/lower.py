@@ -97,6 +97,7 @@ class _Lowerer:
         # differs in (a value broadcast along an upcast dim), the lanes share its lowering (see key)
         self.lowered: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
         self.dims: dict[UOp, frozenset[int]] = {}  # AST node -> the dims its value depends on
+        self.unread: dict[UOp, tuple[int, ...]] = {}  # AST node -> the other dims (0 in its key)
         # tensor cores: the warp's lane, and for each output index the C element there (with the env of its tile)
         self.lane: UOp | None = None
         self.tc_element: dict[tuple[UOp, ...], tuple[dict[int, UOp], int]] = {}
@@ -312,12 +313,15 @@ class _Lowerer:
         their tile by the whole output index.)"""
         if self.k.tc is not None:
             return u, idxs
-        if (dims := self.dims.get(u)) is None:
+        if (unread := self.unread.get(u)) is None:
             dims = self._dims(u)
-        if len(dims) == len(idxs):
+            unread = self.unread[u] = tuple(d for d in range(len(idxs)) if d not in dims)
+        if not unread:
             return u, idxs
-        zero = self.zero
-        return u, tuple(i if d in dims else zero for d, i in enumerate(idxs))
+        masked = list(idxs)
+        for d in unread:
+            masked[d] = self.zero
+        return u, tuple(masked)
 
     def _dims(self, root: UOp) -> frozenset[int]:
         """The dims whose index root's lowered value reads (found for every node below it, sources first): a
