@@ -17,7 +17,7 @@ from tiny.codegen.linearize import linearize
 from tiny.codegen.llvmir import LLVMRenderer
 from tiny.codegen.lower import lower
 from tiny.codegen.opt import Opt, OptOps
-from tiny.codegen.vectorize import vectorize
+from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.alu import exec_alu
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, bf16_to_float, dtypes, float_to_bf16, truncate
@@ -371,7 +371,7 @@ def test_half_arithmetic() -> None:
 def vector_uops(ast: UOp, opts: list[Opt]) -> tuple[str, list[UOp]]:
     """Lowered with the actions, vectorized for 8 floats (as tiny.codegen.render_kernel does), linearized."""
     kernel = lower(ast, R.caps, opts)
-    sink = graph_rewrite(graph_rewrite(kernel.sink, symbolic), vectorize, ctx=R.caps.vector_width * 4)
+    sink = graph_rewrite(graph_rewrite(kernel.sink, symbolic), vectorize, ctx=VectorTarget(R.caps.vector_width * 4))
     uops = linearize(sink)
     validate(uops)
     return kernel.name, uops

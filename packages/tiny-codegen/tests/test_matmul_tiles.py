@@ -18,7 +18,7 @@ from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower
 from tiny.codegen.opt import Kind
-from tiny.codegen.vectorize import vectorize
+from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import dtypes
 from tiny.ir.pattern import graph_rewrite
@@ -53,7 +53,9 @@ def plain_matmul(m: int, k: int, n: int) -> UOp:
 
 
 def uops_of(ast: UOp, caps: RendererCaps, opts: list[Opt]) -> list[UOp]:
-    sink = graph_rewrite(graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=caps.vector_width * 4)
+    sink = graph_rewrite(
+        graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=VectorTarget(caps.vector_width * 4)
+    )
     return linearize(sink)
 
 

@@ -18,7 +18,7 @@ from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower_kernel
 from tiny.codegen.opencl import OpenCLRenderer
 from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
-from tiny.codegen.vectorize import vectorize
+from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
 from tiny.ir.schedule import create_schedule
@@ -38,7 +38,7 @@ def render(ast: UOp, opts: list[Opt] | None = None, r: OpenCLRenderer = R) -> st
     k = Kernel(ast, r.caps)
     k.apply_opts(hand_opts(k) if opts is None else opts)
     lowered = lower_kernel(k)
-    sink = graph_rewrite(graph_rewrite(lowered.sink, symbolic), vectorize, ctx=r.caps.vector_width * 4)
+    sink = graph_rewrite(graph_rewrite(lowered.sink, symbolic), vectorize, ctx=VectorTarget(r.caps.vector_width * 4))
     uops = linearize(sink)
     validate(uops)
     return r.render(lowered.name, uops)

@@ -19,7 +19,7 @@ from tiny.codegen.heuristic import TILE_NODES, hand_opts
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower
 from tiny.codegen.opt import Kind, merge_windows
-from tiny.codegen.vectorize import vectorize
+from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import dtypes
 from tiny.ir.pattern import graph_rewrite
@@ -46,7 +46,9 @@ def matmul(m: int, k: int, n: int) -> UOp:
 
 
 def uops_of(ast: UOp, caps: RendererCaps, opts: list[Opt]) -> list[UOp]:
-    sink = graph_rewrite(graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=caps.vector_width * 4)
+    sink = graph_rewrite(
+        graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=VectorTarget(caps.vector_width * 4)
+    )
     uops = linearize(sink)
     validate(uops)
     return uops

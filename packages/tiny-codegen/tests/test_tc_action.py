@@ -16,7 +16,7 @@ from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower
 from tiny.codegen.opt import Kind
 from tiny.codegen.program import estimate
-from tiny.codegen.vectorize import vectorize
+from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
@@ -50,7 +50,9 @@ def matmul(m: int, k: int, n: int, dt: DType = f16, cast_first: bool = False, ou
 
 
 def uops_of(ast: UOp, caps: RendererCaps, opts: list[Opt]) -> list[UOp]:
-    sink = graph_rewrite(graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=caps.vector_width * 4)
+    sink = graph_rewrite(
+        graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=VectorTarget(caps.vector_width * 4)
+    )
     uops = linearize(sink)
     validate(uops)
     return uops

@@ -172,6 +172,37 @@ def test_adding_matchers_keeps_rule_order() -> None:
     assert (a + b).name == "a+b"
 
 
+def _every_rule_in_order(pm: PatternMatcher, u: UOp) -> UOp | None:
+    """What PatternMatcher.rewrite means, without its tables: every rule tried in order, by UPat.match."""
+    for pat, fn in pm.rules:
+        for binding in pat.match(u, {}):
+            out = fn(**binding)
+            if out is not None and out is not u:
+                return out
+    return None
+
+
+def test_rule_tables_choose_as_trying_every_rule_in_order() -> None:
+    # rules that only name the node (applied without matching), ones with a dtype (a vector of it counts), sources,
+    # an arg, and rules for any op, over nodes of several ops and dtypes, scalars and vectors
+    vec = UOp(Ops.VECTORIZE, i32.vec(2), (X, Y))
+    fx = var("f", f32)
+    rules = [
+        (UPat(Ops.ADD, dtype=f32, name="u"), lambda u: u.src[0]),
+        (UPat(Ops.MUL, dtype=i32, name="u"), lambda u: None if u.src[0] is X else u.src[0]),
+        (UPat(Ops.MUL, name="u"), lambda u: ONE),
+        (UPat(Ops.VECTORIZE, dtype=i32), lambda: X),
+        (UPat.var("x") + 0, lambda x: x),
+        (UPat(Ops.CONST, arg=2, name="c"), lambda c: c.const_like(3)),
+        (UPat(dtype=dtypes.bool, name="b"), lambda b: b.src[0] if b.src else None),
+        (UPat(name="any"), lambda any: Y if any.op is Ops.NEG else None),
+    ]
+    pm = PatternMatcher(rules)
+    nodes = [X + 0, X + 1, fx + 1.0, X * 2, Y * 2, fx * 2.0, vec, UOp.const(i32, 2), X.lt(Y), -X, -fx, X]
+    for u in nodes:
+        assert pm.rewrite(u) is _every_rule_in_order(pm, u), u
+
+
 # ---------------------------------------------------------------- graph_rewrite
 
 identities = PatternMatcher(
@@ -250,3 +281,16 @@ def test_graph_rewrite_folds_a_chain_of_10000_constants() -> None:
         n = n + 1
     pm = PatternMatcher([((UPat.var("x") + UPat.cvar("a")) + UPat.cvar("b"), merge)])
     assert graph_rewrite(n, pm) is X + 10_000
+
+
+def test_graph_rewrite_with_a_memo_of_earlier_rewrites_gives_what_a_fresh_one_does() -> None:
+    # a node's result depends on the node alone, so passes may share one memo (codegen keeps one per kernel)
+    from_scratch = [graph_rewrite(e, identities) for e in _expressions()]
+    memo: dict[UOp, UOp] = {}
+    for e in _expressions():
+        graph_rewrite(e.src[0], identities, memo=memo)  # a part first, as lowering simplifies gates first
+    assert [graph_rewrite(e, identities, memo=memo) for e in _expressions()] == from_scratch
+
+
+def _expressions() -> list[UOp]:
+    return [((X * 1) + 0) * 1 + (Y * 0), (X + Y) * 1 + 0, (X * 0 + Y) * (Y + 0), X + Y]

@@ -19,7 +19,7 @@ import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tiny.codegen.opt import IN_BLOCK, STAGE_BUFFERS, Kernel, Kind, Opt, stage_layout
 from tiny.ir.device import RendererCaps
@@ -28,7 +28,6 @@ from tiny.ir.pattern import graph_rewrite
 from tiny.ir.symbolic import symbolic
 from tiny.ir.tensorcore import Fragment
 from tiny.ir.uop import GroupOp, Ops, UOp, evaluate, substitute
-from tiny.ir.views import View
 
 # dtypes whose values the code generator packs into vectors, and the reductions that accumulate in one
 VECTOR_DTYPES = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
@@ -43,6 +42,9 @@ class LoweredKernel:
     name: str
     global_size: tuple[int, int, int]
     local_size: tuple[int, int, int]
+    # what the symbolic rules made of each node they simplified while lowering (gates, offsets): graph_rewrite's memo,
+    # from which the later passes over the kernel start (a node's simplified form is a function of the node alone)
+    simplified: dict[UOp, UOp] = field(default_factory=dict, compare=False, repr=False)
 
 
 def _index_dtype(ast: UOp) -> DType:
@@ -89,11 +91,13 @@ class _Lowerer:
         self.barrier = UOp(Ops.BARRIER, arg="pending")
         self.group_gate: UOp | None = None
         self.simplified: dict[UOp, UOp] = {}  # gates and offsets simplified so far (graph_rewrite's memo)
+        self.indexed: dict[tuple[UOp, tuple[UOp, ...]], tuple[UOp, UOp | None]] = {}  # (VIEW, idxs) -> view_index
         self.padding: set[tuple[UOp, tuple[UOp, ...]]] = set()  # (AST node, index) that reads padding only
         # each (AST node, index) lowered so far, for every lane: where a node does not depend on the dims a lane
         # differs in (a value broadcast along an upcast dim), the lanes share its lowering (see key)
         self.lowered: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
         self.dims: dict[UOp, frozenset[int]] = {}  # AST node -> the dims its value depends on
+        self.unread: dict[UOp, tuple[int, ...]] = {}  # AST node -> the other dims (0 in its key)
         # tensor cores: the warp's lane, and for each output index the C element there (with the env of its tile)
         self.lane: UOp | None = None
         self.tc_element: dict[tuple[UOp, ...], tuple[dict[int, UOp], int]] = {}
@@ -283,9 +287,18 @@ class _Lowerer:
                 valid = c if valid is None else valid & c
         return valid
 
-    def access(self, buf: UOp, view: View, idxs: tuple[UOp, ...]) -> UOp:
-        offset, valid = view.to_index(idxs)
-        pad = self.pad_valid(view.shape, idxs, range(len(view.shape)))
+    def view_index(self, view: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp | None]:
+        """A VIEW's offset and validity at idxs (View.to_index), made once per kernel: loads of several buffers
+        through one view, and lanes that share an index, ask again."""
+        if (found := self.indexed.get((view, idxs))) is None:
+            found = self.indexed[(view, idxs)] = view.arg.to_index(idxs)
+        return found
+
+    def access(self, buf: UOp, view: UOp, idxs: tuple[UOp, ...]) -> UOp:
+        """The INDEX of buffer buf through VIEW view at idxs, gated where the view or a padded dim says."""
+        offset, valid = self.view_index(view, idxs)
+        shape = view.arg.shape
+        pad = self.pad_valid(shape, idxs, range(len(shape)))
         if pad is not None:
             valid = pad if valid is None else valid & pad
         return UOp(Ops.INDEX, buf.dtype, (buf, offset) + ((valid,) if valid is not None else ()))
@@ -300,12 +313,15 @@ class _Lowerer:
         their tile by the whole output index.)"""
         if self.k.tc is not None:
             return u, idxs
-        if (dims := self.dims.get(u)) is None:
+        if (unread := self.unread.get(u)) is None:
             dims = self._dims(u)
-        if len(dims) == len(idxs):
+            unread = self.unread[u] = tuple(d for d in range(len(idxs)) if d not in dims)
+        if not unread:
             return u, idxs
-        zero = self.zero
-        return u, tuple(i if d in dims else zero for d, i in enumerate(idxs))
+        masked = list(idxs)
+        for d in unread:
+            masked[d] = self.zero
+        return u, tuple(masked)
 
     def _dims(self, root: UOp) -> frozenset[int]:
         """The dims whose index root's lowered value reads (found for every node below it, sources first): a
@@ -368,7 +384,7 @@ class _Lowerer:
     def _combine(self, key: tuple[UOp, tuple[UOp, ...]], srcs: list[UOp]) -> UOp:
         u, idxs = key
         if u.op is Ops.LOAD:
-            addr = self.access(u.src[0], u.src[1].arg, idxs)
+            addr = self.access(u.src[0], u.src[1], idxs)
             if addr.gate is None:
                 return UOp(Ops.LOAD, u.dtype, (addr,))
             gate = graph_rewrite(addr.gate, symbolic, memo=self.simplified)
@@ -376,7 +392,12 @@ class _Lowerer:
                 self.padding.add(key)
                 return UOp.const(u.dtype, 0)
             return UOp(Ops.LOAD, u.dtype, (addr, UOp.const(u.dtype, 0)))  # (a gate always true: symbolic drops it)
-        if u.op is Ops.ADD and u.dtype.is_float and any(self.key(s, idxs) in self.padding for s in u.src):
+        if (
+            u.op is Ops.ADD
+            and self.padding
+            and u.dtype.is_float
+            and any(self.key(s, idxs) in self.padding for s in u.src)
+        ):
             # a sum with padding in it (a window of a convolution or pool is a sum of padded views, one per offset,
             # of which one is real at each offset): x, not x + 0.0, which would cost an add and turn -0.0 into 0.0
             real = [v for s, v in zip(u.src, srcs) if self.key(s, idxs) not in self.padding]
@@ -385,7 +406,7 @@ class _Lowerer:
             return real[0] if real else srcs[0]  # (an ADD has two sources)
         if u.op is Ops.CONST:
             value = UOp.const(u.dtype, u.arg)
-            _, valid = u.src[0].arg.to_index(idxs) if u.src else (None, None)
+            _, valid = self.view_index(u.src[0], idxs) if u.src else (None, None)
             return value if valid is None else valid.where(value, UOp.const(u.dtype, 0))
         if u.op is Ops.REDUCE_AXIS:
             if self.k.tc is not None and (srcs or self.k.staged):
@@ -526,7 +547,7 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     lanes = vector_lanes(k.caps, value.dtype)
 
     def address(env: dict[int, UOp]) -> UOp:
-        return lw.access(buf, view.arg, lw.out_idxs(env))
+        return lw.access(buf, view, lw.out_idxs(env))
 
     out_vec = None if k.tc is not None else _vector_part(lw, upcasts, address, lanes)
     unrolls = [i for i, p in enumerate(k.parts) if p.kind is Kind.UNROLL]
@@ -571,4 +592,4 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     if lw.stage_stores:
         sink = substitute(sink, {lw.stage_barrier: UOp(Ops.BARRIER, dtypes.void, tuple(lw.stage_stores))})
     gs, ls = lw.global_size, lw.local_size
-    return LoweredKernel(sink, kernel_name(k.scheduled), (gs[0], gs[1], gs[2]), (ls[0], ls[1], ls[2]))
+    return LoweredKernel(sink, kernel_name(k.scheduled), (gs[0], gs[1], gs[2]), (ls[0], ls[1], ls[2]), lw.simplified)

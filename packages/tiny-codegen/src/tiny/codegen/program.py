@@ -10,7 +10,7 @@ from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, lower
 from tiny.codegen.narrow import narrow_loops
 from tiny.codegen.opt import Kernel, Opt
-from tiny.codegen.vectorize import vectorize
+from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.config import DEBUG
 from tiny.ir.device import Compiled, CompiledProgram, Renderer, RendererCaps
 from tiny.ir.dtypes import PtrDType
@@ -59,9 +59,10 @@ def render_for(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) 
 
 
 def _simplified(kernel: LoweredKernel, caps: RendererCaps) -> UOp:
-    sink = graph_rewrite(kernel.sink, symbolic)  # simplify index math and fold constants
+    memo = kernel.simplified  # (what lowering simplified already: each pass of the symbolic rules adds to it)
+    sink = graph_rewrite(kernel.sink, symbolic, memo=memo)  # simplify index math and fold constants
     sink = narrow_loops(sink, caps)  # sums skip the iterations whose every lane reads padding (CPUs)
-    return graph_rewrite(sink, vectorize, ctx=caps.vector_width * 4)  # lanes doing one thing: vector ops
+    return graph_rewrite(sink, vectorize, ctx=VectorTarget(caps.vector_width * 4, memo))  # lanes alike: vector ops
 
 
 def _lowered_by_rules(ast: UOp, caps: RendererCaps) -> tuple[LoweredKernel, UOp]:

@@ -8,6 +8,8 @@ loads of consecutive addresses become one vector load. Where lanes differ, the V
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from tiny.codegen.lower import VECTOR_DTYPES, VECTOR_REDUCE, contiguous
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import PatternMatcher, UPat
@@ -18,6 +20,16 @@ VECTOR_ALU = frozenset(
     {Ops.ADD, Ops.MUL, Ops.NEG, Ops.MAX, Ops.FDIV, Ops.RECIP, Ops.AND, Ops.OR, Ops.XOR}
     | {Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC}
 )
+
+
+@dataclass(frozen=True)
+class VectorTarget:
+    """The vectorize pass's context: the bytes of one hardware vector, and the symbolic rules' memo for the kernel
+    (what each node simplified to, as the pass before left it: a load's offsets are checked for contiguity with it,
+    and are found there already simplified)."""
+
+    nbytes: int
+    simplified: dict[UOp, UOp] = field(default_factory=dict, compare=False)
 
 
 def _fits(dt: DType, lanes: int, nbytes: int, half: bool = True) -> bool:
@@ -38,46 +50,46 @@ def _gather(dtype_of: UOp, lanes: list[UOp]) -> UOp:
     return UOp(Ops.VECTORIZE, dtype_of.dtype.vec(len(lanes)), tuple(lanes))
 
 
-def _push_down(vec: UOp, ctx: int) -> UOp | None:
+def _push_down(vec: UOp, ctx: VectorTarget) -> UOp | None:
     """VECTORIZE(f(a0, b0), f(a1, b1), ...) -> f(VECTORIZE(a0, a1, ...), VECTORIZE(b0, b1, ...)) where f allows.
-    ctx: the bytes of one hardware vector; lanes of other widths stay scalars."""
-    lanes = vec.src
+    Lanes of other widths than ctx's hardware vector stay scalars."""
+    lanes, nbytes = vec.src, ctx.nbytes
     first = lanes[0]
     n = len(lanes)
     # comparisons and selects stay whole vectors: a mask is as wide as a hardware vector (the renderer's mask types)
     whole = first.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE) or first.dtype.scalar == dtypes.bool
-    if not _alike(lanes) or not _fits(first.dtype, n, ctx, not whole):
+    if not _alike(lanes) or not _fits(first.dtype, n, nbytes, not whole):
         return None
     if first.op is Ops.CONST:
         return UOp.const(vec.dtype, first.arg)  # one value in every lane
     if all(s is first for s in lanes):
         return None  # a broadcast of one value stays as it is
     if first.op in VECTOR_ALU or first.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE):
-        if not all(_fits(x.dtype, n, ctx, not whole) for x in first.src):
+        if not all(_fits(x.dtype, n, nbytes, not whole) for x in first.src):
             return None
         return UOp(first.op, vec.dtype, tuple(_gather(x, [s.src[j] for s in lanes]) for j, x in enumerate(first.src)))
     if first.dtype == dtypes.bool:
         return None  # bools live in vectors as comparison masks, never in memory or accumulators
-    if first.op is Ops.CAST and first.source.dtype == dtypes.bool and _fits(first.dtype, n, ctx, False):
+    if first.op is Ops.CAST and first.source.dtype == dtypes.bool and _fits(first.dtype, n, nbytes, False):
         # a mask as numbers (a comparison's 0 or 1, as max pooling's gradient counts its maxima): a select of 1 or 0
         mask = _gather(first.source, [s.source for s in lanes])
         return UOp(Ops.WHERE, vec.dtype, (mask, UOp.const(vec.dtype, 1), UOp.const(vec.dtype, 0)))
     if first.op is Ops.REDUCE and all(s.src[1:] == first.src[1:] for s in lanes) and first.arg in VECTOR_REDUCE:
         return UOp(Ops.REDUCE, vec.dtype, (_gather(first.value, [s.value for s in lanes]), *first.src[1:]), first.arg)
     if first.op is Ops.LOAD:
-        return _vector_load(vec, lanes)
+        return _vector_load(vec, lanes, ctx.simplified)
     if first.op is Ops.GEP and all(s.src[0] is first.src[0] and s.arg == i for i, s in enumerate(lanes)):
         return first.src[0] if first.src[0].dtype == vec.dtype else None
     return None
 
 
-def _vector_load(vec: UOp, lanes: tuple[UOp, ...]) -> UOp | None:
+def _vector_load(vec: UOp, lanes: tuple[UOp, ...], simplified: dict[UOp, UOp]) -> UOp | None:
     """Loads of consecutive addresses, gated alike, are one vector load."""
     addrs = [s.address for s in lanes]
     first = addrs[0]
     if any(a.pointer is not first.pointer or a.gate is not first.gate for a in addrs):
         return None
-    if not contiguous([a.offset for a in addrs]):
+    if not contiguous([a.offset for a in addrs], simplified):
         return None
     alt = () if first.gate is None else (_gather(lanes[0], [s.alternative for s in lanes]),)
     return UOp(Ops.LOAD, vec.dtype, (first,) + alt)

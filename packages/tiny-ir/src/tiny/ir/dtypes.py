@@ -199,6 +199,8 @@ _SCALARS: dict[str, DType] = {
     )
 }
 
+_INT_BOUNDS: dict[DType, tuple[int, int]] = {d: (int(d.min), int(d.max)) for d in _SCALARS.values() if d.is_int}
+
 _CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}
 
 
@@ -249,6 +251,8 @@ def to_dtype(x: DType | str) -> DType:
 
 def truncate(dtype: DType, x: int | float | bool) -> int | float | bool:
     """Bring a Python value into the range and precision of `dtype`, as storing it would."""
+    if type(x) is int and (bounds := _INT_BOUNDS.get(dtype)) is not None and bounds[0] <= x <= bounds[1]:
+        return x  # (most constants: an index or a size, already a value of its int dtype)
     if dtype.is_bool:
         return bool(x)
     if dtype.is_int:

@@ -148,7 +148,15 @@ def _numeric(a: Any, b: Any) -> bool:
     return isinstance(a, num) and isinstance(b, num) and not isinstance(a, bool) and not isinstance(b, bool)
 
 
+def _admits(pat: UPat, dtype: DType) -> bool:
+    """Whether the pattern's own dtype test lets a node of this dtype through (as UPat.match tests it)."""
+    return pat.dtypes is None or dtype in pat.dtypes or dtype.scalar in pat.dtypes
+
+
 Rewrite = Callable[..., UOp | None]
+# a rule as a matcher keeps it: the pattern, the rewrite, whether the rewrite takes ctx, and whether the node's op and
+# dtype alone decide the match (a pattern with no sources and any arg), which then binds the node itself, unmatched
+Rule = tuple[UPat, Rewrite, bool, bool]
 
 
 class PatternMatcher:
@@ -157,10 +165,10 @@ class PatternMatcher:
     def __init__(self, rules: list[tuple[UPat, Rewrite]], name: str = "") -> None:
         self.name = name
         self.rules = rules
-        self._by_op: dict[Ops, list[tuple[UPat, Rewrite, bool]]] = {}
-        self._any: list[tuple[UPat, Rewrite, bool]] = []
+        self._by_op: dict[Ops, list[Rule]] = {}
+        self._any: list[Rule] = []
         for pat, fn in rules:
-            entry = (pat, fn, "ctx" in inspect.signature(fn).parameters)
+            entry = (pat, fn, "ctx" in inspect.signature(fn).parameters, pat.src is None and pat.arg is _ANY)
             if pat.ops is None:
                 self._any.append(entry)
             else:
@@ -168,13 +176,21 @@ class PatternMatcher:
                     self._by_op.setdefault(op, []).append(entry)
         for op in Ops:  # rules for "any op" keep their place after the op-specific ones
             self._by_op[op] = self._by_op.get(op, []) + self._any
+        # the rules whose pattern's own op and dtype admit a node of this op and dtype, made when first asked for
+        self._by_kind: dict[Ops, dict[DType, list[Rule]]] = {op: {} for op in Ops}
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules, f"{self.name}+{other.name}")
 
+    def _rules_for(self, op: Ops, dtype: DType) -> list[Rule]:
+        found = self._by_kind[op][dtype] = [entry for entry in self._by_op[op] if _admits(entry[0], dtype)]
+        return found
+
     def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
-        for pat, fn, wants_ctx in self._by_op[u.op]:
-            for binding in pat.match(u, {}):
+        if (rules := self._by_kind[u.op].get(u.dtype)) is None:
+            rules = self._rules_for(u.op, u.dtype)
+        for pat, fn, wants_ctx, whole in rules:
+            for binding in ({} if pat.name is None else {pat.name: u},) if whole else pat.match(u, {}):
                 out = fn(ctx=ctx, **binding) if wants_ctx else fn(**binding)
                 if out is not None and out is not u:
                     return out
@@ -193,10 +209,10 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, memo: dict[UOp
             continue
         if stage == 0:
             stack.append((node, 1, None))
-            stack.extend((s, 0, None) for s in reversed(node.src) if s not in done)
+            stack += [(s, 0, None) for s in reversed(node.src) if s not in done]
         elif stage == 1:
-            src = tuple(done[s] for s in node.src)
-            rebuilt = node if src == node.src else node.replace(src=src)
+            src = tuple([done[s] for s in node.src])
+            rebuilt = node if src == node.src else UOp(node.op, node.dtype, src, node.arg)
             out = pm.rewrite(rebuilt, ctx)
             if out is None:
                 done[node] = done[rebuilt] = rebuilt
