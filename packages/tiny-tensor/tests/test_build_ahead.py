@@ -39,3 +39,44 @@ def test_programs_built_together_are_the_ones_built_alone(device: str) -> None:
     together = get_programs([(i.ast, dev) for i in items])
     assert [p.src for p in together] == [get_program(i.ast, dev).src for i in items]
     assert all(p.binary for p in together)
+
+
+def test_a_kernel_goes_to_its_compiler_as_soon_as_it_is_rendered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compilers start while later kernels are still rendered (rendering is Python on one core, compiling runs
+    beside it): while the last kernel is rendered, the first one's compiler has been called (the last rendering
+    waits up to 5 s for it, which built-in-order code would never end early)."""
+    import time
+
+    import tiny.codegen as codegen
+
+    x = Tensor(np.ones((8, 8), np.float32), device="CPU")
+    items = [i for i in create_schedule([((x @ x).relu() + x.sum()).uop]).items if i.ast.op.name == "SINK"]
+    assert len(items) >= 2
+    monkeypatch.setattr(codegen, "usable_cores", lambda: 2)
+    events: list[str] = []
+    render = codegen.render_kernel
+
+    def rendering(ast, dev, opts):  # noqa: ANN001, ANN202
+        if ast is items[-1].ast:
+            deadline = time.monotonic() + 5
+            while "compile" not in events and time.monotonic() < deadline:
+                time.sleep(0.01)
+            events.append("last render")
+        return render(ast, dev, opts)
+
+    monkeypatch.setattr(codegen, "render_kernel", rendering)
+
+    class Logging:
+        def __init__(self, dev: object) -> None:
+            self.dev = dev
+
+        def compile(self, src: str) -> bytes:
+            events.append("compile")
+            return self.dev.compile(src)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.dev, name)
+
+    programs = get_programs([(i.ast, Logging(Device["CPU"])) for i in items])
+    assert [p.src for p in programs] == [get_program(i.ast, Device["CPU"]).src for i in items]
+    assert events.index("compile") < events.index("last render"), events

@@ -53,21 +53,26 @@ def get_program(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = None) -
 
 
 def get_programs(kernels: Sequence[tuple[UOp, Compiled]]) -> list[CompiledProgram]:
-    """get_program for many kernels at once, as a schedule's cold start needs: each planned and rendered here, then
-    all compiled side by side on every core this process may use (a compiler is a process, or a library call that
-    lets go of the interpreter lock: clang, NVRTC, LLVM, COMGR)."""
-    rendered: list[tuple[Compiled, Rendered]] = []
-    for ast, device in kernels:
-        chosen = choose_opts(ast, device)
-        _print_plan(ast, device, chosen)
-        rendered.append((device, render_kernel(ast, device, chosen)))
-    workers = min(usable_cores(), len(rendered))
+    """get_program for many kernels at once, as a schedule's cold start needs: each planned and rendered here, and
+    handed to a compiler as soon as it is rendered, so that the compilers (a process, or a library call that lets go
+    of the interpreter lock: clang, NVRTC, LLVM, COMGR) work on every core this process may use while the next
+    kernels are rendered."""
+    workers = min(usable_cores(), len(kernels))
     if workers <= 1:
-        binaries = [device.compile(r.src) for device, r in rendered]
-    else:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            binaries = list(pool.map(lambda job: job[0].compile(job[1].src), rendered))
-    return [to_program(r, device, binary) for (device, r), binary in zip(rendered, binaries)]
+        rendered = [(device, _planned_render(ast, device)) for ast, device in kernels]
+        return [to_program(r, device, device.compile(r.src)) for device, r in rendered]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        jobs = []
+        for ast, device in kernels:
+            r = _planned_render(ast, device)
+            jobs.append((device, r, pool.submit(device.compile, r.src)))
+        return [to_program(r, device, job.result()) for device, r, job in jobs]
+
+
+def _planned_render(ast: UOp, device: Compiled) -> Rendered:
+    chosen = choose_opts(ast, device)
+    _print_plan(ast, device, chosen)
+    return render_kernel(ast, device, chosen)
 
 
 def _print_plan(ast: UOp, device: Compiled, chosen: list[Opt] | None) -> None:
