@@ -7,6 +7,11 @@ Each `*_done` function makes sure the work behind its tensors has finished, so t
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -126,6 +131,20 @@ def tiny_process_env(device: str) -> dict[str, str]:
     if getattr(dev, "cc", "") and dev.renderer_name == "C":
         return {"DEVICE": "CPU:C", "CC": dev.cc}
     return {"DEVICE": "CPU:LLVM" if dev.renderer_name == "LLVM" and device.startswith("CPU") else device}
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def spawn_fresh(code: str, env: dict[str, str], cache: str | None = None) -> None:
+    """Run `code` in a new Python (from the checkout's root, so `bench` imports) and wait for it: with an empty
+    compile cache, or with the cache file `cache` (tiny's and tinygrad's). A failure raises with its last words."""
+    with tempfile.TemporaryDirectory(prefix="tiny-bench-") as scratch:
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        full = dict(os.environ, CACHEDB=cache or os.path.join(scratch, "cache.db"), PYTHONPATH=path) | env
+        done = subprocess.run([sys.executable, "-c", code], env=full, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the fresh process exited {done.returncode}: {done.stderr.strip()[-400:]}")
 
 
 def random_arrays(shape: tuple[int, ...], count: int) -> list[np.ndarray]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import weakref
 
@@ -16,6 +14,7 @@ import numpy as np
 from bench.core import MS, US_PER_KERNEL, Params, Prepared, Setup, Target, Unavailable, Workload
 from bench.frameworks import (
     TinyJit,
+    spawn_fresh,
     tiny_done,
     tiny_process_env,
     tiny_upload,
@@ -201,15 +200,8 @@ FIRST_RESULT_CODE = {  # {n}: the matrices' size
 def _spawn(framework: str, n: int, device: str, cache: str | None = None) -> None:
     """Run the framework's first-result snippet in a new Python and wait for it: with an empty compile cache, or
     with the cache file `cache` (tiny's and tinygrad's)."""
-    with tempfile.TemporaryDirectory(prefix="tiny-bench-") as scratch:
-        env = dict(os.environ, CACHEDB=cache or os.path.join(scratch, "cache.db"))
-        if framework == "tiny":
-            env |= tiny_process_env(device)
-        done = subprocess.run(
-            [sys.executable, "-c", FIRST_RESULT_CODE[framework].format(n=n)], env=env, capture_output=True, text=True
-        )
-    if done.returncode != 0:
-        raise RuntimeError(f"the {framework} process exited {done.returncode}: {done.stderr.strip()[-400:]}")
+    env = tiny_process_env(device) if framework == "tiny" else {}
+    spawn_fresh(FIRST_RESULT_CODE[framework].format(n=n), env, cache)
 
 
 def _first_result(framework: str, warm: bool) -> Setup:

@@ -13,10 +13,12 @@ from functools import partial
 
 import numpy as np
 
-from bench.core import MS, Params, Prepared, Target, Workload
+from bench.core import MS, Params, Prepared, Setup, Target, Workload
 from bench.frameworks import (
     TinyJit,
+    spawn_fresh,
     tiny_done,
+    tiny_process_env,
     tiny_upload,
     tinygrad,
     tinygrad_done,
@@ -151,4 +153,42 @@ MNIST_STEP = Workload(
     warmup=2,  # a jit captures on its second call
     reps=20,  # a step moves by 30% from run to run on a small shared machine: the minimum needs many runs
     quick_reps=2,
+)
+
+
+# ---------------------------------------------------------------- a cold first step in a fresh process
+
+_COLD_STEP = (  # {block}: frameworks the process must not import (their import time is not the step's)
+    "import sys\n"
+    "for name in {block}: sys.modules[name] = None\n"
+    "from bench.training import {setup}\n"
+    "{setup}({{'batch': {batch}}}, {device!r}).run()\n"
+)
+
+
+def _cold_step(framework: str) -> Setup:
+    def setup(params: Params, device: str) -> Prepared:
+        if framework == "tiny":
+            code = _COLD_STEP.format(
+                block=["torch", "tinygrad"], setup="_mnist_tiny", batch=params["batch"], device=device
+            )
+        else:
+            code = _COLD_STEP.format(block=["tinygrad"], setup="torch_mnist_step", batch=params["batch"], device="cpu")
+        env = tiny_process_env(device) if framework == "tiny" else {}
+        return Prepared(lambda: spawn_fresh(code, env), note="import to the first step's loss, empty compile cache")
+
+    return setup
+
+
+MNIST_COLD_STEP = Workload(
+    name="mnist_cold_step",
+    group="startup",
+    what="wall time of a fresh Python that builds the MNIST CNN and runs its first training step, compile cache empty",
+    metrics=(MS,),
+    full={"batch": 128},
+    quick={"batch": 8},
+    setups={"tiny": _cold_step("tiny"), "torch": _cold_step("torch")},
+    target=Target("<10 s", max_figure=10_000.0),
+    reps=2,
+    quick_reps=1,
 )

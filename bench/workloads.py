@@ -5,7 +5,7 @@ from __future__ import annotations
 from bench.core import Workload
 from bench.kernels import CONV2D, ELEMENTWISE, SOFTMAX, SUM, matmul
 from bench.overhead import FIRST_RESULT, FIRST_RESULT_WARM, JIT_REPLAY, OVERHEAD_EACH, OVERHEAD_LAZY
-from bench.training import MNIST_STEP
+from bench.training import MNIST_COLD_STEP, MNIST_STEP
 
 WORKLOADS: tuple[Workload, ...] = (
     matmul(512, quick_n=64),
@@ -21,6 +21,7 @@ WORKLOADS: tuple[Workload, ...] = (
     JIT_REPLAY,
     FIRST_RESULT,
     FIRST_RESULT_WARM,
+    MNIST_COLD_STEP,
 )
 
 
