@@ -13,7 +13,7 @@ import pytest
 
 from tiny.ir.device import Buffer, Compiled, Device, RendererCaps, buffer_of, new_buffer
 from tiny.ir.dtypes import DType, dtypes
-from tiny.ir.schedule import Schedule, create_schedule, is_realized
+from tiny.ir.schedule import Schedule, create_schedule, is_realized, lift_reshapes
 from tiny.ir.uop import Ops, UOp
 from tiny.ir.views import View
 
@@ -158,6 +158,31 @@ def test_a_reduce_with_a_reshaped_epilogue_stays_one_kernel() -> None:
     s = create_schedule([out])
     check_well_formed(s, [out])
     assert len(s.items) == 1 and ops_in(s.items[0].ast).count(Ops.REDUCE_AXIS) == 1
+
+
+def test_a_reshaped_reduce_beside_a_reduce_of_it_schedules() -> None:
+    """m = sum (3, 1, 2) -> (3, 1, 1) seen as (3, 1) (a matmul with one column), then m + m.sum(-1, keepdim=True):
+    the other source holds a reduction in (3, 1), so lifting m's reshape would put one on it, which the rule would
+    lift back, for ever. The rule leaves the sum; the scheduler realizes m (it feeds a reduction)."""
+    a = tensor(3, 1, 2)
+    m = move(Ops.RESHAPE, reduce(a, (2,)), (3, 1))
+    out = m + reduce(m, (1,))
+    assert lift_reshapes.rewrite(out, {}) is None
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert [ops_in(item.ast).count(Ops.REDUCE_AXIS) for item in s.items] == [1, 1]
+
+
+def test_a_lifted_reshape_lands_on_no_reduction() -> None:
+    """ALU(RESHAPE(r), y): y gets the reshape r's lifts off, and y holds no reduction."""
+    a, b = tensor(4, 8), tensor(4)
+    out = move(Ops.RESHAPE, reduce(a, (1,)), (4,)) * b
+    lifted = lift_reshapes.rewrite(out, {})
+    assert lifted is not None and lifted.op is Ops.RESHAPE and lifted.shape == (4,)
+    alu = lifted.src[0]
+    assert alu.op is Ops.MUL and alu.shape == (4, 1) and alu.src[0].op is Ops.REDUCE_AXIS
+    assert alu.src[1].op is Ops.RESHAPE and alu.src[1].src[0] is b
+    assert lift_reshapes.rewrite(alu, {}) is None
 
 
 def test_softmax_realizes_each_reduce_seen_through_an_expand() -> None:

@@ -33,10 +33,6 @@ TOLERANCE = {"float32": (2e-3, 2e-4), "float64": (1e-8, 1e-10), "float64, float3
 FLOAT32_ACCURATE = frozenset({"tanh", "atan", "erf", "gelu", "elu", "selu", "mish"})
 TIME_LIMIT = 60.0  # seconds tiny may take over one graph (compiling ~40 small kernels); beyond that it hangs
 TAME = 1e4
-# a matrix product with one column, plus its sum over that column, never finishes scheduling
-# (test_sum_over_the_one_column_of_a_matmul_finishes; a chain of 1-channel convolutions hangs too): until that is
-# fixed, products (matmul, linear, attention, convolutions) have 2 columns or output channels or more
-FEWEST_COLUMNS = 2  # a graph whose reference values or gradients pass this (or are not finite) is drawn again
 MAX_NUMEL = 256  # values stay small: the fuzz is about derivative rules, not big kernels
 
 
@@ -466,14 +462,14 @@ def op_matmul(b: Builder) -> bool:
     s = b.shape(a)
     k = s[-1]
     name = str(b.rng.choice(["matmul", "linear", "gram"]))
-    if name == "gram" and len(s) >= 2 and s[-2] >= FEWEST_COLUMNS:
+    if name == "gram" and len(s) >= 2:
         new = (*s[:-1], s[-2])
         return b.emit("gram", [a], "({0} @ {0}.transpose(-1, -2))", "({0} @ {0}.transpose(-1, -2))", new)
-    m = max(k if b.rng.random() < 0.5 else b.ints(1, 5), FEWEST_COLUMNS)
+    m = k if b.rng.random() < 0.5 else b.ints(1, 5)
     if name == "linear":
         w, bias = b.operand((m, k), a), b.maybe((m,), a)
         return b.emit("linear", [a, w, bias], "{0}.linear({1}, {2})", "F.linear({0}, {1}, {2})", (*s[:-1], m))
-    if b.rng.random() < 0.2 and FEWEST_COLUMNS <= 1:
+    if b.rng.random() < 0.2:
         w = b.operand((k,), a)
         return b.emit("matvec", [a, w], "({0} @ {1})", "({0} @ {1})", s[:-1])
     w = b.operand((k, m), a)
@@ -486,9 +482,8 @@ def op_attention(b: Builder) -> bool:
     if q is None:
         return False
     s = b.shape(q)
-    few = FEWEST_COLUMNS
-    k = q if b.rng.random() < 0.5 and s[-2] >= few else b.operand((*s[:-2], b.ints(few, 4), s[-1]), q)
-    v = k if b.rng.random() < 0.5 and b.shape(k)[-1] >= few else b.operand((*b.shape(k)[:-1], b.ints(few, 4)), q)
+    k = q if b.rng.random() < 0.5 else b.operand((*s[:-2], b.ints(1, 4), s[-1]), q)
+    v = k if b.rng.random() < 0.5 else b.operand((*b.shape(k)[:-1], b.ints(1, 4)), q)
     causal = bool(b.rng.random() < 0.3)
     code = f"{{0}}.scaled_dot_product_attention({{1}}, {{2}}, is_causal={causal})"
     theirs = f"F.scaled_dot_product_attention({{0}}, {{1}}, {{2}}, is_causal={causal})"
@@ -518,7 +513,6 @@ def op_conv(b: Builder) -> bool:
     transposed = nd == 2 and b.rng.random() < 0.25
     groups = c if c > 1 and b.rng.random() < 0.25 else 1
     cout = c if b.rng.random() < 0.5 else groups * b.ints(1, 3)
-    cout = cout if cout >= FEWEST_COLUMNS else groups * FEWEST_COLUMNS  # (a 1-channel conv hangs as those products)
     shared = b.shared_conv_weight and b.pick(
         lambda s: len(s) == nd + 2 and s[1] == c, set(b.values) - b.chained_weights(x), x
     )

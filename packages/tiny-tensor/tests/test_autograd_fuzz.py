@@ -11,13 +11,14 @@ fail. The generator is in autograd_fuzz.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from autograd_fuzz import (
     FLOAT32_ACCURATE,
     TOLERANCE,
     UNARY,
-    Hang,
     Leaf,
     Program,
     Step,
@@ -40,11 +41,20 @@ torch = pytest.importorskip("torch")
 SHARED_CONV_SEEDS = (56, 132, 154)
 
 
+# seeds whose graphs show a bug that is still open: strict xfails, each with the test that reproduces it
+KNOWN_BAD_SEEDS = {
+    37: "max/min over a log_softmax of a convolution: wrong gradients (test_max_over_..._gradient)",
+    127: "float64 adaptive_avg_pool2d over uneven windows: float32-accurate (test_float64_adaptive_avg_pool_...)",
+}
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "fuzz_seed" in metafunc.fixturenames:
         first = metafunc.config.getoption("--autograd-fuzz-seed")
         count = metafunc.config.getoption("--autograd-fuzz")
-        metafunc.parametrize("fuzz_seed", range(first, first + count))
+        xfail = {s: pytest.mark.xfail(strict=True, reason=why) for s, why in KNOWN_BAD_SEEDS.items()}
+        seeds = range(first, first + count)
+        metafunc.parametrize("fuzz_seed", [pytest.param(s, marks=xfail.get(s, ())) for s in seeds])
 
 
 def test_random_graph(fuzz_seed: int) -> None:
@@ -143,17 +153,45 @@ def test_float64_gradient_is_float64_accurate(op: str) -> None:
     np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.xfail(strict=True, raises=Hang, reason="scheduling a one-column matmul plus its row sums never ends")
+@pytest.mark.xfail(strict=True, reason="wrong gradients: max over H of a log_softmax over the channels of a conv2d")
+def test_max_over_a_log_softmax_of_a_convolution_gradient() -> None:
+    """Found by the fuzz (seed 37, shrunk by hand; the same before the scheduler's lift_reshapes fix): x (1, 1, 4, 4)
+    .conv2d(w (3, 1, 1, 1)).log_softmax(1).max(2), backward: x's and w's gradients are off by 0.18 and 1.4. It depends
+    on the values (no near ties: the top two of each max are 0.06 apart or more); seeds 2, 10 and 11 fail too, 0 does
+    not."""
+    rng = np.random.default_rng(8)
+    x, w = rng.uniform(-1, 1, (1, 1, 4, 4)), rng.uniform(-1, 1, (3, 1, 1, 1))
+    ours = [Tensor(a, dtype=dtypes.float32, requires_grad=True) for a in (x, w)]
+    ours[0].conv2d(ours[1]).log_softmax(1).max(2).sum().backward()
+    theirs = [torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in (x, w)]
+    torch.nn.functional.conv2d(*theirs).log_softmax(1).amax(2).sum().backward()
+    for got, want in zip(ours, theirs):
+        np.testing.assert_allclose(got.grad.numpy(), want.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.xfail(strict=True, reason="the averaging matrix of uneven windows is rounded to float32")
+def test_float64_adaptive_avg_pool_over_uneven_windows_is_float64_accurate() -> None:
+    """Found by the fuzz (seed 127, shrunk): (1, 3, 7, 6) -> adaptive_avg_pool2d((4, 6)) in float64 is off by 2e-8
+    (windows of 2 and 3 rows: _apply_matrix builds its 1/3 in float32, then casts)."""
+    a = np.random.default_rng([127, 0]).uniform(-1, 1, (1, 3, 7, 6))
+    ours = Tensor(a, dtype=dtypes.float64).adaptive_avg_pool2d((4, 6)).numpy()
+    np.testing.assert_allclose(ours, torch.nn.functional.adaptive_avg_pool2d(torch.tensor(a), (4, 6)), rtol=1e-12)
+
+
+# ---------------------------------------------------------------- scheduler hangs the fuzz found (fixed)
+# The scheduler's lift_reshapes rule moved a reshape off a reduction onto a sibling source that held a reduction in
+# the op's own shape (reductions over size-1 axes make such shapes), and lifted it back from there, for ever.
+
+
 def test_sum_over_the_one_column_of_a_matmul_finishes() -> None:
     """Found by the fuzz (attention over one key: its softmax sums one value). m = x (3, 2) @ w (2, 1), then
-    m + m.sum(-1, keepdim=True): create_schedule's rewrites (at lift_reshapes) run on without end."""
+    m + m.sum(-1, keepdim=True): create_schedule's rewrites (at lift_reshapes) ran on without end."""
     a, b = np.arange(6.0).reshape(3, 2), np.array([[2.0], [1.0]])
     m = Tensor(a, dtype=dtypes.float32) @ Tensor(b, dtype=dtypes.float32)
-    out = limited(lambda: (m + m.sum(-1, keepdim=True)).numpy(), seconds=10)
+    out = limited(lambda: (m + m.sum(-1, keepdim=True)).numpy(), seconds=30)
     np.testing.assert_allclose(out, 2 * (a @ b))
 
 
-@pytest.mark.xfail(strict=True, raises=Hang, reason="log_softmax over the size-1 axis of a mean never finishes")
 def test_log_softmax_over_a_size_one_axis_of_a_mean_finishes() -> None:
     """Found by the fuzz (seed 1007, shrunk): x (1, 1, 3) -> mean(2) (1, 1) -> log_softmax(1) -> nll_loss, backward."""
     program = Program(
@@ -174,5 +212,66 @@ def test_log_softmax_over_a_size_one_axis_of_a_mean_finishes() -> None:
             ),
         ),
     )
-    limited(lambda: run(program, "tiny"), seconds=10)
+    limited(lambda: run(program, "tiny"), seconds=30)
     assert mismatches(program) == []
+
+
+def test_chained_one_channel_conv1d_finishes() -> None:
+    """Found by the fuzz with 1-channel convolutions allowed (seed 27, shrunk): x.conv1d(w).conv1d(w2), both with
+    one output channel, and the inner one read again; forward and backward against PyTorch."""
+    rng = np.random.default_rng(27)
+    x, w, w2 = rng.uniform(-1, 1, (2, 1, 5)), rng.uniform(-1, 1, (1, 1, 1)), rng.uniform(-1, 1, (1, 1, 3))
+    weights = rng.uniform(-1, 1, (2, 1, 1)), rng.uniform(-1, 1, (2, 1, 3))
+
+    def grads(conv1d: Callable, leaf: Callable) -> list[np.ndarray]:
+        xs = [leaf(a) for a in (x, w, w2)]
+        inner = conv1d(xs[0], xs[1], stride=2, dilation=2)
+        outer = conv1d(inner, xs[2], stride=2, padding=1, dilation=2)
+        read_again = inner / (xs[2].square() + 0.5)
+        ((outer * leaf(weights[0], False)).sum() + (read_again * leaf(weights[1], False)).sum()).backward()
+        return [outer.detach().numpy(), *(t.grad.numpy() for t in xs)]
+
+    ours = limited(lambda: grads(Tensor.conv1d, lambda a, g=True: Tensor(a, dtype=dtypes.float32, requires_grad=g)), 30)
+    theirs = grads(torch.nn.functional.conv1d, lambda a, g=True: torch.tensor(a, dtype=torch.float32, requires_grad=g))
+    for got, want in zip(ours, theirs):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# each: (leaf shapes, f(*leaves)) with f written in the methods tiny and PyTorch share
+SIZE_ONE_AXES: dict[str, tuple[tuple[tuple[int, ...], ...], Callable]] = {
+    "one column plus its row sums": (((3, 2), (2, 1)), lambda x, w: (x @ w) + (x @ w).sum(-1, keepdim=True)),
+    "one row plus its column sums": (((1, 2), (2, 3)), lambda x, w: (x @ w) * (x @ w).sum(0, keepdim=True)),
+    "matvec seen as a column": (
+        ((3, 2), (2,)),
+        lambda x, v: (x @ v).reshape(3, 1) - (x @ v).reshape(3, 1).mean(1, True),
+    ),
+    "softmax over one column": (((4, 3), (3, 1)), lambda x, w: (x @ w).softmax(-1) + (x @ w).log_softmax(1)),
+    "sum over a size-1 axis of a sum": (((2, 1, 3),), lambda x: x.sum(2).sum(1, keepdim=True).reshape(2, 1, 1) * x),
+    "mean, then a size-1 reduction broadcast back": (
+        ((2, 3, 1),),
+        lambda x: (x.mean(1) + x.mean(1).sum(-1, keepdim=True)).reshape(2, 1, 1).expand(2, 3, 1) * x,
+    ),
+    "attention over one key": (
+        ((1, 1, 3, 2), (1, 1, 1, 2), (1, 1, 1, 1)),
+        lambda q, k, v: (q @ k.transpose(-1, -2)).softmax(-1) @ v,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SIZE_ONE_AXES))
+def test_size_one_axes_schedule_and_match_torch(case: str) -> None:
+    """Graphs whose reductions run over (or leave) size-1 axes, then reshape or broadcast: each schedules within the
+    time limit, and its value and gradients match PyTorch's."""
+    shapes, f = SIZE_ONE_AXES[case]
+    arrays = [np.random.default_rng(len(case)).uniform(-1, 1, s) for s in shapes]
+
+    def values(leaf: Callable) -> list[np.ndarray]:
+        leaves = [leaf(a) for a in arrays]
+        out = f(*leaves)
+        (out * out).sum().backward()
+        return [out.detach().numpy(), *(t.grad.numpy() for t in leaves)]
+
+    ours = limited(lambda: values(lambda a: Tensor(a, dtype=dtypes.float32, requires_grad=True)), seconds=30)
+    theirs = values(lambda a: torch.tensor(a, dtype=torch.float32, requires_grad=True))
+    for got, want in zip(ours, theirs):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -256,10 +256,13 @@ class _KernelBuilder:
 
 def _lift_reshape(alu: UOp, ctx: dict[UOp, bool]) -> UOp | None:
     """ALU(RESHAPE(r), y) -> RESHAPE(ALU(r, RESHAPE(y))) where r holds a reduction, so the reduction and
-    this op stay in one kernel; the reshape rises to the kernel's output, whose view absorbs it."""
-    lifted = {s.source.shape for s in alu.src if s.op is Ops.RESHAPE and _reduces(s.source, ctx)}
+    this op stay in one kernel; the reshape rises to the kernel's output, whose view absorbs it.
+    Only y that hold no reduction get the new reshape: a reshape over a reduction only ever rises, so the
+    rewrite ends. (A y holding a reduction in the op's own shape, as x.sum(-1, keepdim=True) beside a reshaped
+    reduction of one column, would be reshaped here and lifted back there, for ever.)"""
+    lifted = {_reduced_shape(s, ctx) for s in alu.src} - {None}
     if len(lifted) != 1:
-        return None  # reductions of different shapes would take turns being lifted: leave them
+        return None  # reductions seen in different shapes: lifting one would reshape another; leave them
     for s in alu.src:
         if s.op is Ops.RESHAPE and _reduces(s.source, ctx) and s.source.shape != s.shape:
             inner = s.source.shape
@@ -268,6 +271,14 @@ def _lift_reshape(alu: UOp, ctx: dict[UOp, bool]) -> UOp | None:
             )
             return _reshape(alu.replace(src=srcs), alu.shape)
     return None
+
+
+def _reduced_shape(s: UOp, ctx: dict[UOp, bool]) -> tuple[int, ...] | None:
+    """The shape in which a source of an elementwise op holds a reduction (under one reshape, or as it is);
+    None where it holds none."""
+    if s.op is Ops.RESHAPE and _reduces(s.source, ctx):
+        return s.source.shape
+    return s.shape if _reduces(s, ctx) else None
 
 
 def _merge_reshapes(outer: UOp, inner: UOp) -> UOp | None:
