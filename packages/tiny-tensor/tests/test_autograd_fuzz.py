@@ -44,7 +44,6 @@ SHARED_CONV_SEEDS = (56, 132, 154)
 # seeds whose graphs show a bug that is still open: strict xfails, each with the test that reproduces it
 KNOWN_BAD_SEEDS = {
     37: "max/min over a log_softmax of a convolution: wrong gradients (test_max_over_..._gradient)",
-    127: "float64 adaptive_avg_pool2d over uneven windows: float32-accurate (test_float64_adaptive_avg_pool_...)",
 }
 
 
@@ -169,10 +168,9 @@ def test_max_over_a_log_softmax_of_a_convolution_gradient() -> None:
         np.testing.assert_allclose(got.grad.numpy(), want.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="the averaging matrix of uneven windows is rounded to float32")
 def test_float64_adaptive_avg_pool_over_uneven_windows_is_float64_accurate() -> None:
     """Found by the fuzz (seed 127, shrunk): (1, 3, 7, 6) -> adaptive_avg_pool2d((4, 6)) in float64 is off by 2e-8
-    (windows of 2 and 3 rows: _apply_matrix builds its 1/3 in float32, then casts)."""
+    (windows of 2 and 3 rows: _apply_matrix built its 1/3 in float32, then cast it)."""
     a = np.random.default_rng([127, 0]).uniform(-1, 1, (1, 3, 7, 6))
     ours = Tensor(a, dtype=dtypes.float64).adaptive_avg_pool2d((4, 6)).numpy()
     np.testing.assert_allclose(ours, torch.nn.functional.adaptive_avg_pool2d(torch.tensor(a), (4, 6)), rtol=1e-12)

@@ -578,7 +578,8 @@ class WindowOps(TensorBase):
 
     def _apply_matrix(self, dim: int, matrix: np.ndarray) -> Tensor:
         """Apply an (out, in) matrix along one dim: y[.., o, ..] = sum_i matrix[o, i] * x[.., i, ..]."""
-        m = type(self)(matrix.astype(np.float32), device=self.device).cast(self.dtype)
+        wide = np.float64 if self.dtype == dtypes.float64 else np.float32  # float64 weights only where x is float64
+        m = type(self)(matrix.astype(wide), device=self.device).cast(self.dtype)
         return self.transpose(dim, -1).matmul(m.T).transpose(dim, -1)
 
     # ---------------------------------------------------------------- shared
