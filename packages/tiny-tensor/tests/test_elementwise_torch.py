@@ -11,7 +11,7 @@ import pytest
 from tensor_helpers import torch_dtype_on
 from torch_compare import compare
 
-from tiny.tensor import Tensor, dtypes
+from tiny.tensor import DType, Tensor, dtypes
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -193,6 +193,48 @@ def test_float16_forward(device: str) -> None:
     for name in ("asin", "atanh"):
         forward(device, UNARY[name][0], x / 3.5, rtol=1e-2, atol=2e-3)
     forward(device, lambda t: t.round(), np.array([0.5, 1.5, 2.5, -2.5, 3.7], dtype=np.float16))
+
+
+# ---- float64: the series and fits of float64's own precision (tiny/tensor/fits.py), not float32's
+
+# both signs of large |x| (the tails, the clamps of tanh and erfc), of tiny |x|, and of the points where a function
+# switches between a series and a formula (0.25, 0.35, tan(pi/8), 0.5, 1)
+WIDE = [1e-9, 1e-5, 0.003, 0.2, 0.249, 0.251, 0.349, 0.351, 0.4142, 0.5, 0.75, 0.999, 1.0, 1.001, 1.5, 2.5, 4.0]
+WIDE = sorted(s * v for s in (1, -1) for v in (*WIDE, 6.5, 9.9, 10.6, 15.0, 19.5, 25.0))
+INSIDE_UNIT = sorted(s * v for s in (1, -1) for v in (1e-9, 1e-5, 0.003, 0.1, 0.249, 0.251, 0.3, 0.5, 0.75, 0.9, 0.99))
+SERIES_AND_FITS = ["tanh", "atan", "erf", "erfc", "gelu", "gelu_tanh", "elu", "selu", "mish", "expm1", "sinh", "cosh"]
+SERIES_AND_FITS += ["asinh", "softplus", "logsigmoid", "log1p", "asin", "acos", "atanh"]
+
+
+def against_float64_torch(
+    device: str, name: str, dtype: DType, rtol: float, atol: float, most: float = math.inf
+) -> None:
+    """UNARY[name] in `dtype`, its value and gradient, against PyTorch's in float64 on the same inputs."""
+    fn = UNARY[name][0]
+    x = np.array([v for v in (INSIDE_UNIT if name in ("log1p", "asin", "acos", "atanh") else WIDE) if abs(v) <= most])
+    x = x.astype(dtype.name)
+    ours, theirs = Tensor(x, dtype=dtype, device=device, requires_grad=True), torch.tensor(x, dtype=torch.float64)
+    theirs.requires_grad_()
+    out, ref = fn(ours), fn(theirs)
+    out.sum().backward()
+    ref.sum().backward()
+    assert out.dtype == dtype and ours.grad.dtype == dtype
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=rtol, atol=atol, err_msg=f"{name}({x})")
+    np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=rtol, atol=atol, err_msg=f"{name}'({x})")
+
+
+@pytest.mark.parametrize("name", SERIES_AND_FITS)
+def test_float64_values_and_gradients_are_float64_accurate(device: str, name: str) -> None:
+    # float32's series and fits gave 2e-8 to 3e-7 relative error in float64. The atol leaves room for PyTorch's own
+    # cancellation (1 + erf(x) in gelu, 1 - tanh**2 in tanh's gradient: about 1e-16 absolute)
+    against_float64_torch(device, name, dtypes.float64, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", SERIES_AND_FITS)
+def test_float32_values_and_gradients_keep_their_accuracy(device: str, name: str) -> None:
+    # float32's fits are within a few float32 ulps (the exp in the tails loses more, hence |x| <= 4; gelu's gradient
+    # is a difference of two near terms by x = -4, hence the atol)
+    against_float64_torch(device, name, dtypes.float32, rtol=1e-6, atol=1e-7, most=4.0)
 
 
 def test_integer_inputs(device: str) -> None:

@@ -4,7 +4,8 @@ functions and activations.
 Everything here is built from the primitive ops (ADD, MUL, EXP2, LOG2, SQRT, WHERE ...), so gradients come by
 composition. Where a formula would overflow or divide by zero in the branch a WHERE does not take, that branch gets a
 harmless input: a WHERE passes a zero gradient into the branch, and 0 * inf would still be NaN. The special functions
-(atan, erf, tanh ...) are polynomial fits accurate to float32; they compute half precision in float32.
+(atan, erf, tanh ...) are series and polynomial fits accurate to the precision they compute in (fits.py): float64's
+own, float32's for float32 and for the half types, which compute in float32.
 """
 
 from __future__ import annotations

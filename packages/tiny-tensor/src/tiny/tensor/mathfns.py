@@ -1,10 +1,10 @@
 """Math functions: exponentials and logarithms, trigonometric and hyperbolic functions, erf, rounding, signs,
-bounds and predicates. Built from primitives (gradients by composition); special functions are float32 fits."""
+bounds and predicates. Built from primitives (gradients by composition); special functions are series and fits
+of the input's precision (fits.py)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tiny.ir.dtypes import dtypes
@@ -12,6 +12,7 @@ from tiny.ir.uop import Ops
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import default_int
 from tiny.tensor.elementwise import _float32_math
+from tiny.tensor.fits import fits, poly
 from tiny.tensor.shapes import broadcast_shape
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class MathOps(TensorBase):
         """
         small = (self > -0.35) & (self < 0.35)
         xs = small.where(self, 0.0)  # the series sees only small values (no overflow in the branch not taken)
-        return small.where(xs * _poly(xs, _EXPM1_SERIES), self.exp() - 1)
+        return small.where(xs * poly(xs, fits(self.dtype).expm1), self.exp() - 1)
 
     def log(self) -> Tensor:
         """The natural logarithm.
@@ -94,7 +95,7 @@ class MathOps(TensorBase):
         small = (self > -0.25) & (self < 0.25)
         xs = small.where(self, 0.0)
         s = xs / (xs + 2)  # log(1 + x) = 2 atanh(x / (2 + x)), an odd series in s
-        return small.where(2 * s * _poly(s * s, _ATANH_SERIES), (self + 1).log())
+        return small.where(2 * s * poly(s * s, fits(self.dtype).log1p), (self + 1).log())
 
     def sqrt(self) -> Tensor:
         """The square root; NaN below zero.
@@ -168,7 +169,7 @@ class MathOps(TensorBase):
         mid = t > _TAN_PI_8  # atan(t) = pi/4 + atan((t-1)/(t+1))
         u = mid.where((t - 1) / (t + 1), t)
         z = u * u
-        r = u + u * z * _poly(z, _ATAN_TAIL)
+        r = u + u * z * poly(z, fits(self.dtype).atan)
         r = mid.where(r + math.pi / 4, r)
         r = big.where(math.pi / 2 - r, r)
         return neg.where(-r, r)
@@ -226,7 +227,8 @@ class MathOps(TensorBase):
         0.7616
         """
         neg, a = self._sign_split()
-        u = (2 * (a > 10).where(10.0, a)).expm1()  # tanh(10) is 1 in float32
+        one = fits(self.dtype).tanh_one  # from here on tanh is 1
+        u = (2 * (a > one).where(one, a)).expm1()
         # u / (u + 2) near 0, 1 - 2 / (u + 2) near 1: each form keeps the value and its gradient exact there
         r = (a < 0.5).where(u / (u + 2), 1 - 2 / (u + 2))
         return neg.where(-r, r)
@@ -270,7 +272,7 @@ class MathOps(TensorBase):
 
     @_float32_math
     def erf(self) -> Tensor:
-        """The error function, to about 2e-7 in float32.
+        """The error function.
 
         >>> round(Tensor(1.0).erf().item(), 4)
         0.8427
@@ -289,13 +291,19 @@ class MathOps(TensorBase):
         return small.where(1 - inner, neg.where(2 - tail, tail))
 
     def _erf_parts(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(|x| < 1, erf(x) there, x < 0, erfc(|x|) for |x| >= 1): erf is odd series near 0, exp(-x*x) * P beyond."""
+        """(|x| < 1, erf(x) there, x < 0, erfc(|x|) for |x| >= 1): erf is an odd polynomial near 0, erfc beyond is
+        exp(-x*x) times a fit (float32) or exp of a fit minus x*x (float64)."""
+        fit = fits(self.dtype)
         small = (self > -1) & (self < 1)
         xs = small.where(self, 0.0)
         neg, a = self._sign_split()
-        a = a.clip(1.0, 10.5)  # erfc(10.5) is below float32's smallest number: there erf is 1 and erfc 0
-        tail = (-(a * a)).exp() * _poly((1 + 0.5 * a).reciprocal(), _ERFC_TAIL)
-        return small, xs * _poly(xs * xs, _ERF_SMALL), neg, tail
+        a = a.clip(1.0, fit.erfc_zero)  # beyond erfc_zero erfc is below the smallest number: erf is 1 and erfc 0
+        t = (1 + 0.5 * a).reciprocal()
+        if fit.erfc_in_exponent:  # the fit's error is then relative, from x = 1 to where erfc underflows
+            tail = t * (poly(t, fit.erfc) - a * a).exp()
+        else:
+            tail = (-(a * a)).exp() * poly(t, fit.erfc)
+        return small, xs * poly(xs * xs, fit.erf), neg, tail
 
     # ---- rounding
 
@@ -500,14 +508,6 @@ class MathOps(TensorBase):
 # ---------------------------------------------------------------- helpers
 
 
-def _poly(x: Tensor, coeffs: Sequence[float]) -> Tensor:
-    """coeffs[0] + coeffs[1]*x + coeffs[2]*x**2 + ..., by Horner's rule."""
-    out = x * coeffs[-1] + coeffs[-2]
-    for c in reversed(coeffs[:-2]):
-        out = out * x + c
-    return out
-
-
 def _softplus1(x: Tensor) -> Tensor:
     """log(1 + e**x) as max(x, 0) + log1p(e**-|x|): no overflow, and the gradient 1/2 at 0."""
     neg, a = x._sign_split()
@@ -524,23 +524,3 @@ _LN2 = math.log(2)
 _TAN_PI_8 = math.tan(math.pi / 8)
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
-# Taylor series: expm1(x) = x * P(x) for |x| < 0.35; log1p(x) = 2s * P(s*s) with s = x / (2 + x) for |x| < 0.25
-_EXPM1_SERIES = tuple(1 / math.factorial(k + 1) for k in range(7))
-_ATANH_SERIES = tuple(1 / (2 * k + 1) for k in range(5))
-# least-squares fits on Chebyshev nodes, checked in float32 against mpmath:
-# atan(u) = u + u**3 * P(u*u) for |u| <= tan(pi/8), relative error 7e-8
-_ATAN_TAIL = (-0.333333326, 0.199996387, -0.142663592, 0.107641261, -0.0650788598)
-# erf(x) = x * P(x*x) for |x| < 1, relative error 2e-7 (its derivative 6e-7)
-_ERF_SMALL = (1.12837917, -0.376126299, 0.112836257, -0.0268553992, 0.00519121803, -0.000803484398, 7.93348599e-05)
-# erfc(x) = exp(-x*x) * P(1 / (1 + x/2)) for 1 <= x <= 10, relative error 3e-7 (its derivative 2e-7)
-_ERFC_TAIL = (
-    -3.14414128e-06,
-    0.282175428,
-    0.281243954,
-    0.251492607,
-    0.163227652,
-    0.0940542984,
-    0.039934133,
-    -0.19590767,
-    0.084268388,
-)
