@@ -141,3 +141,29 @@ def test_a_strided_or_dilated_channels_last_convolution_writes_all_its_padding(k
     item = max((i for i in x.conv2d(w, **kw).schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
     views = [u.src[1].arg for u in Kernel(item.ast, CPU).ast.toposort if u.op is Ops.LOAD]
     assert len(views) == 2 and not any(v.bands or v.mask for v in views)
+
+
+def test_a_big_bodied_kernel_that_is_no_tile_is_held_to_a_lowering_size() -> None:
+    """The MNIST CNN's backward: its second max pool's gradient through the batch norm is a 229-node body over a
+    6 x 6 plane, which the rules wrote out whole for a vector of channels (288 values a thread with 8-lane vectors,
+    576 with 16: 130k nodes lowered to simplify to 1.8k, 2 s of a cold MNIST step). A kernel that is not a register
+    tile is held to LOWERED_NODES nodes (AST nodes x values per thread)."""
+    from tiny.codegen.heuristic import LOWERED_NODES, TILE_NODES
+    from tiny.examples.mnist import MnistCNN
+    from tiny.nn.state import get_parameters
+
+    Tensor.manual_seed(0)
+    model = MnistCNN()
+    with Tensor.train():
+        model(Tensor.empty(8, 1, 28, 28)).sum().backward()
+    grads = [p.grad for p in get_parameters(model) if p.grad is not None]
+    biggest = 0
+    for item in grads[0].schedule(*grads[1:]):
+        if item.ast.op is not Ops.SINK:
+            continue
+        k, nodes = Kernel(item.ast, CPU), len(item.ast.toposort)
+        k.apply_opts(hand_opts(k))
+        if not (k.reduce_dims and nodes <= TILE_NODES):  # (a register tile's body is small: not held)
+            assert nodes * k.lanes() <= LOWERED_NODES or k.lanes() == 1, (nodes, k.lanes())
+            biggest = max(biggest, nodes)
+    assert biggest > 200, "the max pool's backward is there (the test would say nothing)"

@@ -25,6 +25,9 @@ TILE_STRETCH = 96  # ... or up to this many where the whole of a small dim that 
 ACC_VECTORS = 16  # ... or this many outputs where each accumulates in a vector of its own (along the reduction)
 TILE_VALUES = 1024  # ... and to this many values per thread with the window's offsets (lowering time grows with it)
 UNROLL_LANES = 512  # ... and the innermost reduce dim is unrolled too where values per thread stay within this
+LOWERED_NODES = 1 << 15  # a CPU kernel that is not a register tile lowers at most about this many nodes (AST nodes x
+# values per thread): a max pool's backward upcast whole (6 x 6 positions x 16 channels of a 229-node body) built
+# 130k nodes to simplify them to 1.8k, 2.0 s of a cold MNIST step's rendering, for the same speed as 72 values (0.15 ms)
 TILE_NODES = 256  # ... in kernels of at most this many AST nodes: a matrix product's or a convolution's body (151 at
 # most in the suite, a fused epilogue included); one of hundreds of ops (a fused LSTM cell's backward pass, 1600)
 # gains little from reusing its loads, and its code grows by all of them with each value of the tile
@@ -43,6 +46,17 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         return []
     k = kernel.copy()
     chosen: list[Opt] = []
+    caps = k.caps
+    loads = [u.src[1].arg for u in k.ast.toposort if u.op is Ops.LOAD]
+    outputs = [d for d in range(len(k.full_shape)) if d not in k.reduce_dims]
+    # on a GPU, a reduction with few outputs (a weight's gradient: a long reduction over the batch) needs its threads
+    # for the reduction, not for register tiles: there it is a plain reduction shared by workgroups
+    few = caps.has_shared and bool(k.reduce_dims) and math.prod(k.full_shape[d] for d in outputs) < FEW_OUTPUTS
+    reuse = {d for d in outputs if any(_broadcast(v, d) for v in loads) and k.reduce_dims}
+    tiled = k.reduce_dims and reuse and not few and len(k.ast.toposort) <= TILE_NODES
+    if not tiled and not caps.has_local:  # (GPU kernels keep their plans: not measured there)
+        held = max(1, LOWERED_NODES // len(k.ast.toposort))
+        max_lanes = held if max_lanes is None else min(max_lanes, held)
 
     def attempt(op: OptOps, axis: int | None, amounts: tuple[int, ...]) -> bool:
         if axis is None:
@@ -59,25 +73,17 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
             return True
         return False
 
-    caps = k.caps
     if caps.tensor_cores and k.reduce_dims and _tensor_cores(k, attempt):
         return chosen
     lanes = max(2, caps.vector_width)
-    loads = [u.src[1].arg for u in k.ast.toposort if u.op is Ops.LOAD]
     store_view: View = k.store.src[1].arg
     out_dim = _contiguous_dim(store_view, k)
     masked = {d for v in loads if v.mask for d, (lo, hi) in enumerate(v.mask) if (lo, hi) != (0, v.shape[d])}
-    outputs = [d for d in range(len(k.full_shape)) if d not in k.reduce_dims]
-    # on a GPU, a reduction with few outputs (a weight's gradient: a long reduction over the batch) needs its threads
-    # for the reduction, not for register tiles: there it is a plain reduction shared by workgroups
-    few = caps.has_shared and bool(k.reduce_dims) and math.prod(k.full_shape[d] for d in outputs) < FEW_OUTPUTS
     for p in list(k.axes):  # small dims that masks depend on (a window's offsets): written out, the masks fold away
         if few:
             break
         if p.dim in masked and p.size <= SMALL_DIM and k.lanes() * p.size <= MASKED_LANES:
             attempt(OptOps.UPCAST if p.kind is Kind.GLOBAL else OptOps.UNROLL, k.axes.index(p), (0,))
-    reuse = {d for d in outputs if any(_broadcast(v, d) for v in loads) and k.reduce_dims}
-    tiled = k.reduce_dims and reuse and not few and len(k.ast.toposort) <= TILE_NODES
     if tiled:  # a matrix product or a convolution: tile outputs in registers
         # small reduce dims (a convolution's window) written out in full; on a CPU, whose windows are one view each
         # (opt.merge_windows), only the innermost: the values a thread holds go to a bigger tile instead
