@@ -210,3 +210,24 @@ def test_requires_grad_on_ints_and_requires_grad_(device: str) -> None:
     assert t.requires_grad_(False).requires_grad is False
     with pytest.raises(TypeError, match="takes a bool"):
         t.requires_grad_("yes")
+
+
+def test_a_gradient_flows_through_what_is_written_into_a_plain_tensor() -> None:
+    """x.add_(w) with only w requiring grad (x a plain tensor, as a running buffer): the gradient reaches w through
+    every later in-place op, as in PyTorch (it raised 'no gradient rule for ASSIGN')."""
+    torch = pytest.importorskip("torch")
+
+    w0 = np.array([0.5, 1.0, 2.0], np.float32)
+    x, w = Tensor(np.ones(3, np.float32)), Tensor(w0, requires_grad=True)
+    x.add_(w, alpha=2)
+    x.mul_(w)
+    x += w * w
+    (x * x).sum().backward()
+    xt, wt = torch.ones(3), torch.tensor(w0, requires_grad=True)
+    xt.add_(wt, alpha=2)
+    xt.mul_(wt)
+    xt += wt * wt
+    (xt * xt).sum().backward()
+    np.testing.assert_allclose(x.numpy(), xt.detach().numpy(), rtol=1e-6)
+    assert w.grad is not None
+    np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-6)

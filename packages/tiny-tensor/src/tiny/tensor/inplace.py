@@ -84,7 +84,8 @@ class InplaceOps(TensorBase):
             raise ValueError(
                 f"{op}: the result has shape {result.shape}, which does not fit this tensor's {self.shape}"
             )
-        if self._on_gradient_path():  # type: ignore[attr-defined]
+        # (also where x holds no gradient path but what is written into it does: x.add_(w), w a leaf with requires_grad)
+        if self._on_gradient_path() or result._on_gradient_path():  # type: ignore[attr-defined]
             was_memory = is_realized(self.uop)
             self.uop = result.cast(self.dtype).uop
             if was_memory:  # listed among the pending tensors again: it has work pending now
