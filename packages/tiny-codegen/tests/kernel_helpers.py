@@ -273,3 +273,16 @@ def _interpret_once(uops: list[UOp], buffers: list[np.ndarray], specials: dict[s
 def interpret_ast(ast: UOp, buffers: list[np.ndarray], caps: RendererCaps = LOOPS) -> None:
     kernel, uops = kernel_uops(ast, caps)
     interpret(uops, buffers, kernel.global_size)
+
+
+# float32 inputs of exp2 that probe a vector polynomial: both ends of its range, every half, rounding edges
+EXP2_INPUTS = np.concatenate(
+    [
+        np.random.default_rng(0).uniform(-160, 140, 200_000),
+        np.random.default_rng(1).uniform(-2, 2, 200_000),
+        np.arange(-152, 130, 0.25),  # every integer and half: the rounding of n and both ends of f
+        np.nextafter(np.float32([-126, -149, -149.5, 127, 128, -0.5, 0.5]), np.float32(np.inf)),
+        np.nextafter(np.float32([-126, -149, -150, 127, 128, -0.5, 0.5]), np.float32(-np.inf)),
+        [0.0, -0.0, 1e-30, -1e-30, 3.4e38, -3.4e38, np.inf, -np.inf, np.nan],
+    ]
+).astype(np.float32)

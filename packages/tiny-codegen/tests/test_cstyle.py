@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kernel_helpers import NUMPY, Case, const, kernel_uops, make_cases, run_case, tensor
+from kernel_helpers import EXP2_INPUTS, NUMPY, Case, const, kernel_uops, make_cases, run_case, tensor
 
 from tiny.codegen.cstyle import CRenderer
 from tiny.ir.alu import exec_alu
@@ -456,17 +456,6 @@ def test_a_sum_of_1000_tensors_compiles_and_runs() -> None:
 
 
 # ---------------------------------------------------------------- vector math
-
-EXP2_INPUTS = np.concatenate(
-    [
-        np.random.default_rng(0).uniform(-160, 140, 200_000),
-        np.random.default_rng(1).uniform(-2, 2, 200_000),
-        np.arange(-152, 130, 0.25),  # every integer and half: the rounding of n and both ends of f
-        np.nextafter(np.float32([-126, -149, -149.5, 127, 128, -0.5, 0.5]), np.float32(np.inf)),
-        np.nextafter(np.float32([-126, -149, -150, 127, 128, -0.5, 0.5]), np.float32(-np.inf)),
-        [0.0, -0.0, 1e-30, -1e-30, 3.4e38, -3.4e38, np.inf, -np.inf, np.nan],
-    ]
-).astype(np.float32)
 
 
 @pytest.mark.parametrize("lanes", [4, 8, 16])

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kernel_helpers import NUMPY, Case, const, kernel_uops, make_cases, run_case, tensor
+from kernel_helpers import EXP2_INPUTS, NUMPY, Case, const, kernel_uops, make_cases, run_case, tensor
 
 from tiny.codegen.linearize import linearize
 from tiny.codegen.llvmir import LLVMRenderer
@@ -470,17 +470,6 @@ def test_what_the_cpu_cannot_do_is_a_clear_error() -> None:
 
 
 # ---------------------------------------------------------------- vector exp2 in the vector unit
-
-EXP2_INPUTS = np.concatenate(
-    [
-        np.random.default_rng(0).uniform(-160, 140, 200_000),
-        np.random.default_rng(1).uniform(-2, 2, 200_000),
-        np.arange(-152, 130, 0.25),  # every integer and half: the rounding of k and both ends of f
-        np.nextafter(np.float32([-126, -149, -149.5, 127, 128, -0.5, 0.5]), np.float32(np.inf)),
-        np.nextafter(np.float32([-126, -149, -150, 127, 128, -0.5, 0.5]), np.float32(-np.inf)),
-        [0.0, -0.0, 1e-30, -1e-30, 3.4e38, -3.4e38, np.inf, -np.inf, np.nan],
-    ]
-).astype(np.float32)
 
 
 def _vexp2_loop(lanes: int) -> str:
