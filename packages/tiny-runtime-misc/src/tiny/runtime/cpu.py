@@ -129,7 +129,10 @@ class ClangCompiler(Compiler):
                 "-O2",
                 *arch,
                 "-fno-math-errno",
-                "-ffp-contract=fast",  # fused multiply-add where a product feeds a sum, as GPU compilers do
+                # no fused multiply-add where the compiler sees fit: which products it fuses depends on the kernel
+                # around them, and a value computed again in another kernel must round the same (a max's gradient
+                # compares the max's input with it); the renderer asks for fma itself in reductions (tiny_fma_*)
+                "-ffp-contract=off",
                 "-fwrapv",
                 "-x",
                 "c",
