@@ -276,6 +276,14 @@ def test_the_compile_cache_key_names_the_compiler() -> None:
 
 
 @needs_cc
+def test_the_compile_cache_key_names_the_flags() -> None:
+    """A binary compiled with -ffp-contract=fast (before) must not be taken for one compiled without contraction: the
+    same source, but a value rounded differently in one kernel than in another."""
+    key = ClangCompiler(find_compiler()).cachekey
+    assert key is not None and "-ffp-contract=off" in key and "-O2" in key
+
+
+@needs_cc
 def test_compile_cached_uses_the_disk(tmp_path: Path) -> None:
     calls = []
 

@@ -178,6 +178,16 @@ def test_special_values_of_bounded_domains(device: str) -> None:
     forward(device, method("acosh"), values(1.0, 2.0, 1e30, 0.5))
 
 
+def test_a_product_plus_a_value_rounds_after_each_op(device: str) -> None:
+    """a * a - b with a = 1 + 2^-12, b = 1 + 2^-11: a * a rounds to b, so 0; fused into one rounding it is 2^-24.
+    Every device rounds as written (as PYTHON does), so a value computed again in another kernel is the same to the
+    bit: a max's gradient and argmax compare the input with the max. (The CPU compiled with -ffp-contract=fast.)"""
+    a, b = np.full(8, 1 + 2**-12, np.float32), np.full(8, 1 + 2**-11, np.float32)
+    x, y = Tensor(a, device=device), Tensor(b, device=device)
+    np.testing.assert_array_equal((x * x - y).numpy(), np.zeros(8, np.float32))
+    np.testing.assert_array_equal((y - x * x).numpy(), np.zeros(8, np.float32))
+
+
 def test_round_half_to_even(device: str) -> None:
     halves = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 2.4999998, 1e8, 8388609.0, 0.0, -0.0, INF, -INF, NAN]
     forward(device, lambda x: x.round(), np.array(halves, dtype=np.float32))

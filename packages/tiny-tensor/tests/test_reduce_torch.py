@@ -184,6 +184,18 @@ def test_argmax_argmin_first_index(device: str, data: str, name: str, axis, keep
     same(device, ours, theirs, data)
 
 
+@pytest.mark.parametrize("seed", [16, 21, 24, 27, 34])
+def test_argmax_of_a_fused_log_softmax(device: str, seed: int) -> None:
+    """argmax compares its input, computed again in its own kernel, with the max: on the CPU, clang's contraction
+    of x * w - log(sum) * ln2 in one kernel and not the other made every compare of a row miss, and argmax gave 4
+    (past the end of the axis) for these seeds."""
+    rng = np.random.default_rng(seed)
+    x, w = rng.uniform(-1, 1, (1, 1, 4, 4)).astype(np.float32), rng.uniform(-1, 1, (1, 3, 1, 1)).astype(np.float32)
+    got = (Tensor(x, device=device) * Tensor(w, device=device)).log_softmax(1).argmax(3).numpy()
+    want = torch.tensor(x * w).log_softmax(1).argmax(3).numpy()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_argmax_of_size_1_and_0_d(device: str) -> None:
     same(device, lambda x: x.argmax(1), lambda x: x.argmax(1), np.ones((3, 1), np.float32))
     same(device, lambda x: x.argmin(None, True), lambda x: x.argmin(None, True), np.ones((1, 2), np.float32))

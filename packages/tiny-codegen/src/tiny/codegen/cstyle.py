@@ -229,6 +229,16 @@ class CStyleRenderer(Renderer):
             return f"({args[0]}{'|' if op is Ops.ADD else '&'}{args[1]})"
         return _CODE[op](*args)
 
+    def multiply_add(self, dt: DType, a: str, b: str, acc: str) -> str | None:
+        """acc + a * b as one fused multiply-add, for a reduction's update of its accumulator; None: the two ops.
+        Only there: a reduction is computed in one kernel, whereas an elementwise value may be computed again in
+        another, where it must round the same (a max's gradient compares a value with the max over it)."""
+        return None
+
+    def multiply_add_helper(self, dt: DType) -> str:
+        """What a kernel that calls multiply_add for dt defines first."""
+        return ""
+
     def _wide(self, x: str) -> str:
         """x as the unsigned 64-bit type (OpenCL C spells it ulong, the others unsigned long long)."""
         return f"(({self.type_name(dtypes.uint64)})({x}))"
@@ -284,6 +294,7 @@ class CStyleRenderer(Renderer):
             return f"{prefix}{counters[prefix]}"
 
         inlined: set[UOp] = set()  # ALU results written into their one user's text
+        fused: set[DType] = set()  # the dtypes of accumulator updates written as one multiply-add
         held: list[tuple[UOp, list[str]]] = []  # accumulator updates held back to be interleaved
         held_depth = 0  # the nesting they were written at
 
@@ -300,7 +311,16 @@ class CStyleRenderer(Renderer):
                     return None
                 ops.append((value, value.src[1]))
                 value = value.src[0]
-            return [self.rounded(v, self.alu(v, [names[acc], names[term]])) for v, term in reversed(ops)] or None
+            return [step(v, names[acc], term) for v, term in reversed(ops)] or None
+
+        def step(v: UOp, acc: str, term: UOp) -> str:
+            """'acc op term'; a product added to the accumulator as one fused multiply-add where the target has one."""
+            if v.op is Ops.ADD and term.op is Ops.MUL and term in inlined:
+                text = self.multiply_add(v.dtype, names[term.src[0]], names[term.src[1]], acc)
+                if text is not None:
+                    fused.add(v.dtype)
+                    return text
+            return self.rounded(v, self.alu(v, [acc, names[term]]))
 
         def flush() -> None:
             """The held accumulators' updates one term at a time across all of them, not one chain after another:
@@ -409,7 +429,8 @@ class CStyleRenderer(Renderer):
         kernel = self.render_kernel(name, ordered, body)
         vectors = sorted({u.dtype for u in uops if u.dtype.count > 1 and not isinstance(u.dtype, PtrDType)}, key=repr)
         types = "".join(self.vector_typedef(dt) for dt in vectors)
-        kernel = types + "".join(self.vector_prelude(dt) for dt in vectors) + kernel
+        helpers = "".join(self.multiply_add_helper(dt) for dt in sorted(fused, key=repr))
+        kernel = types + "".join(self.vector_prelude(dt) for dt in vectors) + helpers + kernel
         scalars = {_element(u.dtype).scalar for u in uops}
         uses_bf16 = self.emulate_bf16 and dtypes.bfloat16 in scalars
         return self.preamble(scalars) + (self.bf16_prelude if uses_bf16 else "") + kernel
@@ -526,6 +547,9 @@ _EXP2_POLY = (
 )
 
 
+_FUSED = (dtypes.float32, dtypes.float64)  # the dtypes whose accumulators take a product as one multiply-add (CPU)
+
+
 def _vexp2_float32(t: str) -> str:
     """exp2 on a float32 vector, in the vector unit and inlined: at most 1 ulp from the correctly rounded result
     (the tests' 400k inputs). Against libmvec's call it is about even in a loop that only maps values, and faster
@@ -534,11 +558,13 @@ def _vexp2_float32(t: str) -> str:
     it replaces a libm call per lane.
     x is clamped to [-151, 129] (NaN stays NaN), split as n + f with n = round(x) (adding and taking away 1.5 * 2**23
     rounds a float to the nearest integer), and 2**n is applied as two powers of two, 2**(n>>1) and 2**(n - (n>>1)),
-    each a normal float, so a result that is subnormal is rounded once and one past the range is inf."""
+    each a normal float, so a result that is subnormal is rounded once and one past the range is inf. The pragma
+    lets Horner's steps fuse under -ffp-contract=off: the same text, so the same rounding, in every kernel."""
     m = f"{t}_mask"
     horner = "".join(f"  p = p * f + {c};\n" for c in _EXP2_POLY[1:])
     return (
         f"static inline {t} tiny_vexp2_{t}({t} x) {{\n"
+        "#pragma STDC FP_CONTRACT ON\n"
         f"  {t} c = tiny_vwhere_{t}(({m})(x < -151.0f), ({t}){{0}} - 151.0f, x);\n"
         f"  c = tiny_vwhere_{t}(({m})(c > 129.0f), ({t}){{0}} + 129.0f, c);\n"
         f"  {t} n = (c + 12582912.0f) - 12582912.0f;\n"
@@ -594,6 +620,20 @@ class CRenderer(CStyleRenderer):
         all_ = frozenset(dtypes.all()) - missing
         self.caps = RendererCaps(language="C", vector_width=width, threads=threads, dtypes=all_)
         self.mvec = "mvec" in features
+
+    def multiply_add(self, dt: DType, a: str, b: str, acc: str) -> str | None:
+        return f"tiny_fma_{self._fma_type(dt)}({a}, {b}, {acc})" if dt.scalar in _FUSED else None
+
+    def multiply_add_helper(self, dt: DType) -> str:
+        """The CPU compiles with -ffp-contract=off, so an expression rounds after each op in every kernel alike; the
+        pragma allows this one fusion (clang: an fma where the host has one, else a multiply and an add; gcc ignores
+        it: always the two)."""
+        t = self._fma_type(dt)
+        pragma = "#pragma STDC FP_CONTRACT ON"
+        return f"static inline {t} tiny_fma_{t}({t} a, {t} b, {t} c) {{\n{pragma}\n  return a * b + c;\n}}\n"
+
+    def _fma_type(self, dt: DType) -> str:
+        return self.vector_type_name(dt) if dt.count > 1 else self.type_names[dt.scalar.name]
 
     def vector_math(self, dt: DType, op: Ops, fn: str) -> str:
         """A math function on a vector: one libmvec call where the host has it, else lane by lane."""

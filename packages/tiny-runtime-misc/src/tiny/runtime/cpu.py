@@ -113,10 +113,23 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tiny-cpu")
 
 
+# how every kernel is compiled (with -march/-mcpu native); part of the disk cache's key, so a binary compiled with
+# other flags is not taken for one compiled with these
+CC_FLAGS = (
+    "-O2",
+    "-fno-math-errno",
+    # no fused multiply-add where the compiler sees fit: which products it fuses depends on the kernel around them,
+    # and a value computed again in another kernel must round the same (a max's gradient compares the max's input
+    # with it); the renderer asks for fma itself in reductions (tiny_fma_*)
+    "-ffp-contract=off",
+    "-fwrapv",
+)
+
+
 class ClangCompiler(Compiler):
     def __init__(self, cc: str) -> None:
         self.cc = cc
-        super().__init__(cachekey=f"cpu:{cc}:{platform.machine()}:{_version(cc)}")
+        super().__init__(cachekey=f"cpu:{cc}:{platform.machine()}:{_version(cc)}:{' '.join(CC_FLAGS)}")
 
     def compile(self, src: str) -> bytes:
         arch = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else ["-mcpu=native"]
@@ -126,11 +139,8 @@ class ClangCompiler(Compiler):
                 self.cc,
                 "-shared",
                 "-fPIC",
-                "-O2",
+                *CC_FLAGS,
                 *arch,
-                "-fno-math-errno",
-                "-ffp-contract=fast",  # fused multiply-add where a product feeds a sum, as GPU compilers do
-                "-fwrapv",
                 "-x",
                 "c",
                 "-",
