@@ -517,3 +517,16 @@ def test_a_vector_exp2_calls_no_libm() -> None:
     src = R.render("e", [out, a, zero, ia, io, v, value, UOp(Ops.STORE, src=(io, value))])
     assert "call <8 x float> @tiny_vexp2_v8f32" in src and "@llvm.exp2.v8f32" not in src
     verified(src)
+
+
+def test_only_a_reductions_update_may_fuse() -> None:
+    """acc + a*b of a reduction is marked contract (one multiply-add); an elementwise a*b + c is not, so that a value
+    computed again in another kernel rounds the same there (a max's gradient compares a value with the max of it)."""
+    a, b = tensor(4, 8), tensor(4, 8)
+    prod = UOp(Ops.MUL, f32, (a, b))
+    (item,) = create_schedule([UOp(Ops.REDUCE_AXIS, f32, (prod,), (Ops.ADD, (1,)))]).items
+    _, src = render(item.ast)
+    assert "fmul contract float" in src and "fadd contract float" in src
+    (item,) = create_schedule([UOp(Ops.ADD, f32, (prod, tensor(4, 8)))]).items
+    _, src = render(item.ast)
+    assert "fmul float" in src and "fadd float" in src and "contract" not in src

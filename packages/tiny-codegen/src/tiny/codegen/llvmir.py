@@ -168,6 +168,7 @@ class _Function:
         self.block = "entry"
         self.helpers: set[str] = set()
         self.declares: set[str] = set()
+        self.fusable: set[UOp] = set()  # accumulator updates acc + a*b and their products: marked contract
 
     def fresh(self, prefix: str = "v") -> str:
         self.counter += 1
@@ -281,6 +282,7 @@ class LLVMRenderer(Renderer):
 
     def render(self, name: str, uops: list[UOp]) -> str:
         f = _Function()
+        f.fusable = _accumulator_updates(uops)
         names: dict[UOp, str] = {}
         acc: dict[UOp, str] = {}  # DEFINE_ACC -> the SSA value it holds now
         assigned = _assigned_inside(uops)
@@ -532,9 +534,11 @@ class LLVMRenderer(Renderer):
         if op in (Ops.SHL, Ops.SHR):
             return self._shift(f, u, a, b)
         if dt.is_float:
-            # a product feeding a sum may fuse (one rounding, as GPU compilers do), except in float16, which rounds
-            # after each op: on a host with AVX512-FP16 LLVM's half is native and would fuse (a*b+a off by an ulp)
-            fuse = " contract" if dt.scalar != dtypes.float16 else ""
+            # only a reduction's update acc + a*b may fuse (one rounding): a reduction is computed in one kernel, while
+            # an elementwise value may be computed again in another, where it must round the same (a max's gradient
+            # compares a value with the max over it: fused in one kernel and not the other, the compare missed).
+            # float16 rounds after each op: on a host with AVX512-FP16 LLVM's half is native and would fuse
+            fuse = " contract" if u in f.fusable and dt.scalar != dtypes.float16 else ""
             name = {Ops.ADD: f"fadd{fuse}", Ops.MUL: f"fmul{fuse}", Ops.FDIV: "fdiv", Ops.MOD: "frem"}[op]
         elif dt.is_bool:
             name = {Ops.ADD: "or", Ops.MUL: "and", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor"}[op]
@@ -668,6 +672,23 @@ class LLVMRenderer(Renderer):
         if to.scalar == dtypes.bfloat16:
             return f.call("tiny_bf16_to_f32", "float", f"i16 {x}")
         return x
+
+
+def _accumulator_updates(uops: list[UOp]) -> set[UOp]:
+    """The float ADDs that update an accumulator (acc + t, down the chain of an unrolled update) and the products
+    they add: the only ops whose product and sum may fuse into one multiply-add."""
+    out: set[UOp] = set()
+    for u in uops:
+        if u.op is not Ops.ASSIGN:
+            continue
+        v = u.value
+        while v.op is Ops.ADD and v.dtype.is_float:
+            out.add(v)
+            for term in v.src:
+                if term.op is Ops.MUL:
+                    out.add(term)
+            v = v.src[0]
+    return out
 
 
 def _assigned_inside(uops: list[UOp]) -> dict[UOp, tuple[UOp, ...]]:
