@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.core import Workload
+from bench.decode import DECODE_OVERHEAD, DECODE_STEP
 from bench.kernels import CONV2D, ELEMENTWISE, SOFTMAX, SUM, matmul
 from bench.overhead import FIRST_RESULT, FIRST_RESULT_WARM, JIT_REPLAY, OVERHEAD_EACH, OVERHEAD_LAZY
 from bench.training import MNIST_COLD_STEP, MNIST_STEP
@@ -16,9 +17,11 @@ WORKLOADS: tuple[Workload, ...] = (
     SOFTMAX,
     CONV2D,
     MNIST_STEP,
+    DECODE_STEP,
     OVERHEAD_EACH,
     OVERHEAD_LAZY,
     JIT_REPLAY,
+    DECODE_OVERHEAD,
     FIRST_RESULT,
     FIRST_RESULT_WARM,
     MNIST_COLD_STEP,

@@ -15,7 +15,7 @@ from tiny.codegen.opt import Opt
 from tiny.ir.device import Renderer
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.uop import Ops, UOp
-from tiny.tensor import Tensor
+from tiny.tensor import Tensor, Variable
 
 # what an H100 reports (CUDADevice.renderer_target), with the architecture under test
 LIMITS = "vector_width=4;local_max=1024,1024,64;local_total_max=1024;shared_max=49152"
@@ -57,6 +57,12 @@ def _t(*shape: int, dtype: DType = dtypes.float32, seed: int = 0) -> Tensor:
     return Tensor(data.astype(np.dtype(dtype.fmt)), device="CPU")
 
 
+def _symbolic_attention() -> Tensor:
+    pos = Variable("pos", 1, 64).bind(20)
+    q, k, v = _t(1, 4, 1, 16), _t(1, 4, 64, 16, seed=1), _t(1, 4, 64, 16, seed=2)
+    return q.scaled_dot_product_attention(k[:, :, :pos], v[:, :, :pos])
+
+
 ALL_DTYPES = [d for d in dtypes.all() if d.fmt is not None or d == dtypes.bfloat16]
 
 
@@ -89,6 +95,9 @@ def ops() -> dict[str, Callable[[], Tensor]]:
         "int64_sum": lambda: _t(8, 64, dtype=dtypes.int64).sum(axis=1),
         "bool_logic": lambda: (_t(64) > 0) & (_t(64, seed=1) < 0.5) | (_t(64, seed=2) == 0),
         "double_math": lambda: (_t(64, dtype=dtypes.float64) * 2).exp() + _t(64, dtype=dtypes.float64).sqrt(),
+        # symbolic sizes: the kernels take the Variable as an integer argument
+        "symbolic_softmax": lambda: _t(8, 100)[:, : Variable("n", 1, 100).bind(37)].softmax(axis=1),
+        "symbolic_attention": lambda: _symbolic_attention(),
     }
     for d in ALL_DTYPES:
         if d != f32:

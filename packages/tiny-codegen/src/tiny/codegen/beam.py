@@ -26,6 +26,7 @@ from tiny.ir.config import BEAM_BUDGET
 from tiny.ir.device import Compiled, CompiledProgram, CompileError, usable_cores
 from tiny.ir.diskcache import cache_get, cache_put
 from tiny.ir.dtypes import PtrDType
+from tiny.ir.sint import kernel_variables
 from tiny.ir.uop import Ops, UOp
 
 AMOUNTS = (0, 2, 3, 4, 5, 7, 8, 16, 32)  # 0: the whole part
@@ -50,6 +51,8 @@ def actions(k: Kernel) -> list[Opt]:
             for t in range(len(caps.tensor_cores))
         ]
     for i, p in enumerate(k.axes):
+        if type(p.size) is not int:
+            continue  # (a symbolic size is not cut)
         if p.kind is Kind.GLOBAL:
             out += [Opt(OptOps.UPCAST, i, a) for a in AMOUNTS if a == 0 and p.size <= 16 or a and p.size % a == 0]
             if caps.has_local:
@@ -96,6 +99,8 @@ class _Timer:
             assert isinstance(dt, PtrDType) and dt.base is not None
             self.sizes.append(max(dt.size, 1) * dt.base.itemsize)
         self.bufs = [device.allocator.alloc(n) for n in self.sizes]
+        # a kernel over symbolic sizes is timed at each Variable's largest value (its buffers hold that many)
+        self.values = {v.arg[0]: v.arg[2] for v in kernel_variables(ast)}
 
     def time(self, prog: CompiledProgram, cutoff: float = math.inf) -> float:
         """The fastest of a few runs; one run only when that one is already slower than `cutoff`."""
@@ -104,7 +109,8 @@ class _Timer:
         for _ in range(REPEATS):
             if best > cutoff:
                 break
-            t = runner(*self.bufs, global_size=prog.global_size, local_size=prog.local_size, wait=True)
+            vals = tuple(self.values[n] for n in prog.var_names)
+            t = runner(*self.bufs, global_size=prog.global_size, local_size=prog.local_size, vals=vals, wait=True)
             best = min(best, t if t is not None else math.inf)
         return best
 
@@ -198,4 +204,6 @@ def _measure(
 def _progress(ast: UOp, rounds: int, tried: int, best: Candidate, elapsed: float) -> None:
     name = kernel_name(ast)
     line = f"BEAM {name}: round {rounds}, {tried} candidates, best {best.seconds * 1e6:.1f} us {list(best.opts)}"
+    if at := ", ".join(f"{v.arg[0]}={v.arg[2]}" for v in kernel_variables(ast)):
+        line += f" (timed at {at})"
     print(f"\r{line[:200]} ({elapsed:.1f} s)", end="", file=sys.stderr, flush=True)

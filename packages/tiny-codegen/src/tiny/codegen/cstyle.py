@@ -279,6 +279,7 @@ class CStyleRenderer(Renderer):
         names: dict[UOp, str] = {}
         params: list[tuple[int, str]] = []
         var_params: list[str] = []
+        special_params: list[str] = []
         body: list[str] = []
         depth = 1
         uses: dict[UOp, int] = {}
@@ -344,8 +345,8 @@ class CStyleRenderer(Renderer):
                 names[u] = self.const(u.arg, u.dtype)
             elif op is Ops.SPECIAL:
                 names[u] = u.arg[0]
-                if self.special_params:
-                    var_params.append(f"{self.arg_int} {u.arg[0]}")
+                if self.special_params:  # (after every variable: the CPU passes the thread's number last)
+                    special_params.append(f"{self.arg_int} {u.arg[0]}")
                 else:
                     line(f"{self.type_name(u.dtype)} {u.arg[0]} = {self.special(u.arg[0])}; /* {u.arg[1]} */")
             elif op is Ops.DEFINE_LOCAL:
@@ -425,7 +426,7 @@ class CStyleRenderer(Renderer):
                 raise NotImplementedError(f"{type(self).__name__} cannot render {op}")
         if held:
             flush()
-        ordered = [p for _, p in sorted(params)] + var_params
+        ordered = [p for _, p in sorted(params)] + var_params + special_params
         kernel = self.render_kernel(name, ordered, body)
         vectors = sorted({u.dtype for u in uops if u.dtype.count > 1 and not isinstance(u.dtype, PtrDType)}, key=repr)
         types = "".join(self.vector_typedef(dt) for dt in vectors)

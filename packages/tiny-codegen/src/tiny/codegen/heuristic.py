@@ -11,7 +11,8 @@ import math
 from collections.abc import Callable
 
 from tiny.codegen.opt import MAX_THREADS, Kernel, KernelOptError, Kind, Opt, OptOps
-from tiny.ir.uop import Ops
+from tiny.ir.sint import highest
+from tiny.ir.uop import Ops, UOp
 from tiny.ir.views import View
 
 THREAD_MIN_WORK = 1 << 20  # iterations below which splitting across threads costs more than it saves
@@ -51,7 +52,7 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
     outputs = [d for d in range(len(k.full_shape)) if d not in k.reduce_dims]
     # on a GPU, a reduction with few outputs (a weight's gradient: a long reduction over the batch) needs its threads
     # for the reduction, not for register tiles: there it is a plain reduction shared by workgroups
-    few = caps.has_shared and bool(k.reduce_dims) and math.prod(k.full_shape[d] for d in outputs) < FEW_OUTPUTS
+    few = caps.has_shared and bool(k.reduce_dims) and math.prod(_n(k.full_shape[d]) for d in outputs) < FEW_OUTPUTS
     reuse = {d for d in outputs if any(_broadcast(v, d) for v in loads) and k.reduce_dims}
     tiled = k.reduce_dims and reuse and not few and len(k.ast.toposort) <= TILE_NODES
     if not tiled and not caps.has_local:  # (GPU kernels keep their plans: not measured there)
@@ -63,7 +64,7 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
             return False
         for amt in amounts:
             lanes_op = op in (OptOps.UPCAST, OptOps.UNROLL)
-            if max_lanes is not None and lanes_op and k.lanes() * (amt or k.axes[axis].size) > max_lanes:
+            if max_lanes is not None and lanes_op and k.lanes() * (amt or _n(k.axes[axis].size)) > max_lanes:
                 continue
             try:
                 k.apply(Opt(op, axis, amt))
@@ -82,13 +83,13 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
     for p in list(k.axes):  # small dims that masks depend on (a window's offsets): written out, the masks fold away
         if few:
             break
-        if p.dim in masked and p.size <= SMALL_DIM and k.lanes() * p.size <= MASKED_LANES:
+        if p.dim in masked and _n(p.size) <= SMALL_DIM and k.lanes() * _n(p.size) <= MASKED_LANES:
             attempt(OptOps.UPCAST if p.kind is Kind.GLOBAL else OptOps.UNROLL, k.axes.index(p), (0,))
     if tiled:  # a matrix product or a convolution: tile outputs in registers
         # small reduce dims (a convolution's window) written out in full; on a CPU, whose windows are one view each
         # (opt.merge_windows), only the innermost: the values a thread holds go to a bigger tile instead
         reduce_parts = k.of_kind(Kind.REDUCE)
-        small = [p for p in reduce_parts if p.size <= SMALL_DIM] if len(reduce_parts) > 1 else []
+        small = [p for p in reduce_parts if _n(p.size) <= SMALL_DIM] if len(reduce_parts) > 1 else []
         # (on a CPU the innermost only where it is the innermost reduction: a window's last dim, not a weight
         # gradient's two images of a group, whose unrolling halves the unroll of the long row after it)
         written = small if caps.has_local else [p for p in small[-1:] if p is reduce_parts[-1]]
@@ -143,9 +144,9 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
     elif out_dim is not None:  # elementwise: vector loads and stores along the contiguous dim
         # a big one on a GPU: two vectors per thread, more bytes in flight (64M floats on an H100: 3.0 TB/s, 2.8
         # with one)
-        big = caps.has_local and math.prod(k.full_shape) >= GPU_BIG
+        big = caps.has_local and math.prod(map(_n, k.full_shape)) >= GPU_BIG
         attempt(OptOps.UPCAST, _axis(k, out_dim), ((2 * lanes,) if big else ()) + (lanes, 4, 2))
-    work = math.prod(k.full_shape)
+    work = math.prod(map(_n, k.full_shape))
     if caps.threads > 1 and work >= THREAD_MIN_WORK:
         counts = [t for t in range(caps.threads, 1, -1)]
         outputs = [i for i, p in enumerate(k.axes) if p.kind is Kind.GLOBAL]
@@ -153,7 +154,7 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
             # no count divides an output dim (a prime one): the biggest whole one padded to a multiple of the
             # threads, each thread's share stopping where the dim ends (tiny.codegen.narrow), so no lane is masked
             threads = min(caps.threads, MAX_THREADS)
-            for i in sorted(outputs, key=lambda i: -k.axes[i].size):
+            for i in sorted(outputs, key=lambda i: -_n(k.axes[i].size)):
                 if attempt(OptOps.PADTO, i, (threads,)):
                     attempt(OptOps.THREAD, i, (threads,))
                     break
@@ -250,31 +251,31 @@ def _group(
     output channels: one load of the layer's input serves several; on an H100 BEAM found this, 0.88 -> 0.33 ms for
     a 64x64x3x3 one)."""
     axis = _axis(k, red_dim) if red_dim is not None else None
-    if axis is not None and k.axes[axis].size >= 4 * GROUP_THREADS[-1]:
-        size = k.axes[axis].size
+    if axis is not None and _n(k.axes[axis].size) >= 4 * GROUP_THREADS[-1]:
+        size = _n(k.axes[axis].size)
         attempt(OptOps.GROUP, axis, tuple(g for g in GROUP_THREADS if size >= 4 * g))
     elif few:
         # a workgroup shares an output only where at most 3 output dims are left (the hardware's): small ones
         # (a convolution window's, in its weight's gradient) are written out
-        while len(outer := [p for p in k.axes if p.kind is Kind.GLOBAL and p.size > 1]) > 3:
-            if not attempt(OptOps.UPCAST, k.axes.index(min(outer, key=lambda p: p.size)), (0,)):
+        while len(outer := [p for p in k.axes if p.kind is Kind.GLOBAL and _n(p.size) > 1]) > 3:
+            if not attempt(OptOps.UPCAST, k.axes.index(min(outer, key=lambda p: _n(p.size))), (0,)):
                 return
-        tile = [p for p in k.axes if p.kind is Kind.GLOBAL and p.size > 1 and p.dim in reuse]
+        tile = [p for p in k.axes if p.kind is Kind.GLOBAL and _n(p.size) > 1 and p.dim in reuse]
         if tile:  # registers (with the unrolled ones) within FEW_TILE; at least FEW_BLOCKS workgroups left
-            lanes, outs = k.lanes(), math.prod(p.size for p in k.axes if p.kind is Kind.GLOBAL)
+            lanes, outs = k.lanes(), math.prod(_n(p.size) for p in k.axes if p.kind is Kind.GLOBAL)
             fits = tuple(a for a in (8, 4, 2) if lanes * a <= FEW_TILE and outs // a >= FEW_BLOCKS)
             attempt(OptOps.UPCAST, k.axes.index(tile[0]), fits)
         reduce_axes = [i for i, p in enumerate(k.axes) if p.kind is Kind.REDUCE]
         if reduce_axes:
-            axis = max(reduce_axes, key=lambda i: k.axes[i].size)
-            attempt(OptOps.GROUP, axis, tuple(g for g in GROUP_THREADS if k.axes[axis].size >= g))
+            axis = max(reduce_axes, key=lambda i: _n(k.axes[i].size))
+            attempt(OptOps.GROUP, axis, tuple(g for g in GROUP_THREADS if _n(k.axes[axis].size) >= g))
 
 
 def _local_opts(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> None:
     """Workgroups on GPUs: up to 256 threads (with those a grouped reduction has already), 16 x 16 from the two
     innermost global dims, or all from the one where the output has only one dim of any size."""
     budget = WORKGROUP // math.prod(p.size for p in k.of_kind(Kind.GROUP))
-    globals_ = [p for p in k.axes if p.kind is Kind.GLOBAL and p.size > 1]
+    globals_ = [p for p in k.axes if p.kind is Kind.GLOBAL and _n(p.size) > 1]
     widest = budget if len(globals_) == 1 else 16
     for i in reversed(range(len(k.axes))):
         p = k.axes[i]
@@ -294,14 +295,19 @@ def _within(
     if axis is None:
         return ()
     limit = room if whole_room is None else whole_room
-    whole = (0,) if k.axes[axis].size <= min(SMALL_DIM, limit) and _whole(k, k.axes[axis].dim) else ()
+    whole = (0,) if _n(k.axes[axis].size) <= min(SMALL_DIM, limit) and _whole(k, k.axes[axis].dim) else ()
     return tuple(a for a in amounts if a <= room) + whole
 
 
 def _whole(k: Kernel, dim: int) -> tuple[int, ...]:
     """(0,): upcast all of a small dim whose size no power of two divides well; () otherwise."""
     axis = _axis(k, dim)
-    return (0,) if axis is not None and k.axes[axis].size <= SMALL_DIM else ()
+    return (0,) if axis is not None and _n(k.axes[axis].size) <= SMALL_DIM else ()
+
+
+def _n(size: int | UOp) -> int:
+    """A size as the rules weigh it: a symbolic one at its largest value (it is never cut: the actions refuse it)."""
+    return size if type(size) is int else highest(size)
 
 
 def _axis(k: Kernel, dim: int) -> int | None:
@@ -313,16 +319,16 @@ def _axis(k: Kernel, dim: int) -> int | None:
 
 
 def _stride(view: View, dim: int) -> int | None:
-    return view.strides[dim] if dim < len(view.shape) and view.shape[dim] > 1 else None
+    return view.strides[dim] if dim < len(view.shape) and _n(view.shape[dim]) > 1 else None
 
 
 def _broadcast(view: View, dim: int) -> bool:
-    return dim < len(view.shape) and view.shape[dim] > 1 and view.strides[dim] == 0
+    return dim < len(view.shape) and _n(view.shape[dim]) > 1 and view.strides[dim] == 0
 
 
 def _contiguous_dim(store: View, k: Kernel) -> int | None:
     """The output dim the stored buffer is contiguous along, if any."""
     for d, (s, st) in enumerate(zip(store.shape, store.strides)):
-        if s > 1 and st == 1 and d not in k.reduce_dims:
+        if _n(s) > 1 and st == 1 and d not in k.reduce_dims:
             return d
     return None

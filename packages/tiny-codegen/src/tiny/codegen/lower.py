@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ from tiny.codegen.opt import IN_BLOCK, STAGE_BUFFERS, Kernel, Kind, Opt, stage_l
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
+from tiny.ir.sint import highest, sym_str
 from tiny.ir.symbolic import symbolic
 from tiny.ir.tensorcore import Fragment
 from tiny.ir.uop import GroupOp, Ops, UOp, evaluate, substitute
@@ -53,7 +55,7 @@ def _index_dtype(ast: UOp) -> DType:
     for u in ast.toposort:
         if u.op is Ops.VIEW:
             lo, hi = u.arg.span()
-            if hi > INT32_MAX or lo < -INT32_MAX or max(u.arg.shape, default=0) > INT32_MAX:
+            if hi > INT32_MAX or lo < -INT32_MAX or max(map(highest, u.arg.shape), default=0) > INT32_MAX:
                 return dtypes.int64
         if u.op is Ops.DEFINE_GLOBAL and u.dtype.size > INT32_MAX:
             return dtypes.int64
@@ -66,10 +68,15 @@ def kernel_name(ast: UOp) -> str:
     out = [s for s in store.shape if s != 1]
     reduces = [u for u in ast.toposort if u.op is Ops.REDUCE_AXIS]
     if not reduces:
-        return "E_" + "_".join(str(s) for s in out or [1])
+        return "E_" + "_".join(map(_name_of, out or [1]))
     red = reduces[-1]
     red_dims = [red.src[0].shape[a] for a in red.arg[1] if red.src[0].shape[a] != 1]
-    return "r_" + "_".join(str(s) for s in (out + red_dims) or [1])
+    return "r_" + "_".join(map(_name_of, (out + red_dims) or [1]))
+
+
+def _name_of(size: int | UOp) -> str:
+    """A size in a kernel's name: the number, or a symbolic one written out as an identifier (pos, pos_1 for pos+1)."""
+    return str(size) if type(size) is int else re.sub(r"\W+", "_", sym_str(size)).strip("_")
 
 
 class _Lowerer:
@@ -107,8 +114,9 @@ class _Lowerer:
         self.stage_stores: list[UOp] = []
         self.stage_barrier = UOp(Ops.BARRIER, arg="stage pending")
 
-    def new_range(self, size: int) -> UOp:
-        r = UOp.range(UOp.const(self.idx_dtype, size), self.next_range, self.idx_dtype)
+    def new_range(self, size: int | UOp) -> UOp:
+        end = UOp.const(self.idx_dtype, size) if type(size) is int else size.cast(self.idx_dtype)
+        r = UOp.range(end, self.next_range, self.idx_dtype)
         self.next_range += 1
         return r
 
@@ -119,7 +127,8 @@ class _Lowerer:
         """Loop counters and hardware indices for the output parts."""
         parts = self.k.parts
         globals_ = [i for i, p in enumerate(parts) if p.kind is Kind.GLOBAL]
-        hw = globals_[-3:] if self.k.caps.has_local else []
+        # (a symbolic size stays a loop: a launch's grid is fixed when the kernel is built)
+        hw = [i for i in globals_ if type(parts[i].size) is int][-3:] if self.k.caps.has_local else []
         for i in globals_:
             if i not in hw:
                 self.env[i] = self.new_range(parts[i].size)
@@ -404,8 +413,8 @@ class _Lowerer:
             if not real:
                 self.padding.add(key)
             return real[0] if real else srcs[0]  # (an ADD has two sources)
-        if u.op is Ops.CONST:
-            value = UOp.const(u.dtype, u.arg)
+        if u.op is Ops.CONST:  # (a symbolic one's value is its expression: the Variables are kernel arguments)
+            value = UOp.const(u.dtype, u.arg) if not isinstance(u.arg, UOp) else u.arg.cast(u.dtype)
             _, valid = self.view_index(u.src[0], idxs) if u.src else (None, None)
             return value if valid is None else valid.where(value, UOp.const(u.dtype, 0))
         if u.op is Ops.REDUCE_AXIS:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType
+from tiny.ir.sint import smul
 from tiny.ir.tensorcore import TensorCore
 from tiny.ir.uop import Ops, UOp
 from tiny.ir.views import Band, Mask, View
@@ -101,6 +102,11 @@ class TensorCoreUse:
     b: UOp
 
 
+def _dim(size: int | UOp) -> bool:
+    """Whether a dim of the kernel's shape is a loop (more than one element, or a symbolic size)."""
+    return type(size) is not int or size > 1
+
+
 def merge_dims(ast: UOp) -> UOp:
     """The kernel with each pair of neighbouring dims that every view reads and writes as one run of memory merged
     into one dim (both outputs or both reduced): a 128 x 32 x 20 x 20 elementwise kernel over contiguous buffers is
@@ -119,7 +125,7 @@ def merge_dims(ast: UOp) -> UOp:
             continue
         tried = {}
         for u, v in merged.items():
-            shape = v.shape[:d] + (v.shape[d] * v.shape[d + 1],) + v.shape[d + 2 :]
+            shape = v.shape[:d] + (smul(v.shape[d], v.shape[d + 1]),) + v.shape[d + 2 :]
             if (w := v.reshape(shape)) is None:
                 break
             tried[u] = w
@@ -258,15 +264,14 @@ class Kernel:
         self.out_shape: tuple[int, ...] = self.store.src[1].arg.shape
         self.reductions = [u for u in self.ast.toposort if u.op is Ops.REDUCE_AXIS]
         signatures = {(r.src[0].shape, tuple(a for a in r.arg[1] if r.src[0].shape[a] != 1)) for r in self.reductions}
-        if len(signatures) == 1 and all(s > 0 for s in next(iter(signatures))[0]):
+        if len(signatures) == 1 and all(type(s) is not int or s > 0 for s in next(iter(signatures))[0]):
             shape, axes = signatures.pop()
             self.full_shape, self.reduce_dims = shape, frozenset(axes)
         else:  # several kinds of reduction (or none): only the output dims are planned
             self.full_shape, self.reduce_dims = self.out_shape, frozenset()
-        globals_ = [
-            Part(d, s, 1, Kind.GLOBAL) for d, s in enumerate(self.full_shape) if s > 1 and d not in self.reduce_dims
-        ]
-        reduces = [Part(d, s, 1, Kind.REDUCE) for d, s in enumerate(self.full_shape) if s > 1 and d in self.reduce_dims]
+        shape = self.full_shape
+        globals_ = [Part(d, s, 1, Kind.GLOBAL) for d, s in enumerate(shape) if _dim(s) and d not in self.reduce_dims]
+        reduces = [Part(d, s, 1, Kind.REDUCE) for d, s in enumerate(shape) if _dim(s) and d in self.reduce_dims]
         self.parts = globals_ + reduces
 
     @property
@@ -276,6 +281,11 @@ class Kernel:
     @property
     def empty(self) -> bool:
         return any(s == 0 for s in self.out_shape)
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether a size is a Variable's (such a part is not cut: how many times would it split?)."""
+        return any(type(p.size) is not int for p in self.parts)
 
     @property
     def axes(self) -> list[Part]:
@@ -311,6 +321,8 @@ class Kernel:
         if not 0 <= opt.axis < len(axes):
             raise KernelOptError(f"{opt}: axis {opt.axis} does not exist; this kernel has {len(axes)} axes")
         part = axes[opt.axis]
+        if type(part.size) is not int:
+            raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size ({part.size!r}), which is not cut")
         handler = {
             OptOps.UPCAST: self._upcast,
             OptOps.UNROLL: self._unroll,

@@ -17,6 +17,7 @@ import math
 import operator
 from dataclasses import dataclass
 
+from tiny.ir import sint
 from tiny.ir.config import SCHEDULE_CACHE
 from tiny.ir.device import buffer_of, device_computes, new_buffer, new_buffer_view, opened_caps
 from tiny.ir.dtypes import dtypes, truncate
@@ -149,8 +150,8 @@ def _layout_of(ast: UOp, args: list[UOp]) -> tuple[int, ...] | None:
     dim before them."""
     views = [(args[u.src[0].arg].arg[1], u.src[1].arg) for u in ast.toposort if u.op is Ops.LOAD]
     views = [(size, v) for size, v in views if not v.empty_mask]
-    if not views:
-        return None
+    if not views or any(type(s) is not int for _, v in views for s in v.shape + v.strides):
+        return None  # (none, or symbolic: stored as it is)
     # the largest buffer, where its view moves the most
     view = max(views, key=lambda sv: (sv[0], sum(st != 0 for st in sv[1].strides)))[1]
     read = [d for d, (size, st) in enumerate(zip(view.shape, view.strides)) if size > 1 and st != 0]
@@ -390,8 +391,8 @@ def _split_reduce(r: UOp) -> UOp | None:
     x, (op, axes) = r.source, r.arg
     axes = tuple(sorted(axes))
     n = _prod([x.shape[a] for a in axes])
-    if not axes or axes != tuple(range(axes[0], axes[-1] + 1)):
-        return None
+    if not axes or axes != tuple(range(axes[0], axes[-1] + 1)) or type(n) is not int:
+        return None  # (nor a symbolic length: split in two by what?)
     loops = caps.max_loop_iterations if (caps := opened_caps(r.device)) is not None else 0
     if loops and n > loops:  # two stages of about sqrt(n) iterations each
         d = next((d for d in range(math.isqrt(n), 1, -1) if n % d == 0 and n // d <= loops), None)
@@ -484,7 +485,55 @@ prepare = data_views + split_reductions
 
 def create_schedule(targets: list[UOp]) -> Schedule:
     """Schedule the kernels and copies that realize `targets` (tensor-level nodes), in execution order. A graph of
-    the structure of one scheduled before (other input buffers) takes that schedule from the cache, rebound."""
+    the structure of one scheduled before (other input buffers) takes that schedule from the cache, rebound.
+    Symbolic sizes are scheduled unbound (the schedule of `x[:pos]` is one for every value of pos): the values go
+    with the schedule (var_vals), and what the targets become is bound again."""
+    if sint.BINDS_MADE and (unbound := _unbind(targets)) is not None:
+        plain, names, var_vals = unbound
+        return _rebind(_schedule(plain), names, var_vals)
+    return _schedule(targets)
+
+
+def _unbind(targets: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, int]] | None:
+    """The graph with each bound Variable in a size replaced by the Variable, each new node's bound original, and
+    each Variable's value; None where the graph holds none."""
+    found: dict[UOp, int] = {}
+    done: dict[UOp, UOp] = {}
+    for u in UOp(Ops.SINK, src=tuple(targets)).toposort:
+        src = tuple(done[s] for s in u.src)
+        arg = u.arg
+        # (a movement op's arg holding only ints is its own key: no size in it; a CONST's size is its arg)
+        if (u.op in GroupOp.Movement and u.argkey is not arg and sint.has_binds(arg)) or (
+            u.op is Ops.CONST and isinstance(arg, UOp)
+        ):
+            arg = sint.map_sizes(arg, lambda x: sint.unbind_size(x, found))
+        done[u] = u if src == u.src and arg is u.arg else UOp(u.op, u.dtype, src, arg)
+    if not found:
+        return None
+    return [done[t] for t in targets], {v: k for k, v in done.items() if v is not k}, found
+
+
+def rebind_graph(root: UOp, values: dict[UOp, int]) -> UOp:
+    """A graph with each Variable in its sizes (bound or not) bound to the value `values` gives it."""
+    done: dict[UOp, UOp] = {}
+    for u in root.toposort:
+        src = tuple(done[s] for s in u.src)
+        arg = u.arg
+        if (u.op in GroupOp.Movement and u.argkey is not arg) or (u.op is Ops.CONST and isinstance(arg, UOp)):
+            arg = sint.map_sizes(arg, lambda x: sint.bind_size(sint.unbind_size(x, {}), values))
+        done[u] = u if src == u.src and arg is u.arg else UOp(u.op, u.dtype, src, arg)
+    return done[root]
+
+
+def _rebind(sched: Schedule, names: dict[UOp, UOp], values: dict[UOp, int]) -> Schedule:
+    """An unbound graph's schedule for the bound graph: what the bound targets become, bound again."""
+    becomes = {names.get(k, k): rebind_graph(v, values) for k, v in sched.becomes.items()}
+    renamed = {names.get(k, k): rebind_graph(v, values) for k, v in sched.renamed.items()}
+    var_vals = {var.arg[0]: value for var, value in values.items()}
+    return Schedule(sched.items, becomes, renamed, sched.fresh, sched.reads, var_vals)
+
+
+def _schedule(targets: list[UOp]) -> Schedule:
     mode = SCHEDULE_CACHE.value
     graph = structure_of(targets) if mode else None
     cached = SCHEDULES.get(graph.key) if graph is not None else None
@@ -620,7 +669,10 @@ def memory_of(u: UOp) -> tuple[UOp, tuple[UOp, ...]]:
 
 
 def _fresh(u: UOp) -> UOp:
-    return new_buffer(u.device, _prod(u.shape), u.dtype)
+    """A buffer for u: of its largest size where that is symbolic (a RESHAPE of it to the symbolic shape views its
+    first elements)."""
+    n = _prod(u.shape)
+    return new_buffer(u.device, n if type(n) is int else sint.highest(n), u.dtype)
 
 
 def _buffer_view(buf: UOp, shape: tuple[int, ...], layout: tuple[int, ...] | None = None) -> UOp:
@@ -630,8 +682,8 @@ def _buffer_view(buf: UOp, shape: tuple[int, ...], layout: tuple[int, ...] | Non
     return UOp(Ops.PERMUTE, buf.dtype, (memory,), tuple(layout.index(d) for d in range(len(shape))))
 
 
-def _prod(shape: tuple[int, ...] | list[int]) -> int:
-    out = 1
+def _prod(shape: tuple[sint.sint, ...] | list[sint.sint]) -> sint.sint:
+    out: sint.sint = 1
     for s in shape:
-        out *= s
+        out = out * s if type(s) is int and type(out) is int else sint.smul(out, s)
     return out

@@ -47,6 +47,7 @@ class Schedule(NamedTuple):
     renamed: dict[UOp, UOp]  # targets that need no kernel, being views of memory once written simply
     fresh: tuple[UOp, ...]  # the BUFFER nodes the schedule made, in the order it made them
     reads: tuple[UOp, ...]  # the BUFFER nodes of the graph: the memory it was given
+    var_vals: dict[str, int] = {}  # noqa: RUF012  (never written) each Variable's value by name, for the launches
 
 
 class StructureKey:
@@ -358,7 +359,7 @@ class Template:
                 items.append(_new_tuple(ScheduleItem, (ast, pick(buffers))))
             for k, v in views:
                 becomes[targets[k]] = v.make(nodes[v.slot])
-            return _new_tuple(Schedule, (items, becomes, {}, tuple(nodes[len(reads) :]), reads))
+            return _new_tuple(Schedule, (items, becomes, {}, tuple(nodes[len(reads) :]), reads, _NO_VALUES))
         for ast, pick, kernel in self._steps:
             if not kernel:  # a copy's node (a kernel's AST is itself)
                 ast = _node(ast, targets, nodes)
@@ -369,10 +370,11 @@ class Template:
         renamed: dict[UOp, UOp] = {}
         for k, v in self.renamed:
             renamed[_node(k, targets, nodes)] = _node(v, targets, nodes)
-        return _new_tuple(Schedule, (items, becomes, renamed, tuple(nodes[len(reads) :]), reads))
+        return _new_tuple(Schedule, (items, becomes, renamed, tuple(nodes[len(reads) :]), reads, _NO_VALUES))
 
 
 _new_tuple = tuple.__new__
+_NO_VALUES: dict[str, int] = {}  # a schedule's var_vals where it has no Variable (never written)
 
 
 def _picker(slots: tuple[int, ...]) -> Callable[[list[Buffer]], tuple[Buffer, ...]]:

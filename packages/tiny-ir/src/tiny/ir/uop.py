@@ -31,6 +31,7 @@ class Ops(enum.Enum):
     VIEW = enum.auto()  # arg = View; how a kernel indexes a buffer or a constant
     DEFINE_GLOBAL = enum.auto()  # arg = argument index; dtype is a pointer
     DEFINE_VAR = enum.auto()  # an integer kernel argument; arg = (name, min, max)
+    BIND = enum.auto()  # tensor level: src = (DEFINE_VAR, CONST value), a variable bound to a value
     DEFINE_LOCAL = enum.auto()  # workgroup memory; arg = (name, elements); dtype is a local pointer
     DEFINE_ACC = enum.auto()  # a register accumulator; src = (initial value,), arg = id
     CONST = enum.auto()  # arg = the value
@@ -242,6 +243,8 @@ class UOp(_Fields):
     # ---- printing
 
     def __repr__(self) -> str:
+        if self.op is Ops.BIND or self.op is Ops.DEFINE_VAR or (self.op in GroupOp.ALU and _size_expr(self)):
+            return self.expr + (f"={self.val}" if self.op is Ops.BIND else "")  # a symbolic size: pos, (pos+1), pos=5
         return pretty(self)
 
     # ---- graph walks
@@ -358,6 +361,44 @@ class UOp(_Fields):
     def bitcast(self, dtype: DType) -> UOp:
         return UOp(Ops.BITCAST, dtype, (self,))
 
+    # ---- variables (tiny.ir.sint): symbolic sizes
+
+    def bind(self, value: int) -> UOp:
+        """A Variable (DEFINE_VAR) bound to a value in its range: what stands in a shape."""
+        if self.op is not Ops.DEFINE_VAR:
+            raise TypeError(f"only a Variable can be bound, not a {self.op.name} node")
+        name, lo, hi = self.arg
+        if type(value) is not int:
+            if isinstance(value, bool) or not hasattr(value, "__index__"):
+                raise TypeError(f"Variable {name!r} is bound to an int, got {type(value).__name__} {value!r}")
+            value = int(value)
+        if not lo <= value <= hi:
+            raise ValueError(f"Variable {name!r} takes values from {lo} to {hi}, got {value}")
+        from tiny.ir import sint
+
+        sint.BINDS_MADE = True  # (the scheduler looks for bound sizes from now on)
+        return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, value)))
+
+    def unbind(self) -> tuple[UOp, int]:
+        """A BIND's variable and value."""
+        if self.op is not Ops.BIND:
+            raise TypeError(f"only a bound Variable can be unbound, not a {self.op.name} node")
+        return self.src[0], self.src[1].arg
+
+    @property
+    def val(self) -> int:
+        """The value of a size expression of bound Variables (ValueError where one is not bound)."""
+        from tiny.ir.sint import sym_eval
+
+        return sym_eval(self)
+
+    @property
+    def expr(self) -> str:
+        """A Variable's name, or a size expression written out."""
+        from tiny.ir.sint import sym_str
+
+        return sym_str(self)
+
     # ---- named slots
 
     @property
@@ -459,8 +500,12 @@ class UOp(_Fields):
         if op is Ops.PERMUTE:
             return tuple(src[i] for i in self.arg)
         if op is Ops.PAD:
+            if _symbolic(self.arg) or any(type(x) is not int for x in src):
+                return tuple(_size(s + b + a) for s, (b, a) in zip(src, self.arg))
             return tuple(s + b + a for s, (b, a) in zip(src, self.arg))
         if op is Ops.SHRINK:
+            if _symbolic(self.arg) or any(type(x) is not int for x in src):
+                return tuple(_size(hi - lo) for lo, hi in self.arg)
             return tuple(hi - lo for lo, hi in self.arg)
         if op is Ops.REDUCE_AXIS:
             return tuple(1 if i in self.arg[1] else s for i, s in enumerate(src))
@@ -520,6 +565,27 @@ def _own_device(u: UOp) -> str | None:
     return None
 
 
+def _size_expr(u: UOp) -> bool:
+    """Whether an int node is a size expression of bound Variables (what a tensor's shape holds)."""
+    from tiny.ir.sint import is_size_expr
+
+    return u.dtype is dtypes.int32 and any(x.op is Ops.BIND for x in u.toposort) and is_size_expr(u)
+
+
+def _symbolic(arg: tuple) -> bool:
+    """Whether a PAD or SHRINK's pairs hold a symbolic size."""
+    return any(type(x) is not int for pair in arg for x in pair)
+
+
+def _size(x: int | UOp) -> int | UOp:
+    """A shape entry computed from symbolic ones, simplified (an int where it is one)."""
+    if type(x) is int:
+        return x
+    from tiny.ir.sint import ssimplify
+
+    return ssimplify(x)
+
+
 def _unflatten(flat: list[tuple[Ops, DType, tuple[int, ...], Any]]) -> UOp:
     built: list[UOp] = []
     for op, dtype, src, arg in flat:
@@ -545,6 +611,8 @@ def _bounds(u: UOp) -> tuple[int | float, int | float]:
         return (0, u.arg[1] - 1)
     if u.op is Ops.DEFINE_VAR:
         return (u.arg[1], u.arg[2])
+    if u.op is Ops.BIND:  # (its variable's range, not its value: a bound size is any size of the range)
+        return (u.src[0].arg[1], u.src[0].arg[2])
     lo, hi = _dtype_bounds(u.dtype)
     if u.op in GroupOp.ALU and u.op is not Ops.WHERE:
         vs = [s.vmin_vmax for s in u.src]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from tiny.ir.dtypes import DType
+from tiny.ir.sint import sint, sprod
 from tiny.ir.uop import UOp
 
 
@@ -37,5 +38,6 @@ class TensorBase:
     def ndim(self) -> int:
         return len(self.shape)
 
-    def numel(self) -> int:
-        return math.prod(self.shape)
+    def numel(self) -> sint:
+        shape = self.shape
+        return math.prod(shape) if all(type(s) is int for s in shape) else sprod(shape)

@@ -12,6 +12,8 @@ import numpy as np
 
 from tiny.ir.device import Device, device_supports
 from tiny.ir.dtypes import DType, dtypes, to_dtype, truncate
+from tiny.ir.sint import check_size, highest, lowest, ssub
+from tiny.ir.uop import UOp
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import check_dtype, default_int, on_device, wide_ints
 from tiny.tensor.shapes import prod, shape_arg
@@ -114,6 +116,8 @@ class CreationOps(TensorBase):
         """
         if stop is None:
             start, stop = 0, start
+        if isinstance(start, UOp) or isinstance(stop, UOp):
+            return _symbolic_arange(cls, start, stop, step, dtype, device)
         n = _arange_length(start, stop, step)
         dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
         dt = to_dtype(dtype) if dtype is not None else on_device(dtypes.from_py([start, stop, step]), dev)
@@ -558,6 +562,28 @@ def _arange_length(start: Scalar, stop: Scalar, step: Scalar) -> int:
     if all(isinstance(v, int) for v in (start, stop, step)):
         return -((start - stop) // step)
     return math.ceil((float(stop) - float(start)) / float(step))
+
+
+def _symbolic_arange(
+    cls: type[Tensor], start: Any, stop: Any, step: Any, dtype: DType | str | None, device: str | None
+) -> Tensor:
+    """arange where start or stop is a size of bound Variables (step 1): start, start + 1, ... below stop, counted
+    to the largest length the Variables allow and cut to the length they give."""
+    if step != 1:
+        raise ValueError(f"arange() with a symbolic start or stop takes step 1, got step {step!r}")
+    start, stop = check_size(start, "arange()'s start"), check_size(stop, "arange()'s stop")
+    n = ssub(stop, start)
+    if lowest(n) < 0:
+        raise ValueError(f"arange({start}, {stop}): stop may be below start for some values of the Variables")
+    dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+    dt = to_dtype(dtype) if dtype is not None else default_int(dev)
+    check_dtype(dev, dt)
+    wide = default_int(dev)
+    most = highest(n)
+    counted = _counting(cls, most, wide, dev) if most else cls.full((0,), 0, wide, dev)
+    counted = counted.shrink(((0, n),))
+    first = cls(start, device=dev).cast(wide) if isinstance(start, UOp) else start
+    return (counted + first).cast(dt)
 
 
 def _counting(cls: type[Tensor], n: int, dtype: DType, device: str) -> Tensor:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tiny.ir.dtypes import dtypes, least_upper_dtype
+from tiny.ir.sint import check_size
+from tiny.ir.uop import UOp
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import default_int, tensors_given
 from tiny.tensor.shapes import broadcast_shape, normalize_axis
@@ -98,6 +100,8 @@ class IndexingOps(TensorBase):
             return i
         if isinstance(i, (int, np.integer)):
             return operator.index(i)
+        if isinstance(i, UOp):  # a bound Variable (or a size expression of them): an index into a dim
+            return check_size(i, "an index")
         if isinstance(i, TensorBase):
             if i.device != self.device:
                 raise ValueError(f"index tensor is on {i.device} but the tensor is on {self.device}; use .to()")

@@ -54,6 +54,9 @@ class InplaceOps(TensorBase):
         v = value if isinstance(value, TensorBase) else type(self)(value, device=self.device, dtype=self.dtype)
         if v.device != self.device:
             raise ValueError(f"setting values from a tensor on {v.device} into one on {self.device}; use .to()")
+        if _basic(index) and _is_memory(self.uop) and not self.requires_grad and not _on_path(self, v):
+            part.assign(v)  # a view of memory: written where it lies, the rest untouched (a KV cache's new row)
+            return
         work = self.dtype if self.dtype.is_float else default_int(self.device)  # exact for integers and bools
         v = _fitted(v, part.shape, "the selection").cast(self.dtype).cast(work)
         # where the selected elements sit in self: the gradient of the selection, seeded with the values (and 1s)
@@ -242,6 +245,24 @@ def _fitted(v: TensorBase, shape: tuple[int, ...], what: str) -> Any:
     if out_shape != shape:
         raise ValueError(f"a value of shape {v.shape} does not broadcast to {what}'s shape {shape}")
     return v._broadcast_to(shape)  # type: ignore[attr-defined]
+
+
+def _basic(index: Any) -> bool:
+    """An index of views alone: ints, slices of ints or sizes, None, Ellipsis and sizes (bound Variables)."""
+    items = index if isinstance(index, tuple) else (index,)
+    for i in items:
+        if isinstance(i, slice):
+            if not all(
+                x is None or (isinstance(x, (int, UOp)) and not isinstance(x, bool)) for x in (i.start, i.stop, i.step)
+            ):
+                return False
+        elif not (i is None or i is Ellipsis or isinstance(i, UOp) or (isinstance(i, int) and not isinstance(i, bool))):
+            return False
+    return True
+
+
+def _on_path(target: TensorBase, value: TensorBase) -> bool:
+    return target._on_gradient_path() or value._on_gradient_path()  # type: ignore[attr-defined]
 
 
 def _is_memory(u: UOp) -> bool:

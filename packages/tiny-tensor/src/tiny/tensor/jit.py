@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from tiny.ir.device import Buffer, Device, GraphLaunch, buffer_of
-from tiny.ir.schedule import is_realized
+from tiny.ir.schedule import is_realized, rebind_graph
+from tiny.ir.sint import highest, unbind_size
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.creation import RNG
 from tiny.tensor.realize import JitError, Launch, capture
@@ -44,6 +45,7 @@ class _Recording:
     patches: list[list[tuple[int, int]]]  # per launch: (argument position, input position)
     planned_bytes: tuple[int, int]  # bytes of internal buffers before and after planning
     graph: Callable[[list[tuple[Any, ...]]], None] | None = None  # the device's one-submission replay, if it has one
+    variables: tuple[str, ...] = ()  # the Variables its kernels take, by name (each call's values are launched)
 
 
 class TinyJit(Generic[R]):
@@ -58,6 +60,7 @@ class TinyJit(Generic[R]):
         self.fn = fn
         self.calls: dict[Hashable, int] = {}
         self.recordings: dict[Hashable, _Recording] = {}
+        self.replays = 0  # calls answered by replaying a recording
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     def reset(self) -> None:
@@ -67,11 +70,13 @@ class TinyJit(Generic[R]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         args, kwargs, tensors = _prepare(args, kwargs)
-        key = _signature(args, kwargs, tensors)
+        values: dict[UOp, int] = {}  # the bound Variables given (as arguments, or in the tensors' shapes)
+        key = _signature(args, kwargs, tensors, values)
         rec = self.recordings.get(key)
         if rec is not None:
             _write_pending()  # state assigned since the last call (a new learning rate ...) is what the replay reads
-            return _replay(rec, tensors)
+            self.replays += 1
+            return _replay(rec, tensors, values)
         self.calls[key] = self.calls.get(key, 0) + 1
         if self.calls[key] == 1:  # warm up: compile, and let the function make its state
             return self.fn(*args, **kwargs)
@@ -94,7 +99,7 @@ class TinyJit(Generic[R]):
                 "the function drew random numbers (Tensor.rand, dropout ...) while TinyJit captured it: every replay "
                 "would repeat the same numbers. Draw them outside and pass them in as an argument."
             )
-        rec = _record(launches, inputs, out)
+        rec = _record(launches, inputs, out, _given(args, kwargs, tensors))
         return rec, out
 
 
@@ -129,24 +134,43 @@ def _prepare(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Tensor]]:
 
 def _is_whole_buffer(u: UOp) -> bool:
     base = u if u.op is Ops.BUFFER else u.src[0] if u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER else None
-    return base is not None and buffer_of(base).size == prod(u.shape)
+    if base is None:
+        return False
+    n = prod(u.shape)  # (a symbolic shape views its buffer's first elements: whole where its largest size fills it)
+    return buffer_of(base).size == (n if type(n) is int else highest(n))
 
 
-def _signature(args: tuple, kwargs: dict, tensors: list[Tensor]) -> Hashable:
-    """What a recording is valid for: tensor shapes, dtypes, devices and sharing, and the other arguments' values."""
+def _signature(args: tuple, kwargs: dict, tensors: list[Tensor], values: dict[UOp, int]) -> Hashable:
+    """What a recording is valid for: tensor shapes, dtypes, devices and sharing, and the other arguments' values.
+    A bound Variable counts by the Variable (its value goes into `values`): one recording for all of them."""
     first: dict[Buffer, int] = {}
-    shapes = tuple((t.shape, t.dtype, t.device, first.setdefault(t._buffer(), i)) for i, t in enumerate(tensors))
-    others = tuple(_static(a) for a in args) + tuple((k, _static(v)) for k, v in kwargs.items())
+    shapes = tuple(
+        (_unbound(t.shape, values), t.dtype, t.device, first.setdefault(t._buffer(), i)) for i, t in enumerate(tensors)
+    )
+    others = tuple(_static(a, values) for a in args) + tuple((k, _static(v, values)) for k, v in kwargs.items())
     return shapes, others
 
 
-def _static(x: Any) -> Hashable:
+def _unbound(shape: tuple, values: dict[UOp, int]) -> tuple:
+    return tuple(unbind_size(s, values) if isinstance(s, UOp) else s for s in shape)
+
+
+def _given(args: tuple, kwargs: dict, tensors: list[Tensor]) -> frozenset[str]:
+    """The names of the Variables a call binds (as arguments or in its tensors' shapes)."""
+    values: dict[UOp, int] = {}
+    _signature(args, kwargs, tensors, values)
+    return frozenset(v.arg[0] for v in values)
+
+
+def _static(x: Any, values: dict[UOp, int]) -> Hashable:
     if isinstance(x, Tensor):
         return Tensor
+    if isinstance(x, UOp) and x.op is Ops.BIND:  # a bound Variable: the Variable, whatever its value
+        return (UOp, unbind_size(x, values))
     if isinstance(x, (list, tuple)):
-        return (type(x), tuple(_static(v) for v in x))
+        return (type(x), tuple(_static(v, values) for v in x))
     if isinstance(x, dict):
-        return (dict, tuple((k, _static(v)) for k, v in sorted(x.items())))
+        return (dict, tuple((k, _static(v, values)) for k, v in sorted(x.items())))
     try:
         hash(x)
     except TypeError:
@@ -178,8 +202,14 @@ def _rebuild(x: Any, inputs: dict[Buffer, Tensor]) -> Any:
     return x
 
 
-def _record(launches: list[Launch], inputs: list[Buffer], out: Any) -> _Recording:
+def _record(launches: list[Launch], inputs: list[Buffer], out: Any, given: frozenset[str]) -> _Recording:
     """Plan the internal buffers of a capture and precompute each launch's arguments."""
+    variables = tuple(dict.fromkeys(n for ln in launches if ln.program is not None for n in ln.program.var_names))
+    if missing := [n for n in variables if n not in given]:
+        raise JitError(
+            f"the function's kernels take Variable(s) {', '.join(missing)}, bound outside it: a replay could not "
+            "know their next values. Pass the bound Variable as an argument (or in an argument's shape)."
+        )
     kept = {t._buffer() for t in Tensor._live if is_realized(t.uop)}  # buffers a live tensor holds stay as they are
     internal = _internal(launches, set(inputs) | kept)
     before = sum(b.nbytes for b in internal)
@@ -192,7 +222,8 @@ def _record(launches: list[Launch], inputs: list[Buffer], out: Any) -> _Recordin
         args.append([b.ensure_allocated().opaque for b in ln.buffers])
         patches.append([(j, position[b]) for j, b in enumerate(ln.buffers) if b in position])
     written = {b for ln in launches for j, b in enumerate(ln.buffers) if _writes(ln, j)} - set(inputs)
-    return _Recording(launches, inputs, written, out, args, patches, (before, after), _graph(launches, args))
+    graph = _graph(launches, args) if not variables else None  # (a graph's launches have fixed integer arguments)
+    return _Recording(launches, inputs, written, out, args, patches, (before, after), graph, variables)
 
 
 def _graph(launches: list[Launch], args: list[list[Any]]) -> Callable[[list[tuple[Any, ...]]], None] | None:
@@ -249,7 +280,7 @@ def _plan(launches: list[Launch], internal: list[Buffer]) -> dict[Buffer, Buffer
     return plan
 
 
-def _replay(rec: _Recording, tensors: list[Tensor]) -> Any:
+def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> Any:
     new = [t._buffer() for t in tensors]
     for i, b in enumerate(new):
         if b in rec.written:
@@ -262,6 +293,7 @@ def _replay(rec: _Recording, tensors: list[Tensor]) -> Any:
         rec.graph([_patched(args, patches, handles) for args, patches in zip(rec.args, rec.patches)])
         return _rebuild(rec.outputs, dict(zip(rec.inputs, tensors)))
     swap = dict(zip(rec.inputs, new))
+    by_name = {v.arg[0]: n for v, n in values.items()}
     for ln, args, patches in zip(rec.launches, rec.args, rec.patches):
         if ln.program is None:  # a copy between devices
             dest, src = (swap.get(b, b) for b in ln.buffers)
@@ -271,8 +303,25 @@ def _replay(rec: _Recording, tensors: list[Tensor]) -> Any:
             args = list(args)
             for j, k in patches:
                 args[j] = handles[k]
-        ln.launch(*args)  # type: ignore[misc]  (a kernel's launch)
-    return _rebuild(rec.outputs, dict(zip(rec.inputs, tensors)))
+        if ln.program.var_names:  # this call's values of its Variables
+            prog = ln.program
+            vals = tuple(by_name[n] for n in prog.var_names)
+            ln.runner(*args, global_size=prog.global_size, local_size=prog.local_size, vals=vals)  # type: ignore[misc]
+        else:
+            ln.launch(*args)  # type: ignore[misc]  (a kernel's launch)
+    outputs = _rebound(rec.outputs, values) if rec.variables else rec.outputs
+    return _rebuild(outputs, dict(zip(rec.inputs, tensors)))
+
+
+def _rebound(x: Any, values: dict[UOp, int]) -> Any:
+    """The recorded result with its symbolic shapes bound to this call's values."""
+    if isinstance(x, Tensor):
+        return Tensor(rebind_graph(x.uop, values)) if values else x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_rebound(v, values) for v in x)
+    if isinstance(x, dict):
+        return {k: _rebound(v, values) for k, v in x.items()}
+    return x
 
 
 def _patched(args: list[Any], patches: list[tuple[int, int]], handles: list[Any]) -> tuple[Any, ...]:

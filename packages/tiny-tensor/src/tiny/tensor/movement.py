@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tiny.ir.sint import check_size, known_le, sadd, sdiv_exact, sint, ssub
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import tensors_given
@@ -33,6 +34,8 @@ class MovementOps(TensorBase):
         new = list(shape_arg(shape, allow_neg=True))
         if new.count(-1) > 1:
             raise ValueError(f"reshape takes at most one -1, got {tuple(new)}")
+        if any(type(s) is not int for s in (*new, *self.shape)):
+            return self._reshape_symbolic(new)
         if -1 in new:
             known = prod(s for s in new if s != -1)
             if known == 0 or self.numel() % known:
@@ -43,6 +46,18 @@ class MovementOps(TensorBase):
         return self if tuple(new) == self.shape else self._movement(Ops.RESHAPE, tuple(new))
 
     view = reshape
+
+    def _reshape_symbolic(self, new: list[sint]) -> Tensor:
+        """reshape where a size is symbolic: -1 is what is left of the elements once the other sizes divide them."""
+        numel = self.numel()
+        if -1 in new:
+            rest = sdiv_exact(numel, prod(s for s in new if s != -1))
+            if rest is None:
+                raise ValueError(f"cannot reshape {self.shape} to {tuple(new)}: the other sizes do not divide {numel}")
+            new[new.index(-1)] = rest
+        if any(type(s) is int and s < 0 for s in new) or prod(new) != numel:
+            raise ValueError(f"cannot reshape {self.shape} ({numel} elements) to {tuple(new)}")
+        return self if tuple(new) == self.shape else self._movement(Ops.RESHAPE, tuple(new))
 
     def permute(self, *order: int | Sequence[int]) -> Tensor:
         """The dims in a new order: dim i of the result is dim order[i] of this tensor.
@@ -83,12 +98,27 @@ class MovementOps(TensorBase):
         [3, 2, 1, 2, 3, 2]
         """
         pairs = self._pad_pairs(padding)
+        if any(isinstance(x, UOp) for pair in pairs for x in pair):
+            return self._pad_symbolic(pairs, value, mode)
         if mode != "constant":
             return self._pad_edges(pairs, value, mode)
         if any(b < 0 or a < 0 for b, a in pairs):
             return self._crop(pairs).pad([(max(b, 0), max(a, 0)) for b, a in pairs], value)
         if all(b == 0 and a == 0 for b, a in pairs):
             return self
+        out = self._movement(Ops.PAD, tuple(pairs))
+        if value == 0:
+            return out
+        mask = type(self)(True, device=self.device).reshape((1,) * self.ndim).expand(self.shape)
+        return mask._movement(Ops.PAD, tuple(pairs)).where(out, value)
+
+    def _pad_symbolic(self, pairs: list[tuple[Any, Any]], value: Scalar, mode: str) -> Tensor:
+        """Constant padding by amounts that are sizes of bound Variables (never negative for any of their values)."""
+        if mode != "constant":
+            raise ValueError(f"padding by a symbolic amount takes mode 'constant', got {mode!r}")
+        pairs = [(_bound(b), _bound(a)) for b, a in pairs]
+        if not all(known_le(0, x) for pair in pairs for x in pair):
+            raise ValueError(f"pad amounts {tuple(pairs)} may be negative for some values of their Variables")
         out = self._movement(Ops.PAD, tuple(pairs))
         if value == 0:
             return out
@@ -155,8 +185,8 @@ class MovementOps(TensorBase):
         >>> Tensor([[1, 2, 3], [4, 5, 6]]).shrink((None, (1, 3))).tolist()
         [[2, 3], [5, 6]]
         """
-        arg = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for b, s in zip(bounds, self.shape))
-        if len(bounds) != self.ndim or any(not 0 <= lo <= hi <= s for (lo, hi), s in zip(arg, self.shape)):
+        arg = tuple((0, s) if b is None else (_bound(b[0]), _bound(b[1])) for b, s in zip(bounds, self.shape))
+        if len(bounds) != self.ndim or not all(_fits(lo, hi, s) for (lo, hi), s in zip(arg, self.shape)):
             raise ValueError(f"shrink bounds {tuple(bounds)} do not fit shape {self.shape}")
         return self if all(b == (0, s) for b, s in zip(arg, self.shape)) else self._movement(Ops.SHRINK, arg)
 
@@ -398,6 +428,14 @@ class MovementOps(TensorBase):
                 out_shape.append(1)
                 continue
             size = self.shape[dim]
+            if isinstance(i, UOp) or type(size) is not int or (isinstance(i, slice) and _symbolic_slice(i)):
+                lo, hi, n = _symbolic_index(i, size, dim)
+                out_shape.extend([n] if isinstance(i, slice) else [])
+                bounds.append((lo, hi))
+                flips.append(False)
+                steps.append(1)
+                dim += 1
+                continue
             if isinstance(i, int):
                 if not -size <= i < size:
                     raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
@@ -440,3 +478,40 @@ class MovementOps(TensorBase):
         head = columns(self.shrink(along((0, (n - 1) * step))), n - 1)
         last = self.shrink(along(((n - 1) * step, (n - 1) * step + 1)))
         return head.cat(last, dim=dim)
+
+
+def _bound(x: Any) -> sint:
+    """A shrink's bound: an int or a size expression of Variables."""
+    return x if type(x) is int else check_size(x, "a shrink bound") if isinstance(x, UOp) else int(x)
+
+
+def _fits(lo: sint, hi: sint, size: sint) -> bool:
+    """0 <= lo <= hi <= size, for every value of the Variables (a bound that may fall outside does not fit)."""
+    if type(lo) is int and type(hi) is int and type(size) is int:
+        return 0 <= lo <= hi <= size
+    return known_le(0, lo) and (lo is hi or known_le(lo, hi)) and (hi is size or known_le(hi, size))
+
+
+def _symbolic_slice(i: slice) -> bool:
+    return isinstance(i.start, UOp) or isinstance(i.stop, UOp) or isinstance(i.step, UOp)
+
+
+def _symbolic_index(i: Any, size: sint, dim: int) -> tuple[sint, sint, sint]:
+    """(lo, hi, length) of an index into a dim where the index or the dim's size is symbolic: an int or a size
+    expression, or a slice of them with step 1. Negative ints count from the end; nothing is clamped (the bounds
+    must lie in the dim for every value of the Variables, which shrink checks)."""
+    if isinstance(i, slice):
+        if i.step not in (None, 1):
+            raise IndexError(f"a slice with a symbolic bound or of a symbolic dim takes step 1, got step {i.step!r}")
+        lo = _from_end(0 if i.start is None else i.start, size)
+        hi = size if i.stop is None else _from_end(i.stop, size)
+        return lo, hi, ssub(hi, lo)
+    at = _from_end(i, size)
+    if type(at) is int and type(size) is int and not 0 <= at < size:
+        raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
+    return at, sadd(at, 1), 1
+
+
+def _from_end(x: Any, size: sint) -> sint:
+    x = _bound(x)
+    return sadd(size, x) if type(x) is int and x < 0 else x

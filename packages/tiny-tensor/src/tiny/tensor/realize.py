@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 import time
 from collections.abc import Callable, Iterator
@@ -124,7 +125,15 @@ def _build_ahead(items: list[ScheduleItem], built: Programs) -> None:
         _loaded(key, prog, built)
 
 
-def run_schedule(items: list[ScheduleItem]) -> None:
+def _values(prog: CompiledProgram, var_vals: dict[str, int] | None) -> tuple[int, ...]:
+    missing = [n for n in prog.var_names if var_vals is None or n not in var_vals]
+    if missing:
+        raise ValueError(f"kernel {prog.name} takes Variable(s) {', '.join(missing)}, which are not bound to values")
+    return tuple(var_vals[n] for n in prog.var_names)  # type: ignore[index]
+
+
+def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = None) -> None:
+    """Run a schedule's steps in order; var_vals: the value of each Variable its kernels take (by name)."""
     debug, built = DEBUG.value, programs()
     if debug >= 1 and items:
         kernels = sum(1 for i in items if i.ast.op is Ops.SINK)
@@ -147,12 +156,16 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         if (found := built.get((ast, device))) is None:
             found = _compiled(ast, device, built)
         prog, runner, launch = found
+        vals: tuple[int, ...] = ()
+        if prog.var_names:  # a kernel over symbolic sizes: their values are its integer arguments
+            vals = _values(prog, var_vals)
+            launch = functools.partial(runner, global_size=prog.global_size, local_size=prog.local_size, vals=vals)
         if debug < 2:  # (the usual run: launched, not timed)
             launch(*map(_opaque, buffers))  # (the opaques allocated when first asked for)
             elapsed = None
         else:
             opaques = map(_opaque, buffers)
-            elapsed = runner(*opaques, global_size=prog.global_size, local_size=prog.local_size, wait=True)
+            elapsed = runner(*opaques, global_size=prog.global_size, local_size=prog.local_size, vals=vals, wait=True)
         if _captures:
             _captures[-1].append(Launch(buffers, prog, runner, launch))
         GlobalCounters.kernels += 1
@@ -163,7 +176,8 @@ def run_schedule(items: list[ScheduleItem]) -> None:
             if debug >= 2:
                 gflops = prog.flops / elapsed / 1e9 if elapsed > 0 else 0.0
                 gbs = prog.mem_bytes / elapsed / 1e9 if elapsed > 0 else 0.0
+                at = f" with {', '.join(f'{n}={v}' for n, v in zip(prog.var_names, vals))}" if vals else ""
                 print(
                     f"*** {device:<8} {GlobalCounters.kernels:4d} {prog.name:<28} "
-                    f"{elapsed * 1e3:9.3f} ms {gflops:9.2f} GFLOPS {gbs:8.2f} GB/s"
+                    f"{elapsed * 1e3:9.3f} ms {gflops:9.2f} GFLOPS {gbs:8.2f} GB/s{at}"
                 )

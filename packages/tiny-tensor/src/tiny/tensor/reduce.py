@@ -189,6 +189,8 @@ class ReduceOps(TensorBase):
         n = prod(self.shape[a] for a in axes)
         wide = self.cast(dtypes.float32) if self.dtype.itemsize < 4 else self  # half sums can overflow before / n
         total = wide.sum(axis, keepdim)
+        if type(n) is not int:  # a symbolic count: divide by its value, computed in the kernel
+            return (total / type(self)(n, device=self.device).cast(total.dtype)).cast(self.dtype)
         return (total / n if n else total * math.nan).cast(self.dtype)
 
     def var(
@@ -552,8 +554,8 @@ def _panel_width(device: str, dtype: DType, rows: int, m: int, k: int) -> int:
     in cache while every row block of A passes it. Only where B is too big for the cache anyway and enough rows
     of A share the copy; width is two hardware vectors, the tile's width."""
     caps = Device[device].renderer.caps
-    if caps.has_local or dtype not in PANEL_DTYPES:
-        return 0
+    if caps.has_local or dtype not in PANEL_DTYPES or not all(type(x) is int for x in (rows, m, k)):
+        return 0  # (nor where a size is symbolic)
     width = 2 * vector_lanes(caps, dtype)
     if m % width or m * k < PANEL_MIN_B or rows < PANEL_MIN_ROWS:
         return 0

@@ -6,6 +6,9 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from tiny.ir.sint import check_size, sint, sprod
+from tiny.ir.uop import UOp
+
 
 def normalize_axis(axis: int, ndim: int) -> int:
     if not -max(ndim, 1) <= axis < max(ndim, 1):
@@ -13,8 +16,9 @@ def normalize_axis(axis: int, ndim: int) -> int:
     return axis % max(ndim, 1)
 
 
-def prod(xs: Iterable[int]) -> int:
-    return math.prod(xs)
+def prod(xs: Iterable[sint]) -> sint:
+    xs = tuple(xs)
+    return math.prod(xs) if all(type(x) is int for x in xs) else sprod(xs)
 
 
 def shape_arg(shape: Any, allow_neg: bool = False) -> tuple[int, ...]:
@@ -25,9 +29,15 @@ def shape_arg(shape: Any, allow_neg: bool = False) -> tuple[int, ...]:
         shape = tuple(shape[0])
     out = tuple(shape)
     for s in out:
-        if not isinstance(s, int) or isinstance(s, bool):
+        if type(s) is int:
+            if s < 0 and not allow_neg:
+                raise ValueError(f"sizes must not be negative, got {out}")
+        elif isinstance(s, UOp):  # a symbolic size (a bound Variable, or an expression of them)
+            shape_arg(tuple(1 if isinstance(x, UOp) else x for x in out), allow_neg)  # (the ints checked as ints)
+            return tuple(check_size(x, "a size") if isinstance(x, UOp) else x for x in out)
+        elif not isinstance(s, int) or isinstance(s, bool):
             raise TypeError(f"sizes must be ints, got {out}")
-        if s < 0 and not allow_neg:
+        elif s < 0 and not allow_neg:
             raise ValueError(f"sizes must not be negative, got {out}")
     return out
 

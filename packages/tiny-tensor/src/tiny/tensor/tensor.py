@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -11,7 +12,8 @@ import numpy as np
 from tiny.ir.device import Device, buffer_of, new_buffer
 from tiny.ir.dtypes import DType, dtypes, to_dtype
 from tiny.ir.schedule import ScheduleItem, create_schedule, is_realized
-from tiny.ir.uop import Ops, UOp, substitute
+from tiny.ir.sint import check_size, is_size_expr, sym_eval, variables
+from tiny.ir.uop import GroupOp, Ops, UOp, substitute
 from tiny.tensor.activations import ActivationOps
 from tiny.tensor.autograd import NO_GRAD, AutogradOps, no_grad_wrap, record_origins
 from tiny.tensor.binaryfns import BinaryFnOps
@@ -79,6 +81,13 @@ class Tensor(
         requires_grad: bool | None = None,
     ) -> None:
         self._requires_grad, self.grad = None, None
+        if isinstance(data, UOp) and _is_size(data):  # a bound Variable (or a size of them): its value, 0-d
+            dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+            self.uop = UOp(Ops.CONST, dtypes.int32, (UOp(Ops.DEVICE, arg=dev),), check_size(data, "Tensor(size)"))
+            if dtype is not None:
+                self.uop = self.cast(dtype).uop
+            self._track()
+            return
         if isinstance(data, UOp):  # made by an op: device and dtype are the graph's
             self.uop = no_grad_wrap(data)
             self._track()
@@ -158,7 +167,7 @@ class Tensor(
         if not targets:
             return self
         sched = create_schedule(targets)
-        run_schedule(sched.items)
+        run_schedule(sched.items, sched.var_vals)
         done = sched.becomes | sched.renamed if sched.renamed else sched.becomes
         record_origins(done, sched.reads)
         computed = done.keys()
@@ -183,11 +192,21 @@ class Tensor(
                 "TinyJit captures: a replay would not read them again, and Python code that depends on them would "
                 "not run again. Return the tensor from the function and read it outside."
             )
+        shape = self.shape
+        if symbolic := any(type(s) is not int for s in shape):  # the values the bound Variables give now
+            try:
+                shape = tuple(sym_eval(s) for s in shape)
+            except ValueError as e:
+                raise ValueError(f"cannot read the values of a tensor of shape {self.shape}: {e}") from None
         buf = self._buffer()
         if self.dtype == dtypes.bfloat16:
             raw = np.frombuffer(buf.as_bytes(), dtype=np.uint16).astype(np.uint32) << 16
-            return raw.view(np.float32).reshape(self.shape)
-        out = np.empty(self.shape, dtype=_np_dtype(self.dtype))
+            return raw.view(np.float32)[: math.prod(shape)].reshape(shape)
+        if symbolic:  # (its buffer holds the largest size: these values are the first ones)
+            whole = np.empty(buf.size, dtype=_np_dtype(self.dtype))
+            buf.copyout(memoryview(whole.view(np.uint8)))
+            return whole[: math.prod(shape)].reshape(shape).copy()
+        out = np.empty(shape, dtype=_np_dtype(self.dtype))
         if out.size:
             buf.copyout(memoryview(out.reshape(-1).view(np.uint8)))
         return out
@@ -224,6 +243,13 @@ class Tensor(
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _is_size(u: UOp) -> bool:
+    """A bound Variable, or an int expression of them (not a node of a tensor's graph, which has a DEVICE below)."""
+    if u.op is Ops.BIND or u.op is Ops.DEFINE_VAR:
+        return True
+    return u.op in GroupOp.ALU and u.dtype is dtypes.int32 and is_size_expr(u) and variables(u) != []
 
 
 def _np_dtype(dt: DType) -> np.dtype:

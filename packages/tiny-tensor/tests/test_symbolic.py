@@ -1,0 +1,194 @@
+"""Symbolic sizes: a bound Variable stands for a length; kernels over it are built once and TinyJit replays across
+its values. Every value is checked against NumPy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tiny.tensor import Device, Tensor, TinyJit, Variable
+from tiny.tensor.realize import programs
+
+RNG = np.random.default_rng(7)
+
+
+def built() -> int:
+    """Kernels compiled in this process so far (each (AST, device) once)."""
+    return len(programs())
+
+
+def test_variable_binds_and_shapes_keep_the_symbol(device: str) -> None:
+    pos = Variable("pos", 1, 10)
+    b = pos.bind(4)
+    x = Tensor.zeros(3, 10, device=device)[:, :b]
+    assert x.shape[0] == 3 and x.shape[1] is b
+    assert x.shape[1].val == 4 and repr(x.shape[1]) == "pos=4"
+    y = x.reshape(3, 1, b).expand(3, 2, b)
+    assert y.shape[2] is b
+    assert Tensor.zeros(4, b, device=device).shape == (4, b)
+    assert x.numel().val == 12
+    flat = Tensor.ones(b, 4, device=device).reshape(-1)
+    assert flat.shape[0].val == 16 and flat.reshape(b, -1).shape == (b, 4)
+    np.testing.assert_allclose(flat.reshape(b, -1).sum(0).numpy(), [4.0] * 4)
+
+
+def test_fifty_lengths_build_each_kernel_once(device: str) -> None:
+    a = RNG.standard_normal((4, 64)).astype(np.float32)
+    x = Tensor(a, device=device)
+    pos = Variable("n", 1, 64)
+    first = None
+    for n in range(1, 51):
+        y = x[:, : pos.bind(n)]
+        s, m, mean = (y * 2 + 1).sum(1), y.max(1), y.mean(1)
+        np.testing.assert_allclose(s.numpy(), (a[:, :n] * 2 + 1).sum(1), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(m.numpy(), a[:, :n].max(1))
+        np.testing.assert_allclose(mean.numpy(), a[:, :n].mean(1), rtol=1e-5, atol=1e-6)
+        if n == 1:
+            first = built()
+    assert built() == first, "a new length compiled a new kernel"
+
+
+def test_softmax_matmul_padding_and_slicing_against_numpy(device: str) -> None:
+    a = RNG.standard_normal((4, 32)).astype(np.float32)
+    w = RNG.standard_normal((32, 5)).astype(np.float32)
+    x, wt = Tensor(a, device=device), Tensor(w, device=device)
+    pos = Variable("k", 2, 32)
+    for n in (2, 9, 32):
+        b = pos.bind(n)
+        y = x[:, :b]
+        e = np.exp(a[:, :n] - a[:, :n].max(1, keepdims=True))
+        np.testing.assert_allclose(y.softmax(1).numpy(), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose((y @ wt[:b]).numpy(), a[:, :n] @ w[:n], rtol=1e-4, atol=1e-5)  # symbolic inner dim
+        padded = np.pad(a[:, :n], ((0, 0), (1, 2)), constant_values=3.0)
+        np.testing.assert_allclose(y.pad(((0, 0), (1, 2)), value=3.0).numpy(), padded)
+        np.testing.assert_allclose(x[:, 1:b].numpy(), a[:, 1:n])
+        np.testing.assert_allclose(x[:, b - 2 : b].numpy(), a[:, n - 2 : n])
+        np.testing.assert_allclose(y.reshape(2, 2, b).sum(0).numpy(), a[:, :n].reshape(2, 2, n).sum(0), rtol=1e-5)
+        np.testing.assert_allclose((y + Tensor.ones(4, b, device=device)).numpy(), a[:, :n] + 1)
+        np.testing.assert_allclose(Tensor.arange(b, device=device).numpy(), np.arange(n))
+        assert Tensor(b, device=device).item() == n
+
+
+def test_a_kernel_of_fixed_size_that_reads_a_variable(device: str) -> None:
+    """Padding a symbolic slice back to a fixed size: a kernel of fixed shape whose mask reads the Variable."""
+    a = RNG.standard_normal((4, 30, 3)).astype(np.float32)
+    x = Tensor(a, device=device)
+    pos = Variable("pos", 1, 30)
+    for n in (1, 17, 30):
+        b = pos.bind(n)
+        y = x[:, :b].pad(((0, 0), (0, 30 - b), (0, 0)))
+        assert y.shape == (4, 30, 3)
+        np.testing.assert_allclose((y * 2).numpy(), np.pad(a[:, :n] * 2, ((0, 0), (0, 30 - n), (0, 0))))
+
+
+def test_a_threaded_cpu_kernel_takes_the_variable_and_its_thread_number_apart() -> None:
+    """A CPU kernel big enough to run on several threads, reading a Variable: the C kernel took the thread's number
+    where the Variable was (and the other way round) and read out of bounds."""
+    if Device["CPU"].threads < 2:  # type: ignore[attr-defined]
+        pytest.skip("one CPU thread here: no threaded kernel")
+    a = RNG.standard_normal((128, 300, 64)).astype(np.float32)
+    x = Tensor(a, device="CPU")
+    pos = Variable("pos", 1, 300)
+    for n in (1, 150):
+        y = x[:, : pos.bind(n)].pad(((0, 0), (0, 300 - pos.bind(n)), (0, 0))) * 2
+        np.testing.assert_allclose(y.numpy(), np.pad(a[:, :n] * 2, ((0, 0), (0, 300 - n), (0, 0))))
+
+
+def _attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    s = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def test_kv_cache_step_is_one_capture(device: str) -> None:
+    heads, dim, most = 2, 8, 64
+    cache_k = Tensor.zeros(1, heads, most, dim, device=device).contiguous().realize()
+    cache_v = Tensor.zeros(1, heads, most, dim, device=device).contiguous().realize()
+    ks, vs, qs = (RNG.standard_normal((most, heads, dim)).astype(np.float32) for _ in range(3))
+    pos = Variable("pos", 0, most - 1)
+
+    def step(q: Tensor, k: Tensor, v: Tensor, p: object) -> Tensor:
+        cache_k[:, :, p : p + 1] = k
+        cache_v[:, :, p : p + 1] = v
+        return q.scaled_dot_product_attention(cache_k[:, :, : p + 1], cache_v[:, :, : p + 1]).realize()
+
+    jitted = TinyJit(step)
+    for i in range(most):
+        q, k, v = (Tensor(a[i].reshape(1, heads, 1, dim), device=device) for a in (qs, ks, vs))
+        out = jitted(q, k, v, pos.bind(i))
+        assert out.shape == (1, heads, 1, dim)
+        ref = _attention_reference(qs[i][:, None], ks[: i + 1].transpose(1, 0, 2), vs[: i + 1].transpose(1, 0, 2))
+        np.testing.assert_allclose(out.numpy().reshape(heads, 1, dim), ref, rtol=1e-4, atol=1e-5)
+    assert len(jitted.recordings) == 1 and jitted.replays == most - 2
+
+
+def test_jit_replays_across_values_and_rebinds_its_outputs(device: str) -> None:
+    a = RNG.standard_normal((3, 50)).astype(np.float32)
+    x = Tensor(a, device=device).realize()
+    n = Variable("n", 1, 50)
+
+    @TinyJit
+    def f(m: object) -> Tensor:
+        return (x[:, :m] * 3).sum(1, keepdim=True).expand(3, m).contiguous().realize()
+
+    before = None
+    for i in range(1, 51):
+        out = f(n.bind(i))
+        assert out.shape[1].val == i
+        ref = np.repeat((a[:, :i] * 3).sum(1, keepdims=True), i, 1)
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+        if i == 2:
+            before = built()
+    assert f.replays == 48 and built() == before
+
+
+def test_causal_attention_with_a_position_offset(device: str) -> None:
+    """Prefill of q queries at positions start..start+q-1 over a cache of start+q keys: query i sees keys <= start+i."""
+    heads, dim, q_len = 2, 4, 3
+    start = Variable("start", 0, 20)
+    ks, vs = (RNG.standard_normal((heads, 23, dim)).astype(np.float32) for _ in range(2))
+    qs = RNG.standard_normal((heads, q_len, dim)).astype(np.float32)
+    keys, values = Tensor(ks, device=device), Tensor(vs, device=device)
+    for s0 in (0, 5, 20):
+        b = start.bind(s0)
+        total = b + q_len
+        rows = Tensor.arange(q_len, device=device).reshape(q_len, 1) + Tensor(b, device=device)
+        mask = rows >= Tensor.arange(total, device=device).reshape(1, total)
+        out = Tensor(qs, device=device).scaled_dot_product_attention(keys[:, :total], values[:, :total], mask)
+        n = s0 + q_len
+        sc = qs @ ks[:, :n].transpose(0, 2, 1) / np.sqrt(dim)
+        sc = np.where(np.arange(q_len)[:, None] + s0 >= np.arange(n)[None, :], sc, -np.inf)
+        e = np.exp(sc - sc.max(-1, keepdims=True))
+        np.testing.assert_allclose(out.numpy(), (e / e.sum(-1, keepdims=True)) @ vs[:, :n], rtol=1e-4, atol=1e-5)
+
+
+def test_bad_symbolic_input_is_a_clear_error() -> None:
+    pos = Variable("pos", 1, 8)
+    with pytest.raises(ValueError, match="takes values from 1 to 8, got 9"):
+        pos.bind(9)
+    with pytest.raises(TypeError, match="bound to an int"):
+        pos.bind(2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="identifier"):
+        Variable("not a name", 0, 3)
+    with pytest.raises(ValueError, match="lo <= hi"):
+        Variable("m", 5, 2)
+    x = Tensor.zeros(4, 8)
+    with pytest.raises(ValueError, match="cannot broadcast"):
+        x[:, : pos.bind(3)] + Tensor.ones(4, 3)  # noqa: B018  (a symbolic size and a concrete one)
+    with pytest.raises(ValueError, match="not bound"):
+        x[:, :pos].numpy()  # an unbound Variable: no values to read
+    with pytest.raises(ValueError, match="do not fit"):
+        Tensor.zeros(4, 5)[:, : pos.bind(3)]  # pos may reach 8 > 5
+    with pytest.raises(ValueError, match="bound to 3 and to 4"):
+        (x[:, : pos.bind(3)].sum() + x[:, : pos.bind(4)].sum()).numpy()
+
+
+def test_debug_shows_the_values_of_each_launch(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)).realize()
+    pos = Variable("pos", 1, 4)
+    monkeypatch.setenv("DEBUG", "2")
+    (x[:, : pos.bind(3)] * 2).sum(1).realize()
+    out = capsys.readouterr().out
+    assert "r_3_pos" in out and "with pos=3" in out, out
