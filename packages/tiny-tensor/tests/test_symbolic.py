@@ -192,3 +192,89 @@ def test_debug_shows_the_values_of_each_launch(
     (x[:, : pos.bind(3)] * 2).sum(1).realize()
     out = capsys.readouterr().out
     assert "r_3_pos" in out and "with pos=3" in out, out
+
+
+def test_the_schedule_cache_keys_on_structure_not_values() -> None:
+    from tiny.ir.schedule_cache import SCHEDULES
+
+    x = Tensor(np.arange(40, dtype=np.float32).reshape(4, 10)).realize()
+    pos = Variable("pos", 1, 10)
+    (x[:, : pos.bind(2)] + 1).sum(1).realize()
+    hits = SCHEDULES.hits
+    for n in range(3, 8):
+        out = (x[:, : pos.bind(n)] + 1).sum(1).numpy()
+        np.testing.assert_allclose(out, (np.arange(40).reshape(4, 10)[:, :n] + 1).sum(1))
+    assert SCHEDULES.hits - hits == 5
+
+
+def test_a_changed_structure_captures_again() -> None:
+    pos = Variable("pos", 1, 16)
+    x4, x6 = Tensor.ones(4, 16).realize(), Tensor.ones(6, 16).realize()
+
+    @TinyJit
+    def f(x: Tensor, p: object) -> Tensor:
+        return x[:, :p].sum(1).realize()
+
+    for n in (1, 2, 3):
+        assert f(x4, pos.bind(n)).tolist() == [float(n)] * 4
+    assert len(f.recordings) == 1
+    for n in (4, 5, 6):
+        assert f(x6, pos.bind(n)).tolist() == [float(n)] * 6  # another shape: another recording
+    assert len(f.recordings) == 2 and f.replays == 2
+
+
+def test_a_variable_bound_outside_the_jitted_function_is_refused() -> None:
+    from tiny.tensor import JitError
+
+    pos = Variable("pos", 1, 16)
+    x = Tensor.ones(4, 16).realize()
+    outside = {"p": pos.bind(3)}
+
+    @TinyJit
+    def f(y: Tensor) -> Tensor:
+        return (y[:, : outside["p"]] * 2).sum(1).realize()
+
+    f(x)
+    with pytest.raises(JitError, match="bound outside it"):
+        f(x)
+
+
+def test_is_causal_over_a_symbolic_key_length(device: str) -> None:
+    q_all = RNG.standard_normal((2, 8, 4)).astype(np.float32)
+    kv = RNG.standard_normal((2, 8, 4)).astype(np.float32)
+    n = Variable("n", 1, 8)
+    for length in (1, 5, 8):
+        b = n.bind(length)
+        q, k = Tensor(q_all, device=device)[:, :b], Tensor(kv, device=device)[:, :b]
+        out = q.scaled_dot_product_attention(k, k, is_causal=True).numpy()
+        qq, kk = q_all[:, :length], kv[:, :length]
+        s = qq @ kk.transpose(0, 2, 1) / 2.0
+        s = np.where(np.tril(np.ones((length, length), bool)), s, -np.inf)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        np.testing.assert_allclose(out, (e / e.sum(-1, keepdims=True)) @ kk, rtol=1e-4, atol=1e-5)
+
+
+def test_the_variable_is_a_kernel_parameter(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4), device="CPU:C").realize()
+    pos = Variable("pos", 1, 4)
+    monkeypatch.setenv("DEBUG", "4")
+    (x[:, : pos.bind(2)] * 5).sum(1).realize()
+    src = capsys.readouterr().out
+    assert "int pos" in src and "pos" in src.split("{", 1)[1], src
+
+
+def test_beam_times_a_symbolic_kernel_at_the_largest_value(tmp_path, capsys) -> None:  # noqa: ANN001
+    from tiny.codegen.beam import beam_search
+    from tiny.ir.config import Context
+
+    x = Tensor(RNG.standard_normal((16, 200)).astype(np.float32), device="CPU").realize()
+    pos = Variable("pos", 1, 200)
+    (item,) = (x[:, : pos.bind(50)] * 2).sum(1).schedule()
+    with Context(CACHEDB=str(tmp_path / "cache.db"), CACHELEVEL=2):
+        beam_search(item.ast, Device["CPU"], width=2, budget_s=5)
+        assert "(timed at pos=200)" in capsys.readouterr().err
+        with Context(BEAM=2, BEAM_BUDGET=5):
+            out = (x[:, : pos.bind(50)] * 2).sum(1).numpy()
+    np.testing.assert_allclose(out, (x.numpy()[:, :50] * 2).sum(1), rtol=1e-5, atol=1e-5)

@@ -23,7 +23,7 @@ from tiny.ir.device import buffer_of, device_computes, new_buffer, new_buffer_vi
 from tiny.ir.dtypes import dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
 from tiny.ir.schedule_cache import SCHEDULES, Schedule, ScheduleItem, Template, check_same, structure_of
-from tiny.ir.uop import GroupOp, Ops, UOp, evaluate
+from tiny.ir.uop import GroupOp, Ops, UOp, binds_made, evaluate
 from tiny.ir.views import View, strides_for_shape
 
 
@@ -488,7 +488,7 @@ def create_schedule(targets: list[UOp]) -> Schedule:
     the structure of one scheduled before (other input buffers) takes that schedule from the cache, rebound.
     Symbolic sizes are scheduled unbound (the schedule of `x[:pos]` is one for every value of pos): the values go
     with the schedule (var_vals), and what the targets become is bound again."""
-    if sint.BINDS_MADE and (unbound := _unbind(targets)) is not None:
+    if binds_made() and (unbound := _unbind(targets)) is not None:
         plain, names, var_vals = unbound
         return _rebind(_schedule(plain), names, var_vals)
     return _schedule(targets)
@@ -519,7 +519,9 @@ def rebind_graph(root: UOp, values: dict[UOp, int]) -> UOp:
     for u in root.toposort:
         src = tuple(done[s] for s in u.src)
         arg = u.arg
-        if (u.op in GroupOp.Movement and u.argkey is not arg) or (u.op is Ops.CONST and isinstance(arg, UOp)):
+        if (u.op in GroupOp.Movement and u.argkey is not arg and sint.has_binds(arg)) or (
+            u.op is Ops.CONST and isinstance(arg, UOp)
+        ):
             arg = sint.map_sizes(arg, lambda x: sint.bind_size(sint.unbind_size(x, {}), values))
         done[u] = u if src == u.src and arg is u.arg else UOp(u.op, u.dtype, src, arg)
     return done[root]

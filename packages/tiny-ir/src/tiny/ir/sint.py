@@ -23,7 +23,6 @@ from tiny.ir.uop import GroupOp, Ops, UOp
 sint = int | UOp
 
 INT32_MAX = 2**31 - 1
-BINDS_MADE = False  # whether any Variable was bound in this process (until then the scheduler does not look for one)
 # names the renderers give their own parameters, indices and values (data0, gidx1, alu7 ...): a Variable, which is a
 # kernel parameter of its own name, may not take one
 _RENDERED = re.compile(r"(data|gidx|lidx|acc|alu|ridx|rnext|r|st|val|v|lane|cast|tmp)[0-9]+")
@@ -199,6 +198,11 @@ def map_sizes(x: Any, f: Callable[[UOp], sint]) -> Any:
 def unbind_size(x: UOp, found: dict[UOp, int]) -> sint:
     """The expression with each BIND replaced by its variable; `found` gets each variable's value (a variable bound
     to two values in one graph is an error)."""
+    if x.op is Ops.BIND:  # (the usual size: one bound Variable)
+        var, value = x.src[0], x.src[1].arg
+        if found.setdefault(var, value) != value:
+            raise ValueError(f"Variable {var.arg[0]!r} is bound to {found[var]} and to {value} in one computation")
+        return var
     binds = [u for u in x.toposort if u.op is Ops.BIND]
     if not binds:
         return x
@@ -215,6 +219,8 @@ def unbind_size(x: UOp, found: dict[UOp, int]) -> sint:
 
 def bind_size(x: UOp, values: dict[UOp, int]) -> sint:
     """The expression with each variable that `values` names bound to its value there (unbind_size undone)."""
+    if x.op is Ops.DEFINE_VAR:
+        return x.bind(values[x]) if x in values else x
     mapping = {u: u.bind(values[u]) for u in x.toposort if u.op is Ops.DEFINE_VAR and u in values}
     if not mapping:
         return x

@@ -374,9 +374,7 @@ class UOp(_Fields):
             value = int(value)
         if not lo <= value <= hi:
             raise ValueError(f"Variable {name!r} takes values from {lo} to {hi}, got {value}")
-        from tiny.ir import sint
-
-        sint.BINDS_MADE = True  # (the scheduler looks for bound sizes from now on)
+        _BINDS_MADE[0] = True  # (the scheduler looks for bound sizes from now on)
         return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, value)))
 
     def unbind(self) -> tuple[UOp, int]:
@@ -544,6 +542,13 @@ class UOp(_Fields):
 
 
 _CACHE = UOp._cache
+_BINDS_MADE = [False]  # whether any Variable was bound in this process (until then the scheduler looks for none)
+
+
+def binds_made() -> bool:
+    return _BINDS_MADE[0]
+
+
 _new_object = object.__new__
 # make_node(UOp, op, dtype, src, arg) is the node UOp(op, dtype, src, arg) is, without the class call, which enters
 # __new__ from C (a quarter of a node's cost when it exists already): for the few places that make nodes for every op

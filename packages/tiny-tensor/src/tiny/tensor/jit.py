@@ -315,8 +315,8 @@ def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> A
 
 def _rebound(x: Any, values: dict[UOp, int]) -> Any:
     """The recorded result with its symbolic shapes bound to this call's values."""
-    if isinstance(x, Tensor):
-        return Tensor(rebind_graph(x.uop, values)) if values else x
+    if isinstance(x, Tensor):  # (a result of fixed shape has nothing to bind)
+        return Tensor(rebind_graph(x.uop, values)) if any(type(s) is not int for s in x.shape) else x
     if isinstance(x, (list, tuple)):
         return type(x)(_rebound(v, values) for v in x)
     if isinstance(x, dict):
