@@ -1,0 +1,248 @@
+"""Language models: `load(path)` a Hugging Face model folder, then `model(ids)` for logits and `model.generate(ids)`.
+
+The prompt runs in one pass (prefill); each new token then runs through one jitted decode step whose position is a
+bound Variable, so the step's kernels are built once for every position and replayed. Sampling (greedy,
+temperature, top-k, top-p, with a seed) happens on the host over the last position's logits.
+
+>>> from tiny.llm import load  # doctest: +SKIP
+>>> model = load("path/to/folder")  # doctest: +SKIP
+>>> model.generate([1, 2, 3], max_new_tokens=8)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tiny.models.llama import Llama, LlamaConfig
+from tiny.nn.state import safe_load
+from tiny.tensor import Tensor, TinyJit, Variable, dtypes
+
+__all__ = ["LLM", "load"]
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+class LLM:
+    """A loaded causal language model: logits, generation, and its tokenizer (None where the folder has none)."""
+
+    def __init__(self, model: Llama, tokenizer: Any = None, eos_token_ids: Sequence[int] = ()) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.max_context = model.max_context
+        self._pos = Variable("pos", 0, model.max_context - 1)
+        self._step = TinyJit(self._decode)
+
+    def __call__(self, ids: Sequence[int] | np.ndarray | Tensor) -> Tensor:
+        """The logits (batch, length, vocab) of token ids (length,) or (batch, length), from position 0."""
+        tokens = _tokens(ids, self.max_context)
+        return self.model(tokens, 0)
+
+    def _decode(self, token: Tensor, pos: Any) -> Tensor:
+        return self.model(token, pos)[:, -1].realize()
+
+    def generate(
+        self,
+        ids: Sequence[int],
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[int] | None = None,
+    ) -> list[int]:
+        """The new token ids after the prompt `ids` (at most max_new_tokens, ending at a stop token, which is kept).
+        temperature 0 is greedy; else sampling from the softmax at that temperature, kept to the top_k most likely
+        (0: all) and to the smallest set whose probability reaches top_p, with a seeded generator."""
+        return list(self.stream(ids, max_new_tokens, temperature, top_k, top_p, seed, stop))
+
+    def stream(
+        self,
+        ids: Sequence[int],
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[int] | None = None,
+    ) -> Iterator[int]:
+        """generate(), one token id at a time as each is computed."""
+        prompt = [int(i) for i in ids]
+        if not prompt:
+            raise ValueError("generate() needs a prompt of at least one token")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if len(prompt) + max_new_tokens > self.max_context:
+            raise ValueError(
+                f"a prompt of {len(prompt)} tokens and {max_new_tokens} new ones is past the context of "
+                f"{self.max_context} tokens"
+            )
+        _check_sampling(temperature, top_k, top_p)
+        stops = set(self.eos_token_ids if stop is None else stop)
+        rng = np.random.default_rng(seed)
+        logits = self.model(_tokens(prompt, self.max_context), 0)[0, -1].numpy()
+        pos = len(prompt)
+        for i in range(max_new_tokens):
+            token = _sample(logits, temperature, top_k, top_p, rng)
+            yield token
+            if token in stops or i == max_new_tokens - 1:
+                return
+            step = Tensor([[token]], dtype=dtypes.int32, device=self.model.cos.device)
+            logits = self._step(step, self._pos.bind(pos))[0].numpy()
+            pos += 1
+
+
+def _tokens(ids: Any, context: int) -> Tensor:
+    if isinstance(ids, Tensor):
+        t = ids
+    else:
+        arr = np.asarray(ids)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"token ids must be integers, got {arr.dtype}")
+        t = Tensor(arr.astype(np.int32))
+    if t.ndim == 1:
+        t = t.reshape(1, -1)
+    if t.ndim != 2 or t.shape[1] == 0:
+        raise ValueError(f"token ids must be (length,) or (batch, length) with length >= 1, got shape {t.shape}")
+    if t.shape[1] > context:
+        raise ValueError(f"{t.shape[1]} tokens are past the model's context of {context}")
+    return t
+
+
+def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    if not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (0: no limit), got {top_k!r}")
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+def _sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
+    if temperature == 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature
+    order = np.argsort(-z, kind="stable")
+    if top_k:
+        order = order[:top_k]
+    p = np.exp(z[order] - z[order[0]])
+    p /= p.sum()
+    if top_p < 1:
+        keep = int(np.searchsorted(np.cumsum(p), top_p) + 1)
+        order, p = order[:keep], p[:keep] / p[:keep].sum()
+    return int(order[rng.choice(len(order), p=p)])
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load(path: str | os.PathLike, device: str | None = None, max_context: int | None = None) -> LLM:
+    """A model from a Hugging Face folder (config.json, model.safetensors or its sharded index, and tokenizer.json
+    if there is one). Weights are read lazily from the files straight into the device's memory."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"load() takes a Hugging Face model folder; {str(folder)!r} is not a folder")
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json: not a Hugging Face model folder")
+    cfg = json.loads(config_path.read_text())
+    arch = (cfg.get("architectures") or ["?"])[0]
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{folder}: architecture {arch!r} is not supported (these are: {', '.join(ARCHITECTURES)})")
+    config = LlamaConfig.from_hf(cfg)
+    model = Llama(config, max_context, device)
+    weights = _safetensors(folder, device)
+    _load_weights(model, weights, folder)
+    return LLM(model, _tokenizer(folder), _eos(cfg, folder))
+
+
+def _safetensors(folder: Path, device: str | None) -> dict[str, Tensor]:
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        return safe_load(single, device)
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        out: dict[str, Tensor] = {}
+        for name in files:
+            out |= safe_load(folder / name, device)
+        return out
+    raise FileNotFoundError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
+
+
+def _load_weights(model: Llama, weights: dict[str, Tensor], folder: Path) -> None:
+    """Each weight into the model's attribute of its name, checked for shape; every name the model has and the files
+    lack (and the other way round) listed in one error."""
+    targets = _parameters(model)
+    if model.cfg.tie_word_embeddings:
+        targets.pop("lm_head.weight")
+    weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
+    missing = [k for k in targets if k not in weights]
+    unexpected = [k for k in weights if k not in targets]
+    bad = [
+        f"{k}: {weights[k].shape} for {targets[k][2]}"
+        for k in targets
+        if k in weights and weights[k].shape != targets[k][2]
+    ]
+    if missing or unexpected or bad:
+        lines = (
+            [f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected] + [f"shape {b}" for b in bad]
+        )
+        raise ValueError(f"{folder}: the weights do not fit the config:\n  " + "\n  ".join(lines))
+    dtype = dtypes.float32
+    for name, (owner, attr, _) in targets.items():
+        setattr(owner, attr, weights[name].cast(dtype).contiguous().realize())
+    if model.cfg.tie_word_embeddings:
+        model.tie()
+
+
+def _parameters(model: Llama) -> dict[str, tuple[Any, str, tuple[int, ...]]]:
+    """name -> (object, attribute, shape) of every weight the checkpoint holds."""
+    out: dict[str, tuple[Any, str, tuple[int, ...]]] = {}
+
+    def linear(prefix: str, layer: Any) -> None:
+        out[f"{prefix}.weight"] = (layer, "weight", layer.weight.shape)
+        if getattr(layer, "bias", None) is not None:
+            out[f"{prefix}.bias"] = (layer, "bias", layer.bias.shape)
+
+    inner = model.model
+    out["model.embed_tokens.weight"] = (inner.embed_tokens, "weight", inner.embed_tokens.weight.shape)
+    for i, block in enumerate(inner.layers):
+        p = f"model.layers.{i}"
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            linear(f"{p}.self_attn.{name}", getattr(block.self_attn, name))
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            linear(f"{p}.mlp.{name}", getattr(block.mlp, name))
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            norm = getattr(block, name)
+            out[f"{p}.{name}.weight"] = (norm, "weight", norm.weight.shape)
+    out["model.norm.weight"] = (inner.norm, "weight", inner.norm.weight.shape)
+    linear("lm_head", model.lm_head)
+    return out
+
+
+def _tokenizer(folder: Path) -> Any:
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ImportError(
+            f"{folder} has a tokenizer.json, read with the `tokenizers` library: pip install 'tiny-tensor[llm]'"
+        ) from None
+    return Tokenizer.from_file(str(path))
+
+
+def _eos(cfg: dict[str, Any], folder: Path) -> list[int]:
+    found = cfg.get("eos_token_id")
+    generation = folder / "generation_config.json"
+    if found is None and generation.is_file():
+        found = json.loads(generation.read_text()).get("eos_token_id")
+    if found is None:
+        return []
+    return [int(x) for x in (found if isinstance(found, list) else [found])]

@@ -1,0 +1,196 @@
+"""The LLaMA family (Llama 2 and 3, Mistral, Qwen2): a decoder-only transformer with RMSNorm, rotary position
+embeddings (with Llama 3's frequency scaling), grouped-query attention and a SwiGLU feed-forward, as Hugging Face's
+`config.json` describes it and its `model.safetensors` names its weights.
+
+A model keeps a KV cache per layer on the device; `model(tokens, start_pos)` runs the tokens at positions
+start_pos.. (a prompt at 0, then one token at a time), writing their keys and values into the cache and attending
+over everything before them. start_pos may be a bound Variable: the decode step is then one set of kernels for
+every position (tiny.llm runs it under TinyJit).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tiny.nn import Embedding, Linear, RMSNorm
+from tiny.tensor import Tensor, dtypes
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2's q, k and v projections have biases
+    mlp_bias: bool = False
+    architecture: str = "LlamaForCausalLM"
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @staticmethod
+    def from_hf(cfg: dict[str, Any]) -> LlamaConfig:
+        """From a Hugging Face config.json (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)."""
+        arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        return LlamaConfig(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_hidden_layers=int(cfg["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            rope_scaling=cfg.get("rope_scaling"),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            architecture=arch,
+        )
+
+
+def rope_frequencies(cfg: LlamaConfig) -> np.ndarray:
+    """The rotary embedding's inverse frequencies (head_dim / 2 of them), in float32 as transformers computes them,
+    with Llama 3's scaling where the config asks for it: long wavelengths slowed by `factor`, short ones kept, and
+    those between blended smoothly."""
+    dim = cfg.head_dim
+    inv = (
+        1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+    ).astype(np.float32)
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv
+    if kind != "llama3":
+        raise ValueError(f"rope scaling {kind!r} is not supported (default and llama3 are)")
+    factor, low, high = (float(scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor"))
+    context = float(scaling["original_max_position_embeddings"])
+    wavelen = (2 * math.pi / inv).astype(np.float32)
+    slowed = np.where(wavelen > context / low, inv / factor, inv).astype(np.float32)
+    blend = ((context / wavelen - low) / (high - low)).astype(np.float32)
+    smoothed = ((1 - blend) * slowed / factor + blend * slowed).astype(np.float32)
+    medium = ~(wavelen < context / high) & ~(wavelen > context / low)
+    return np.where(medium, smoothed, slowed).astype(np.float32)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dim (Hugging Face's layout of rotary pairs)."""
+    half = x.shape[-1] // 2
+    return (-x[..., half:]).cat(x[..., :half], dim=-1)
+
+
+class Attention:
+    def __init__(self, cfg: LlamaConfig, max_context: int, device: str | None) -> None:
+        self.cfg, self.max_context = cfg, max_context
+        hd, heads, kv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.q_proj = Linear(cfg.hidden_size, heads * hd, bias=cfg.attention_bias, device=device)
+        self.k_proj = Linear(cfg.hidden_size, kv * hd, bias=cfg.attention_bias, device=device)
+        self.v_proj = Linear(cfg.hidden_size, kv * hd, bias=cfg.attention_bias, device=device)
+        self.o_proj = Linear(heads * hd, cfg.hidden_size, bias=False, device=device)
+        self.cache_k: Tensor | None = None
+        self.cache_v: Tensor | None = None
+
+    def __call__(self, x: Tensor, start_pos: Any, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
+        cfg = self.cfg
+        batch, length = x.shape[0], x.shape[1]
+        hd, heads, kv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        q = self.q_proj(x).reshape(batch, length, heads, hd).transpose(1, 2)
+        k = self.k_proj(x).reshape(batch, length, kv, hd).transpose(1, 2)
+        v = self.v_proj(x).reshape(batch, length, kv, hd).transpose(1, 2)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        if self.cache_k is None or self.cache_k.shape[0] != batch:
+            shape = (batch, kv, self.max_context, hd)
+            self.cache_k = Tensor.zeros(*shape, dtype=x.dtype, device=x.device).contiguous().realize()
+            self.cache_v = Tensor.zeros(*shape, dtype=x.dtype, device=x.device).contiguous().realize()
+        assert self.cache_v is not None
+        end = start_pos + length
+        self.cache_k[:, :, start_pos:end] = k
+        self.cache_v[:, :, start_pos:end] = v
+        keys, values = self.cache_k[:, :, :end], self.cache_v[:, :, :end]
+        out = q.scaled_dot_product_attention(keys, values, attn_mask=mask, enable_gqa=heads != kv)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, heads * hd))
+
+
+class FeedForward:
+    def __init__(self, cfg: LlamaConfig, device: str | None) -> None:
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, device=device)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, device=device)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias, device=device)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.gate_proj(x).silu() * self.up_proj(x))
+
+
+class Block:
+    def __init__(self, cfg: LlamaConfig, max_context: int, device: str | None) -> None:
+        self.self_attn = Attention(cfg, max_context, device)
+        self.mlp = FeedForward(cfg, device)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
+
+    def __call__(self, x: Tensor, start_pos: Any, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), start_pos, cos, sin, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class _Inner:
+    """`model.` in the weights' names: the embedding, the blocks and the final norm."""
+
+    def __init__(self, cfg: LlamaConfig, max_context: int, device: str | None) -> None:
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, device=device)
+        self.layers = [Block(cfg, max_context, device) for _ in range(cfg.num_hidden_layers)]
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
+
+
+class Llama:
+    """LlamaForCausalLM: `model.*` and `lm_head.weight` as Hugging Face names them (lm_head is the embedding where
+    the config ties them)."""
+
+    def __init__(self, cfg: LlamaConfig, max_context: int | None = None, device: str | None = None) -> None:
+        self.cfg = cfg
+        self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.model = _Inner(cfg, self.max_context, device)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device)
+        positions = np.arange(self.max_context, dtype=np.float32)[:, None]
+        angles = positions * rope_frequencies(cfg)[None, :]
+        table = np.concatenate([angles, angles], axis=1)  # (positions, head_dim): each frequency for both halves
+        self.cos = Tensor(np.cos(table).astype(np.float32), device=device).realize()
+        self.sin = Tensor(np.sin(table).astype(np.float32), device=device).realize()
+
+    def tie(self) -> None:
+        """Share the embedding as the output projection (tie_word_embeddings)."""
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    def __call__(self, tokens: Tensor, start_pos: Any = 0) -> Tensor:
+        """Logits (batch, length, vocab) of the tokens (batch, length) at positions start_pos.. (an int or a bound
+        Variable); their keys and values go into the cache."""
+        length = tokens.shape[1]
+        if isinstance(start_pos, int) and start_pos + length > self.max_context:
+            raise ValueError(
+                f"positions {start_pos}..{start_pos + length - 1} are past the model's context of {self.max_context}"
+            )
+        x = self.model.embed_tokens(tokens)
+        cos = self.cos[start_pos : start_pos + length].reshape(1, 1, length, self.cfg.head_dim)
+        sin = self.sin[start_pos : start_pos + length].reshape(1, 1, length, self.cfg.head_dim)
+        mask = None
+        if length > 1:  # query i (at start_pos + i) sees the keys up to its own position
+            rows = Tensor.arange(length, device=x.device).reshape(length, 1) + start_pos
+            mask = rows >= Tensor.arange(start_pos + length, device=x.device).reshape(1, -1)
+        for layer in self.model.layers:
+            x = layer(x, start_pos, cos, sin, mask)
+        return self.lm_head(self.model.norm(x)).cast(dtypes.float32)

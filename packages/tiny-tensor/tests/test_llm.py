@@ -1,0 +1,130 @@
+"""tiny.llm against Hugging Face transformers: small random-initialized models saved with save_pretrained, loaded by
+tiny.llm.load; logits equal to 1e-4 in float32 and 32 greedily generated tokens identical to transformers' generate.
+(No model hub is reachable: the weights are random, which checks every weight's place as well as trained ones do.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tiny.llm import load
+from tiny.tensor.realize import programs
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+PROMPT = [1, 5, 9, 20, 33, 7, 41]
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+SMALL = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2}
+MODELS = {
+    # grouped-query attention (4 heads, 2 key/value heads), Llama 3's RoPE scaling, untied output
+    "llama3_gqa": lambda: transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            **SMALL,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            rope_theta=500000.0,
+            rope_scaling=LLAMA3_ROPE,
+        )
+    ),
+    # Llama 2: multi-head attention, plain RoPE, the embedding tied to the output
+    "llama2_tied": lambda: transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            **SMALL, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=96, tie_word_embeddings=True
+        )
+    ),
+    "mistral": lambda: transformers.MistralForCausalLM(
+        transformers.MistralConfig(
+            **SMALL, num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=128
+        )
+    ),
+    # Qwen2: biases on the q, k and v projections
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(
+        transformers.Qwen2Config(
+            **SMALL,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+        )
+    ),
+}
+
+
+def _saved(name: str, folder: Path) -> object:
+    torch.manual_seed(len(name))
+    model = MODELS[name]().eval()
+    with torch.no_grad():  # random biases (transformers starts them at 0), so a misplaced one shows
+        for n, p in model.named_parameters():
+            if n.endswith("bias"):
+                p.normal_(0, 0.1)
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_logits_and_greedy_tokens_equal_transformers(name: str, tmp_path: Path) -> None:
+    ref = _saved(name, tmp_path)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        want = ref(ids).logits[0].numpy()
+        generated = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False)
+    want_tokens = generated[0, len(PROMPT) :].tolist()
+    model = load(tmp_path)
+    np.testing.assert_allclose(model(PROMPT).numpy()[0], want, rtol=1e-4, atol=1e-4)
+    got = model.generate(PROMPT, max_new_tokens=32, stop=[])
+    n = len(want_tokens)  # (transformers stops early at its eos token; tiny was told not to)
+    assert got[:n] == want_tokens
+
+
+def test_the_decode_step_is_built_once(tmp_path: Path) -> None:
+    _saved("llama3_gqa", tmp_path)
+    model = load(tmp_path)
+    model.generate(PROMPT, max_new_tokens=4, stop=[])  # the step's warm-up and capture
+    built = len(programs())
+    tokens = model.generate(PROMPT, max_new_tokens=40, stop=[])  # (the same prompt: its prefill is built already)
+    assert len(tokens) == 40
+    assert len(programs()) == built, "a new position compiled the decode step again"
+    assert len(model._step.recordings) == 1 and model._step.replays >= 40
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(tmp_path: Path) -> None:
+    _saved("llama2_tied", tmp_path)
+    model = load(tmp_path)
+    a = model.generate(PROMPT, max_new_tokens=12, temperature=0.9, top_p=0.9, seed=3, stop=[])
+    b = model.generate(PROMPT, max_new_tokens=12, temperature=0.9, top_p=0.9, seed=3, stop=[])
+    assert a == b
+    greedy = model.generate(PROMPT, max_new_tokens=12, stop=[])
+    assert model.generate(PROMPT, max_new_tokens=12, temperature=1.5, top_k=1, seed=0, stop=[]) == greedy
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        load(tmp_path / "nothing")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    with pytest.raises(ValueError, match="'BertModel' is not supported"):
+        load(tmp_path)
+    folder = tmp_path / "m"
+    _saved("llama2_tied", folder)
+    model = load(folder)
+    with pytest.raises(ValueError, match="past the context of 96"):
+        model.generate(list(range(90)), max_new_tokens=10)
+    with pytest.raises(ValueError, match="top_p"):
+        model.generate(PROMPT, top_p=0.0)
+    with pytest.raises(ValueError, match="at least one token"):
+        model.generate([])
+    (folder / "model.safetensors").rename(folder / "moved.safetensors")
+    with pytest.raises(FileNotFoundError, match="neither model.safetensors"):
+        load(folder)
