@@ -156,6 +156,24 @@ def test_float64_adaptive_avg_pool_over_uneven_windows_is_float64_accurate() -> 
     np.testing.assert_allclose(ours, torch.nn.functional.adaptive_avg_pool2d(torch.tensor(a), (4, 6)), rtol=1e-12)
 
 
+@pytest.mark.parametrize("fn", ["std", "std_mean"])
+def test_std_of_equal_values_has_a_zero_gradient(fn: str) -> None:
+    """Found by the fuzz (seeds 1028 and 1342): std over values that are all equal (a gather of one column, a
+    softmax over one element) had a nan gradient (sqrt's 1 / (2 * 0) times the variance's 0), PyTorch's is 0."""
+    a = np.array([[0.3, 0.3, 0.3, 0.3], [0.5, -0.1, 0.2, 0.9]])
+    w = np.array([0.7, -1.3])
+    ours, theirs = (
+        Tensor(a, dtype=dtypes.float32, requires_grad=True),
+        torch.tensor(a, dtype=torch.float32, requires_grad=True),
+    )
+    (getattr(ours, fn)(1)[0] if fn == "std_mean" else ours.std(1)).mul(Tensor(w, dtype=dtypes.float32)).sum().backward()
+    (getattr(torch, fn)(theirs, 1)[0] if fn == "std_mean" else theirs.std(1)).mul(
+        torch.tensor(w, dtype=torch.float32)
+    ).sum().backward()
+    np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-5, atol=1e-6)
+    assert np.isnan(Tensor([float("nan"), 1.0]).std().item())  # (a nan's standard deviation stays nan)
+
+
 # ---------------------------------------------------------------- wrong gradients the fuzz found (fixed)
 # A max's gradient goes to the elements equal to the max: its input, computed again in the backward's kernel, must
 # round as it did in the max's kernel. The CPU compiled with -ffp-contract=fast, and clang fused a product into the

@@ -235,7 +235,7 @@ class ReduceOps(TensorBase):
         >>> Tensor([[1.0, 3.0], [2.0, 2.0]]).std(axis=1, correction=0).tolist()
         [1.0, 0.0]
         """
-        return self.var(axis, unbiased, keepdim, correction=correction).sqrt()
+        return _std_of(self.var(axis, unbiased, keepdim, correction=correction))
 
     def var_mean(
         self,
@@ -268,7 +268,7 @@ class ReduceOps(TensorBase):
         [1.0, 2.0]
         """
         var, mean = self.var_mean(axis, unbiased, keepdim, correction=correction)
-        return var.sqrt(), mean
+        return _std_of(var), mean
 
     def logsumexp(self, axis: Axis = None, keepdim: bool = False) -> Tensor:
         """log(sum(exp(x))) over axes, computed stably around the max; over nothing it is -inf.
@@ -543,6 +543,13 @@ class ReduceOps(TensorBase):
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _std_of(var: Tensor) -> Tensor:
+    """sqrt(var), whose gradient is 0 where var is 0, as PyTorch's std: sqrt's own there (grad / 0) times the
+    variance's (x - mean = 0) would be nan. The same values: the square root of a variance of 0 is 0."""
+    zero = var == 0  # (a nan or inf variance keeps its square root)
+    return zero.where(0, zero.where(1, var).sqrt())
 
 
 def _panel_width(device: str, dtype: DType, rows: int, m: int, k: int) -> int:
