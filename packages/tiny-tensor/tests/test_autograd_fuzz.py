@@ -174,6 +174,19 @@ def test_std_of_equal_values_has_a_zero_gradient(fn: str) -> None:
     assert np.isnan(Tensor([float("nan"), 1.0]).std().item())  # (a nan's standard deviation stays nan)
 
 
+def test_adaptive_pool_gradient_through_a_clang_slp_miscompile() -> None:
+    """Found by the fuzz (seed 1438): adaptive_avg_pool2d (1, 3, 5, 3) -> (4, 3) had 4 of 30 gradient values wrong.
+    Its gradient kernel (a 2 x 3 x 5 product summed over 4, all written out as vectors) was right C that clang 19's SLP
+    vectorizer miscompiled for AVX-512 at -O2; the CPU compiles with -fno-slp-vectorize under clang now."""
+    rng = np.random.default_rng([1438, 0])
+    a, w = rng.uniform(-1, 1, (1, 3, 5, 3)), rng.uniform(-1, 1, (1, 3, 4, 3))
+    ours = Tensor(a, dtype=dtypes.float32, requires_grad=True)
+    (ours.adaptive_avg_pool2d((4, 3)) * Tensor(w, dtype=dtypes.float32)).sum().backward()
+    theirs = torch.tensor(a, dtype=torch.float32, requires_grad=True)
+    (torch.nn.functional.adaptive_avg_pool2d(theirs, (4, 3)) * torch.tensor(w, dtype=torch.float32)).sum().backward()
+    np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------- wrong gradients the fuzz found (fixed)
 # A max's gradient goes to the elements equal to the max: its input, computed again in the backward's kernel, must
 # round as it did in the max's kernel. The CPU compiled with -ffp-contract=fast, and clang fused a product into the

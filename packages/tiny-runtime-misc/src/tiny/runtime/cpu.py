@@ -124,12 +124,18 @@ CC_FLAGS = (
     "-ffp-contract=off",
     "-fwrapv",
 )
+# clang's only: no SLP vectorizer. The renderer writes the vectors it wants, and clang 19's SLP pass miscompiles some
+# unrolled reductions for AVX-512 (a matrix product's gradient, 2 x 3 x 5 summed over 4, all written out: 4 of 30
+# outputs wrong at -O2 -march=native; right at -O1, with -march=x86-64-v3, without SLP, and with gcc; found by the
+# autograd fuzz, seed 1438)
+CLANG_FLAGS = ("-fno-slp-vectorize",)
 
 
 class ClangCompiler(Compiler):
     def __init__(self, cc: str) -> None:
-        self.cc = cc
-        super().__init__(cachekey=f"cpu:{cc}:{platform.machine()}:{_version(cc)}:{' '.join(CC_FLAGS)}")
+        self.cc, version = cc, _version(cc)
+        self.flags = CC_FLAGS + (CLANG_FLAGS if "clang" in version else ())
+        super().__init__(cachekey=f"cpu:{cc}:{platform.machine()}:{version}:{' '.join(self.flags)}")
 
     def compile(self, src: str) -> bytes:
         arch = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else ["-mcpu=native"]
@@ -139,7 +145,7 @@ class ClangCompiler(Compiler):
                 self.cc,
                 "-shared",
                 "-fPIC",
-                *CC_FLAGS,
+                *self.flags,
                 *arch,
                 "-x",
                 "c",
