@@ -48,6 +48,9 @@ MODELS = {
             **SMALL, num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=128
         )
     ),
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=97, n_positions=96, n_embd=64, n_layer=2, n_head=4)
+    ),
     # Qwen2: biases on the q, k and v projections
     "qwen2": lambda: transformers.Qwen2ForCausalLM(
         transformers.Qwen2Config(

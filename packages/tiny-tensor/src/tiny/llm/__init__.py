@@ -19,19 +19,20 @@ from typing import Any
 
 import numpy as np
 
+from tiny.models.gpt2 import GPT2, GPT2Config
 from tiny.models.llama import Llama, LlamaConfig
 from tiny.nn.state import safe_load
 from tiny.tensor import Tensor, TinyJit, Variable, dtypes
 
 __all__ = ["LLM", "load"]
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel")
 
 
 class LLM:
     """A loaded causal language model: logits, generation, and its tokenizer (None where the folder has none)."""
 
-    def __init__(self, model: Llama, tokenizer: Any = None, eos_token_ids: Sequence[int] = ()) -> None:
+    def __init__(self, model: Llama | GPT2, tokenizer: Any = None, eos_token_ids: Sequence[int] = ()) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.max_context = model.max_context
@@ -40,8 +41,7 @@ class LLM:
 
     def __call__(self, ids: Sequence[int] | np.ndarray | Tensor) -> Tensor:
         """The logits (batch, length, vocab) of token ids (length,) or (batch, length), from position 0."""
-        tokens = _tokens(ids, self.max_context)
-        return self.model(tokens, 0)
+        return self.model(_tokens(ids, self.max_context, self.model.device), 0)
 
     def _decode(self, token: Tensor, pos: Any) -> Tensor:
         return self.model(token, pos)[:, -1].realize()
@@ -85,26 +85,26 @@ class LLM:
         _check_sampling(temperature, top_k, top_p)
         stops = set(self.eos_token_ids if stop is None else stop)
         rng = np.random.default_rng(seed)
-        logits = self.model(_tokens(prompt, self.max_context), 0)[0, -1].numpy()
+        logits = self.model(_tokens(prompt, self.max_context, self.model.device), 0)[0, -1].numpy()
         pos = len(prompt)
         for i in range(max_new_tokens):
             token = _sample(logits, temperature, top_k, top_p, rng)
             yield token
             if token in stops or i == max_new_tokens - 1:
                 return
-            step = Tensor([[token]], dtype=dtypes.int32, device=self.model.cos.device)
+            step = Tensor([[token]], dtype=dtypes.int32, device=self.model.device)
             logits = self._step(step, self._pos.bind(pos))[0].numpy()
             pos += 1
 
 
-def _tokens(ids: Any, context: int) -> Tensor:
+def _tokens(ids: Any, context: int, device: str | None) -> Tensor:
     if isinstance(ids, Tensor):
         t = ids
     else:
         arr = np.asarray(ids)
         if arr.dtype.kind not in "iu":
             raise TypeError(f"token ids must be integers, got {arr.dtype}")
-        t = Tensor(arr.astype(np.int32))
+        t = Tensor(arr.astype(np.int32), device=device)
     if t.ndim == 1:
         t = t.reshape(1, -1)
     if t.ndim != 2 or t.shape[1] == 0:
@@ -154,8 +154,11 @@ def load(path: str | os.PathLike, device: str | None = None, max_context: int | 
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch not in ARCHITECTURES:
         raise ValueError(f"{folder}: architecture {arch!r} is not supported (these are: {', '.join(ARCHITECTURES)})")
-    config = LlamaConfig.from_hf(cfg)
-    model = Llama(config, max_context, device)
+    model: Llama | GPT2
+    if arch == "GPT2LMHeadModel":
+        model = GPT2(GPT2Config.from_hf(cfg), max_context, device)
+    else:
+        model = Llama(LlamaConfig.from_hf(cfg), max_context, device)
     weights = _safetensors(folder, device)
     _load_weights(model, weights, folder)
     return LLM(model, _tokenizer(folder), _eos(cfg, folder))
@@ -174,13 +177,13 @@ def _safetensors(folder: Path, device: str | None) -> dict[str, Tensor]:
     raise FileNotFoundError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
 
 
-def _load_weights(model: Llama, weights: dict[str, Tensor], folder: Path) -> None:
+def _load_weights(model: Llama | GPT2, weights: dict[str, Tensor], folder: Path) -> None:
     """Each weight into the model's attribute of its name, checked for shape; every name the model has and the files
     lack (and the other way round) listed in one error."""
-    targets = _parameters(model)
-    if model.cfg.tie_word_embeddings:
-        targets.pop("lm_head.weight")
-    weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
+    targets = model.parameters_by_name()
+    weights = {_plain_name(k): v for k, v in weights.items() if not k.endswith(_IGNORED)}
+    if isinstance(model, GPT2) or model.cfg.tie_word_embeddings:  # (the output is the embedding: a copy is no news)
+        weights.pop("lm_head.weight", None)
     missing = [k for k in targets if k not in weights]
     unexpected = [k for k in weights if k not in targets]
     bad = [
@@ -193,36 +196,20 @@ def _load_weights(model: Llama, weights: dict[str, Tensor], folder: Path) -> Non
             [f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected] + [f"shape {b}" for b in bad]
         )
         raise ValueError(f"{folder}: the weights do not fit the config:\n  " + "\n  ".join(lines))
-    dtype = dtypes.float32
-    for name, (owner, attr, _) in targets.items():
-        setattr(owner, attr, weights[name].cast(dtype).contiguous().realize())
-    if model.cfg.tie_word_embeddings:
+    for name, (owner, attr, _, transposed) in targets.items():
+        w = weights[name].cast(dtypes.float32)
+        setattr(owner, attr, (w.T if transposed else w).contiguous().realize())
+    if isinstance(model, Llama) and model.cfg.tie_word_embeddings:
         model.tie()
 
 
-def _parameters(model: Llama) -> dict[str, tuple[Any, str, tuple[int, ...]]]:
-    """name -> (object, attribute, shape) of every weight the checkpoint holds."""
-    out: dict[str, tuple[Any, str, tuple[int, ...]]] = {}
+# buffers some checkpoints carry that are not weights (rotary tables, GPT-2's causal masks)
+_IGNORED = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 
-    def linear(prefix: str, layer: Any) -> None:
-        out[f"{prefix}.weight"] = (layer, "weight", layer.weight.shape)
-        if getattr(layer, "bias", None) is not None:
-            out[f"{prefix}.bias"] = (layer, "bias", layer.bias.shape)
 
-    inner = model.model
-    out["model.embed_tokens.weight"] = (inner.embed_tokens, "weight", inner.embed_tokens.weight.shape)
-    for i, block in enumerate(inner.layers):
-        p = f"model.layers.{i}"
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            linear(f"{p}.self_attn.{name}", getattr(block.self_attn, name))
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            linear(f"{p}.mlp.{name}", getattr(block.mlp, name))
-        for name in ("input_layernorm", "post_attention_layernorm"):
-            norm = getattr(block, name)
-            out[f"{p}.{name}.weight"] = (norm, "weight", norm.weight.shape)
-    out["model.norm.weight"] = (inner.norm, "weight", inner.norm.weight.shape)
-    linear("lm_head", model.lm_head)
-    return out
+def _plain_name(name: str) -> str:
+    """A weight's name without GPT2LMHeadModel's "transformer." (the base model's files have none)."""
+    return name.removeprefix("transformer.")
 
 
 def _tokenizer(folder: Path) -> Any:

@@ -1,5 +1,6 @@
 """Model definitions written with tiny.nn, one readable file each; their weights as Hugging Face names them."""
 
+from tiny.models.gpt2 import GPT2, GPT2Config
 from tiny.models.llama import Llama, LlamaConfig
 
-__all__ = ["Llama", "LlamaConfig"]
+__all__ = ["GPT2", "GPT2Config", "Llama", "LlamaConfig"]

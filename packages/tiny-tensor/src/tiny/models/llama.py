@@ -162,7 +162,7 @@ class Llama:
     the config ties them)."""
 
     def __init__(self, cfg: LlamaConfig, max_context: int | None = None, device: str | None = None) -> None:
-        self.cfg = cfg
+        self.cfg, self.device = cfg, device
         self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.model = _Inner(cfg, self.max_context, device)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device)
@@ -194,3 +194,29 @@ class Llama:
         for layer in self.model.layers:
             x = layer(x, start_pos, cos, sin, mask)
         return self.lm_head(self.model.norm(x)).cast(dtypes.float32)
+
+    def parameters_by_name(self) -> dict[str, tuple[Any, str, tuple[int, ...], bool]]:
+        """name -> (object, attribute, shape, stored transposed) of every weight a checkpoint holds (lm_head's only
+        where it is not tied to the embedding)."""
+        out: dict[str, tuple[Any, str, tuple[int, ...], bool]] = {}
+
+        def add(name: str, owner: Any, attr: str) -> None:
+            if (t := getattr(owner, attr, None)) is not None:
+                out[name] = (owner, attr, t.shape, False)
+
+        inner = self.model
+        add("model.embed_tokens.weight", inner.embed_tokens, "weight")
+        for i, block in enumerate(inner.layers):
+            p = f"model.layers.{i}"
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                add(f"{p}.self_attn.{name}.weight", getattr(block.self_attn, name), "weight")
+                add(f"{p}.self_attn.{name}.bias", getattr(block.self_attn, name), "bias")
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                add(f"{p}.mlp.{name}.weight", getattr(block.mlp, name), "weight")
+                add(f"{p}.mlp.{name}.bias", getattr(block.mlp, name), "bias")
+            add(f"{p}.input_layernorm.weight", block.input_layernorm, "weight")
+            add(f"{p}.post_attention_layernorm.weight", block.post_attention_layernorm, "weight")
+        add("model.norm.weight", inner.norm, "weight")
+        if not self.cfg.tie_word_embeddings:
+            add("lm_head.weight", self.lm_head, "weight")
+        return out
