@@ -131,3 +131,56 @@ def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     (folder / "model.safetensors").rename(folder / "moved.safetensors")
     with pytest.raises(FileNotFoundError, match="neither model.safetensors"):
         load(folder)
+
+
+def _with_tokenizer(folder: Path, chat_template: str | None = None) -> object:
+    """A word-level tokenizer.json for the small models' 97 ids: <unk>, <s>, </s>, then w3 ... w96."""
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"w{i}": i for i in range(3, 97)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", chat_template=chat_template
+    )
+    fast.save_pretrained(folder)
+    return fast
+
+
+def test_generate_from_the_command_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    _saved("llama3_gqa", tmp_path)
+    _with_tokenizer(tmp_path)
+    model = load(tmp_path)
+    prompt = "w5 w9 w20 w33"
+    want = model.tokenizer.decode(model.generate(model.tokenizer.encode(prompt).ids, max_new_tokens=8))
+    cmd = [sys.executable, "-m", "tiny.llm", "generate", "--model", str(tmp_path), "--prompt", prompt]
+    run = subprocess.run([*cmd, "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == want.strip() and want.strip()
+    assert "prompt: 4 tokens" in run.stderr and "tokens/s" in run.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "tiny.llm", "generate", "--model", str(tmp_path / "none"), "--prompt", "x"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+
+
+def test_chat_template_matches_transformers(tmp_path: Path) -> None:
+    template = (
+        "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    _saved("llama2_tied", tmp_path)
+    fast = _with_tokenizer(tmp_path, template)
+    model = load(tmp_path)
+    messages = [
+        {"role": "user", "content": "w4 w5"},
+        {"role": "assistant", "content": "w6"},
+        {"role": "user", "content": "w7"},
+    ]
+    want = fast.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert model.format_chat(messages) == want

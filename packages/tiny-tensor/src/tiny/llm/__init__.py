@@ -32,8 +32,16 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "
 class LLM:
     """A loaded causal language model: logits, generation, and its tokenizer (None where the folder has none)."""
 
-    def __init__(self, model: Llama | GPT2, tokenizer: Any = None, eos_token_ids: Sequence[int] = ()) -> None:
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(
+        self,
+        model: Llama | GPT2,
+        tokenizer: Any = None,
+        eos_token_ids: Sequence[int] = (),
+        chat_template: str | None = None,
+        special_tokens: dict[str, str] | None = None,
+    ) -> None:
+        self.model, self.tokenizer, self.chat_template = model, tokenizer, chat_template
+        self.special_tokens = special_tokens or {}
         self.eos_token_ids = tuple(eos_token_ids)
         self.max_context = model.max_context
         self._pos = Variable("pos", 0, model.max_context - 1)
@@ -42,6 +50,20 @@ class LLM:
     def __call__(self, ids: Sequence[int] | np.ndarray | Tensor) -> Tensor:
         """The logits (batch, length, vocab) of token ids (length,) or (batch, length), from position 0."""
         return self.model(_tokens(ids, self.max_context, self.model.device), 0)
+
+    def format_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The prompt for a conversation ({"role": ..., "content": ...} each), through the model's chat template
+        (jinja2), ready for the assistant's reply; where the model has none, "role: content" lines."""
+        if self.chat_template is None:
+            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        try:
+            import jinja2
+        except ImportError:
+            raise ImportError("chat templates are read with jinja2: pip install 'tiny-tensor[llm]'") from None
+        env = jinja2.Environment(autoescape=False, trim_blocks=True, lstrip_blocks=True)  # noqa: S701  (text, not HTML)
+        env.globals["raise_exception"] = _template_error
+        template = env.from_string(self.chat_template)
+        return template.render(messages=list(messages), add_generation_prompt=True, **self.special_tokens)
 
     def _decode(self, token: Tensor, pos: Any) -> Tensor:
         return self.model(token, pos)[:, -1].realize()
@@ -161,7 +183,8 @@ def load(path: str | os.PathLike, device: str | None = None, max_context: int | 
         model = Llama(LlamaConfig.from_hf(cfg), max_context, device)
     weights = _safetensors(folder, device)
     _load_weights(model, weights, folder)
-    return LLM(model, _tokenizer(folder), _eos(cfg, folder))
+    template, special = _chat_template(folder)
+    return LLM(model, _tokenizer(folder), _eos(cfg, folder), template, special)
 
 
 def _safetensors(folder: Path, device: str | None) -> dict[str, Tensor]:
@@ -223,6 +246,26 @@ def _tokenizer(folder: Path) -> Any:
             f"{folder} has a tokenizer.json, read with the `tokenizers` library: pip install 'tiny-tensor[llm]'"
         ) from None
     return Tokenizer.from_file(str(path))
+
+
+def _chat_template(folder: Path) -> tuple[str | None, dict[str, str]]:
+    """The chat template (chat_template.jinja, as transformers saves it now, else tokenizer_config.json's) and the
+    special tokens it may name (bos_token, eos_token)."""
+    path, separate = folder / "tokenizer_config.json", folder / "chat_template.jinja"
+    cfg = json.loads(path.read_text()) if path.is_file() else {}
+    special = {}
+    for key in ("bos_token", "eos_token"):
+        value = cfg.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            special[key] = value
+    template = separate.read_text() if separate.is_file() else cfg.get("chat_template")
+    return (template if isinstance(template, str) else None), special
+
+
+def _template_error(message: str) -> None:
+    raise ValueError(f"the chat template refused the conversation: {message}")
 
 
 def _eos(cfg: dict[str, Any], folder: Path) -> list[int]:
