@@ -24,7 +24,7 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 16,
 }
-SMALL = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2}
+SMALL = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
 MODELS = {
     # grouped-query attention (4 heads, 2 key/value heads), Llama 3's RoPE scaling, untied output
     "llama3_gqa": lambda: transformers.LlamaForCausalLM(
@@ -184,3 +184,98 @@ def test_chat_template_matches_transformers(tmp_path: Path) -> None:
     ]
     want = fast.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert model.format_chat(messages) == want
+
+
+# ---------------------------------------------------------------- GGUF files, written as llama.cpp's converter does
+
+_HF_TO_GGUF = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def _write_gguf(ref: object, path: Path, qtype: str) -> None:
+    """The transformers model as a GGUF file: llama.cpp's names and metadata, each head's query/key rows ordered for
+    adjacent-pair rotation (its converter's permute), Llama 3's frequency factors as rope_freqs, and the matrices in
+    `qtype` (norms stay F32, as llama.cpp keeps them)."""
+    gguf = pytest.importorskip("gguf")
+    cfg = ref.config
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_theta)
+
+    def permute(a: np.ndarray, n: int) -> np.ndarray:
+        return a.reshape(n, 2, a.shape[0] // n // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+
+    def put(name: str, a: np.ndarray) -> None:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if a.ndim == 1 or qtype == "F32":
+            w.add_tensor(name, a)
+        elif qtype == "F16":
+            w.add_tensor(name, a.astype(np.float16))
+        else:
+            kind = getattr(gguf.GGMLQuantizationType, qtype)
+            w.add_tensor(name, gguf.quants.quantize(a, kind), raw_dtype=kind)
+
+    state = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+    put("token_embd.weight", state["model.embed_tokens.weight"])
+    for i in range(cfg.num_hidden_layers):
+        for hf, name in _HF_TO_GGUF.items():
+            a = state[f"model.layers.{i}.{hf}"]
+            a = permute(a, heads) if "q_proj" in hf else permute(a, kv) if "k_proj" in hf else a
+            put(f"blk.{i}.{name}", a)
+    put("output_norm.weight", state["model.norm.weight"])
+    if not cfg.tie_word_embeddings:
+        put("output.weight", state["lm_head.weight"])
+    if cfg.rope_scaling:  # the factors that turn the plain frequencies into Llama 3's
+        dim = cfg.hidden_size // heads
+        plain = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+        put("rope_freqs.weight", plain / ref.model.rotary_emb.inv_freq.numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize(("qtype", "tolerance"), [("F32", 1e-4), ("F16", 2e-3), ("Q8_0", 0.03), ("Q4_0", 0.3)])
+def test_a_gguf_file_gives_the_float_models_logits(qtype: str, tolerance: float, tmp_path: Path) -> None:
+    """F32: the logits of transformers; F16 and the quantized types: within their rounding of the weights (the largest
+    logit difference against the largest logit; measured 5e-4, 0.011 and 0.16 for F16, Q8_0 and Q4_0)."""
+    ref = _saved("llama3_gqa", tmp_path / "hf")
+    _write_gguf(ref, tmp_path / "m.gguf", qtype)
+    with torch.no_grad():
+        want = ref(torch.tensor([PROMPT])).logits[0].numpy()
+    got = load(tmp_path / "m.gguf")(PROMPT).numpy()[0]
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err <= tolerance, f"{qtype}: {err:.2e}"
+    if qtype == "F32":
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_gguf_file_of_another_architecture_is_refused(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(tmp_path / "bert.gguf"), "bert")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="GGUF architecture 'bert' is not supported"):
+        load(tmp_path / "bert.gguf")
+    (tmp_path / "cut.gguf").write_bytes((tmp_path / "bert.gguf").read_bytes()[:40])
+    with pytest.raises(ValueError, match="cut.gguf"):
+        load(tmp_path / "cut.gguf")

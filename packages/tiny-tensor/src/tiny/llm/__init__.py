@@ -167,8 +167,10 @@ def load(path: str | os.PathLike, device: str | None = None, max_context: int | 
     """A model from a Hugging Face folder (config.json, model.safetensors or its sharded index, and tokenizer.json
     if there is one). Weights are read lazily from the files straight into the device's memory."""
     folder = Path(path)
+    if folder.is_file() and folder.suffix == ".gguf":
+        return _load_gguf(folder, device, max_context)
     if not folder.is_dir():
-        raise FileNotFoundError(f"load() takes a Hugging Face model folder; {str(folder)!r} is not a folder")
+        raise FileNotFoundError(f"load() takes a Hugging Face model folder or a .gguf file; {str(folder)!r} is neither")
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{folder} has no config.json: not a Hugging Face model folder")
@@ -224,6 +226,91 @@ def _load_weights(model: Llama | GPT2, weights: dict[str, Tensor], folder: Path)
         setattr(owner, attr, (w.T if transposed else w).contiguous().realize())
     if isinstance(model, Llama) and model.cfg.tie_word_embeddings:
         model.tie()
+
+
+# ---------------------------------------------------------------- GGUF (llama.cpp's files)
+
+# llama.cpp's name of each weight of a block, and Hugging Face's
+_GGUF_BLOCK = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GGUF_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
+    """A LLaMA-family model from a GGUF file as llama.cpp writes it: its metadata is the config, its tensors (any
+    type tiny.nn.gguf reads, dequantized to float32) the weights under llama.cpp's names. llama.cpp's converter
+    orders each head's query and key rows for rotating adjacent pairs; they are put back in Hugging Face's order
+    (the halves of a head), which this model rotates."""
+    from tiny.nn.gguf import gguf_load
+
+    tensors, meta = gguf_load(path)
+    arch = meta.get("general.architecture")
+    if arch not in _GGUF_ARCHS:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (these are: {', '.join(_GGUF_ARCHS)})")
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ValueError(f"{path}: the GGUF metadata has no {arch}.{name}")
+        return value
+
+    heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
+    kv_heads = int(key("attention.head_count_kv", heads))
+    vocab = meta.get(f"{arch}.vocab_size") or tensors["token_embd.weight"].shape[0]
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
+    tied = "output.weight" not in tensors
+    config = LlamaConfig(
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_hidden_layers=int(key("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        max_position_embeddings=int(key("context_length")),
+        tie_word_embeddings=tied,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        architecture=_GGUF_ARCHS[arch],
+    )
+    factors = tensors.pop("rope_freqs.weight", None)
+    model = Llama(config, max_context, device, None if factors is None else factors.numpy())
+    weights: dict[str, Tensor] = {"model.embed_tokens.weight": tensors.pop("token_embd.weight")}
+    weights["model.norm.weight"] = tensors.pop("output_norm.weight")
+    if not tied:
+        weights["lm_head.weight"] = tensors.pop("output.weight")
+    for name, t in tensors.items():
+        parts = name.split(".", 2)
+        if parts[0] != "blk" or len(parts) != 3 or parts[2] not in _GGUF_BLOCK:
+            weights[name] = t  # (reported as unexpected)
+            continue
+        hf = f"model.layers.{parts[1]}.{_GGUF_BLOCK[parts[2]]}"
+        if parts[2].startswith(("attn_q.", "attn_k.")):  # back to the halves of each head
+            t = _unpermute(t, heads if parts[2].startswith("attn_q") else kv_heads)
+        weights[hf] = t
+    _load_weights(model, weights, path)
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    return LLM(model, None, [int(eos)] if isinstance(eos, int) else [])
+
+
+def _unpermute(t: Tensor, heads: int) -> Tensor:
+    """llama.cpp's row order of a query/key projection (each head's rows as (pair, 2)) -> Hugging Face's ((2, pair):
+    the first halves, then the second)."""
+    rows = t.shape[0]
+    return t.reshape(heads, rows // heads // 2, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
 
 
 # buffers some checkpoints carry that are not weights (rotary tables, GPT-2's causal masks)

@@ -64,7 +64,7 @@ class LlamaConfig:
         )
 
 
-def rope_frequencies(cfg: LlamaConfig) -> np.ndarray:
+def rope_frequencies(cfg: LlamaConfig, factors: np.ndarray | None = None) -> np.ndarray:
     """The rotary embedding's inverse frequencies (head_dim / 2 of them), in float32 as transformers computes them,
     with Llama 3's scaling where the config asks for it: long wavelengths slowed by `factor`, short ones kept, and
     those between blended smoothly."""
@@ -72,6 +72,8 @@ def rope_frequencies(cfg: LlamaConfig) -> np.ndarray:
     inv = (
         1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
     ).astype(np.float32)
+    if factors is not None:  # (a GGUF file's rope_freqs: each frequency divided by its factor, as llama.cpp does)
+        return (inv / factors.astype(np.float32)).astype(np.float32)
     scaling = cfg.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
@@ -161,13 +163,19 @@ class Llama:
     """LlamaForCausalLM: `model.*` and `lm_head.weight` as Hugging Face names them (lm_head is the embedding where
     the config ties them)."""
 
-    def __init__(self, cfg: LlamaConfig, max_context: int | None = None, device: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        max_context: int | None = None,
+        device: str | None = None,
+        rope_factors: np.ndarray | None = None,
+    ) -> None:
         self.cfg, self.device = cfg, device
         self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.model = _Inner(cfg, self.max_context, device)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device)
         positions = np.arange(self.max_context, dtype=np.float32)[:, None]
-        angles = positions * rope_frequencies(cfg)[None, :]
+        angles = positions * rope_frequencies(cfg, rope_factors)[None, :]
         table = np.concatenate([angles, angles], axis=1)  # (positions, head_dim): each frequency for both halves
         self.cos = Tensor(np.cos(table).astype(np.float32), device=device).realize()
         self.sin = Tensor(np.sin(table).astype(np.float32), device=device).realize()
