@@ -206,7 +206,8 @@ def amd(session: nox.Session) -> None:
 @nox.session
 def tensor(session: nox.Session) -> None:
     """tiny-tensor: Tensor, autograd, nn; numerics checked against NumPy and PyTorch (CPU build, pinned)."""
-    _install_local(session, "tiny-tensor", tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"], DEV["transformers"]))
+    tools = (DEV["torch"], DEV["safetensors"], DEV["gguf"], DEV["transformers"], DEV["openai"])
+    _install_local(session, "tiny-tensor", extras=("llm",), tools=tools)
     _pytest(session, "tiny-tensor")
 
 

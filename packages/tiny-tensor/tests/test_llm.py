@@ -279,3 +279,101 @@ def test_a_gguf_file_of_another_architecture_is_refused(tmp_path: Path) -> None:
     (tmp_path / "cut.gguf").write_bytes((tmp_path / "bert.gguf").read_bytes()[:40])
     with pytest.raises(ValueError, match="cut.gguf"):
         load(tmp_path / "cut.gguf")
+
+
+# ---------------------------------------------------------------- the OpenAI-compatible server
+
+
+@pytest.fixture
+def server(tmp_path: Path):  # noqa: ANN201
+    """`python -m tiny.llm serve` on a free port, over a small Llama with a word-level tokenizer; (url, model)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    folder = tmp_path / "small"
+    _saved("llama3_gqa", folder)
+    _with_tokenizer(folder)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "tiny.llm", "serve", "--model", str(folder), "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):  # up to a minute to load the model and start listening
+            if proc.poll() is not None:
+                raise AssertionError(f"the server exited: {proc.communicate()[1]}")
+            try:
+                urllib.request.urlopen(f"{url}/v1/models", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield url, load(folder)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_server_answers_the_openai_client(server) -> None:  # noqa: ANN001
+    openai = pytest.importorskip("openai")
+    url, model = server
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+    assert [m.id for m in client.models.list().data] == ["small"]
+    prompt = "w5 w9 w20"
+    want = model.tokenizer.decode(model.generate(model.tokenizer.encode(prompt).ids, max_new_tokens=6))
+    done = client.completions.create(model="small", prompt=prompt, max_tokens=6, temperature=0)
+    assert done.choices[0].text.strip() == want.strip() and done.usage.prompt_tokens == 3
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model="small", prompt=prompt, max_tokens=6, temperature=0, stream=True)
+    )
+    assert streamed.strip() == want.strip()
+    messages = [{"role": "user", "content": "w4 w5"}]
+    chat = client.chat.completions.create(model="small", messages=messages, max_tokens=5, temperature=0)
+    ids = model.tokenizer.encode(model.format_chat(messages), add_special_tokens=False).ids
+    assert (
+        chat.choices[0].message.content.strip() == model.tokenizer.decode(model.generate(ids, max_new_tokens=5)).strip()
+    )
+    pieces = client.chat.completions.create(model="small", messages=messages, max_tokens=5, temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in pieces).strip() == chat.choices[0].message.content.strip()
+
+
+def test_the_server_refuses_bad_requests_and_serves_two_clients(server) -> None:  # noqa: ANN001
+    import threading
+    import urllib.error
+    import urllib.request
+
+    url, _ = server
+
+    def post(path: str, body: bytes) -> tuple[int, dict]:
+        req = urllib.request.Request(f"{url}{path}", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    for body in (
+        b"{not json",
+        b'{"prompt": 5}',
+        b'{"prompt": "w5", "max_tokens": -1}',
+        b'{"prompt": "w5", "top_p": 0}',
+    ):
+        status, answer = post("/v1/completions", body)
+        assert status == 400 and answer["error"]["message"], body
+    status, answer = post("/v1/chat/completions", b'{"messages": "hello"}')
+    assert status == 400 and "messages" in answer["error"]["message"]
+    results: list[tuple[int, dict]] = []
+    ask = json.dumps({"prompt": "w7 w8", "max_tokens": 8, "temperature": 0}).encode()
+    threads = [threading.Thread(target=lambda: results.append(post("/v1/completions", ask))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [s for s, _ in results] == [200, 200]
+    assert results[0][1]["choices"][0]["text"] == results[1][1]["choices"][0]["text"]  # (greedy: the same answer)

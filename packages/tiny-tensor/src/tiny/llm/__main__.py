@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from tiny.llm import LLM, load
 
@@ -14,9 +15,17 @@ from tiny.llm import LLM, load
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tiny.llm", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    srv = sub.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server", description="an OpenAI-compatible HTTP server"
+    )
+    srv.add_argument("--model", required=True, help="a Hugging Face model folder or a .gguf file")
+    srv.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
+    srv.add_argument("--device", default=None, help="the device to run on (default: the fastest one here)")
+    srv.add_argument("--max-context", type=int, default=None, help="the KV cache's length (default: the model's)")
     for name, what in (("generate", "continue a prompt"), ("chat", "talk, one line at a time (empty line: quit)")):
         s = sub.add_parser(name, help=what, description=what)
-        s.add_argument("--model", required=True, help="a Hugging Face model folder (config.json, safetensors)")
+        s.add_argument("--model", required=True, help="a Hugging Face model folder or a .gguf file")
         if name == "generate":
             s.add_argument("--prompt", required=True, help="the text to continue")
         s.add_argument("--device", default=None, help="the device to run on (default: the fastest one here)")
@@ -35,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         model = load(args.model, device=args.device, max_context=args.max_context)
         if model.tokenizer is None:
             raise ValueError(f"{args.model} has no tokenizer.json: this command reads and writes text")
+        if args.command == "serve":
+            from tiny.llm.server import serve
+
+            serve(model, Path(args.model).name, args.host, args.port)
+            return 0
         if args.command == "generate":
             _run(model, args, args.prompt)
             return 0
