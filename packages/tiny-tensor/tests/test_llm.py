@@ -377,3 +377,29 @@ def test_the_server_refuses_bad_requests_and_serves_two_clients(server) -> None:
         t.join()
     assert [s for s, _ in results] == [200, 200]
     assert results[0][1]["choices"][0]["text"] == results[1][1]["choices"][0]["text"]  # (greedy: the same answer)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "F16"])
+def test_quantized_weights_stay_quantized_in_device_memory(qtype: str, tmp_path: Path) -> None:
+    """The device holds a quantized file's blocks (about the file's size), not float32 weights four to eight times
+    bigger; the kernels that read them dequantize. The logits are those of the weights dequantized when loaded."""
+    from tiny.ir.device import buffer_of
+    from tiny.ir.uop import Ops
+    from tiny.nn.gguf import gguf_load
+
+    ref = _saved("llama3_gqa", tmp_path / "hf")
+    path = tmp_path / "m.gguf"
+    _write_gguf(ref, path, qtype)
+    model = load(path)
+    held = {}
+    for owner, attr, _, _ in model.model.parameters_by_name().values():
+        for u in getattr(owner, attr).uop.toposort:
+            if u.op is Ops.BUFFER:
+                held[id(buffer_of(u))] = buffer_of(u).nbytes
+    assert sum(held.values()) <= 1.2 * path.stat().st_size
+    logits = model(PROMPT).numpy()
+    dense, _ = gguf_load(path)  # every tensor dequantized to float32 on loading
+    assert sum(t.numel() * t.dtype.itemsize for t in dense.values()) > 1.7 * path.stat().st_size
+    want = load(tmp_path / "hf")(PROMPT).numpy()
+    np.testing.assert_allclose(logits, want, atol=0.3 * np.abs(want).max())
+    assert len(model.generate(PROMPT, max_new_tokens=6, stop=[])) == 6  # (the jitted decode step over the blocks)

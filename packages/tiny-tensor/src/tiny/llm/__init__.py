@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tiny.ir.schedule import is_realized
 from tiny.models.gpt2 import GPT2, GPT2Config
 from tiny.models.llama import Llama, LlamaConfig
 from tiny.nn.state import safe_load
@@ -202,9 +203,10 @@ def _safetensors(folder: Path, device: str | None) -> dict[str, Tensor]:
     raise FileNotFoundError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
 
 
-def _load_weights(model: Llama | GPT2, weights: dict[str, Tensor], folder: Path) -> None:
+def _load_weights(model: Llama | GPT2, weights: dict[str, Tensor], folder: Path, lazy: bool = False) -> None:
     """Each weight into the model's attribute of its name, checked for shape; every name the model has and the files
-    lack (and the other way round) listed in one error."""
+    lack (and the other way round) listed in one error. lazy: weights that are graphs over stored blocks (a GGUF
+    file's quantized tensors) stay graphs, computed by the kernels that read them; the others are realized."""
     targets = model.parameters_by_name()
     weights = {_plain_name(k): v for k, v in weights.items() if not k.endswith(_IGNORED)}
     if isinstance(model, GPT2) or model.cfg.tie_word_embeddings:  # (the output is the embedding: a copy is no news)
@@ -223,7 +225,8 @@ def _load_weights(model: Llama | GPT2, weights: dict[str, Tensor], folder: Path)
         raise ValueError(f"{folder}: the weights do not fit the config:\n  " + "\n  ".join(lines))
     for name, (owner, attr, _, transposed) in targets.items():
         w = weights[name].cast(dtypes.float32)
-        setattr(owner, attr, (w.T if transposed else w).contiguous().realize())
+        w = w.T if transposed else w
+        setattr(owner, attr, w if lazy and not is_realized(weights[name].uop) else w.contiguous().realize())
     if isinstance(model, Llama) and model.cfg.tie_word_embeddings:
         model.tie()
 
@@ -255,7 +258,7 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
     (the halves of a head), which this model rotates."""
     from tiny.nn.gguf import gguf_load
 
-    tensors, meta = gguf_load(path)
+    tensors, meta = gguf_load(path, dequantize=False, device=device)  # (F16, Q8_0, Q4_0 stay as stored)
     arch = meta.get("general.architecture")
     if arch not in _GGUF_ARCHS:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (these are: {', '.join(_GGUF_ARCHS)})")
@@ -301,7 +304,7 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
         if parts[2].startswith(("attn_q.", "attn_k.")):  # back to the halves of each head
             t = _unpermute(t, heads if parts[2].startswith("attn_q") else kv_heads)
         weights[hf] = t
-    _load_weights(model, weights, path)
+    _load_weights(model, weights, path, lazy=True)
     eos = meta.get("tokenizer.ggml.eos_token_id")
     return LLM(model, None, [int(eos)] if isinstance(eos, int) else [])
 

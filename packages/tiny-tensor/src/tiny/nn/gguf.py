@@ -161,6 +161,35 @@ _DEQUANT: dict[int, tuple[int, int, Callable[[np.ndarray], np.ndarray]]] = {
     12: (256, 144, _dequant_q4_k),
 }
 
+# ---------------------------------------------------------------- kept as stored (dequantized where read)
+
+
+def _lazy_f16(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    return Tensor(np.ascontiguousarray(raw).view("<f2").reshape(shape), device=device).cast("float32")
+
+
+def _lazy_q8_0(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    blocks = raw.reshape(-1, 34)
+    d = Tensor(np.ascontiguousarray(blocks[:, :2]).view("<f2"), device=device)  # (blocks, 1)
+    q = Tensor(np.ascontiguousarray(blocks[:, 2:]).view(np.int8), device=device)  # (blocks, 32)
+    return (q.cast("float32") * d.cast("float32")).reshape(shape)
+
+
+def _lazy_q4_0(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    blocks = raw.reshape(-1, 18)
+    d = Tensor(np.ascontiguousarray(blocks[:, :2]).view("<f2"), device=device)  # (blocks, 1)
+    qs = Tensor(np.ascontiguousarray(blocks[:, 2:]), device=device)  # (blocks, 16): two 4-bit values a byte
+    q = (qs & 15).cat(qs >> 4, dim=1).cast("float32") - 8.0  # low nibbles are elements 0..15, high 16..31
+    return (q * d.cast("float32")).reshape(shape)
+
+
+# ggml type -> its lazy form
+_LAZY: dict[int, Callable[[np.ndarray, tuple[int, ...], str | None], Tensor]] = {
+    1: _lazy_f16,
+    2: _lazy_q4_0,
+    8: _lazy_q8_0,
+}
+
 # ---------------------------------------------------------------- loading
 
 
@@ -168,8 +197,14 @@ def _align(offset: int, alignment: int) -> int:
     return offset + (-offset) % alignment
 
 
-def gguf_load(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], dict[str, object]]:
+def gguf_load(
+    path: str | os.PathLike[str], dequantize: bool = True, device: str | None = None
+) -> tuple[dict[str, Tensor], dict[str, object]]:
     """Read a GGUF file: its tensors by name (dequantized to float32) and its key/value metadata.
+
+    dequantize=False keeps F16, Q8_0 and Q4_0 tensors as they are stored: the device holds their blocks (scales and
+    quants, about the file's bytes) and each tensor is a lazy float32 graph over them, which the kernels that read it
+    compute (a matrix product dequantizes inside its own kernel). The others are dequantized either way.
 
     Shapes are in numpy/PyTorch order (GGUF stores dims innermost first). Supported tensor types:
     F32, F16, Q8_0, Q4_0, Q4_K; others raise ValueError naming the type.
@@ -224,6 +259,9 @@ def gguf_load(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], dict[str
             raise ValueError(f"GGUF tensor {name!r}: {n} elements is not a whole number of {block_elems}-blocks")
         reader.pos = data_start + offset
         raw = reader.take(n // block_elems * block_bytes, f"the data of tensor {name!r}")
+        if not dequantize and ggml_type in _LAZY:
+            tensors[name] = _LAZY[ggml_type](raw, shape, device)
+            continue
         values = dequant(np.ascontiguousarray(raw))  # copies the memory-mapped bytes once
-        tensors[name] = Tensor(values.reshape(shape))
+        tensors[name] = Tensor(values.reshape(shape), device=device)
     return tensors, metadata
