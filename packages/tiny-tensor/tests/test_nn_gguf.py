@@ -76,6 +76,32 @@ def test_q4_k_matches_reference(tmp_path: Path) -> None:
     np.testing.assert_allclose(tensors["w"].numpy(), reference, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q5_0, QT.Q5_1])
+def test_more_quantizations_match_reference(tmp_path: Path, qtype: QT) -> None:
+    x = np.random.default_rng(4).standard_normal((5, 96)).astype(np.float32)
+    packed = quants.quantize(x, qtype)
+    tensors, _ = gguf_load(_write(tmp_path / "q.gguf", {"w": (packed, qtype)}))
+    np.testing.assert_array_equal(tensors["w"].numpy(), quants.dequantize(packed, qtype))
+    np.testing.assert_allclose(tensors["w"].numpy(), x, atol=0.5)
+
+
+@pytest.mark.parametrize(
+    ("qtype", "size", "scales"),
+    [(QT.Q2_K, 84, (80, 84)), (QT.Q3_K, 110, (108, 110)), (QT.Q5_K, 176, (0, 4)), (QT.Q6_K, 210, (208, 210))],
+)
+def test_k_quantizations_match_reference(tmp_path: Path, qtype: QT, size: int, scales: tuple[int, int]) -> None:
+    """Random super-blocks (the gguf package dequantizes these but does not quantize them) with finite f16 scales."""
+    rng = np.random.default_rng(5)
+    blocks = rng.integers(0, 256, size=(6, size), dtype=np.uint8)
+    lo, hi = scales
+    blocks[:, lo:hi] = rng.uniform(-0.1, 0.1, size=(6, (hi - lo) // 2)).astype("<f2").view(np.uint8)
+    packed = blocks.reshape(2, 3 * size)
+    tensors, _ = gguf_load(_write(tmp_path / "k.gguf", {"w": (packed, qtype)}))
+    reference = quants.dequantize(packed, qtype)
+    assert tensors["w"].shape == (2, 768) == reference.shape
+    np.testing.assert_array_equal(tensors["w"].numpy(), reference)
+
+
 def test_metadata_round_trip(tmp_path: Path) -> None:
     kv = {"tiny.count": 7, "tiny.name": "hello", "tiny.flag": True, "tiny.ratio": 0.25, "tiny.list": [1, 2, 3]}
     kv["tiny.words"] = ["a", "bc"]
@@ -109,7 +135,7 @@ def test_bad_magic_and_unsupported_type(tmp_path: Path) -> None:
     (tmp_path / "bad.gguf").write_bytes(b"NOPE" + bytes(20))
     with pytest.raises(ValueError, match="not a GGUF file"):
         gguf_load(tmp_path / "bad.gguf")
-    x = np.random.default_rng(3).standard_normal((2, 32)).astype(np.float32)
-    path = _write(tmp_path / "q41.gguf", {"w": (quants.quantize(x, QT.Q4_1), QT.Q4_1)})
-    with pytest.raises(ValueError, match="Q4_1"):
+    blocks = np.zeros((2, 66), np.uint8)  # IQ2_XXS: a type tiny does not read
+    path = _write(tmp_path / "iq.gguf", {"w": (blocks, QT.IQ2_XXS)})
+    with pytest.raises(ValueError, match="IQ2_XXS"):
         gguf_load(path)

@@ -152,13 +152,114 @@ def _dequant_q4_k(raw: np.ndarray) -> np.ndarray:
     return out.reshape(-1)
 
 
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """(n, 16) bytes of 32 4-bit values (low nibbles first, then high) -> (n, 32)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def _high_bits(qh: np.ndarray) -> np.ndarray:
+    """(n, 4) bytes: a uint32 whose bit i is the fifth bit of element i -> (n, 32) of 0 or 1."""
+    word = np.ascontiguousarray(qh).view("<u4").reshape(-1, 1)
+    return ((word >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+
+
+def _dequant_q4_1(raw: np.ndarray) -> np.ndarray:
+    """Blocks of 32: f16 scale d, f16 minimum m, 16 bytes of nibbles; value = d*q + m."""
+    blocks = raw.reshape(-1, 20)
+    d, m = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    return (d * _nibbles(blocks[:, 4:]).astype(np.float32) + m).reshape(-1)
+
+
+def _dequant_q5_0(raw: np.ndarray) -> np.ndarray:
+    """Blocks of 32: f16 d, 4 bytes of fifth bits, 16 bytes of nibbles; value = d*(q - 16)."""
+    blocks = raw.reshape(-1, 22)
+    d = _f16(blocks[:, 0:2])
+    q = _nibbles(blocks[:, 6:]) | (_high_bits(blocks[:, 2:6]) << 4)
+    return (d * (q.astype(np.float32) - 16.0)).reshape(-1)
+
+
+def _dequant_q5_1(raw: np.ndarray) -> np.ndarray:
+    """Blocks of 32: f16 d, f16 m, 4 bytes of fifth bits, 16 bytes of nibbles; value = d*q + m."""
+    blocks = raw.reshape(-1, 24)
+    d, m = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    q = _nibbles(blocks[:, 8:]) | (_high_bits(blocks[:, 4:8]) << 4)
+    return (d * q.astype(np.float32) + m).reshape(-1)
+
+
+def _crumbs(qs: np.ndarray) -> np.ndarray:
+    """(n, 64) bytes of 2-bit values -> (n, 256): two halves of 32 bytes, each byte's bits 0-1 first (for the 32
+    bytes of the half), then bits 2-3, 4-5, 6-7."""
+    halves = qs.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    return (halves & 3).reshape(-1, 256)
+
+
+def _dequant_q2_k(raw: np.ndarray) -> np.ndarray:
+    """Super-blocks of 256: 16 bytes of 4-bit scale (low) and minimum (high) per 16 values, 64 bytes of 2-bit values,
+    f16 d, f16 dmin; value = d*scale*q - dmin*min."""
+    blocks = raw.reshape(-1, 84)
+    sc = blocks[:, :16]
+    d, dmin = _f16(blocks[:, 80:82]), _f16(blocks[:, 82:84])
+    q = _crumbs(blocks[:, 16:80]).reshape(-1, 16, 16).astype(np.float32)
+    scale = (d * (sc & 15).astype(np.float32))[:, :, None]
+    low = (dmin * (sc >> 4).astype(np.float32))[:, :, None]
+    return (scale * q - low).reshape(-1)
+
+
+def _dequant_q3_k(raw: np.ndarray) -> np.ndarray:
+    """Super-blocks of 256: 32 bytes of high bits (bit i of byte b: element 32*i + b), 64 bytes of 2-bit values,
+    12 bytes of 6-bit signed scales per 16 values, f16 d; value = d*(scale - 32)*(q - 4 where the high bit is 0)."""
+    blocks = raw.reshape(-1, 110)
+    hmask, qs, packed = blocks[:, :32], blocks[:, 32:96], blocks[:, 96:108]
+    d = _f16(blocks[:, 108:110])
+    low = packed[:, :8].reshape(-1, 1, 8) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)
+    high = packed[:, 8:].reshape(-1, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)
+    scales = ((low.reshape(-1, 16) & 15) | ((high.reshape(-1, 16) & 3) << 4)).astype(np.float32) - 32.0
+    bits = (hmask.reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+    q = _crumbs(qs).astype(np.float32) - 4.0 * (1 - bits.reshape(-1, 256)).astype(np.float32)
+    return ((d * scales)[:, :, None] * q.reshape(-1, 16, 16)).reshape(-1)
+
+
+def _dequant_q5_k(raw: np.ndarray) -> np.ndarray:
+    """Super-blocks of 256: f16 d, f16 dmin, 12 bytes of scales/mins (as Q4_K), 32 bytes of fifth bits (bit i of
+    byte b: sub-block i's element b), 128 bytes of nibbles (as Q4_K); value = d*scale*q - dmin*min."""
+    blocks = raw.reshape(-1, 176)
+    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    scales, mins = _q4_k_scales_mins(blocks[:, 4:16])
+    qs = blocks[:, 48:].reshape(-1, 4, 32)
+    low = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32)
+    high = (blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+    q = (low | (high << 4)).astype(np.float32)
+    return ((d * scales)[:, :, None] * q - (dmin * mins)[:, :, None]).reshape(-1)
+
+
+def _dequant_q6_k(raw: np.ndarray) -> np.ndarray:
+    """Super-blocks of 256: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales per 16 values, f16 d;
+    value = d*scale*(q - 32). Each half of 128 values: low nibbles of its 64 bytes, then their high nibbles; the
+    highs of its 32 bytes at bits 0-1, 2-3, 4-5, 6-7 in turn."""
+    blocks = raw.reshape(-1, 210)
+    ql, qh = blocks[:, :128], blocks[:, 128:192]
+    scales = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).astype(np.float32)
+    d = _f16(blocks[:, 208:210])
+    low = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 15
+    high = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
+    q = (low.reshape(-1, 256) | (high.reshape(-1, 256) << 4)).astype(np.float32) - 32.0
+    return ((d * scales)[:, :, None] * q.reshape(-1, 16, 16)).reshape(-1)
+
+
 # ggml type -> (elements per block, bytes per block, dequantizer)
 _DEQUANT: dict[int, tuple[int, int, Callable[[np.ndarray], np.ndarray]]] = {
     0: (1, 4, _dequant_f32),
     1: (1, 2, _dequant_f16),
     2: (32, 18, _dequant_q4_0),
+    3: (32, 20, _dequant_q4_1),
+    6: (32, 22, _dequant_q5_0),
+    7: (32, 24, _dequant_q5_1),
     8: (32, 34, _dequant_q8_0),
+    10: (256, 84, _dequant_q2_k),
+    11: (256, 110, _dequant_q3_k),
     12: (256, 144, _dequant_q4_k),
+    13: (256, 176, _dequant_q5_k),
+    14: (256, 210, _dequant_q6_k),
 }
 
 # ---------------------------------------------------------------- kept as stored (dequantized where read)
@@ -207,7 +308,7 @@ def gguf_load(
     compute (a matrix product dequantizes inside its own kernel). The others are dequantized either way.
 
     Shapes are in numpy/PyTorch order (GGUF stores dims innermost first). Supported tensor types:
-    F32, F16, Q8_0, Q4_0, Q4_K; others raise ValueError naming the type.
+    F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; others raise ValueError naming the type.
 
     >>> import gguf, numpy as np, tempfile, os                                      # doctest: +SKIP
     >>> p = os.path.join(tempfile.mkdtemp(), "m.gguf"); w = gguf.GGUFWriter(p, "llama")  # doctest: +SKIP
