@@ -112,7 +112,7 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(tmp_path: Path) -> None:
 
 
 def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="not a folder"):
+    with pytest.raises(FileNotFoundError, match="is neither"):
         load(tmp_path / "nothing")
     with pytest.raises(FileNotFoundError, match="no config.json"):
         load(tmp_path)
