@@ -19,6 +19,7 @@ next call overwrites them, so copy an output you want to keep.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
@@ -136,8 +137,15 @@ def _is_whole_buffer(u: UOp) -> bool:
     base = u if u.op is Ops.BUFFER else u.src[0] if u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER else None
     if base is None:
         return False
-    n = prod(u.shape)  # (a symbolic shape views its buffer's first elements: whole where its largest size fills it)
-    return buffer_of(base).size == (n if type(n) is int else highest(n))
+    shape = u.shape  # (a symbolic shape views its buffer's first elements: whole where its largest size fills it)
+    n = math.prod(shape) if all(type(s) is int for s in shape) else highest(prod(shape))
+    return buffer_of(base).size == n
+
+
+def _memory(t: Tensor) -> Buffer:
+    """The buffer of a tensor _prepare made a whole buffer of (without realize()'s checks, again)."""
+    u = t.uop
+    return buffer_of(u if u.op is Ops.BUFFER else u.src[0])
 
 
 def _signature(args: tuple, kwargs: dict, tensors: list[Tensor], values: dict[UOp, int]) -> Hashable:
@@ -145,7 +153,7 @@ def _signature(args: tuple, kwargs: dict, tensors: list[Tensor], values: dict[UO
     A bound Variable counts by the Variable (its value goes into `values`): one recording for all of them."""
     first: dict[Buffer, int] = {}
     shapes = tuple(
-        (_unbound(t.shape, values), t.dtype, t.device, first.setdefault(t._buffer(), i)) for i, t in enumerate(tensors)
+        (_unbound(t.shape, values), t.dtype, t.device, first.setdefault(_memory(t), i)) for i, t in enumerate(tensors)
     )
     others = tuple(_static(a, values) for a in args) + tuple((k, _static(v, values)) for k, v in kwargs.items())
     return shapes, others
@@ -281,7 +289,7 @@ def _plan(launches: list[Launch], internal: list[Buffer]) -> dict[Buffer, Buffer
 
 
 def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> Any:
-    new = [t._buffer() for t in tensors]
+    new = [_memory(t) for t in tensors]
     for i, b in enumerate(new):
         if b in rec.written:
             raise JitError(
