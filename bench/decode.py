@@ -61,9 +61,10 @@ def _decode_tiny(params: Params, device: str) -> Prepared:
     return Prepared(run, units=len(lengths), note=note)
 
 
-def _decode_torch(params: Params, device: str) -> Prepared:
+def decode_torch(params: Params, device: str, torch_device: str | None = None) -> Prepared:
+    """PyTorch's step, eager, on torch_device (by default the GPU where tiny's device is an NVIDIA one)."""
     heads, dim, most = params["heads"], params["dim"], params["max"]
-    dev = "cuda" if device.split(":")[0] in ("CUDA", "NV") else "cpu"
+    dev = torch_device or ("cuda" if device.split(":")[0] in ("CUDA", "NV") else "cpu")
     cache_k = torch.zeros(1, heads, most, dim, device=dev)
     cache_v = torch.zeros(1, heads, most, dim, device=dev)
     rng = np.random.default_rng(0)
@@ -91,7 +92,7 @@ DECODE_STEP = Workload(
     metrics=(MS,),
     full={"heads": 128, "dim": 64, "max": 2048},
     quick={"heads": 8, "dim": 64, "max": 512},
-    setups={"tiny": _decode_tiny, "torch": _decode_torch},
+    setups={"tiny": _decode_tiny, "torch": decode_torch},
 )
 
 

@@ -1,7 +1,8 @@
 """The GPU suite (`python -m bench.run --gpu`): tiny on a GPU device against PyTorch on CUDA, in the same run.
 
 fp16 and bf16 matmul, the fused elementwise chain against the GPU's copy bandwidth measured in the run ("peak"),
-softmax, the MNIST training step and a jitted function's cost per replayed kernel. tiny's sides are the CPU suite's
+softmax, the MNIST training step, a jitted function's cost per replayed kernel and a jitted decode step over a
+symbolic cache length. tiny's sides are the CPU suite's
 tiny setups, run on tiny's GPU device, except matmul (its dtype); PyTorch's run on `torch_device` and wait for it
 inside the timed function (torch.cuda.synchronize). `gpu_workloads("cpu")` points PyTorch at the CPU, which is how
 the smoke test runs every code path here but the CUDA graph capture on a machine without a GPU.
@@ -15,6 +16,7 @@ from functools import partial
 import numpy as np
 
 from bench.core import GBS, TFLOPS, Params, Prepared, Setup, Target, Workload
+from bench.decode import DECODE_STEP, decode_torch
 from bench.frameworks import random_arrays, tiny_done, tiny_upload, torch, torch_done, torch_upload
 from bench.kernels import ELEMENTWISE, SOFTMAX, chain
 from bench.overhead import JIT_REPLAY, SMALL
@@ -200,6 +202,16 @@ def _jit_launch(torch_device: str) -> Workload:
     )
 
 
+def _decode(torch_device: str) -> Workload:
+    return _on_gpu(
+        DECODE_STEP,
+        partial(decode_torch, torch_device=torch_device),
+        name="gpu_decode_step",
+        group="gpu_decode",
+        what=f"{DECODE_STEP.what}; tiny under TinyJit with pos a Variable, PyTorch eager",
+    )
+
+
 def _on_gpu(cpu: Workload, torch_setup: Setup, **changes: object) -> Workload:
     """A workload of the CPU suite with its tiny side as it is (on the GPU device) and PyTorch's side on the GPU."""
     return replace(cpu, setups={"tiny": cpu.setups["tiny"], "torch": torch_setup}, **changes)
@@ -216,4 +228,5 @@ def gpu_workloads(torch_device: str = "cuda") -> tuple[Workload, ...]:
         _softmax(torch_device),
         _mnist(torch_device),
         _jit_launch(torch_device),
+        _decode(torch_device),
     )

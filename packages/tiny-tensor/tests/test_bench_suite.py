@@ -22,6 +22,7 @@ GPU_WORKLOADS = (
     "gpu_softmax",
     "gpu_mnist_step",
     "gpu_jit_launch",
+    "gpu_decode_step",
 )
 GPU_FRAMEWORKS = ("tiny", "torch", "peak")
 
