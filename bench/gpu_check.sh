@@ -3,6 +3,7 @@
 # GPU benchmark, and writes what it found into one folder. Everything else is built and checked on a CPU machine.
 #
 #   bash bench/gpu_check.sh wheels          # on a machine with pip and an index: tiny's six wheels into .whl/
+#                                           (PYTHON names a python with pip and hatchling; default python3)
 #   bash bench/gpu_check.sh run [OUTDIR]    # on the GPU machine, from the checkout's root (no index needed there)
 #
 # `run` needs python3 with numpy, torch (CUDA), pytest, hypothesis and the nvidia-cuda-nvrtc wheel installed (an
@@ -23,11 +24,11 @@ build_wheels() {  # from the last commit (git archive HEAD), so that the figures
     rm -rf .whl && mkdir -p .whl
     git rev-parse --short HEAD > .whl/COMMIT
     for dist in tiny-ir tiny-codegen tiny-runtime-misc tiny-runtime-nv tiny-runtime-amd tiny-tensor; do
-        python3 -m pip wheel --no-deps --no-build-isolation -q -w .whl "$tree/packages/$dist" || exit 1
+        "${PYTHON:-python3}" -m pip wheel --no-deps --no-build-isolation -q -w .whl "$tree/packages/$dist" || exit 1
     done
     rm -rf "$tree"
     # the tests run in parallel there (16 cores): pytest-xdist comes along, as the GPU machine has no index
-    python3 -m pip download -q --no-deps -d .whl pytest-xdist==3.8.0 execnet==2.1.1 || exit 1
+    "${PYTHON:-python3}" -m pip download -q --no-deps -d .whl pytest-xdist==3.8.0 execnet==2.1.1 || exit 1
     echo "wheels of $(cat .whl/COMMIT):" && ls .whl
 }
 
