@@ -14,6 +14,7 @@ from tiny.codegen import render_for
 from tiny.codegen.opt import Opt
 from tiny.ir.device import Renderer
 from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.sint import sint
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor import Tensor, Variable
 
@@ -31,6 +32,7 @@ class RenderedKernel:
     name: str
     uops: tuple[UOp, ...]
     src: str
+    global_size: tuple[sint, sint, sint] = (1, 1, 1)  # workgroups (over the Variables, in a symbolic kernel)
 
 
 def render_schedule(op: str, t: Tensor, renderer: Renderer, opts: list[Opt] | None = None) -> list[RenderedKernel]:
@@ -41,7 +43,7 @@ def render_schedule(op: str, t: Tensor, renderer: Renderer, opts: list[Opt] | No
         if item.ast.op is not Ops.SINK:
             continue  # a copy
         r = render_for(item.ast, renderer, opts)
-        out.append(RenderedKernel(op, r.kernel.name, tuple(r.uops), r.src))
+        out.append(RenderedKernel(op, r.kernel.name, tuple(r.uops), r.src, r.kernel.global_size))
     return out
 
 

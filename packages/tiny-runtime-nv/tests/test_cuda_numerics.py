@@ -19,6 +19,7 @@ from tiny.codegen.ptx import PTXRenderer
 from tiny.ir.device import Buffer
 from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import create_schedule
+from tiny.ir.sint import sym_eval
 from tiny.ir.uop import Ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tiny-codegen" / "tests"))
@@ -66,20 +67,22 @@ def _run_op(op: str, renderer: object, runner: object) -> None:
     _check(op, memory[id(items[-1].buffers[0])], want)
 
 
-def _grid(k: RenderedKernel) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    grid, block = [1, 1, 1], [1, 1, 1]
+def _grid(k: RenderedKernel, values: dict[str, int] | None = None) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The launch: its workgroups (a count over a Variable takes its value, as CompiledProgram.grid does) and the
+    workgroup's threads from the hardware indices."""
+    block = [1, 1, 1]
     for u in k.uops:
-        if u.op is Ops.SPECIAL:
-            dims = block if u.arg[0].startswith("lidx") else grid
-            dims[int(u.arg[0][4:])] = u.arg[1]
-    return (grid[0], grid[1], grid[2]), (block[0], block[1], block[2])
+        if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"):
+            block[int(u.arg[0][4:])] = u.arg[1]
+    x, y, z = (sym_eval(g, values) for g in k.global_size)
+    return (x, y, z), (block[0], block[1], block[2])
 
 
 @pytest.mark.parametrize("op", sorted(set(OPS) - SLOW_IN_THE_INTERPRETER))
 def test_ptx_kernels_compute_what_the_cpu_does(op: str) -> None:
     def run(launches: list[tuple[RenderedKernel, list[np.ndarray]]], values: dict[str, int]) -> None:
         for k, arrays in launches:
-            ptx_interpreter.run(k.src, arrays, *_grid(k), vals=values)
+            ptx_interpreter.run(k.src, arrays, *_grid(k, values), vals=values)
 
     _run_op(op, PTXRenderer(target("sm_90")), run)
 
@@ -92,7 +95,7 @@ def test_cuda_c_kernels_compute_what_the_cpu_does(op: str) -> None:
         for i, (k, arrays) in enumerate(launches):  # one library: each kernel renamed apart
             src = k.src.replace(f") {k.name}(", f") {k.name}_{i}(", 1)
             vals = tuple(values[u.arg[0]] for u in k.uops if u.op is Ops.DEFINE_VAR)
-            jobs.append(cuda_host.Job(src, arrays, *_grid(k), vals=vals))
+            jobs.append(cuda_host.Job(src, arrays, *_grid(k, values), vals=vals))
         cuda_host.run_all(jobs)
 
     _run_op(op, CUDARenderer(target("sm_90")), run)

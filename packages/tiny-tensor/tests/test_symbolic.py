@@ -3,6 +3,8 @@ its values. Every value is checked against NumPy."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -278,3 +280,46 @@ def test_beam_times_a_symbolic_kernel_at_the_largest_value(tmp_path, capsys) -> 
         with Context(BEAM=2, BEAM_BUDGET=5):
             out = (x[:, : pos.bind(50)] * 2).sum(1).numpy()
     np.testing.assert_allclose(out, (x.numpy()[:, :50] * 2).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_symbolic_size_is_a_grid_dim_on_gpus() -> None:
+    """On a device with workgroups a size over a Variable is a hardware index, its workgroup count computed at each
+    launch; one whose largest value would need a folded grid stays a loop."""
+    from tiny.codegen import get_program
+
+    x = Tensor(RNG.standard_normal((8, 300)).astype(np.float32), device="PYTHON").realize()
+    pos = Variable("pos", 1, 300)
+    (item,) = (x[:, : pos.bind(5)] * 3).schedule()
+    prog = get_program(item.ast, Device["PYTHON"])
+    assert any(type(g) is not int for g in prog.global_size), prog.global_size
+    assert prog.var_names == ("pos",)
+    assert [math.prod(prog.grid((n,))) for n in (1, 5, 300)] == [math.prod(prog.grid((1,))) * n for n in (1, 5, 300)]
+    for n in (1, 17, 300):
+        np.testing.assert_allclose((x[:, : pos.bind(n)] * 3).numpy(), x.numpy()[:, :n] * 3, rtol=1e-6)
+
+    big = Variable("big", 1, 70000)
+    y = Tensor.ones(70000, device="PYTHON").contiguous().realize()
+    (item,) = (y[: big.bind(3)] + 1).schedule()
+    prog = get_program(item.ast, Device["PYTHON"])
+    assert all(type(g) is int for g in prog.global_size), prog.global_size
+    assert " RANGE " in prog.src, prog.src  # (the PYTHON device's source lists its UOps)
+    np.testing.assert_allclose((y[: big.bind(3)] + 1).numpy(), [2, 2, 2])
+
+
+def test_a_reduction_over_a_symbolic_size_is_shared_by_a_workgroup() -> None:
+    """GROUP pads a symbolic reduce dim to a multiple of its threads (the padding adds the identity): the rules
+    choose it on a GPU for a long reduction, and every length is right, a multiple of the threads or not."""
+    from tiny.codegen.heuristic import hand_opts
+    from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
+
+    a = RNG.standard_normal((4, 600)).astype(np.float32)
+    x = Tensor(a, device="PYTHON").realize()
+    pos = Variable("pos", 1, 600)
+    (item,) = x[:, : pos.bind(3)].max(1).schedule()
+    caps = Device["PYTHON"].renderer.caps
+    assert any(o.op is OptOps.GROUP for o in hand_opts(Kernel(item.ast, caps))), hand_opts(Kernel(item.ast, caps))
+    with pytest.raises(KernelOptError, match="symbolic size"):
+        Kernel(item.ast, caps).apply(Opt(OptOps.UNROLL, 1, 4))
+    for n in (1, 63, 64, 65, 600):
+        np.testing.assert_allclose(x[:, : pos.bind(n)].max(1).numpy(), a[:, :n].max(1))
+        np.testing.assert_allclose(x[:, : pos.bind(n)].sum(1).numpy(), a[:, :n].sum(1), rtol=1e-5, atol=1e-5)

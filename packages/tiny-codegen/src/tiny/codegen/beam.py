@@ -110,7 +110,7 @@ class _Timer:
             if best > cutoff:
                 break
             vals = tuple(self.values[n] for n in prog.var_names)
-            t = runner(*self.bufs, global_size=prog.global_size, local_size=prog.local_size, vals=vals, wait=True)
+            t = runner(*self.bufs, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals, wait=True)
             best = min(best, t if t is not None else math.inf)
         return best
 

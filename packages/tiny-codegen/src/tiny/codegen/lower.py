@@ -26,7 +26,7 @@ from tiny.codegen.opt import IN_BLOCK, STAGE_BUFFERS, Kernel, Kind, Opt, stage_l
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
-from tiny.ir.sint import highest, sym_str
+from tiny.ir.sint import highest, sint, sym_str, variables
 from tiny.ir.symbolic import symbolic
 from tiny.ir.tensorcore import Fragment
 from tiny.ir.uop import GroupOp, Ops, UOp, evaluate, substitute
@@ -34,6 +34,7 @@ from tiny.ir.uop import GroupOp, Ops, UOp, evaluate, substitute
 # dtypes whose values the code generator packs into vectors, and the reductions that accumulate in one
 VECTOR_DTYPES = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
 VECTOR_REDUCE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX})
+GRID_DIM_MOST = 65535  # workgroups in any grid dim of every GPU device (CUDA's y and z, WebGPU's and HIP's limits)
 
 INT32_MAX = 2**31 - 1
 
@@ -42,7 +43,7 @@ INT32_MAX = 2**31 - 1
 class LoweredKernel:
     sink: UOp  # SINK of STOREs, using RANGE/SPECIAL/REDUCE/INDEX/LOAD and ALU ops
     name: str
-    global_size: tuple[int, int, int]
+    global_size: tuple[sint, sint, sint]  # (a symbolic count is launched with its value: CompiledProgram.grid)
     local_size: tuple[int, int, int]
     # what the symbolic rules made of each node they simplified while lowering (gates, offsets): graph_rewrite's memo,
     # from which the later passes over the kernel start (a node's simplified form is a function of the node alone)
@@ -60,6 +61,11 @@ def _index_dtype(ast: UOp) -> DType:
         if u.op is Ops.DEFINE_GLOBAL and u.dtype.size > INT32_MAX:
             return dtypes.int64
     return dtypes.int32
+
+
+def _many(size: sint) -> bool:
+    """Whether a size is more than one element (a symbolic one may be)."""
+    return type(size) is not int or size > 1
 
 
 def kernel_name(ast: UOp) -> str:
@@ -120,15 +126,18 @@ class _Lowerer:
         self.next_range += 1
         return r
 
-    def special(self, name: str, size: int) -> UOp:
-        return UOp(Ops.SPECIAL, self.idx_dtype, (), (name, size))
+    def special(self, name: str, size: sint) -> UOp:
+        """A hardware index; one over a symbolic size counts to its largest value (the launch's grid has this call's
+        value, so the index is always below it)."""
+        return UOp(Ops.SPECIAL, self.idx_dtype, (), (name, size if type(size) is int else highest(size)))
 
     def place_outputs(self) -> None:
         """Loop counters and hardware indices for the output parts."""
         parts = self.k.parts
         globals_ = [i for i, p in enumerate(parts) if p.kind is Kind.GLOBAL]
-        # (a symbolic size stays a loop: a launch's grid is fixed when the kernel is built)
-        hw = [i for i in globals_ if type(parts[i].size) is int][-3:] if self.k.caps.has_local else []
+        # a symbolic size is a hardware dim too, its grid computed at each launch from the Variables' values, where
+        # its largest value needs no folded grid (folding is decided when the kernel is built); else it is a loop
+        hw = [i for i in globals_ if highest(parts[i].size) <= GRID_DIM_MOST][-3:] if self.k.caps.has_local else []
         for i in globals_:
             if i not in hw:
                 self.env[i] = self.new_range(parts[i].size)
@@ -291,7 +300,7 @@ class _Lowerer:
         """Where the padded dims among `dims` are inside their real size (None: no padding to mask)."""
         valid = None
         for d in dims:
-            if d in self.k.padded and shape[d] > 1:
+            if d in self.k.padded and _many(shape[d]):
                 c = idxs[d].lt(self.k.full_shape[d])
                 valid = c if valid is None else valid & c
         return valid
@@ -342,7 +351,7 @@ class _Lowerer:
             dims: set[int] = set()
             if u.op is Ops.LOAD:  # (what access reads: the view, and the padded dims pad_valid checks)
                 view = u.src[1].arg
-                dims = set(view.index_dims()) | {d for d in self.k.padded if view.shape[d] > 1}
+                dims = set(view.index_dims()) | {d for d in self.k.padded if _many(view.shape[d])}
             elif u.op is Ops.CONST and u.src:
                 dims = set(u.src[0].arg.index_dims())
             elif u.op is Ops.REDUCE_AXIS:
@@ -595,7 +604,9 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
                 stores += [UOp(Ops.STORE, dtypes.void, (a, v)) for a, v in zip(addrs, values)]
     if lw.group_gate is not None:  # the first thread of each group writes its result
         stores = [_gated(s, lw.group_gate) for s in stores]
-    sink = UOp(Ops.SINK, dtypes.void, tuple(stores) + tuple(buffers))
+    # a Variable that only sizes the grid is still a kernel argument: the launch reads its value (CompiledProgram.grid)
+    grid_vars = tuple(dict.fromkeys(v for g in lw.global_size if type(g) is not int for v in variables(g)))
+    sink = UOp(Ops.SINK, dtypes.void, tuple(stores) + tuple(buffers) + grid_vars)
     if lw.local_stores:
         sink = substitute(sink, {lw.barrier: UOp(Ops.BARRIER, dtypes.void, tuple(lw.local_stores))})
     if lw.stage_stores:

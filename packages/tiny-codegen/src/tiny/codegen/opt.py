@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType
-from tiny.ir.sint import smul
+from tiny.ir.sint import sadd, sfloordiv, smul
 from tiny.ir.tensorcore import TensorCore
 from tiny.ir.uop import Ops, UOp
 from tiny.ir.views import Band, Mask, View
@@ -321,8 +321,11 @@ class Kernel:
         if not 0 <= opt.axis < len(axes):
             raise KernelOptError(f"{opt}: axis {opt.axis} does not exist; this kernel has {len(axes)} axes")
         part = axes[opt.axis]
-        if type(part.size) is not int:
-            raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size ({part.size!r}), which is not cut")
+        if type(part.size) is not int and opt.op not in (OptOps.GROUP, OptOps.GROUPTOP):
+            raise KernelOptError(
+                f"{opt}: axis {opt.axis} has a symbolic size ({part.size!r}), which only GROUP cuts (padded to a "
+                "multiple of its threads)"
+            )
         handler = {
             OptOps.UPCAST: self._upcast,
             OptOps.UNROLL: self._unroll,
@@ -350,13 +353,13 @@ class Kernel:
 
     def _split(self, part: Part, amt: int, kind: Kind, top: bool, first: bool = False) -> None:
         """Cut `amt` off `part` (the inner piece, or the outer one if top) as a new part of `kind`."""
-        rest_size = part.size // amt
+        rest_size = part.size // amt if type(part.size) is int else sfloordiv(part.size, amt)  # (a multiple of amt)
         if top:
             new, rest = Part(part.dim, amt, part.stride * rest_size, kind), replace(part, size=rest_size)
         else:
             new, rest = Part(part.dim, amt, part.stride, kind), replace(part, size=rest_size, stride=part.stride * amt)
         i = self.parts.index(part)
-        self.parts[i : i + 1] = [rest] if rest_size > 1 else []
+        self.parts[i : i + 1] = [rest] if type(rest_size) is not int or rest_size > 1 else []
         if first:
             self.parts.insert(0, new)
         else:
@@ -411,7 +414,7 @@ class Kernel:
         if len(self.of_kind(Kind.LOCAL)) >= 3 or len(self.of_kind(Kind.GLOBAL)) > 3:
             # a third workgroup dim is not left, or output loops would reuse local memory without a second barrier
             raise KernelOptError(f"{opt}: grouping needs a free workgroup dim and at most 3 global dims")
-        amt = self._amount(opt, part)
+        amt = self._amount(opt, part) if type(part.size) is int else self._symbolic_amount(opt, part)
         threads = math.prod(p.size for p in self.of_kind(Kind.LOCAL)) * amt
         if self.caps.local_total_max and threads > self.caps.local_total_max:
             raise KernelOptError(f"{opt}: a workgroup of {threads} threads is too big")
@@ -419,7 +422,20 @@ class Kernel:
         itemsize = self.reductions[0].dtype.itemsize
         if threads * self.lanes() * itemsize > self.caps.shared_max:
             raise KernelOptError(f"{opt}: {threads * self.lanes() * itemsize} bytes of local memory is too much")
+        if type(part.size) is not int:  # padded to a multiple of amt, as PADTO pads: the padding adds the identity
+            padded = smul(sfloordiv(sadd(part.size, amt - 1), amt), amt)
+            self.parts[self.parts.index(part)] = part = replace(part, size=padded)
+            self.padded[part.dim] = padded
         self._split(part, amt, Kind.GROUP, top=opt.op is OptOps.GROUPTOP)
+
+    def _symbolic_amount(self, opt: Opt, part: Part) -> int:
+        """GROUP's threads over a symbolic reduce dim: a whole dim (symbolic ones are never cut) that is padded to a
+        multiple of them."""
+        if opt.arg <= 1:
+            raise KernelOptError(f"{opt}: a symbolic size is shared by a given number (at least 2) of threads")
+        if part.dim in self.padded or part.stride != 1 or part.size is not self.full_shape[part.dim]:
+            raise KernelOptError(f"{opt}: only a whole symbolic dim that is not padded yet is grouped")
+        return opt.arg
 
     def _padto(self, opt: Opt, part: Part) -> None:
         self._after_tc(opt)

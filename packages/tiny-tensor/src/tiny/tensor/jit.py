@@ -314,7 +314,7 @@ def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> A
         if ln.program.var_names:  # this call's values of its Variables
             prog = ln.program
             vals = tuple(by_name[n] for n in prog.var_names)
-            ln.runner(*args, global_size=prog.global_size, local_size=prog.local_size, vals=vals)  # type: ignore[misc]
+            ln.runner(*args, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals)  # type: ignore[misc]
         else:
             ln.launch(*args)  # type: ignore[misc]  (a kernel's launch)
     outputs = _rebound(rec.outputs, values) if rec.variables else rec.outputs

@@ -159,13 +159,13 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
         vals: tuple[int, ...] = ()
         if prog.var_names:  # a kernel over symbolic sizes: their values are its integer arguments
             vals = _values(prog, var_vals)
-            launch = functools.partial(runner, global_size=prog.global_size, local_size=prog.local_size, vals=vals)
+            launch = functools.partial(runner, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals)
         if debug < 2:  # (the usual run: launched, not timed)
             launch(*map(_opaque, buffers))  # (the opaques allocated when first asked for)
             elapsed = None
         else:
             opaques = map(_opaque, buffers)
-            elapsed = runner(*opaques, global_size=prog.global_size, local_size=prog.local_size, vals=vals, wait=True)
+            elapsed = runner(*opaques, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals, wait=True)
         if _captures:
             _captures[-1].append(Launch(buffers, prog, runner, launch))
         GlobalCounters.kernels += 1

@@ -24,12 +24,14 @@ from typing import Any, ClassVar
 from tiny.ir.config import DEBUG, DEVICE
 from tiny.ir.diskcache import cache_get, cache_put
 from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.sint import sym_eval
 from tiny.ir.tensorcore import TensorCore  # noqa: F401  (re-exported: renderers declare theirs)
 from tiny.ir.uop import Ops, UOp, make_node
 
 # (major, minor): runtimes pin a compatible major (1.2: Program.launcher; 1.3: Allocator.memory; 1.4: foreign memory,
-# AllocatorCaps.foreign with Allocator.wrap and Allocator.address; 1.5: Compiled.default_renderer and describe)
-INTERFACE_VERSION = (1, 5)
+# AllocatorCaps.foreign with Allocator.wrap and Allocator.address; 1.5: Compiled.default_renderer and describe; 1.6:
+# CompiledProgram.grid, a workgroup count over a Variable, and a kernel's fewer workgroups than its gidx ranges)
+INTERFACE_VERSION = (1, 6)
 
 
 LIST_HINT = " (`python -m tiny.ir.device` lists the devices that start here, and why the others do not)"
@@ -96,10 +98,18 @@ class CompiledProgram:
     n_buffers: int  # buffer arguments, output(s) first
     outs: tuple[int, ...]  # which buffer arguments are written
     var_names: tuple[str, ...]  # integer arguments after the buffers, in order
-    global_size: tuple[int, int, int] = (1, 1, 1)
+    global_size: tuple[Any, Any, Any] = (1, 1, 1)  # workgroups: ints, or sizes over the Variables (see grid)
     local_size: tuple[int, int, int] = (1, 1, 1)
-    flops: int = 0  # estimated operations per launch
+    flops: int = 0  # estimated operations per launch (at the Variables' largest values)
     mem_bytes: int = 0  # estimated bytes moved per launch
+
+    def grid(self, vals: tuple[int, ...] = ()) -> tuple[int, int, int]:
+        """The workgroups of a launch with these values of var_names: a count over a Variable takes its value."""
+        if all(type(g) is int for g in self.global_size):
+            return self.global_size
+        values = dict(zip(self.var_names, vals))
+        x, y, z = (sym_eval(g, values) for g in self.global_size)
+        return (x, y, z)
 
 
 class CompileError(RuntimeError):
