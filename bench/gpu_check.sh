@@ -10,10 +10,11 @@
 # image with PyTorch for CUDA has them); tiny itself comes from .whl/, installed into a private folder. It writes to
 # OUTDIR (default: $OUT where that is set, else bench/gpu_out): log.txt (everything printed), tests.txt (the GPU
 # tests), kernels.txt (the matmul kernel under each plan, timed alone), RESULTS_GPU.md and results_gpu.json (the
-# suite, as bench/RESULTS_GPU.md is kept). Each stage has its own time limit, so a stage that hangs costs its limit
-# and the stages after it still run; the whole run stays under 9 minutes. GPU_CHECK_STAGES (default
-# tests,kernels,suite,beam) picks stages, GPU_CHECK_ONLY passes --only to the suite, GPU_CHECK_BUDGET (default 25) is
-# the suite's --budget in seconds per side.
+# suite, as bench/RESULTS_GPU.md is kept), beam.txt, profile.txt (bench/gpu_profile.py: each kernel's time). Each
+# stage has its own time limit, so a stage that hangs costs its limit and the stages after it still run; all of them
+# take up to 11 minutes, so pick stages to fit a device call. GPU_CHECK_STAGES (default
+# tests,kernels,suite,beam,profile) picks stages, GPU_CHECK_ONLY passes --only to the suite, GPU_CHECK_BUDGET
+# (default 25) is the suite's --budget in seconds per side.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,7 +48,7 @@ torch.__version__, 'cuda', torch.version.cuda)"
     echo "tiny: wheels of commit $(cat .whl/COMMIT)"
     python3 -m tiny.ir.device 2>&1 | head -20
 
-    local stages=",${GPU_CHECK_STAGES:-tests,kernels,suite,beam},"
+    local stages=",${GPU_CHECK_STAGES:-tests,kernels,suite,beam,profile},"
     if [[ $stages == *,tests,* ]]; then
         echo "== GPU tests (tiny-runtime-nv; the tensor tests of matmuls, convolutions, 16-bit floats and symbolic sizes on CUDA, symbolic on CUDA:PTX)"
         {
@@ -76,6 +77,10 @@ torch.__version__, 'cuda', torch.version.cuda)"
         echo "== BEAM on the fp16 4096 product's kernel (CUDA C)"
         timeout 120 python3 -m bench.gpu_kernels --devices CUDA --dtypes float16 --sizes 4096 --beam 4 \
             --beam-budget 60 2>&1 | tail -1 | tee "$out/beam.txt"
+    fi
+    if [[ $stages == *,profile,* ]]; then
+        echo "== where the time goes: each kernel of softmax, the MNIST step and a decode step timed alone"
+        timeout 120 python3 -m bench.gpu_profile --device CUDA 2>&1 | tee "$out/profile.txt"
     fi
     echo "== done: $out"
 }
