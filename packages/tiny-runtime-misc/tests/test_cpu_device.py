@@ -259,6 +259,41 @@ def test_two_programs_of_one_name_stay_apart() -> None:
     assert (one.fn(), two.fn()) == (1, 2)
 
 
+def _kernel(name: str, value: int) -> str:
+    """A kernel with a static helper of the same name in every source (each source keeps its own)."""
+    helper = f"static inline int helper(void) {{ return {value}; }}\n"
+    return helper + f"void {name}(int* restrict out) {{ out[0] = helper(); }}\n"
+
+
+@needs_cc
+def test_kernels_compiled_together_keep_their_names_and_helpers() -> None:
+    """compile_many takes sources in one compiler run per library of different names: a kernel of a name already in
+    the library goes to another; each source's binary exports its kernel, which computes its own helper's value."""
+    from tiny.runtime.cpu import _libraries
+
+    srcs = [_kernel("a", 1), _kernel("b", 2), _kernel("a", 3), _kernel("c", 4)]
+    assert _libraries(srcs) == [[0, 1, 3], [2]]
+    assert _libraries([_kernel(f"k{i}", i) for i in range(20)]) == [list(range(16)), list(range(16, 20))]
+    binaries = ClangCompiler(find_compiler()).compile_many(srcs)
+    assert binaries[0] == binaries[1] == binaries[3] != binaries[2]
+    alloc = CPUAllocator()
+    for src, binary, name, want in zip(srcs, binaries, "abac", (1, 2, 3, 4)):
+        prog = CPUProgram(Device["CPU"], name, binary)
+        out = alloc.alloc(16)
+        prog(out)
+        got = (ctypes.c_int * 4)()
+        alloc.copyout(memoryview(got).cast("B"), out)
+        assert got[0] == want, (src, got[0])
+
+
+@needs_cc
+def test_a_compile_error_among_kernels_compiled_together_names_its_source() -> None:
+    bad = "void broken(float* out) { out[0] = undefined_name; }"
+    with pytest.raises(CompileError) as info:
+        ClangCompiler(find_compiler()).compile_many([_kernel("a", 1), bad, _kernel("b", 2)])
+    assert bad in str(info.value) and "helper" not in str(info.value)
+
+
 @needs_cc
 def test_a_compile_error_carries_the_source() -> None:
     src = "void broken(float* out) { out[0] = undefined_name; }"

@@ -74,6 +74,10 @@ def test_a_kernel_goes_to_its_compiler_as_soon_as_it_is_rendered(monkeypatch: py
             events.append("compile")
             return self.dev.compile(src)
 
+        def compile_many(self, srcs: list[str]) -> list[bytes]:
+            events.append("compile")
+            return self.dev.compile_many(srcs)
+
         def __getattr__(self, name: str) -> object:
             return getattr(self.dev, name)
 

@@ -8,7 +8,7 @@ the hand-written rules otherwise), then lower, simplify, vectorize, linearize, c
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from tiny.codegen.beam import beam_search
 from tiny.codegen.linearize import linearize
@@ -52,21 +52,48 @@ def get_program(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = None) -
     return build_program(ast, device, chosen)
 
 
+COMPILE_TOGETHER = 4  # kernels a compiler run takes while another one is busy (but the schedule's last ones)
+
+
 def get_programs(kernels: Sequence[tuple[UOp, Compiled]]) -> list[CompiledProgram]:
     """get_program for many kernels at once, as a schedule's cold start needs: each planned and rendered here, and
-    handed to a compiler as soon as it is rendered, so that the compilers (a process, or a library call that lets go
-    of the interpreter lock: clang, NVRTC, LLVM, COMGR) work on every core this process may use while the next
-    kernels are rendered."""
+    handed to a compiler as soon as one is free (a process, or a library call that lets go of the interpreter lock:
+    clang, NVRTC, LLVM, COMGR), on every core this process may use, while the next kernels are rendered. The kernels
+    rendered while every compiler was busy go to the next free one together (Compiled.compile_many: one run of a
+    C compiler for several kernels)."""
     workers = min(usable_cores(), len(kernels))
     if workers <= 1:
         rendered = [(device, _planned_render(ast, device)) for ast, device in kernels]
         return [to_program(r, device, device.compile(r.src)) for device, r in rendered]
+    done: list[Rendered] = []
+    binaries: list[Future[list[bytes]]] = []  # each job's binaries, in the order of its kernels
+    jobs: list[list[int]] = []  # the kernels (indices into done) of each job
+    waiting: dict[Compiled, list[int]] = {}  # rendered kernels no job has taken yet, by device
+
+    def hand_out(pool: ThreadPoolExecutor, free: int) -> None:
+        # an idle compiler takes one kernel; beside a busy one, a few (each run costs a compiler's start)
+        least = 1 if free == workers else COMPILE_TOGETHER
+        for device in [d for d, todo in waiting.items() if len(todo) >= least][:free]:
+            todo = waiting.pop(device)
+            jobs.append(todo)
+            binaries.append(pool.submit(device.compile_many, [done[i].src for i in todo]))
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        jobs = []
         for ast, device in kernels:
-            r = _planned_render(ast, device)
-            jobs.append((device, r, pool.submit(device.compile, r.src)))
-        return [to_program(r, device, job.result()) for device, r, job in jobs]
+            done.append(_planned_render(ast, device))
+            waiting.setdefault(device, []).append(len(done) - 1)
+            hand_out(pool, workers - sum(not b.done() for b in binaries))
+        for device, todo in list(waiting.items()):  # the last ones, shared out among the compilers
+            del waiting[device]
+            for share in range(workers):
+                if part := todo[share::workers]:
+                    jobs.append(part)
+                    binaries.append(pool.submit(device.compile_many, [done[i].src for i in part]))
+        out: list[CompiledProgram | None] = [None] * len(done)
+        for todo, job in zip(jobs, binaries):
+            for i, binary in zip(todo, job.result()):
+                out[i] = to_program(done[i], kernels[i][1], binary)
+    return [p for p in out if p is not None]
 
 
 def _planned_render(ast: UOp, device: Compiled) -> Rendered:

@@ -137,29 +137,63 @@ class ClangCompiler(Compiler):
         self.flags = CC_FLAGS + (CLANG_FLAGS if "clang" in version else ())
         super().__init__(cachekey=f"cpu:{cc}:{platform.machine()}:{version}:{' '.join(self.flags)}")
 
-    def compile(self, src: str) -> bytes:
+    def _args(self, sources: list[str], out: str) -> list[str]:
         arch = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else ["-mcpu=native"]
+        libs = ["-lm", *(["-lmvec"] if "mvec" in compiler_features(self.cc) else [])]
+        return [self.cc, "-shared", "-fPIC", *self.flags, *arch, "-x", "c", *sources, "-o", out, *libs]
+
+    def compile(self, src: str) -> bytes:
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "kernel.so")
-            args = [
-                self.cc,
-                "-shared",
-                "-fPIC",
-                *self.flags,
-                *arch,
-                "-x",
-                "c",
-                "-",
-                "-o",
-                out,
-                "-lm",
-                *(["-lmvec"] if "mvec" in compiler_features(self.cc) else []),
-            ]
-            r = subprocess.run(args, input=src.encode(), capture_output=True)
+            r = subprocess.run(self._args(["-"], out), input=src.encode(), capture_output=True)
             if r.returncode != 0:
                 raise CompileError(f"{self.cc} failed on generated code:\n{r.stderr.decode()}\n--- source ---\n{src}")
             with open(out, "rb") as f:
                 return f.read()
+
+    def compile_many(self, srcs: list[str]) -> list[bytes]:
+        """One compiler run per library of kernels with different names (each source its own file, so their static
+        helpers stay apart): starting the compiler costs about as much as compiling a kernel. Every source of a
+        library gets the library as its binary. A library that fails is compiled source by source, so the error
+        names its source."""
+        out: list[bytes] = [b""] * len(srcs)
+        for group in _libraries(srcs):
+            if len(group) == 1:
+                out[group[0]] = self.compile(srcs[group[0]])
+                continue
+            with tempfile.TemporaryDirectory() as d:
+                files = []
+                for i in group:
+                    files.append(os.path.join(d, f"k{i}.c"))
+                    with open(files[-1], "w") as f:
+                        f.write(srcs[i])
+                lib = os.path.join(d, "kernels.so")
+                if subprocess.run(self._args(files, lib), capture_output=True).returncode != 0:
+                    for i in group:
+                        out[i] = self.compile(srcs[i])
+                    continue
+                with open(lib, "rb") as f:
+                    binary = f.read()
+            for i in group:
+                out[i] = binary
+        return out
+
+
+KERNEL_NAME = re.compile(r"^void (\w+)\(", re.MULTILINE)  # (the C renderer's kernel; its helpers are static)
+LIBRARY_MOST = 16  # kernels compiled into one library
+
+
+def _libraries(srcs: list[str]) -> list[list[int]]:
+    """The sources in groups of at most LIBRARY_MOST whose kernels' names differ (one library exports each once)."""
+    groups: list[tuple[list[int], set[str]]] = []
+    for i, src in enumerate(srcs):
+        names = set(KERNEL_NAME.findall(src))
+        home = next((g for g in groups if len(g[0]) < LIBRARY_MOST and not names & g[1]), None)
+        if home is None:
+            groups.append(home := ([], set()))
+        home[0].append(i)
+        home[1].update(names)
+    return [g[0] for g in groups]
 
 
 @cache

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tiny.models.kv_cache import KVCache
 from tiny.nn import Embedding, LayerNorm, Linear
 from tiny.tensor import Tensor, dtypes
 
@@ -48,23 +49,15 @@ class GPT2Attention:
         self.cfg, self.max_context = cfg, max_context
         self.c_attn = Linear(cfg.n_embd, 3 * cfg.n_embd, device=device)
         self.c_proj = Linear(cfg.n_embd, cfg.n_embd, device=device)
-        self.cache_k: Tensor | None = None
-        self.cache_v: Tensor | None = None
+        self.cache = KVCache(max_context)
 
     def __call__(self, x: Tensor, start_pos: Any, mask: Tensor | None) -> Tensor:
         batch, length, embd = x.shape
         heads = self.cfg.n_head
         hd = embd // heads
         q, k, v = (t.reshape(batch, length, heads, hd).transpose(1, 2) for t in self.c_attn(x).chunk(3, dim=2))
-        if self.cache_k is None or self.cache_k.shape[0] != batch:
-            shape = (batch, heads, self.max_context, hd)
-            self.cache_k = Tensor.zeros(*shape, dtype=x.dtype, device=x.device).contiguous().realize()
-            self.cache_v = Tensor.zeros(*shape, dtype=x.dtype, device=x.device).contiguous().realize()
-        assert self.cache_v is not None
-        end = start_pos + length
-        self.cache_k[:, :, start_pos:end] = k
-        self.cache_v[:, :, start_pos:end] = v
-        out = q.scaled_dot_product_attention(self.cache_k[:, :, :end], self.cache_v[:, :, :end], attn_mask=mask)
+        keys, values = self.cache.update(k, v, start_pos)
+        out = q.scaled_dot_product_attention(keys, values, attn_mask=mask)
         return self.c_proj(out.transpose(1, 2).reshape(batch, length, embd))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from tiny.models.kv_cache import KVCache
 from tiny.nn import Embedding, Linear, RMSNorm
 from tiny.tensor import Tensor, dtypes
 
@@ -104,8 +105,7 @@ class Attention:
         self.k_proj = Linear(cfg.hidden_size, kv * hd, bias=cfg.attention_bias, device=device)
         self.v_proj = Linear(cfg.hidden_size, kv * hd, bias=cfg.attention_bias, device=device)
         self.o_proj = Linear(heads * hd, cfg.hidden_size, bias=False, device=device)
-        self.cache_k: Tensor | None = None
-        self.cache_v: Tensor | None = None
+        self.cache = KVCache(max_context)
 
     def __call__(self, x: Tensor, start_pos: Any, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
         cfg = self.cfg
@@ -115,15 +115,7 @@ class Attention:
         k = self.k_proj(x).reshape(batch, length, kv, hd).transpose(1, 2)
         v = self.v_proj(x).reshape(batch, length, kv, hd).transpose(1, 2)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        if self.cache_k is None or self.cache_k.shape[0] != batch:
-            shape = (batch, kv, self.max_context, hd)
-            self.cache_k = Tensor.zeros(*shape, dtype=x.dtype, device=x.device).contiguous().realize()
-            self.cache_v = Tensor.zeros(*shape, dtype=x.dtype, device=x.device).contiguous().realize()
-        assert self.cache_v is not None
-        end = start_pos + length
-        self.cache_k[:, :, start_pos:end] = k
-        self.cache_v[:, :, start_pos:end] = v
-        keys, values = self.cache_k[:, :, :end], self.cache_v[:, :, :end]
+        keys, values = self.cache.update(k, v, start_pos)
         out = q.scaled_dot_product_attention(keys, values, attn_mask=mask, enable_gqa=heads != kv)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, heads * hd))
 

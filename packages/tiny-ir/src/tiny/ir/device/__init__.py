@@ -30,7 +30,8 @@ from tiny.ir.uop import Ops, UOp, make_node
 
 # (major, minor): runtimes pin a compatible major (1.2: Program.launcher; 1.3: Allocator.memory; 1.4: foreign memory,
 # AllocatorCaps.foreign with Allocator.wrap and Allocator.address; 1.5: Compiled.default_renderer and describe; 1.6:
-# CompiledProgram.grid, a workgroup count over a Variable, and a kernel's fewer workgroups than its gidx ranges)
+# CompiledProgram.grid, a workgroup count over a Variable, and a kernel's fewer workgroups than its gidx ranges;
+# Compiler.compile_many and Compiled.compile_many, several kernels in one compiler run)
 INTERFACE_VERSION = (1, 6)
 
 
@@ -125,15 +126,29 @@ class Compiler:
     def compile(self, src: str) -> bytes:
         raise NotImplementedError
 
+    def compile_many(self, srcs: list[str]) -> list[bytes]:
+        """Several sources, a binary each (one binary may serve several: a library of their kernels). A compiler
+        whose every run has a fixed cost (a process to start) takes them in one run; this one takes them one by one."""
+        return [self.compile(src) for src in srcs]
+
+    def _key(self, src: str) -> str:
+        return hashlib.sha256(f"{self.cachekey}\0{src}".encode()).hexdigest()
+
     def compile_cached(self, src: str) -> bytes:
+        return self.compile_many_cached([src])[0]
+
+    def compile_many_cached(self, srcs: list[str]) -> list[bytes]:
+        """compile_many, with each source's binary from the disk cache where it is there already."""
         if self.cachekey is None:
-            return self.compile(src)
-        key = hashlib.sha256(f"{self.cachekey}\0{src}".encode()).hexdigest()
-        if (hit := cache_get("compile", key)) is not None:
-            return hit
-        binary = self.compile(src)
-        cache_put("compile", key, binary)
-        return binary
+            return self.compile_many(srcs)
+        keys = [self._key(src) for src in srcs]
+        out: list[bytes | None] = [cache_get("compile", key) for key in keys]
+        missing = [i for i, b in enumerate(out) if b is None]
+        if missing:
+            for i, binary in zip(missing, self.compile_many([srcs[i] for i in missing])):
+                cache_put("compile", keys[i], binary)
+                out[i] = binary
+        return [b for b in out if b is not None]
 
 
 class Program:
@@ -338,6 +353,9 @@ class Compiled:
 
     def compile(self, src: str) -> bytes:
         return self._compiler.compile_cached(src)
+
+    def compile_many(self, srcs: list[str]) -> list[bytes]:
+        return self._compiler.compile_many_cached(srcs)
 
 
 @functools.lru_cache(maxsize=4096)

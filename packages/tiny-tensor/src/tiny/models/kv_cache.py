@@ -1,0 +1,30 @@
+"""The keys and values of the positions a language model has seen, kept for the next step's attention."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tiny.tensor import Tensor
+
+
+class KVCache:
+    """Keys and values of shape (batch, heads, position, head_dim), preallocated for max_context positions (made on
+    the first step, and again when the batch changes). A step writes its keys and values at start_pos (an int, or a
+    bound Variable, so that a jitted step replays for every position) and attends over the cache up to its end."""
+
+    def __init__(self, max_context: int) -> None:
+        self.max_context = max_context
+        self.keys: Tensor | None = None
+        self.values: Tensor | None = None
+
+    def update(self, k: Tensor, v: Tensor, start_pos: Any) -> tuple[Tensor, Tensor]:
+        """Write this step's k and v at start_pos; the keys and values of every position up to the step's end."""
+        batch, heads, length, head_dim = k.shape
+        if self.keys is None or self.values is None or self.keys.shape[0] != batch:
+            shape = (batch, heads, self.max_context, head_dim)
+            self.keys = Tensor.zeros(*shape, dtype=k.dtype, device=k.device).contiguous().realize()
+            self.values = Tensor.zeros(*shape, dtype=v.dtype, device=v.device).contiguous().realize()
+        end = start_pos + length
+        self.keys[:, :, start_pos:end] = k
+        self.values[:, :, start_pos:end] = v
+        return self.keys[:, :, :end], self.values[:, :, :end]
