@@ -323,3 +323,24 @@ def test_a_reduction_over_a_symbolic_size_is_shared_by_a_workgroup() -> None:
     for n in (1, 63, 64, 65, 600):
         np.testing.assert_allclose(x[:, : pos.bind(n)].max(1).numpy(), a[:, :n].max(1))
         np.testing.assert_allclose(x[:, : pos.bind(n)].sum(1).numpy(), a[:, :n].sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_dot_product_over_a_symbolic_cache_reads_whole_vectors_on_the_cpu() -> None:
+    """A decode step's scores (one query against each cached key): the keys are symbolic, so no output vector forms;
+    the rules take a whole hardware vector of the head dim a step (4 lanes of a 16-float vector stayed scalars)."""
+    from dataclasses import replace
+
+    from tiny.codegen.heuristic import hand_opts
+    from tiny.codegen.opt import Kernel, OptOps
+
+    keys = Tensor(RNG.standard_normal((1, 4, 64, 64)).astype(np.float32), device="CPU").realize()
+    q = Tensor(RNG.standard_normal((1, 4, 1, 64)).astype(np.float32), device="CPU").realize()
+    pos = Variable("pos", 1, 64)
+    (item,) = (q * keys[:, :, : pos.bind(9)]).sum(-1).schedule()
+    for width in (8, 16):
+        caps = replace(Device["CPU"].renderer.caps, vector_width=width)
+        unrolls = [o.arg for o in hand_opts(Kernel(item.ast, caps)) if o.op is OptOps.UNROLL]
+        assert unrolls == [width], (width, unrolls)
+    for n in (1, 9, 64):
+        got = (q * keys[:, :, : pos.bind(n)]).sum(-1).numpy()
+        np.testing.assert_allclose(got, (q.numpy() * keys.numpy()[:, :, :n]).sum(-1), rtol=1e-5, atol=1e-5)

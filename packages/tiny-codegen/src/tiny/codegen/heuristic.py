@@ -121,7 +121,10 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
             attempt(OptOps.UPCAST, axis, _within(k, axis, (16, 8, 4, 3, 2), room, stretch))
         _panel_order(k, out_dim, vector_loads, attempt)
         if last_reduce is not None and k.lanes() * 2 <= UNROLL_LANES:
-            attempt(OptOps.UNROLL, _axis(k, last_reduce), (4, 2) if k.lanes() * 4 <= UNROLL_LANES else (2,))
+            # no tile at all (its output dims symbolic: a decode step's scores over the cache) but the reduction read
+            # along memory: a whole vector of it a step, where 4 lanes of an AVX-512 vector were scalars
+            whole = (lanes,) if in_vectors and not k.of_kind(Kind.UPCAST) and not caps.has_local else ()
+            attempt(OptOps.UNROLL, _axis(k, last_reduce), whole + ((4, 2) if k.lanes() * 4 <= UNROLL_LANES else (2,)))
     elif k.reduce_dims:  # a plain reduction (or one whose body is too big to tile)
         red_dim = next((d for d in sorted(k.reduce_dims) if any(_stride(v, d) == 1 for v in loads)), None)
         if red_dim is not None:  # reading along the reduction: accumulate lanes in a vector register
