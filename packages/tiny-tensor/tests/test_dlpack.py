@@ -258,6 +258,40 @@ def test_from_blob_on_cuda() -> None:
     assert t.__dlpack_device__() == (2, 0)
 
 
+def _cuda_for_both() -> None:
+    """Skip unless tiny's CUDA device opens and PyTorch was built for CUDA with a GPU."""
+    try:
+        Device["CUDA"]
+    except (DeviceUnavailable, UnknownDevice, KeyError) as e:
+        pytest.skip(f"no CUDA device here: {e}")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch here has no CUDA GPU")
+
+
+def test_cuda_memory_is_shared_with_torch_both_ways() -> None:
+    """On the GPU: a torch.cuda tensor seen by tiny and a tiny CUDA tensor seen by torch, without a copy (each side
+    sees the other's writes), strided producers as views, and the devices' DLPack codes."""
+    _cuda_for_both()
+    src = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4)
+    t = Tensor.from_dlpack(src)
+    assert t.device.startswith("CUDA") and t.__dlpack_device__() == (2, 0)
+    src[1, 2] = 50.0
+    torch.cuda.synchronize()
+    assert t.tolist()[1][2] == 50.0  # torch wrote, tiny reads
+    t.assign(t + 1).realize()
+    assert src[0, 0].item() == 1.0 and src[1, 2].item() == 51.0  # tiny wrote, torch reads
+    np.testing.assert_array_equal(Tensor.from_dlpack(src.t()[1:]).numpy(), src.t()[1:].cpu().numpy())
+
+    mine = Tensor([[1.0, 2.0], [3.0, 4.0]], device="CUDA").realize()
+    theirs = torch.from_dlpack(mine)
+    assert theirs.device.type == "cuda" and theirs.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    theirs[0, 1] = 20.0
+    torch.cuda.synchronize()
+    assert mine.tolist()[0][1] == 20.0
+    mine.assign(mine * 2).realize()
+    assert theirs.tolist() == [[2.0, 40.0], [6.0, 8.0]]
+
+
 # ---------------------------------------------------------------- errors
 
 
