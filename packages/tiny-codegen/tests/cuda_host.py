@@ -112,20 +112,25 @@ class Job:
 
 
 def run_all(jobs: list[Job]) -> None:
-    """Compile the kernels of every job into one library (one clang run: the prelude is the same in each source, and
-    the kernels' names must differ) and run them in order."""
+    """Compile the kernels of every job into libraries (one clang run for the kernels of each prelude: the kernels'
+    names must differ) and run them in order."""
     cc = compiler()
     assert cc is not None, "no clang++ with C++20 here"
-    prelude = jobs[0].src[: jobs[0].src.index('extern "C" __global__')]
-    parts = [SHIM, prelude]
+    by_prelude: dict[str, tuple[list[str], list[int]]] = {}
     for i, job in enumerate(jobs):
         m = _KERNEL.search(job.src)
-        assert m is not None and job.src.startswith(prelude), "each job is one kernel with the same prelude"
+        assert m is not None, "each job is one kernel"
+        prelude = job.src[: job.src.index('extern "C" __global__')]
+        parts, which = by_prelude.setdefault(prelude, ([SHIM, prelude], []))
         parts += [job.src[len(prelude) :], _launcher(m.group(1), m.group(2), f"tiny_launch_{i}")]
-    lib = _build(cc, "".join(parts))
-    assert lib is not None
+        which.append(i)
+    launchers = {}
+    for parts, which in by_prelude.values():
+        lib = _build(cc, "".join(parts))
+        assert lib is not None
+        launchers |= {i: getattr(lib, f"tiny_launch_{i}") for i in which}
     for i, job in enumerate(jobs):
-        _launch(getattr(lib, f"tiny_launch_{i}"), job)
+        _launch(launchers[i], job)
 
 
 def run(

@@ -24,7 +24,7 @@ from tiny.ir.device import CompileError, DeviceUnavailable
 from tiny.ir.dtypes import dtypes
 from tiny.ir.tensorcore import TENSOR_CORES
 from tiny.ir.uop import Ops, UOp
-from tiny.runtime.nv.nvrtc import CUDACompiler, PTXCompiler, compile_cuda, find_nvrtc, installed
+from tiny.runtime.nv.nvrtc import CUDA_OPTIONS, CUDACompiler, PTXCompiler, compile_cuda, find_nvrtc, installed
 from tiny.tensor import Tensor
 
 ARCHS = ("sm_80", "sm_90")
@@ -66,7 +66,7 @@ def ptxas(src: str, arch: str, report: bool = False) -> str:
 
 
 def nvrtc_ptx(src: str, arch: str) -> str:
-    return compile_cuda(nvrtc(), src, arch, cubin=False).rstrip(b"\0").decode()
+    return compile_cuda(nvrtc(), src, arch, cubin=False, options=CUDA_OPTIONS).rstrip(b"\0").decode()
 
 
 # ---------------------------------------------------------------- the sweep
@@ -144,6 +144,24 @@ def test_grouped_reduction_uses_shared_memory_and_a_barrier() -> None:
     assert "__align__(16) __shared__ float temp0[16];" in c.src and "__syncthreads();" in c.src
     assert "__launch_bounds__(16)" in c.src and "threadIdx.x" in c.src
     assert "bar.sync" in nvrtc_ptx(c.src, "sm_90")
+
+
+def test_float_products_and_sums_are_never_fused_but_an_accumulator_takes_fma() -> None:
+    """x * x - y must be exactly 0 where y holds x * x computed in another kernel: no compiler fuses a product into
+    the sum after it (NVRTC: --fmad=false; PTX: .rn, which ptxas never contracts), and a reduction's accumulator asks
+    for its fma itself (CUDA C: tiny_fma; the SASS of both keeps the elementwise product apart)."""
+    x, y = (Tensor.ones(7, device="CPU").contiguous().realize() for _ in range(2))
+    (k,) = render_schedule("mad", x * x - y, PTXRenderer(target("sm_90")))
+    assert "mul.rn.f32" in k.src and "add.rn.f32" in k.src and "fma" not in k.src
+    assert ptxas(k.src, "sm_90") == ""
+    (c,) = render_schedule("mad", x * x - y, CUDARenderer(target("sm_90")))
+    ptx = nvrtc_ptx(c.src, "sm_90")  # (without --fmad=false: mul.f32 and sub.f32, which ptxas fuses)
+    assert "mul.rn.f32" in ptx and "sub.rn.f32" in ptx and "fma" not in ptx, ptx
+    assert "--fmad=false" in CUDACompiler("sm_90", nvrtc()).cachekey
+    a = Tensor.ones(16, 16, device="CPU").contiguous().realize()
+    (m,) = render_schedule("matmul", a @ a, CUDARenderer(target("sm_90")))
+    assert "tiny_fma(" in m.src
+    assert "fma.rn.f32" in nvrtc_ptx(m.src, "sm_90")
 
 
 def test_half_math_uses_f16_instructions() -> None:

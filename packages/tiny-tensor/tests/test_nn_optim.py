@@ -333,7 +333,7 @@ def test_schedule_drives_the_step() -> None:
 
 def test_parameters_without_requires_grad_are_left_out() -> None:
     """Adam(get_parameters(model)) with batch norm: its running statistics never get a gradient and are left out."""
-    bn = BatchNorm1d(3)
+    bn = BatchNorm1d(3, device=DEVICE)
     w = Tensor(np.ones((3, 3), np.float32), device=DEVICE, requires_grad=True)
     params = get_parameters([w, bn])
     assert any(p.requires_grad is not True for p in params)  # the running statistics are among them

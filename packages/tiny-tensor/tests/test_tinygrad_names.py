@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tiny import nn
-from tiny.tensor import Tensor
+from tiny.tensor import Device, Tensor
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -208,7 +208,7 @@ def test_nn_batchnorm_takes_any_rank_and_trains_as_torch() -> None:
     with torch.no_grad():
         theirs.weight.copy_(torch.tensor(uniform(3, seed=9)))
     with Tensor.train():
-        check("CPU", ours, theirs, x)
+        check(Device.DEFAULT, ours, theirs, x)
     np.testing.assert_allclose(ours.running_mean.numpy(), theirs.running_mean.numpy(), atol=1e-6)
     np.testing.assert_allclose(ours.running_var.numpy(), theirs.running_var.numpy(), atol=1e-6)
     theirs.eval()
@@ -231,11 +231,18 @@ def test_nn_instancenorm_is_affine_instance_norm() -> None:
         ours.weight.assign(Tensor(uniform(3, seed=9)))
     with torch.no_grad():
         theirs.weight.copy_(torch.tensor(uniform(3, seed=9)))
-    check("CPU", ours, theirs, x)
+    check(Device.DEFAULT, ours, theirs, x)
 
 
 def test_nn_layernorm2d_normalizes_the_channels() -> None:
     x = uniform(2, 3, 4, 5)
     ln = torch.nn.LayerNorm(3)
     # (over 3 values, a pixel whose channels nearly agree divides by a small deviation: float32 rounding shows)
-    check("CPU", nn.LayerNorm2d(3), lambda t: ln(t.permute(0, 2, 3, 1)).permute(0, 3, 1, 2), x, atol=1e-4, rtol=1e-3)
+    check(
+        Device.DEFAULT,
+        nn.LayerNorm2d(3),
+        lambda t: ln(t.permute(0, 2, 3, 1)).permute(0, 3, 1, 2),
+        x,
+        atol=1e-4,
+        rtol=1e-3,
+    )

@@ -295,6 +295,20 @@ class CUDARenderer(GPUCStyleRenderer):
         self._tables = {}
         return super().render(name, uops)
 
+    def multiply_add(self, dt: DType, a: str, b: str, acc: str) -> str | None:
+        return f"tiny_fma({a}, {b}, {acc})" if dt.scalar in (dtypes.float32, dtypes.float64) else None
+
+    def multiply_add_helper(self, dt: DType) -> str:
+        """NVRTC compiles with --fmad=false (tiny.runtime.nv.nvrtc), so a reduction's accumulator asks for its fma."""
+        fn = "fmaf" if dt.scalar == dtypes.float32 else "fma"
+        if dt.count == 1:
+            t = self.type_name(dt)
+            return f"TINY_F {t} tiny_fma({t} a, {t} b, {t} c) {{ return {fn}(a, b, c); }}\n"
+        t = self.vector_type_name(dt)
+        lanes = f"r.v[i] = {fn}(a.v[i], b.v[i], c.v[i])"
+        loop = f'_Pragma("unroll") for (int i = 0; i < {dt.count}; i++) {lanes};'
+        return f"TINY_F {t} tiny_fma({t} a, {t} b, {t} c) {{\n  {t} r;\n  {loop}\n  return r;\n}}\n"
+
     def wmma(self, u: UOp, args: list[str]) -> str:
         tc = tensor_core(u.arg)
         if tc not in self.caps.tensor_cores:

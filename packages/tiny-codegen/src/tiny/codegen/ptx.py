@@ -538,10 +538,13 @@ class PTXRenderer(Renderer):
     def _float_alu(self, k: _Kernel, op: Ops, dt: DType, xs: list[str]) -> str:
         t = _ARITH[dt.name]
         r = k.new(dt)
+        # .rn on float32/64 sums and products: ptxas never fuses them into an fma, so a value computed again in
+        # another kernel rounds the same (x * x - y is exactly 0 where y holds x * x)
+        rn = ".rn" if dt.name in ("float32", "float64") else ""
         if op is Ops.ADD:
-            k.emit(f"add.{t} {r}, {xs[0]}, {xs[1]}")
+            k.emit(f"add{rn}.{t} {r}, {xs[0]}, {xs[1]}")
         elif op is Ops.MUL:
-            k.emit(f"mul.{t} {r}, {xs[0]}, {xs[1]}")
+            k.emit(f"mul{rn}.{t} {r}, {xs[0]}, {xs[1]}")
         elif op is Ops.NEG:
             k.emit(f"neg.{t} {r}, {xs[0]}")
         elif op is Ops.FDIV:

@@ -140,6 +140,12 @@ def _bytes(n: NVRTC, prog: Any, size_fn: str, get_fn: str) -> bytes:
     return buf.raw
 
 
+# no multiply-add fused where NVRTC sees fit: which products it fuses depends on the kernel around them, and a value
+# computed again in another kernel must round the same (a max's gradient compares a value with the max); the renderer
+# asks for fma itself in reductions' accumulators (tiny_fma)
+CUDA_OPTIONS = ("--fmad=false",)
+
+
 def compile_cuda(n: NVRTC, src: str, arch: str, cubin: bool, options: tuple[str, ...] = ()) -> bytes:
     """CUDA C -> a cubin for `arch` ('sm_90') or PTX for it (`cubin=False`, NUL-terminated as the driver reads it).
     A CompileError with NVRTC's log and the source when it refuses."""
@@ -176,10 +182,10 @@ class CUDACompiler(Compiler):
         self.cubin = not self.nvrtc.archs or cc in self.nvrtc.archs
         major, minor = self.nvrtc.version
         kind = "cubin" if self.cubin else "ptx"
-        super().__init__(cachekey=f"cuda:nvrtc{major}.{minor}:{arch}:{kind}")
+        super().__init__(cachekey=f"cuda:nvrtc{major}.{minor}:{arch}:{kind}:{' '.join(CUDA_OPTIONS)}")
 
     def compile(self, src: str) -> bytes:
-        return compile_cuda(self.nvrtc, src, self.arch, self.cubin)
+        return compile_cuda(self.nvrtc, src, self.arch, self.cubin, CUDA_OPTIONS)
 
 
 # the CUDA release (as cuDriverGetVersion gives it) that brought each PTX ISA version: a driver older than that cannot
