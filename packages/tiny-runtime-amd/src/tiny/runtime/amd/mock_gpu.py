@@ -126,7 +126,17 @@ class MockGPU:
                 self.register(binary, *known)
             return binary
 
+        compile_many = device.compile_many
+
+        def compile_together(srcs: list[str]) -> list[bytes]:  # (several kernels of a schedule, as get_programs asks)
+            binaries = compile_many(srcs)
+            for src, binary in zip(srcs, binaries):
+                if (known := self._rendered.get(src)) is not None:
+                    self.register(binary, *known)
+            return binaries
+
         device.compile = compile  # type: ignore[method-assign]
+        device.compile_many = compile_together  # type: ignore[method-assign]
 
     def register(self, binary: bytes, name: str, uops: tuple[UOp, ...] | list[UOp]) -> None:
         """Tell the mock that kernel `name` of code object `binary` was compiled from the linearized `uops`."""
