@@ -15,17 +15,13 @@ import contextlib
 import io
 import re
 from collections.abc import Callable
-from functools import partial
 
 import numpy as np
 
 from bench.decode import _tiny_step
 from bench.frameworks import random_arrays, tiny_upload
-from bench.training import MnistNet, _batch
-from tiny import nn
+from bench.training import tiny_mnist_step
 from tiny.ir.config import Context
-from tiny.nn.state import get_parameters
-from tiny.tensor import Tensor
 
 LINE = re.compile(r"^\*\*\* \S+\s+\d+ (\S+)\s+([\d.]+) ms")
 
@@ -36,23 +32,8 @@ def _softmax(device: str) -> Callable[[], object]:
 
 
 def _mnist(device: str) -> Callable[[], object]:
-    Tensor.manual_seed(0)
-    model = MnistNet(
-        partial(nn.Conv2d, device=device), partial(nn.BatchNorm2d, device=device), partial(nn.Linear, device=device)
-    )
-    opt = nn.optim.Adam([p for p in get_parameters(model) if p.requires_grad], lr=1e-3)
-    images, labels = _batch({"batch": 128})
-    x, y = tiny_upload(images, device), tiny_upload(labels, device)
-
-    def step() -> object:
-        with Tensor.train():
-            opt.zero_grad()
-            loss = model(x).cross_entropy(y)
-            loss.backward()
-            opt.step()
-        return loss.realize()
-
-    return step
+    step, x, y = tiny_mnist_step({"batch": 128}, device)
+    return lambda: step(x, y)
 
 
 def _decode(device: str) -> Callable[[], object]:

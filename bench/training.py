@@ -53,7 +53,8 @@ def _batch(params: Params) -> tuple[np.ndarray, np.ndarray]:
     return images, rng.integers(0, 10, params["batch"]).astype(np.int32)
 
 
-def _mnist_tiny(params: Params, device: str) -> Prepared:
+def tiny_mnist_step(params: Params, device: str) -> tuple[Callable[[Tensor, Tensor], Tensor], Tensor, Tensor]:
+    """tiny's training step (not jitted) over the model and its Adam, made here, and the batch on device."""
     Tensor.manual_seed(0)
     model = MnistNet(
         partial(nn.Conv2d, device=device), partial(nn.BatchNorm2d, device=device), partial(nn.Linear, device=device)
@@ -70,6 +71,11 @@ def _mnist_tiny(params: Params, device: str) -> Prepared:
             opt.step()
         return loss.realize()
 
+    return step, x, y
+
+
+def _mnist_tiny(params: Params, device: str) -> Prepared:
+    step, x, y = tiny_mnist_step(params, device)
     if TinyJit is None:
         return Prepared(lambda: tiny_done(step(x, y)), note="un-jitted: TinyJit not available")
     jitted = TinyJit(step)
