@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes.util
 import os
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -336,6 +337,41 @@ def webgpu(session: nox.Session) -> None:
         PACKAGES / "tiny-codegen" / "tests" / "test_wgsl_render.py",
     ]
     _device_suite(session, "WEBGPU", own, WEBGPU_SUBSET)
+
+
+# what `nox -s replay` records by default: every renderer's compile-only tests (C, LLVM IR, PTX, CUDA C, HIP, AMDGPU,
+# OpenCL, WGSL; tensor cores, staging, ldmatrix), the optimizer's actions, and tiny-tensor's op tests on the CPU
+# (about 2 minutes on a 2-core machine, each side)
+REPLAY_TESTS = ["packages/tiny-codegen/tests", "packages/tiny-tensor/tests/test_ops.py"]
+
+
+@nox.session
+def replay(session: nox.Session) -> None:
+    """Process replay: the kernels REPLAY_TESTS render with a base commit are recorded (python -m tiny.replay record),
+    then rendered again with this working tree; the session fails listing each kernel whose source changed, with a
+    diff. The base is REPLAY_BASE if set, else the merge base of HEAD and main (HEAD itself on main: the uncommitted
+    edits are checked). `nox -s replay -- <pytest args>` records those tests (paths as the base has them) instead.
+    Not in the default run: a refactor's check, run it before committing one."""
+    llvmlite = LOCAL["tiny-runtime-misc"]["optional-dependencies"]["llvm"]
+    _install_local(session, "tiny-tensor", tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"], *llvmlite))
+    base = os.environ.get("REPLAY_BASE") or _git(session, "merge-base", "HEAD", "main")
+    base = _git(session, "rev-parse", "--verify", f"{base}^{{commit}}")
+    work = Path(session.create_tmp()) / "replay"
+    shutil.rmtree(work, ignore_errors=True)
+    tree, out = work / "base", work / "recording"
+    tree.mkdir(parents=True)
+    session.log(f"recording the kernels of the base {base[:12]} (exported to {tree})")
+    session.run("bash", "-c", f"git -C {ROOT} archive {base} | tar -x -C {tree}", external=True)
+    src = os.pathsep.join(str(p) for p in sorted((tree / "packages").glob("*/src")))
+    tests = session.posargs or [*REPLAY_TESTS, "-q", "-p", "no:cacheprovider"]
+    with session.chdir(tree):
+        session.run("python", "-m", "tiny.replay", "record", str(out), "--", *tests, env={"PYTHONPATH": src})
+    session.run("python", "-m", "tiny.replay", "compare", str(out))
+
+
+def _git(session: nox.Session, *args: str) -> str:
+    out = session.run("git", "-C", str(ROOT), *args, external=True, silent=True)
+    return str(out).strip()
 
 
 @nox.session

@@ -251,7 +251,7 @@ def test_rules_choose_again_with_fewer_lanes_where_the_code_grows_too_big(monkey
     sizes = []
     for budget in (program.CODE_OPS, 150):
         monkeypatch.setattr(program, "CODE_OPS", budget)
-        kernel, sink = program._lowered_by_rules(ast, r.caps)
+        kernel, sink, _ = program._lowered_by_rules(ast, r.caps)
         sizes.append(len(sink.toposort))
         out = np.zeros((16, 24), dtype=np.float32)
         fn = getattr(build(r.render(kernel.name, linearize(sink))), kernel.name)

@@ -11,7 +11,7 @@ from tiny.codegen.lower import LoweredKernel, lower
 from tiny.codegen.narrow import narrow_loops
 from tiny.codegen.opt import Kernel, Opt
 from tiny.codegen.vectorize import VectorTarget, vectorize
-from tiny.ir.config import DEBUG
+from tiny.ir.config import DEBUG, REPLAY_RECORD
 from tiny.ir.device import Compiled, CompiledProgram, Renderer, RendererCaps
 from tiny.ir.dtypes import PtrDType
 from tiny.ir.pattern import graph_rewrite
@@ -47,15 +47,20 @@ def render_for(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) 
     """render_kernel for a renderer alone, no device: what compile-only tests of a GPU that is not here use.
     opts None: the hand-written rules' actions for the renderer's caps, held to CODE_OPS ops."""
     if opts is None:
-        kernel, sink = _lowered_by_rules(ast, renderer.caps)
+        kernel, sink, chosen = _lowered_by_rules(ast, renderer.caps)
     else:
-        kernel = lower(ast, renderer.caps, opts)  # loops or hardware ids, lanes, index math, REDUCEs
+        kernel, chosen = lower(ast, renderer.caps, opts), list(opts)  # loops or hardware ids, lanes, index math
         sink = _simplified(kernel, renderer.caps)
     uops = linearize(sink)  # place each op in its loop, in execution order
     validate(uops)  # only device ops, each well formed
     if DEBUG >= 5:
         print(format_uops(uops))
-    return Rendered(kernel, uops, renderer.render(kernel.name, uops))
+    rendered = Rendered(kernel, uops, renderer.render(kernel.name, uops))
+    if REPLAY_RECORD:  # process replay is recording (python -m tiny.replay record)
+        from tiny.replay import record_kernel
+
+        record_kernel(ast, renderer, None if opts is None else list(opts), chosen, kernel.name, rendered.src)
+    return rendered
 
 
 def _simplified(kernel: LoweredKernel, caps: RendererCaps) -> UOp:
@@ -65,7 +70,7 @@ def _simplified(kernel: LoweredKernel, caps: RendererCaps) -> UOp:
     return graph_rewrite(sink, vectorize, ctx=VectorTarget(caps.vector_width * 4, memo))  # lanes alike: vector ops
 
 
-def _lowered_by_rules(ast: UOp, caps: RendererCaps) -> tuple[LoweredKernel, UOp]:
+def _lowered_by_rules(ast: UOp, caps: RendererCaps) -> tuple[LoweredKernel, UOp, list[Opt]]:
     """The kernel lowered and simplified after the rules' actions; where that is more than CODE_OPS ops, again with
     the rules held to fewer values per thread, in proportion (each value costs about the same code), until it fits
     or a thread computes one value at a time."""
@@ -78,7 +83,7 @@ def _lowered_by_rules(ast: UOp, caps: RendererCaps) -> tuple[LoweredKernel, UOp]
         if DEBUG >= 3:
             print(f"{kernel.name}: {opts} -> {size} ops")
         if size <= CODE_OPS or lanes == 1:
-            return kernel, sink
+            return kernel, sink, opts
         max_lanes = min(lanes - 1, lanes * CODE_OPS // size)
 
 

@@ -132,6 +132,13 @@ LDMATRIX = _flag(
     1,
     "CUDA C reads 16-bit tensor-core fragments from shared memory with ldmatrix; 0: one load per element",
 )
+REPLAY_RECORD = _flag(
+    "REPLAY_RECORD",
+    str,
+    "",
+    "a folder: every kernel rendered is recorded there (its AST, actions, renderer and source) for process replay; "
+    "set by `python -m tiny.replay record`",
+)
 
 
 def check_environment() -> None:
