@@ -356,7 +356,7 @@ def replay(session: nox.Session) -> None:
     _install_local(session, "tiny-tensor", tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"], *llvmlite))
     base = os.environ.get("REPLAY_BASE") or _git(session, "merge-base", "HEAD", "main")
     base = _git(session, "rev-parse", "--verify", f"{base}^{{commit}}")
-    work = Path(session.create_tmp()) / "replay"
+    work = Path(session.create_tmp()).resolve() / "replay"  # (absolute: the record step runs in the base's tree)
     shutil.rmtree(work, ignore_errors=True)
     tree, out = work / "base", work / "recording"
     tree.mkdir(parents=True)

@@ -14,7 +14,8 @@ from tiny.codegen.beam import beam_search
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, kernel_name, lower
 from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
-from tiny.codegen.program import Rendered, build_program, render_for, render_kernel, to_program
+from tiny.codegen.program import Rendered, render_for, render_kernel, to_program
+from tiny.ir import profile
 from tiny.ir.config import BEAM, DEBUG, NOOPT
 from tiny.ir.device import Compiled, CompiledProgram, usable_cores
 from tiny.ir.uop import UOp
@@ -47,9 +48,8 @@ def choose_opts(ast: UOp, device: Compiled) -> list[Opt] | None:
 
 def get_program(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = None) -> CompiledProgram:
     """The compiled program that runs kernel `ast` on `device`, after `opts` (chosen by choose_opts if None)."""
-    chosen = choose_opts(ast, device) if opts is None else list(opts)
-    _print_plan(ast, device, chosen)
-    return build_program(ast, device, chosen)
+    r = _planned_render(ast, device, opts)
+    return to_program(r, device, _compile_many(device, [r])[0])
 
 
 COMPILE_TOGETHER = 4  # kernels a compiler run takes while another one is busy (but the schedule's last ones)
@@ -64,7 +64,7 @@ def get_programs(kernels: Sequence[tuple[UOp, Compiled]]) -> list[CompiledProgra
     workers = min(usable_cores(), len(kernels))
     if workers <= 1:
         rendered = [(device, _planned_render(ast, device)) for ast, device in kernels]
-        return [to_program(r, device, device.compile(r.src)) for device, r in rendered]
+        return [to_program(r, device, _compile_many(device, [r])[0]) for device, r in rendered]
     done: list[Rendered] = []
     binaries: list[Future[list[bytes]]] = []  # each job's binaries, in the order of its kernels
     jobs: list[list[int]] = []  # the kernels (indices into done) of each job
@@ -76,7 +76,7 @@ def get_programs(kernels: Sequence[tuple[UOp, Compiled]]) -> list[CompiledProgra
         for device in [d for d, todo in waiting.items() if len(todo) >= least][:free]:
             todo = waiting.pop(device)
             jobs.append(todo)
-            binaries.append(pool.submit(device.compile_many, [done[i].src for i in todo]))
+            binaries.append(pool.submit(_compile_many, device, [done[i] for i in todo]))
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for ast, device in kernels:
@@ -88,7 +88,7 @@ def get_programs(kernels: Sequence[tuple[UOp, Compiled]]) -> list[CompiledProgra
             for share in range(workers):
                 if part := todo[share::workers]:
                     jobs.append(part)
-                    binaries.append(pool.submit(device.compile_many, [done[i].src for i in part]))
+                    binaries.append(pool.submit(_compile_many, device, [done[i] for i in part]))
         out: list[CompiledProgram | None] = [None] * len(done)
         for todo, job in zip(jobs, binaries):
             for i, binary in zip(todo, job.result()):
@@ -96,10 +96,34 @@ def get_programs(kernels: Sequence[tuple[UOp, Compiled]]) -> list[CompiledProgra
     return [p for p in out if p is not None]
 
 
-def _planned_render(ast: UOp, device: Compiled) -> Rendered:
-    chosen = choose_opts(ast, device)
-    _print_plan(ast, device, chosen)
-    return render_kernel(ast, device, chosen)
+def _planned_render(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = None) -> Rendered:
+    if not profile.enabled():
+        chosen = choose_opts(ast, device) if opts is None else list(opts)
+        _print_plan(ast, device, chosen)
+        return render_kernel(ast, device, chosen)
+    name = kernel_name(ast)
+    if opts is None and BEAM.value > 0 and not NOOPT:  # (a search: its candidates rendered, compiled and timed)
+        with profile.timed("codegen", f"BEAM {name}", "beam", device=device.name):
+            chosen = choose_opts(ast, device)
+    else:
+        chosen = choose_opts(ast, device) if opts is None else list(opts)
+    with profile.timed("codegen", name, "render", device=device.name) as args:
+        _print_plan(ast, device, chosen)
+        r = render_kernel(ast, device, chosen)
+        args["actions"] = repr(chosen) if chosen is not None else "the rules'"
+        args["global_size"], args["local_size"] = str(r.kernel.global_size), str(r.kernel.local_size)
+    return r
+
+
+def _compile_many(device: Compiled, rendered: list[Rendered]) -> list[bytes]:
+    """Compiled.compile_many, a span on the calling thread's compiler track where profiling."""
+    srcs = [r.src for r in rendered]
+    if not profile.enabled():
+        return [device.compile(srcs[0])] if len(srcs) == 1 else device.compile_many(srcs)
+    names = [r.kernel.name for r in rendered]
+    title = names[0] if len(names) == 1 else f"{len(names)} kernels"
+    with profile.timed(profile.thread_track("compile"), title, "compile", device=device.name, kernels=names):
+        return [device.compile(srcs[0])] if len(srcs) == 1 else device.compile_many(srcs)
 
 
 def _print_plan(ast: UOp, device: Compiled, chosen: list[Opt] | None) -> None:

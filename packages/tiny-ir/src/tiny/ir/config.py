@@ -132,6 +132,13 @@ LDMATRIX = _flag(
     1,
     "CUDA C reads 16-bit tensor-core fragments from shared memory with ldmatrix; 0: one load per element",
 )
+PROFILE = _flag(
+    "PROFILE",
+    str,
+    "",
+    "1: record every schedule, render, compile, kernel launch and copy (each kernel waited for and timed) and write "
+    "them as Chrome trace-event JSON at exit, to tiny_profile_<pid>.json in the temporary folder; a path: write there",
+)
 REPLAY_RECORD = _flag(
     "REPLAY_RECORD",
     str,

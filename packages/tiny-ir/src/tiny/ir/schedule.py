@@ -17,7 +17,7 @@ import math
 import operator
 from dataclasses import dataclass
 
-from tiny.ir import sint
+from tiny.ir import profile, sint
 from tiny.ir.config import SCHEDULE_CACHE
 from tiny.ir.device import buffer_of, device_computes, new_buffer, new_buffer_view, opened_caps
 from tiny.ir.dtypes import dtypes, truncate
@@ -488,6 +488,16 @@ def create_schedule(targets: list[UOp]) -> Schedule:
     the structure of one scheduled before (other input buffers) takes that schedule from the cache, rebound.
     Symbolic sizes are scheduled unbound (the schedule of `x[:pos]` is one for every value of pos): the values go
     with the schedule (var_vals), and what the targets become is bound again."""
+    if profile.enabled():
+        with profile.timed("schedule", "schedule", "schedule") as args:
+            sched = _create_schedule(targets)
+            args["kernels"] = sum(1 for i in sched.items if i.ast.op is Ops.SINK)
+            args["copies"] = len(sched.items) - args["kernels"]
+        return sched
+    return _create_schedule(targets)
+
+
+def _create_schedule(targets: list[UOp]) -> Schedule:
     if binds_made() and (unbound := _unbind(targets)) is not None:
         plain, names, var_vals = unbound
         return _rebind(_schedule(plain), names, var_vals)

@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
+from tiny.ir import profile
 from tiny.ir.device import Buffer, Device, GraphLaunch, buffer_of
 from tiny.ir.schedule import is_realized, rebind_graph
 from tiny.ir.sint import highest, unbind_size
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.creation import RNG
-from tiny.tensor.realize import JitError, Launch, capture
+from tiny.tensor.realize import JitError, Launch, _copied, _ran, capture
 from tiny.tensor.shapes import prod
 from tiny.tensor.tensor import Tensor
 
@@ -297,11 +299,17 @@ def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> A
                 "the replay would read it while overwriting it. Pass a copy (t.contiguous()) or a new tensor."
             )
     handles = [b.ensure_allocated().opaque for b in new]
-    if rec.graph is not None:  # one submission: each launch's arguments, with the new inputs patched in
+    if profile.enabled():  # each launch on its own, waited for and timed
+        _replay_profiled(rec, handles, dict(zip(rec.inputs, new)), {v.arg[0]: n for v, n in values.items()})
+    elif rec.graph is not None:  # one submission: each launch's arguments, with the new inputs patched in
         rec.graph([_patched(args, patches, handles) for args, patches in zip(rec.args, rec.patches)])
-        return _rebuild(rec.outputs, dict(zip(rec.inputs, tensors)))
-    swap = dict(zip(rec.inputs, new))
-    by_name = {v.arg[0]: n for v, n in values.items()}
+    else:
+        _replay_launches(rec, handles, dict(zip(rec.inputs, new)), {v.arg[0]: n for v, n in values.items()})
+    outputs = _rebound(rec.outputs, values) if rec.variables else rec.outputs
+    return _rebuild(outputs, dict(zip(rec.inputs, tensors)))
+
+
+def _replay_launches(rec: _Recording, handles: list[Any], swap: dict[Buffer, Buffer], by_name: dict[str, int]) -> None:
     for ln, args, patches in zip(rec.launches, rec.args, rec.patches):
         if ln.program is None:  # a copy between devices
             dest, src = (swap.get(b, b) for b in ln.buffers)
@@ -317,8 +325,22 @@ def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> A
             ln.runner(*args, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals)  # type: ignore[misc]
         else:
             ln.launch(*args)  # type: ignore[misc]  (a kernel's launch)
-    outputs = _rebound(rec.outputs, values) if rec.variables else rec.outputs
-    return _rebuild(outputs, dict(zip(rec.inputs, tensors)))
+
+
+def _replay_profiled(rec: _Recording, handles: list[Any], swap: dict[Buffer, Buffer], by_name: dict[str, int]) -> None:
+    """_replay_launches with each launch waited for and recorded as a span (tiny.ir.profile)."""
+    for ln, args, patches in zip(rec.launches, rec.args, rec.patches):
+        start = time.perf_counter()
+        if ln.program is None:
+            dest, src = (swap.get(b, b) for b in ln.buffers)
+            dest.copy_from(src)
+            _copied(dest, src, start, time.perf_counter() - start, False, True)
+            continue
+        prog, args = ln.program, _patched(args, patches, handles)
+        vals = tuple(by_name[n] for n in prog.var_names)
+        runner: Any = ln.runner
+        seconds = runner(*args, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals, wait=True)
+        _ran(prog, vals, start, seconds, False, True)
 
 
 def _rebound(x: Any, values: dict[UOp, int]) -> Any:

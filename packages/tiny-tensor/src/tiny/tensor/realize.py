@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from tiny.codegen import get_program, get_programs
+from tiny.ir import profile
 from tiny.ir.config import BEAM, DEBUG, NOOPT
 from tiny.ir.device import Buffer, CompiledProgram, Device, Program
 from tiny.ir.schedule import ScheduleItem
@@ -134,7 +135,8 @@ def _values(prog: CompiledProgram, var_vals: dict[str, int] | None) -> tuple[int
 
 def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = None) -> None:
     """Run a schedule's steps in order; var_vals: the value of each Variable its kernels take (by name)."""
-    debug, built = DEBUG.value, programs()
+    debug, built, profiling = DEBUG.value, programs(), profile.enabled()
+    timed = debug >= 2 or profiling  # each launch waited for and timed (DEBUG=2 prints it, PROFILE records it)
     if debug >= 1 and items:
         kernels = sum(1 for i in items if i.ast.op is Ops.SINK)
         print(f"schedule: {kernels} kernel(s), {len(items) - kernels} copy(ies)")
@@ -148,9 +150,8 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
             GlobalCounters.copies += 1
             if _captures:
                 _captures[-1].append(Launch((out, src)))
-            if debug >= 2:
-                ms = (time.perf_counter() - start) * 1e3
-                print(f"*** copy {src.device} -> {out.device} {out.nbytes / 1e6:9.3f} MB {ms:8.3f} ms")
+            if timed:
+                _copied(out, src, start, time.perf_counter() - start, debug >= 2, profiling)
             continue
         device = buffers[0].device
         if (found := built.get((ast, device))) is None:
@@ -160,24 +161,38 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
         if prog.var_names:  # a kernel over symbolic sizes: their values are its integer arguments
             vals = _values(prog, var_vals)
             launch = functools.partial(runner, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals)
-        if debug < 2:  # (the usual run: launched, not timed)
+        if not timed:  # (the usual run: launched, not waited for)
             launch(*map(_opaque, buffers))  # (the opaques allocated when first asked for)
-            elapsed = None
-        else:
-            opaques = map(_opaque, buffers)
-            elapsed = runner(*opaques, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals, wait=True)
         if _captures:
             _captures[-1].append(Launch(buffers, prog, runner, launch))
         GlobalCounters.kernels += 1
         GlobalCounters.flops += prog.flops
         GlobalCounters.mem_bytes += prog.mem_bytes
-        if elapsed is not None:
+        if timed:
+            opaques, start = map(_opaque, buffers), time.perf_counter()
+            elapsed = runner(*opaques, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals, wait=True)
             GlobalCounters.time_s += elapsed
-            if debug >= 2:
-                gflops = prog.flops / elapsed / 1e9 if elapsed > 0 else 0.0
-                gbs = prog.mem_bytes / elapsed / 1e9 if elapsed > 0 else 0.0
-                at = f" with {', '.join(f'{n}={v}' for n, v in zip(prog.var_names, vals))}" if vals else ""
-                print(
-                    f"*** {device:<8} {GlobalCounters.kernels:4d} {prog.name:<28} "
-                    f"{elapsed * 1e3:9.3f} ms {gflops:9.2f} GFLOPS {gbs:8.2f} GB/s{at}"
-                )
+            _ran(prog, vals, start, elapsed, debug >= 2, profiling)
+
+
+def _ran(prog: CompiledProgram, vals: tuple[int, ...], start: float, seconds: float, show: bool, keep: bool) -> None:
+    """A timed kernel launch: printed (DEBUG=2) and/or recorded as a span on its device's track (PROFILE)."""
+    gflops = prog.flops / seconds / 1e9 if seconds > 0 else 0.0
+    if show:
+        gbs = prog.mem_bytes / seconds / 1e9 if seconds > 0 else 0.0
+        at = f" with {', '.join(f'{n}={v}' for n, v in zip(prog.var_names, vals))}" if vals else ""
+        print(
+            f"*** {prog.device:<8} {GlobalCounters.kernels:4d} {prog.name:<28} "
+            f"{seconds * 1e3:9.3f} ms {gflops:9.2f} GFLOPS {gbs:8.2f} GB/s{at}"
+        )
+    if keep:
+        args = {"global_size": str(prog.grid(vals)), "local_size": str(prog.local_size), "GFLOPS": round(gflops, 3)}
+        args |= {"flops": prog.flops, "bytes": prog.mem_bytes} | dict(zip(prog.var_names, vals))
+        profile.span(prog.device, prog.name, "kernel", start, seconds, **args)
+
+
+def _copied(out: Buffer, src: Buffer, start: float, seconds: float, show: bool, keep: bool) -> None:
+    if show:
+        print(f"*** copy {src.device} -> {out.device} {out.nbytes / 1e6:9.3f} MB {seconds * 1e3:8.3f} ms")
+    if keep:
+        profile.span(out.device, f"copy {src.device} -> {out.device}", "copy", start, seconds, bytes=out.nbytes)
