@@ -15,7 +15,7 @@ from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, kernel_name, lower
 from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from tiny.codegen.program import Rendered, render_for, render_kernel, to_program
-from tiny.ir import profile
+from tiny.ir import profile, viz
 from tiny.ir.config import BEAM, DEBUG, NOOPT
 from tiny.ir.device import Compiled, CompiledProgram, usable_cores
 from tiny.ir.uop import UOp
@@ -42,7 +42,8 @@ def choose_opts(ast: UOp, device: Compiled) -> list[Opt] | None:
     if NOOPT:
         return []
     if BEAM.value > 0:
-        return beam_search(ast, device, BEAM.value)
+        with viz.paused():  # (its candidates are not what a VIZ user looks for: the winner is rendered again)
+            return beam_search(ast, device, BEAM.value)
     return None
 
 

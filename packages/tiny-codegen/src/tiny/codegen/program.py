@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
-from tiny.codegen.lower import LoweredKernel, lower
+from tiny.codegen.lower import LoweredKernel, kernel_name, lower
 from tiny.codegen.narrow import narrow_loops
 from tiny.codegen.opt import Kernel, Opt
 from tiny.codegen.vectorize import VectorTarget, vectorize
+from tiny.ir import viz
 from tiny.ir.config import DEBUG, REPLAY_RECORD
 from tiny.ir.device import Compiled, CompiledProgram, Renderer, RendererCaps
 from tiny.ir.dtypes import PtrDType
@@ -28,6 +29,7 @@ class Rendered:
     kernel: LoweredKernel
     uops: list[UOp]
     src: str
+    opts: tuple[Opt, ...] = ()  # the optimization actions applied (the rules' where none were given)
 
 
 # where the rules' actions make a kernel of more ops than this (lowered and simplified), they choose again with fewer
@@ -46,16 +48,33 @@ def render_kernel(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = ()) -
 def render_for(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) -> Rendered:
     """render_kernel for a renderer alone, no device: what compile-only tests of a GPU that is not here use.
     opts None: the hand-written rules' actions for the renderer's caps, held to CODE_OPS ops."""
+    if not viz.enabled():
+        return _render(ast, renderer, opts)
+    with viz.group("kernel", kernel_name(ast), renderer=f"{type(renderer).__name__} {renderer.target}".strip()) as g:
+        r = _render(ast, renderer, opts)
+        if g is not None:
+            g.info |= {"actions": [repr(o) for o in r.opts], "chosen_by": "given" if opts is not None else "the rules"}
+            g.info |= {
+                "global_size": str(r.kernel.global_size),
+                "local_size": str(r.kernel.local_size),
+                "source": r.src,
+            }
+    return r
+
+
+def _render(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None) -> Rendered:
     if opts is None:
         kernel, sink, chosen = _lowered_by_rules(ast, renderer.caps)
     else:
-        kernel, chosen = lower(ast, renderer.caps, opts), list(opts)  # loops or hardware ids, lanes, index math
+        kernel, chosen = _lower(ast, renderer.caps, list(opts)), list(opts)
         sink = _simplified(kernel, renderer.caps)
     uops = linearize(sink)  # place each op in its loop, in execution order
+    if viz.recording():
+        viz.step("linearize", sink, uops)
     validate(uops)  # only device ops, each well formed
     if DEBUG >= 5:
         print(format_uops(uops))
-    rendered = Rendered(kernel, uops, renderer.render(kernel.name, uops))
+    rendered = Rendered(kernel, uops, renderer.render(kernel.name, uops), tuple(chosen))
     if REPLAY_RECORD:  # process replay is recording (python -m tiny.replay record)
         from tiny.replay import record_kernel
 
@@ -63,11 +82,21 @@ def render_for(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) 
     return rendered
 
 
+def _lower(ast: UOp, caps: RendererCaps, opts: list[Opt]) -> LoweredKernel:
+    kernel = lower(ast, caps, opts)  # loops or hardware ids, lanes, index math, REDUCEs
+    if viz.recording():
+        viz.step(f"lower {opts}", ast, kernel.sink)
+    return kernel
+
+
 def _simplified(kernel: LoweredKernel, caps: RendererCaps) -> UOp:
     memo = kernel.simplified  # (what lowering simplified already: each pass of the symbolic rules adds to it)
-    sink = graph_rewrite(kernel.sink, symbolic, memo=memo)  # simplify index math and fold constants
-    sink = narrow_loops(sink, caps)  # sums skip the iterations whose every lane reads padding (CPUs)
-    return graph_rewrite(sink, vectorize, ctx=VectorTarget(caps.vector_width * 4, memo))  # lanes alike: vector ops
+    sink = graph_rewrite(kernel.sink, symbolic, memo=memo, name="symbolic")  # simplify index math and fold constants
+    narrowed = narrow_loops(sink, caps)  # sums skip the iterations whose every lane reads padding (CPUs)
+    if viz.recording() and narrowed is not sink:
+        viz.step("narrow loops", sink, narrowed)
+    # lanes alike: vector ops
+    return graph_rewrite(narrowed, vectorize, ctx=VectorTarget(caps.vector_width * 4, memo), name="vectorize")
 
 
 def _lowered_by_rules(ast: UOp, caps: RendererCaps) -> tuple[LoweredKernel, UOp, list[Opt]]:
@@ -77,7 +106,7 @@ def _lowered_by_rules(ast: UOp, caps: RendererCaps) -> tuple[LoweredKernel, UOp,
     base, max_lanes = Kernel(ast, caps), None
     while True:
         opts = hand_opts(base, max_lanes)
-        kernel = lower(ast, caps, opts)
+        kernel = _lower(ast, caps, opts)
         sink = _simplified(kernel, caps)
         size, lanes = len(sink.toposort), base.copy().apply_opts(opts).lanes()
         if DEBUG >= 3:

@@ -139,6 +139,14 @@ PROFILE = _flag(
     "1: record every schedule, render, compile, kernel launch and copy (each kernel waited for and timed) and write "
     "them as Chrome trace-event JSON at exit, to tiny_profile_<pid>.json in the temporary folder; a path: write there",
 )
+VIZ = _flag(
+    "VIZ",
+    str,
+    "",
+    "1: record each schedule and kernel pass by pass and serve the web page of tiny.viz on 127.0.0.1 (the port is "
+    "printed), until Ctrl-C after the script ends; a path: save the trace there at exit, for python -m tiny.viz PATH",
+)
+VIZ_PORT = _flag("VIZ_PORT", int, 0, "the port VIZ=1 serves on; 0: a free one")
 REPLAY_RECORD = _flag(
     "REPLAY_RECORD",
     str,

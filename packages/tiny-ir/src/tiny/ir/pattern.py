@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 from collections.abc import Callable
 from typing import Any
 
+from tiny.ir import viz
 from tiny.ir.dtypes import DType
 from tiny.ir.uop import GroupOp, Ops, UOp
 
@@ -196,10 +198,32 @@ class PatternMatcher:
                     return out
         return None
 
+    def rewrite_noting(self, u: UOp, ctx: Any, fired: list[tuple[Callable, UOp, UOp]]) -> UOp | None:
+        """rewrite, adding (the rule's function, u, what u became) to `fired` when a rule applies (for VIZ)."""
+        for pat, fn, wants_ctx, whole in self._by_kind[u.op].get(u.dtype) or self._rules_for(u.op, u.dtype):
+            for binding in ({} if pat.name is None else {pat.name: u},) if whole else pat.match(u, {}):
+                out = fn(ctx=ctx, **binding) if wants_ctx else fn(**binding)
+                if out is not None and out is not u:
+                    fired.append((fn, u, out))
+                    return out
+        return None
 
-def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, memo: dict[UOp, UOp] | None = None) -> UOp:
+
+def graph_rewrite(
+    root: UOp, pm: PatternMatcher, ctx: Any = None, memo: dict[UOp, UOp] | None = None, name: str | None = None
+) -> UOp:
     """Rewrite bottom-up until no rule applies anywhere: sources first, then the node, again and again.
-    memo, when given, is filled with what each node of the graph became."""
+    memo, when given, is filled with what each node of the graph became. name: the pass's name, under which VIZ
+    records the graph before and after and each rule that fired."""
+    if name is not None and viz.recording():
+        fired: list[tuple[Callable, UOp, UOp]] = []
+        out = _rewrite(root, functools.partial(pm.rewrite_noting, fired=fired), ctx, memo)
+        viz.step(name, root, out, fired)
+        return out
+    return _rewrite(root, pm.rewrite, ctx, memo)
+
+
+def _rewrite(root: UOp, rewrite: Callable[[UOp, Any], UOp | None], ctx: Any, memo: dict[UOp, UOp] | None) -> UOp:
     done: dict[UOp, UOp] = {} if memo is None else memo
     # stack entries: (node, stage, rewritten form); stage 0 = visit sources, 1 = rewrite, 2 = adopt result
     stack: list[tuple[UOp, int, UOp | None]] = [(root, 0, None)]
@@ -213,7 +237,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, memo: dict[UOp
         elif stage == 1:
             src = tuple([done[s] for s in node.src])
             rebuilt = node if src == node.src else UOp(node.op, node.dtype, src, node.arg)
-            out = pm.rewrite(rebuilt, ctx)
+            out = rewrite(rebuilt, ctx)
             if out is None:
                 done[node] = done[rebuilt] = rebuilt
             else:

@@ -17,7 +17,7 @@ import math
 import operator
 from dataclasses import dataclass
 
-from tiny.ir import profile, sint
+from tiny.ir import profile, sint, viz
 from tiny.ir.config import SCHEDULE_CACHE
 from tiny.ir.device import buffer_of, device_computes, new_buffer, new_buffer_view, opened_caps
 from tiny.ir.dtypes import dtypes, truncate
@@ -488,13 +488,22 @@ def create_schedule(targets: list[UOp]) -> Schedule:
     the structure of one scheduled before (other input buffers) takes that schedule from the cache, rebound.
     Symbolic sizes are scheduled unbound (the schedule of `x[:pos]` is one for every value of pos): the values go
     with the schedule (var_vals), and what the targets become is bound again."""
-    if profile.enabled():
-        with profile.timed("schedule", "schedule", "schedule") as args:
-            sched = _create_schedule(targets)
-            args["kernels"] = sum(1 for i in sched.items if i.ast.op is Ops.SINK)
-            args["copies"] = len(sched.items) - args["kernels"]
-        return sched
+    if profile.enabled() or viz.enabled():
+        return _create_schedule_seen(targets)
     return _create_schedule(targets)
+
+
+def _create_schedule_seen(targets: list[UOp]) -> Schedule:
+    """create_schedule, a span of PROFILE and a group of VIZ (the graph before and after each pass)."""
+    with profile.timed("schedule", "schedule", "schedule") as args, viz.group("schedule", "schedule") as seen:
+        sched = _create_schedule(targets)
+        args["kernels"] = kernels = sum(1 for i in sched.items if i.ast.op is Ops.SINK)
+        args["copies"] = len(sched.items) - kernels
+    if seen is not None:
+        seen.name = f"schedule: {kernels} kernels, {len(sched.items) - kernels} copies"
+        if not seen.steps:
+            seen.info["note"] = "the cached schedule of a graph of the same structure, rebound (SCHEDULE_CACHE)"
+    return sched
 
 
 def _create_schedule(targets: list[UOp]) -> Schedule:
@@ -565,9 +574,12 @@ def _plan(targets: list[UOp]) -> Schedule:
     given = UOp(Ops.SINK, src=tuple(_as_data_view(t) for t in targets))
     memos: list[dict[UOp, UOp]] = [{}, {}, {}]
     # values on data-only devices become buffer views; big reductions into few outputs split in two
-    prepared = graph_rewrite(given, prepare, memo=memos[0])
-    sink = graph_rewrite(prepared, lift_reshapes, ctx={}, memo=memos[1])  # reshapes of reductions rise to the root
-    sink = read_copies(sink, memos[2])
+    prepared = graph_rewrite(given, prepare, memo=memos[0], name="prepare")
+    # reshapes of reductions rise to the root
+    lifted = graph_rewrite(prepared, lift_reshapes, ctx={}, memo=memos[1], name="lift reshapes")
+    sink = read_copies(lifted, memos[2])
+    if viz.recording():
+        viz.step("read copies", lifted, sink)
     forced: set[UOp] = set()
     plain: set[UOp] = set()  # values a later kernel cannot view in another layout than their own
     while True:
@@ -618,6 +630,8 @@ def _plan(targets: list[UOp]) -> Schedule:
     fresh = tuple(buffers[u] for u in order if u.op is not Ops.ASSIGN)
     items = [ScheduleItem(ast, tuple(map(buffer_of, bufs))) for ast, bufs in steps]
     reads = tuple(u for u in given.toposort if u.op is Ops.BUFFER)
+    if viz.recording():
+        viz.step("kernels", sink, [item.ast for item in items])
     return Schedule(items, becomes, renamed, fresh, reads)
 
 
