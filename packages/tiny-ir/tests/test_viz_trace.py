@@ -60,6 +60,7 @@ def test_a_named_pass_records_its_graphs_and_each_rule_that_fired() -> None:
     line = _drop_add_zero.__code__.co_firstlineno
     assert step["rules"][0] == {
         "rule": f"test_viz_trace.py:{line}",
+        "pattern": "UPat(ADD as a)",
         "code": "def _drop_add_zero(a: UOp) -> UOp | None:",
         "before": "ADD int32",
         "after": "DEFINE_VAR int32 ('x', 0, 9)",

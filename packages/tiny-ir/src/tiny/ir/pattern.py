@@ -198,13 +198,13 @@ class PatternMatcher:
                     return out
         return None
 
-    def rewrite_noting(self, u: UOp, ctx: Any, fired: list[tuple[Callable, UOp, UOp]]) -> UOp | None:
-        """rewrite, adding (the rule's function, u, what u became) to `fired` when a rule applies (for VIZ)."""
+    def rewrite_noting(self, u: UOp, ctx: Any, fired: list[tuple[UPat, Callable, UOp, UOp]]) -> UOp | None:
+        """rewrite, adding (the rule's pattern and function, u, what u became) to `fired` when one applies (VIZ)."""
         for pat, fn, wants_ctx, whole in self._by_kind[u.op].get(u.dtype) or self._rules_for(u.op, u.dtype):
             for binding in ({} if pat.name is None else {pat.name: u},) if whole else pat.match(u, {}):
                 out = fn(ctx=ctx, **binding) if wants_ctx else fn(**binding)
                 if out is not None and out is not u:
-                    fired.append((fn, u, out))
+                    fired.append((pat, fn, u, out))
                     return out
         return None
 
@@ -216,7 +216,7 @@ def graph_rewrite(
     memo, when given, is filled with what each node of the graph became. name: the pass's name, under which VIZ
     records the graph before and after and each rule that fired."""
     if name is not None and viz.recording():
-        fired: list[tuple[Callable, UOp, UOp]] = []
+        fired: list[tuple[UPat, Callable, UOp, UOp]] = []
         out = _rewrite(root, functools.partial(pm.rewrite_noting, fired=fired), ctx, memo)
         viz.step(name, root, out, fired)
         return out

@@ -99,8 +99,8 @@ def recording() -> bool:
 
 
 def step(name: str, before: UOp | Sequence[UOp] | None, after: UOp | Sequence[UOp], fired: Sequence = ()) -> None:
-    """A pass of the open group: the graph before and after it, and the rules that fired as (rule function, node,
-    what it became)."""
+    """A pass of the open group: the graph before and after it, and the rules that fired as (pattern, rule function,
+    node, what it became)."""
     if not (stack := getattr(_local, "open", None)):
         return
     stack[-1].steps.append(
@@ -108,15 +108,16 @@ def step(name: str, before: UOp | Sequence[UOp] | None, after: UOp | Sequence[UO
             "name": name,
             "before": None if before is None else graph(before),
             "after": graph(after),
-            "rules": [_fired(fn, old, new) for fn, old, new in fired],
+            "rules": [_fired(pat, fn, old, new) for pat, fn, old, new in fired],
         }
     )
 
 
-def _fired(fn: Callable, old: UOp, new: UOp) -> dict[str, Any]:
+def _fired(pat: Any, fn: Callable, old: UOp, new: UOp) -> dict[str, Any]:
     code = getattr(fn, "__code__", None)
     where = f"{Path(code.co_filename).name}:{code.co_firstlineno}" if code is not None else repr(fn)
-    return {"rule": where, "code": _source_line(code), "before": _label(old), "after": _label(new)}
+    rule = {"rule": where, "pattern": repr(pat), "code": _source_line(code)}
+    return rule | {"before": _label(old), "after": _label(new)}
 
 
 def _source_line(code: Any) -> str:

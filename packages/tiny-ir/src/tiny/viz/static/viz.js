@@ -89,7 +89,7 @@ function selectStep(i) {
   rules.replaceChildren();
   for (const r of s.rules) {
     rules.append(el("li", { class: "rule" }, el("b", {}, r.rule), ` ${r.before} \u2192 ${r.after}`,
-      el("code", {}, r.code)));
+      el("code", {}, `${r.pattern}: ${r.code}`)));
   }
   if (!s.rules.length) rules.append(el("li", { class: "rule" }, "(none: a pass that is not rewrite rules, or no rule applied)"));
   showSide(s.before ? state.side : "after");
