@@ -463,3 +463,15 @@ def test_python_m_tiny_ir_device_without_a_compiler(tmp_path: Path) -> None:
     else:
         assert row.split()[1] == "no" and "clang" in row and "gcc" in row
         assert "default device: CPU" not in r.stdout
+
+
+def test_the_cpu_flags_are_declared_here_and_fail_at_import_when_they_do_not_parse() -> None:
+    """THREADS and CC belong to this runtime (tiny.ir.config.flag in tiny.runtime.cpu); a THREADS that does not
+    parse fails when the runtime is imported, naming the flag, its type and the value."""
+    from tiny.ir.config import FLAGS
+
+    assert FLAGS["THREADS"] is cpu.THREADS and FLAGS["CC"] is cpu.CC
+    env = os.environ | {"THREADS": "four", "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", "import tiny.runtime.cpu"], env=env, capture_output=True, text=True)
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1].startswith("ValueError: environment flag THREADS='four': expected int")

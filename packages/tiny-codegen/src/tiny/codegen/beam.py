@@ -22,12 +22,14 @@ from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.lower import kernel_name
 from tiny.codegen.opt import Kernel, KernelOptError, Kind, Opt, OptOps
 from tiny.codegen.program import Rendered, render_kernel, to_program
-from tiny.ir.config import BEAM_BUDGET
+from tiny.ir.config import flag
 from tiny.ir.device import Compiled, CompiledProgram, CompileError, usable_cores
 from tiny.ir.diskcache import cache_get, cache_put
 from tiny.ir.dtypes import PtrDType
 from tiny.ir.sint import kernel_variables
 from tiny.ir.uop import Ops, UOp
+
+BEAM_BUDGET = flag("BEAM_BUDGET", int, 60, "seconds a BEAM search may spend on one kernel")
 
 AMOUNTS = (0, 2, 3, 4, 5, 7, 8, 16, 32)  # 0: the whole part
 REPEATS = 3  # timed runs per candidate; the fastest counts

@@ -19,11 +19,18 @@ from dataclasses import replace
 
 from tiny.codegen.cstyle import GPUCStyleRenderer, target_fields
 from tiny.codegen.ldmatrix import MatrixLoad, matrix_loads
-from tiny.ir.config import LDMATRIX
+from tiny.ir.config import flag
 from tiny.ir.device import RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
 from tiny.ir.uop import Ops, UOp
+
+LDMATRIX = flag(
+    "LDMATRIX",
+    int,
+    1,
+    "CUDA C reads 16-bit tensor-core fragments from shared memory with ldmatrix; 0: one load per element",
+)
 
 _HALF_BITS = frozenset({dtypes.float16, dtypes.bfloat16})
 

@@ -12,7 +12,7 @@ from tiny.codegen.narrow import narrow_loops
 from tiny.codegen.opt import Kernel, Opt
 from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir import viz
-from tiny.ir.config import DEBUG, REPLAY_RECORD
+from tiny.ir.config import DEBUG, flag
 from tiny.ir.device import Compiled, CompiledProgram, Renderer, RendererCaps
 from tiny.ir.dtypes import PtrDType
 from tiny.ir.pattern import graph_rewrite
@@ -20,6 +20,14 @@ from tiny.ir.spec import validate
 from tiny.ir.symbolic import symbolic
 from tiny.ir.tensorcore import tensor_core
 from tiny.ir.uop import GroupOp, Ops, UOp
+
+REPLAY_RECORD = flag(
+    "REPLAY_RECORD",
+    str,
+    "",
+    "a folder: every kernel rendered is recorded there (its AST, actions, renderer and source) for process replay; "
+    "set by `python -m tiny.replay record`",
+)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tiny.ir.config import FLAGS, REPLAY_RECORD, Context
+from tiny.codegen.program import REPLAY_RECORD
+from tiny.ir.config import FLAGS, Context
 from tiny.ir.device import Renderer
 from tiny.ir.uop import UOp
 

@@ -76,84 +76,56 @@ class Flag(Generic[T]):
 FLAGS: dict[str, Flag] = {}
 
 
-def _flag(name: str, type_: type[T], default: T, doc: str) -> Flag[T]:
-    flag = Flag(name, type_, default, doc)
-    FLAGS[name] = flag
-    return flag
+def flag(name: str, type_: type[T], default: T, doc: str) -> Flag[T]:
+    """Declare a flag (each package declares its own, in the module that reads it): its name, type, default and what
+    it does. A value in the environment that does not parse as the type fails here, when that module is imported."""
+    if name in FLAGS:
+        raise ValueError(f"flag {name} is declared twice")
+    new = FLAGS[name] = Flag(name, type_, default, doc)
+    _ = new.value
+    return new
 
 
-DEBUG = _flag(
+DEBUG = flag(
     "DEBUG",
     int,
     0,
     "1: devices and schedule sizes; 2: one line per kernel (name, sizes, time, GFLOPS, GB/s); "
     "3: the optimizations applied; 4: generated source; 5: the kernel's linearized UOps",
 )
-DEVICE = _flag("DEVICE", str, "", "default device, e.g. CPU, PYTHON, NULL, CUDA:1; empty picks the fastest present")
-CACHELEVEL = _flag("CACHELEVEL", int, 2, "0: no disk cache of compiled programs; 2: use it")
-CACHEDB = _flag("CACHEDB", str, "", "path of the disk cache database; empty means <user cache dir>/tiny/cache.db")
-TINY_DATA = _flag(
-    "TINY_DATA", str, "", "a folder of datasets (mnist/, fashion-mnist/) that tiny.nn.datasets reads first"
-)
-THREADS = _flag("THREADS", int, 0, "CPU threads one kernel may use; 0: one per core this process may run on")
-NOOPT = _flag("NOOPT", int, 0, "1: no kernel optimizations, every kernel runs as its loops were lowered")
-BEAM = _flag(
+DEVICE = flag("DEVICE", str, "", "default device, e.g. CPU, PYTHON, NULL, CUDA:1; empty picks the fastest present")
+CACHELEVEL = flag("CACHELEVEL", int, 2, "0: no disk cache of compiled programs; 2: use it")
+CACHEDB = flag("CACHEDB", str, "", "path of the disk cache database; empty means <user cache dir>/tiny/cache.db")
+NOOPT = flag("NOOPT", int, 0, "1: no kernel optimizations, every kernel runs as its loops were lowered")
+BEAM = flag(
     "BEAM",
     int,
     0,
     "n > 0: search each kernel's optimizations with a beam of width n, timing candidates on the device; "
     "the winner is cached on disk",
 )
-BEAM_BUDGET = _flag("BEAM_BUDGET", int, 60, "seconds a BEAM search may spend on one kernel")
-SCHEDULE_CACHE = _flag(
+SCHEDULE_CACHE = flag(
     "SCHEDULE_CACHE",
     int,
     1,
     "1: a graph with the structure of one scheduled before (other input buffers) reuses its schedule; 0: schedule "
     "every graph anew; 2: schedule anew and fail where the cached schedule differs (a test of the cache)",
 )
-CC = _flag("CC", str, "", "the C compiler the CPU device uses; empty finds clang, then gcc, on PATH")
-AMD_MOCK = _flag(
-    "AMD_MOCK",
-    str,
-    "",
-    "a gfx target (gfx1100, gfx942 ...): the AMD device talks to a mock kernel driver (tiny.runtime.amd.mock) that "
-    "checks every call and AQL packet and runs kernels on the PYTHON emulator; empty: the real /dev/kfd",
-)
-AMD_IFACE = _flag(
-    "AMD_IFACE",
-    str,
-    "KFD",
-    "how the AMD device reaches the GPU: KFD (the kernel driver, no ROCm library) or HIP (ROCm's libamdhip64)",
-)
-LDMATRIX = _flag(
-    "LDMATRIX",
-    int,
-    1,
-    "CUDA C reads 16-bit tensor-core fragments from shared memory with ldmatrix; 0: one load per element",
-)
-PROFILE = _flag(
+PROFILE = flag(
     "PROFILE",
     str,
     "",
     "1: record every schedule, render, compile, kernel launch and copy (each kernel waited for and timed) and write "
     "them as Chrome trace-event JSON at exit, to tiny_profile_<pid>.json in the temporary folder; a path: write there",
 )
-VIZ = _flag(
+VIZ = flag(
     "VIZ",
     str,
     "",
     "1: record each schedule and kernel pass by pass and serve the web page of tiny.viz on 127.0.0.1 (the port is "
     "printed), until Ctrl-C after the script ends; a path: save the trace there at exit, for python -m tiny.viz PATH",
 )
-VIZ_PORT = _flag("VIZ_PORT", int, 0, "the port VIZ=1 serves on; 0: a free one")
-REPLAY_RECORD = _flag(
-    "REPLAY_RECORD",
-    str,
-    "",
-    "a folder: every kernel rendered is recorded there (its AST, actions, renderer and source) for process replay; "
-    "set by `python -m tiny.replay record`",
-)
+VIZ_PORT = flag("VIZ_PORT", int, 0, "the port VIZ=1 serves on; 0: a free one")
 
 
 def check_environment() -> None:

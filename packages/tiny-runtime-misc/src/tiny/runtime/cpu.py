@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
-from tiny.ir.config import CC, THREADS
+from tiny.ir.config import flag
 from tiny.ir.device import (
     AllocatorCaps,
     Compiled,
@@ -32,6 +32,9 @@ from tiny.ir.device import (
     usable_cores,
 )
 from tiny.runtime.llvm import INSTALL_HINT, LLVMCompiler, LoadedObject, host, llvmlite_present, require_llvmlite
+
+THREADS = flag("THREADS", int, 0, "CPU threads one kernel may use; 0: one per core this process may run on")
+CC = flag("CC", str, "", "the C compiler the CPU device uses; empty finds clang, then gcc, on PATH")
 
 ALIGN = 64  # bytes; one cache line, enough for any vector ISA
 

@@ -30,8 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tiny.ir.config import TINY_DATA, cache_dir
+from tiny.ir.config import cache_dir, flag
 from tiny.tensor import Tensor
+
+TINY_DATA = flag(
+    "TINY_DATA", str, "", "a folder of datasets (mnist/, fashion-mnist/) that tiny.nn.datasets reads first"
+)
 
 __all__ = ["IDX_FILES", "MIRRORS", "DatasetNotFound", "MnistData", "cache_folder", "mnist", "read_mnist"]
 

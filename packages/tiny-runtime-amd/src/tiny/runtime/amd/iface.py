@@ -4,10 +4,17 @@ is opened, so the flag is read then (a `Context(AMD_IFACE="HIP")` applies to dev
 
 from __future__ import annotations
 
-from tiny.ir.config import AMD_IFACE
+from tiny.ir.config import flag
 from tiny.ir.device import Compiled
 from tiny.runtime.amd.hip import HIPDevice
 from tiny.runtime.amd.kfd import AMDDevice
+
+AMD_IFACE = flag(
+    "AMD_IFACE",
+    str,
+    "KFD",
+    "how the AMD device reaches the GPU: KFD (the kernel driver, no ROCm library) or HIP (ROCm's libamdhip64)",
+)
 
 INTERFACES: dict[str, type[Compiled]] = {"KFD": AMDDevice, "HIP": HIPDevice}
 

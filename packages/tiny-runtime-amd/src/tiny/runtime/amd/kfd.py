@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tiny.ir.config import AMD_MOCK
+from tiny.ir.config import flag
 from tiny.ir.device import (
     AllocatorCaps,
     Compiled,
@@ -63,6 +63,14 @@ from tiny.runtime.amd.driver import (
 )
 from tiny.runtime.amd.elf import CodeObjectError, KernelArg, KernelInfo, read_code_object
 from tiny.runtime.amd.mock import MockKFD
+
+AMD_MOCK = flag(
+    "AMD_MOCK",
+    str,
+    "",
+    "a gfx target (gfx1100, gfx942 ...): the AMD device talks to a mock kernel driver (tiny.runtime.amd.mock) that "
+    "checks every call and AQL packet and runs kernels on the PYTHON emulator; empty: the real /dev/kfd",
+)
 
 TIMEOUT_S = 60.0  # how long a wait for the GPU may take before it is called a hang
 KERNARG_ARENA = 4 << 20  # bytes of host-visible memory that kernel arguments are written into, as a ring
