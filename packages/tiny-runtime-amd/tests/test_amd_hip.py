@@ -1,5 +1,5 @@
-"""The HIP device where there is no AMD GPU: the reasons it gives (no libamdhip64; the library but no GPU), the
-choice AMD_IFACE makes for the AMD device, and the kernel arguments it packs from a real code object's metadata.
+"""The HIP device where there is no AMD GPU: the reasons it gives (no libamdhip64; the library but no GPU), that it
+is a device of its own beside AMD, and the kernel arguments it packs from a real code object's metadata.
 Launching needs an AMD GPU: those tests skip with the reason where the device does not start."""
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 from amd_helpers import compile_ir
 
-from tiny.ir.config import Context
+from tiny.ir.config import FLAGS
 from tiny.ir.device import Device, DeviceUnavailable, device_entry_points
 from tiny.runtime.amd import hip
 from tiny.runtime.amd.elf import read_code_object
 from tiny.runtime.amd.hip import HIPDevice, load_library, pack_kernargs
-from tiny.runtime.amd.iface import amd_device_class
 from tiny.runtime.amd.kfd import AMDDevice
 
 
@@ -50,29 +49,11 @@ def test_errors_are_named() -> None:
         lib.check("hipFoo", 1)
 
 
-def test_interface_flag_chooses_the_amd_device() -> None:
-    assert amd_device_class("KFD") is AMDDevice and amd_device_class("hip") is HIPDevice
-    with Context(AMD_IFACE="HIP"):
-        assert amd_device_class() is HIPDevice
-    assert amd_device_class() is AMDDevice  # the default
-    with pytest.raises(ValueError, match="AMD_IFACE='CUDA': expected one of KFD, HIP"):
-        amd_device_class("CUDA")
-
-
-def test_amd_entry_point_follows_the_flag() -> None:
-    """The `AMD` entry point is looked up when the device is opened: the flag then decides (not the registry's cache of
-    opened devices, which tests of the KFD device may fill)."""
-    with Context(AMD_IFACE="HIP"):
-        cls = device_entry_points()["AMD"].load()
-        assert cls is HIPDevice
-        try:
-            cls("AMD", "AMDGPU")
-        except DeviceUnavailable as e:
-            assert "HIP" in str(e) or "hip" in str(e), f"not HIP's reason: {e}"
-        else:
-            pytest.skip("HIP opens a GPU here")
-    with Context(AMD_IFACE="KFD"):
-        assert device_entry_points()["AMD"].load() is AMDDevice
+def test_amd_is_the_kernel_driver_device_and_hip_its_own() -> None:
+    """One name per runtime: `AMD` is the KFD device, `HIP` the HIP one (no flag switches what `AMD` is)."""
+    found = device_entry_points()
+    assert found["AMD"].load() is AMDDevice and found["HIP"].load() is HIPDevice
+    assert "AMD_IFACE" not in FLAGS
 
 
 KERNEL = """

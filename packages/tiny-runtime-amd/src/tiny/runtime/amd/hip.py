@@ -1,13 +1,12 @@
 """The HIP device: AMD GPUs through ROCm's HIP runtime (libamdhip64) over ctypes, the conservative alternative to
 the KFD device. No HIP headers and no Python bindings are needed, only the library.
 
-`HIP` is the first GPU HIP lists, `HIP:1` the second; with AMD_IFACE=HIP the `AMD` device is this one too
-(tiny.runtime.amd.iface). It takes LLVM IR (the AMDGPU renderer, the default) or HIP C, both compiled to code objects
-by the local clang and ld.lld for the GPU's gfx target (LLVM IR by COMGR where they cannot:
-tiny.runtime.amd.compiler); HIP loads a code object with hipModuleLoadData. Kernel arguments are packed where the
-code object's metadata puts them (tiny.runtime.amd.elf) and passed as one buffer (HIP_LAUNCH_PARAM_BUFFER_POINTER);
-HIP fills the hidden ones. Launches go to the null stream and do not wait; `wait=True` times the kernel with a pair
-of events.
+`HIP` is the first GPU HIP lists, `HIP:1` the second (`DEVICE=HIP` makes it the default device). It takes LLVM IR
+(the AMDGPU renderer, the default) or HIP C, both compiled to code objects by the local clang and ld.lld for the
+GPU's gfx target (LLVM IR by COMGR where they cannot: tiny.runtime.amd.compiler); HIP loads a code object with
+hipModuleLoadData. Kernel arguments are packed where the code object's metadata puts them (tiny.runtime.amd.elf)
+and passed as one buffer (HIP_LAUNCH_PARAM_BUFFER_POINTER); HIP fills the hidden ones. Launches go to the null
+stream and do not wait; `wait=True` times the kernel with a pair of events.
 """
 
 from __future__ import annotations
