@@ -38,7 +38,7 @@ def test_every_path_it_names_exists() -> None:
 
 
 def test_the_passes_it_lists_are_the_ones_recorded() -> None:
-    schedule = (ROOT / "packages/tiny-ir/src/tiny/ir/schedule.py").read_text()
+    schedule = (ROOT / "packages/tiny-ir/src/tiny/ir/schedule/scheduler.py").read_text()
     program = (ROOT / "packages/tiny-codegen/src/tiny/codegen/program.py").read_text()
     for name in ("prepare", "lift reshapes", "read copies", "kernels"):
         assert f"`{name}`" in TEXT and (f'name="{name}"' in schedule or f'viz.step("{name}"' in schedule), name

@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
-import tiny.ir.schedule_cache as schedule_cache
+import tiny.ir.schedule.cache as schedule_cache
 from tiny.ir.config import Context
 from tiny.ir.device import Compiled, Device, RendererCaps, buffer_of, new_buffer
 from tiny.ir.dtypes import DType, dtypes
-from tiny.ir.schedule import Schedule, _plan, create_schedule
-from tiny.ir.schedule_cache import SCHEDULES, ScheduleMismatch, Template, structure_of
+from tiny.ir.schedule import Schedule, create_schedule
+from tiny.ir.schedule.cache import SCHEDULES, ScheduleMismatch, Template, structure_of
+from tiny.ir.schedule.scheduler import _plan
 from tiny.ir.uop import Ops, UOp
 
 f32 = dtypes.float32

@@ -1,4 +1,4 @@
-"""Tensors computed through the schedule cache (tiny.ir.schedule_cache) on every device under test.
+"""Tensors computed through the schedule cache (tiny.ir.schedule.cache) on every device under test.
 
 Each case runs three times on new inputs: the first schedules its graph, the later ones take that schedule from
 the cache. With SCHEDULE_CACHE=2 every later run also schedules anew and fails unless the cached schedule is the
@@ -15,7 +15,7 @@ import pytest
 from tensor_helpers import assert_matches, small
 
 from tiny.ir.config import Context
-from tiny.ir.schedule_cache import SCHEDULES
+from tiny.ir.schedule.cache import SCHEDULES
 from tiny.tensor import Tensor, dtypes
 
 Case = tuple[Callable[..., Tensor], Callable[..., np.ndarray], tuple[tuple[int, ...], ...]]

@@ -13,7 +13,7 @@ from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.opt import Kernel, Kind
 from tiny.codegen.program import render_for
 from tiny.ir.device import RendererCaps
-from tiny.ir.schedule_cache import ScheduleItem
+from tiny.ir.schedule.cache import ScheduleItem
 from tiny.ir.uop import Ops
 from tiny.tensor import Tensor
 

@@ -197,7 +197,7 @@ def test_debug_shows_the_values_of_each_launch(
 
 
 def test_the_schedule_cache_keys_on_structure_not_values() -> None:
-    from tiny.ir.schedule_cache import SCHEDULES
+    from tiny.ir.schedule.cache import SCHEDULES
 
     x = Tensor(np.arange(40, dtype=np.float32).reshape(4, 10)).realize()
     pos = Variable("pos", 1, 10)

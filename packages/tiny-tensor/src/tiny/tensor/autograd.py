@@ -27,7 +27,7 @@ _WRITTEN = "autograd.written"
 _GRAD_PATH = "autograd.grad_path"  # on a BUFFER a leaf with requires_grad holds, or that a recorded view holds
 _COMPUTED: LiveSet[UOp] = LiveSet()  # the views with a record, in the order they were made (for _read_computed)
 _clock = itertools.count(1)
-_ASSIGN = Ops.ASSIGN  # (an Enum member as a global: see tiny.ir.schedule._BUFFER)
+_ASSIGN = Ops.ASSIGN  # (an Enum member as a global: see tiny.ir.schedule.cache._BUFFER)
 _new_tuple = tuple.__new__
 
 

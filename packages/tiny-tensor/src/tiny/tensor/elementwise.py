@@ -34,7 +34,7 @@ Scalar = int | float | bool
 _SCALARS: dict[tuple, UOp] = {}  # scalar operands broadcast to a shape (see _scalar)
 _SCALARS_KEPT = 512
 # the ops of the arithmetic operators, as globals (an Enum member is found through EnumType's __getattr__ hook on
-# Python 3.11, ten times a global's cost: see tiny.ir.schedule._BUFFER)
+# Python 3.11, ten times a global's cost: see tiny.ir.schedule.cache._BUFFER)
 _ADD, _MUL, _FDIV, _NEG, _CMPLT, _CMPNE = Ops.ADD, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.CMPLT, Ops.CMPNE
 
 

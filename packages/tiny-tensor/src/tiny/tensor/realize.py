@@ -80,7 +80,7 @@ class Built(NamedTuple):
 Programs = dict[tuple[UOp, str], Built]
 _programs_by_opts: dict[tuple[int, int], Programs] = {}  # (NOOPT, BEAM) -> the programs built under those flags
 _opaque = operator.attrgetter("opaque")  # a buffer's memory, allocated when first asked for
-_COPY = Ops.COPY  # (an Enum member as a global: see tiny.ir.schedule._BUFFER)
+_COPY = Ops.COPY  # (an Enum member as a global: see tiny.ir.schedule.cache._BUFFER)
 
 
 def programs() -> Programs:

@@ -183,7 +183,7 @@ def _drop_buffer(entry: _BufferEntry) -> None:
 # be reused), and an id is looked up without making a weak reference (as a WeakKeyDictionary's get does).
 _BUFFERS: dict[int, _BufferEntry] = {}
 _ON_DEVICE: dict[str, tuple[UOp]] = {}  # (the DEVICE node,) by name, kept (a handful): each new BUFFER's sources
-_BUFFER_OP = Ops.BUFFER  # (an Enum member as a global: see tiny.ir.schedule._BUFFER)
+_BUFFER_OP = Ops.BUFFER  # (an Enum member as a global: see tiny.ir.schedule.cache._BUFFER)
 _new_object = object.__new__
 
 

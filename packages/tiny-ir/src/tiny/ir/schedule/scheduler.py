@@ -22,7 +22,7 @@ from tiny.ir.config import SCHEDULE_CACHE
 from tiny.ir.device import buffer_of, device_computes, new_buffer, new_buffer_view, opened_caps
 from tiny.ir.dtypes import dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
-from tiny.ir.schedule_cache import SCHEDULES, Schedule, ScheduleItem, Template, check_same, structure_of
+from tiny.ir.schedule.cache import SCHEDULES, Schedule, ScheduleItem, Template, check_same, structure_of
 from tiny.ir.uop import GroupOp, Ops, UOp, binds_made, evaluate
 from tiny.ir.views import View, strides_for_shape
 
