@@ -32,7 +32,6 @@ from tiny.ir.tensorcore import Fragment
 from tiny.ir.uop import GroupOp, Ops, UOp, evaluate, substitute
 
 # dtypes whose values the code generator packs into vectors, and the reductions that accumulate in one
-VECTOR_DTYPES = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
 VECTOR_REDUCE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX})
 GRID_DIM_MOST = 65535  # workgroups in any grid dim of every GPU device (CUDA's y and z, WebGPU's and HIP's limits)
 
@@ -507,13 +506,6 @@ def identity(op: Ops, dtype: DType) -> int | float | bool:
     return dtype.scalar.min
 
 
-def vector_lanes(caps: RendererCaps, dtype: DType) -> int:
-    """How many values of dtype one hardware vector holds (1: this dtype is not vectorized)."""
-    if dtype not in VECTOR_DTYPES:
-        return 1
-    return max(1, caps.vector_width * 4 // dtype.itemsize)
-
-
 def contiguous(offsets: list[UOp], memo: dict[UOp, UOp] | None = None) -> bool:
     """Whether offsets are first, first+1, first+2 ... for every value of the loop counters. (memo: what the
     simplifier made of each expression so far, for a caller that asks about many offsets of one kernel.)"""
@@ -562,7 +554,7 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     lw.place_outputs()
     buf, view, value = store.src
     upcasts = [i for i, p in enumerate(k.parts) if p.kind is Kind.UPCAST]
-    lanes = vector_lanes(k.caps, value.dtype)
+    lanes = k.caps.vector_lanes(value.dtype)
 
     def address(env: dict[int, UOp]) -> UOp:
         return lw.access(buf, view, lw.out_idxs(env))
@@ -572,7 +564,7 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     if out_vec is None and unrolls and len(k.reductions) == 1 and k.tc is None:
         red = k.reductions[0]
         part, size = unrolls[-1], k.parts[unrolls[-1]].size
-        n = min(size, vector_lanes(k.caps, red.dtype))
+        n = min(size, k.caps.vector_lanes(red.dtype))
         if n >= 2 and size % n == 0 and not n & (n - 1) and red.arg[0] in VECTOR_REDUCE:
             lw.vector_unroll = (part, n)
     stores: list[UOp] = []

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tiny.codegen.lower import VECTOR_DTYPES, VECTOR_REDUCE, contiguous
+from tiny.codegen.lower import VECTOR_REDUCE, contiguous
+from tiny.ir.device import VECTOR_DTYPES
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import PatternMatcher, UPat
 from tiny.ir.uop import Ops, UOp

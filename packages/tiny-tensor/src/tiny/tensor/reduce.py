@@ -12,7 +12,6 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from tiny.codegen.lower import vector_lanes
 from tiny.ir.device import Device
 from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
 from tiny.ir.uop import Ops, UOp
@@ -563,7 +562,7 @@ def _panel_width(device: str, dtype: DType, rows: int, m: int, k: int) -> int:
     caps = Device[device].renderer.caps
     if caps.has_local or dtype not in PANEL_DTYPES or not all(type(x) is int for x in (rows, m, k)):
         return 0  # (nor where a size is symbolic)
-    width = 2 * vector_lanes(caps, dtype)
+    width = 2 * caps.vector_lanes(dtype)
     if m % width or m * k < PANEL_MIN_B or rows < PANEL_MIN_ROWS:
         return 0
     return width

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tiny.codegen.lower import vector_lanes
 from tiny.ir.device import Device
 from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import is_realized
@@ -700,7 +699,7 @@ def _channels_last(x: Tensor, weight: Tensor, out: Sequence[int]) -> bool:
     caps = Device[x.device].renderer.caps
     if caps.has_local or x.dtype not in CHANNELS_LAST_DTYPES or x.dtype != weight.dtype:
         return False
-    lanes, cout = vector_lanes(caps, x.dtype), weight.shape[0]
+    lanes, cout = caps.vector_lanes(x.dtype), weight.shape[0]
     work = x.shape[0] * math.prod(out) * cout * math.prod(weight.shape[1:])
     return lanes > 1 and cout % lanes == 0 and work >= CHANNELS_LAST_MIN_WORK
 

@@ -14,6 +14,7 @@ from tiny.ir.device.buffer import Buffer, buffer_of, device_node, new_buffer, ne
 from tiny.ir.device.interface import (
     INTERFACE_VERSION,
     LIST_HINT,
+    VECTOR_DTYPES,
     Allocator,
     AllocatorCaps,
     Compiled,
@@ -67,6 +68,7 @@ __all__ = [
     "RendererCaps",
     "TensorCore",
     "UnknownDevice",
+    "VECTOR_DTYPES",
     "available",
     "buffer_of",
     "device_computes",

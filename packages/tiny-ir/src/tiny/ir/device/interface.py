@@ -31,6 +31,9 @@ from tiny.ir.uop import UOp
 INTERFACE_VERSION = (1, 6)
 
 
+# the dtypes kernels compute on in hardware vectors (RendererCaps.vector_lanes; the code generator's vector ops)
+VECTOR_DTYPES = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
+
 LIST_HINT = " (`python -m tiny.ir.device` lists the devices that start here, and why the others do not)"
 
 
@@ -66,6 +69,12 @@ class RendererCaps:
     max_buffers: int = 0  # buffers and variables one kernel may bind (WebGPU: the adapter's limit); 0: no limit
     max_loop_iterations: int = 0  # loop iterations one thread may run in all (llvmpipe stops at 65535); 0: no limit
     supports_float_div: bool = True
+
+    def vector_lanes(self, dtype: DType) -> int:
+        """How many values of dtype one hardware vector holds (1: this dtype is not vectorized)."""
+        if dtype not in VECTOR_DTYPES:
+            return 1
+        return max(1, self.vector_width * 4 // dtype.itemsize)
 
 
 class Renderer:
