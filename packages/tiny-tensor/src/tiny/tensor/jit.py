@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from tiny.ir import profile
+from tiny.ir.config import PROFILE
 from tiny.ir.device import Buffer, Device, GraphLaunch, buffer_of
 from tiny.ir.schedule import is_realized, rebind_graph
 from tiny.ir.sint import highest, unbind_size
@@ -299,7 +300,7 @@ def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> A
                 "the replay would read it while overwriting it. Pass a copy (t.contiguous()) or a new tensor."
             )
     handles = [b.ensure_allocated().opaque for b in new]
-    if profile.enabled():  # each launch on its own, waited for and timed
+    if PROFILE.value and profile.enabled():  # each launch on its own, waited for and timed
         _replay_profiled(rec, handles, dict(zip(rec.inputs, new)), {v.arg[0]: n for v, n in values.items()})
     elif rec.graph is not None:  # one submission: each launch's arguments, with the new inputs patched in
         rec.graph([_patched(args, patches, handles) for args, patches in zip(rec.args, rec.patches)])

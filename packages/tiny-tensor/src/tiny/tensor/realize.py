@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from tiny.codegen import get_program, get_programs
 from tiny.ir import profile
-from tiny.ir.config import BEAM, DEBUG, NOOPT
+from tiny.ir.config import BEAM, DEBUG, NOOPT, PROFILE
 from tiny.ir.device import Buffer, CompiledProgram, Device, Program
 from tiny.ir.schedule import ScheduleItem
 from tiny.ir.uop import Ops, UOp
@@ -135,7 +135,7 @@ def _values(prog: CompiledProgram, var_vals: dict[str, int] | None) -> tuple[int
 
 def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = None) -> None:
     """Run a schedule's steps in order; var_vals: the value of each Variable its kernels take (by name)."""
-    debug, built, profiling = DEBUG.value, programs(), profile.enabled()
+    debug, built, profiling = DEBUG.value, programs(), bool(PROFILE.value) and profile.enabled()
     timed = debug >= 2 or profiling  # each launch waited for and timed (DEBUG=2 prints it, PROFILE records it)
     if debug >= 1 and items:
         kernels = sum(1 for i in items if i.ast.op is Ops.SINK)

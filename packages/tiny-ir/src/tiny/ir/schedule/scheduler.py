@@ -18,7 +18,7 @@ import operator
 from dataclasses import dataclass
 
 from tiny.ir import profile, sint, viz
-from tiny.ir.config import SCHEDULE_CACHE
+from tiny.ir.config import PROFILE, SCHEDULE_CACHE, VIZ
 from tiny.ir.device import buffer_of, device_computes, new_buffer, new_buffer_view, opened_caps
 from tiny.ir.dtypes import dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
@@ -488,13 +488,15 @@ def create_schedule(targets: list[UOp]) -> Schedule:
     the structure of one scheduled before (other input buffers) takes that schedule from the cache, rebound.
     Symbolic sizes are scheduled unbound (the schedule of `x[:pos]` is one for every value of pos): the values go
     with the schedule (var_vals), and what the targets become is bound again."""
-    if profile.enabled() or viz.enabled():
+    if PROFILE.value or VIZ.value:  # (two reads of a flag: what watching costs when it is off)
         return _create_schedule_seen(targets)
     return _create_schedule(targets)
 
 
 def _create_schedule_seen(targets: list[UOp]) -> Schedule:
     """create_schedule, a span of PROFILE and a group of VIZ (the graph before and after each pass)."""
+    if not (profile.enabled() or viz.enabled()):  # (PROFILE=0, VIZ=0)
+        return _create_schedule(targets)
     with profile.timed("schedule", "schedule", "schedule") as args, viz.group("schedule", "schedule") as seen:
         sched = _create_schedule(targets)
         args["kernels"] = kernels = sum(1 for i in sched.items if i.ast.op is Ops.SINK)
