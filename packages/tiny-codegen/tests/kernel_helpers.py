@@ -17,6 +17,8 @@ from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, lower
 from tiny.codegen.narrow import narrow_loops
 from tiny.codegen.opt import Opt
+from tiny.codegen.program import render_for
+from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.alu import exec_alu
 from tiny.ir.device import Buffer, RendererCaps, buffer_of, new_buffer
 from tiny.ir.dtypes import DType, dtypes, truncate
@@ -66,6 +68,31 @@ def kernel_uops(ast: UOp, caps: RendererCaps = LOOPS, opts: Sequence[Opt] = ()) 
     uops = linearize(narrow_loops(graph_rewrite(kernel.sink, symbolic), caps))
     validate(uops)
     return kernel, uops
+
+
+def vector_uops(ast: UOp, caps: RendererCaps, opts: Sequence[Opt]) -> list[UOp]:
+    """kernel_uops with vectors formed (the vectorize pass) and no loops narrowed: the ops a renderer is given."""
+    sink = graph_rewrite(
+        graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=VectorTarget(caps.vector_width * 4)
+    )
+    uops = linearize(sink)
+    validate(uops)
+    return uops
+
+
+# a GPU's limits for the compile-only tests of the CUDA C and PTX renderers (an H100's, with a smaller workgroup)
+GPU_TARGET = "arch=sm_90;local_max=1024,1024,64;local_total_max=256;shared_max=49152"
+
+
+def renders_with(renderer: Any) -> Callable[..., tuple[str, LoweredKernel]]:
+    """render(ast, opts=None) for one renderer: the source and the lowered kernel (its launch sizes) that
+    tiny.codegen.render_for makes, after `opts` or the hand-written rules."""
+
+    def render(ast: UOp, opts: list[Opt] | None = None) -> tuple[str, LoweredKernel]:
+        r = render_for(ast, renderer, opts)
+        return r.src, r.kernel
+
+    return render
 
 
 @dataclass

@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 from alu_cases import ALL, EDGE, loop_uops, np_dtype, read, same, to_memory, values
 from cuda_host import Job, compiler, run, run_all
-from kernel_helpers import NUMPY, make_cases, reduce, run_case, tensor
+from kernel_helpers import GPU_TARGET, NUMPY, make_cases, reduce, renders_with, run_case, tensor
 
-from tiny.codegen import render_for
 from tiny.codegen.cuda import CUDARenderer
 from tiny.codegen.linearize import linearize
-from tiny.codegen.lower import LoweredKernel, lower_kernel
+from tiny.codegen.lower import lower_kernel
 from tiny.codegen.opt import Kernel, Opt, OptOps
 from tiny.ir.alu import exec_alu
 from tiny.ir.device import fold_grid
@@ -30,15 +29,12 @@ from tiny.ir.uop import Ops, UOp
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no clang++ here builds C++20 with std::barrier")
 f32, i32 = dtypes.float32, dtypes.int32
-R = CUDARenderer("arch=sm_90;local_max=1024,1024,64;local_total_max=256;shared_max=49152")
+R = CUDARenderer(GPU_TARGET)
 CASES = make_cases()
 ONE = (1, 1, 1)
 
 
-def render(ast: UOp, opts: list[Opt] | None = None) -> tuple[str, LoweredKernel]:
-    """Plan (the hand-written rules unless opts are given), lower, vectorize, linearize and render for the GPU."""
-    r = render_for(ast, R, opts)
-    return r.src, r.kernel
+render = renders_with(R)  # (the hand-written rules unless opts are given)
 
 
 def run_cuda(ast: UOp, arrays: list[np.ndarray], opts: list[Opt] | None = None, misalign: int = 0) -> str:

@@ -9,21 +9,16 @@ import subprocess
 
 import numpy as np
 import pytest
-from kernel_helpers import LOOPS, expand, interpret, move, reduce, tensor
+from kernel_helpers import LOOPS, expand, interpret, move, reduce, tensor, vector_uops
 from test_cstyle import compilers
 
 from tiny.codegen import Kernel, Opt, OptOps
 from tiny.codegen.cstyle import CRenderer
 from tiny.codegen.heuristic import hand_opts
-from tiny.codegen.linearize import linearize
-from tiny.codegen.lower import lower
 from tiny.codegen.opt import Kind
-from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import dtypes
-from tiny.ir.pattern import graph_rewrite
 from tiny.ir.schedule import create_schedule
-from tiny.ir.symbolic import symbolic
 from tiny.ir.uop import Ops, UOp
 
 CPU = RendererCaps(language="C", vector_width=8, threads=2)
@@ -50,13 +45,6 @@ def plain_matmul(m: int, k: int, n: int) -> UOp:
         move(Ops.RESHAPE, move(Ops.PERMUTE, b, (1, 0)), (1, n, k)), (m, n, k)
     )
     return ast_of(move(Ops.RESHAPE, reduce(prod, (2,)), (m, n)))
-
-
-def uops_of(ast: UOp, caps: RendererCaps, opts: list[Opt]) -> list[UOp]:
-    sink = graph_rewrite(
-        graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=VectorTarget(caps.vector_width * 4)
-    )
-    return linearize(sink)
 
 
 def global_order(k: Kernel) -> list[int]:
@@ -88,7 +76,7 @@ def test_plain_matmul_keeps_its_loop_order() -> None:
 
 def test_unrolled_lanes_add_to_the_accumulator_one_at_a_time() -> None:
     ast = plain_matmul(8, 16, 8)
-    uops = uops_of(ast, CPU, [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UNROLL, 1, 4)])
+    uops = vector_uops(ast, CPU, [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UNROLL, 1, 4)])
     (assign,) = [u for u in uops if u.op is Ops.ASSIGN]
     acc, update = assign.src
     chain = []
@@ -104,7 +92,7 @@ def test_a_term_outside_the_loop_is_computed_before_it() -> None:
     it is still loaded before the loop starts."""
     x, y = tensor(4, 8), tensor(4, 1)
     ast = ast_of(move(Ops.RESHAPE, reduce(x + expand(y, (4, 8)), (1,)), (4,)))
-    uops = uops_of(ast, LOOPS, [])
+    uops = vector_uops(ast, LOOPS, [])
     loads = [i for i, u in enumerate(uops) if u.op is Ops.LOAD and u.address.pointer.arg == 2]
     assert loads and loads[0] < next(i for i, u in enumerate(uops) if u.op is Ops.RANGE and u.arg == 1)
     rng = np.random.default_rng(0)
@@ -120,7 +108,7 @@ def test_panel_kernel_compiles_to_fused_multiply_adds() -> None:
     renderer's tiny_fma_* helper, whose pragma allows exactly that fusion."""
     ast = panel_matmul(64, 128, 64)
     r = CRenderer("x86_64;vector_width=8;threads=2;")
-    src = r.render("mm", uops_of(ast, r.caps, hand_opts(Kernel(ast, r.caps))))
+    src = r.render("mm", vector_uops(ast, r.caps, hand_opts(Kernel(ast, r.caps))))
     updates = re.findall(r"(acc\d+) = tiny_fma_float32x8\(.*, \1\);", src)
     assert updates == [f"acc{i}" for i in range(8)] * 4, "the 8 accumulators take the 4 unrolled steps in turns"
     cc = [c for c in compilers() if c != "gcc"][0]
@@ -135,8 +123,8 @@ def test_rows_of_four_are_half_vectors_and_masks_stay_whole() -> None:
     """On AVX2 (8 floats a vector) 4 lanes still make a vector: a 128-bit half. Comparisons and selects do not:
     the renderer's masks are as wide as a whole vector."""
     a, b = tensor(16, 4), tensor(16, 4)
-    uops = uops_of(ast_of(a * b + a), CPU, [Opt(OptOps.UPCAST, 0, 4)])  # (16 x 4 contiguous: one dim)
+    uops = vector_uops(ast_of(a * b + a), CPU, [Opt(OptOps.UPCAST, 0, 4)])  # (16 x 4 contiguous: one dim)
     assert any(u.op is Ops.LOAD and u.dtype.count == 4 for u in uops)
     select = UOp(Ops.WHERE, a.dtype, (UOp(Ops.CMPLT, dtypes.bool, (a, b)), a, b))
-    uops = uops_of(ast_of(select), CPU, [Opt(OptOps.UPCAST, 0, 4)])
+    uops = vector_uops(ast_of(select), CPU, [Opt(OptOps.UPCAST, 0, 4)])
     assert not any(u.dtype.count == 4 for u in uops if u.op in (Ops.CMPLT, Ops.WHERE))

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from kernel_helpers import const, expand, interpret_ast, move, reduce, tensor
+from kernel_helpers import const, expand, interpret_ast, move, reduce, tensor, vector_uops
 from test_cstyle import build, compilers
 
 from tiny.codegen import Kernel, KernelOptError, Opt, OptOps, program
@@ -17,15 +17,10 @@ from tiny.codegen.beam import actions
 from tiny.codegen.cstyle import CRenderer
 from tiny.codegen.heuristic import TILE_NODES, hand_opts
 from tiny.codegen.linearize import linearize
-from tiny.codegen.lower import lower
 from tiny.codegen.opt import Kind, merge_windows
-from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import dtypes
-from tiny.ir.pattern import graph_rewrite
 from tiny.ir.schedule import create_schedule
-from tiny.ir.spec import validate
-from tiny.ir.symbolic import symbolic
 from tiny.ir.uop import Ops, UOp
 
 CPU = RendererCaps(language="C", vector_width=8, threads=4)
@@ -43,15 +38,6 @@ def matmul(m: int, k: int, n: int) -> UOp:
     a, b = tensor(m, k), tensor(k, n)
     prod = expand(move(Ops.RESHAPE, a, (m, k, 1)), (m, k, n)) * expand(move(Ops.RESHAPE, b, (1, k, n)), (m, k, n))
     return ast_of(move(Ops.RESHAPE, reduce(prod, (1,)), (m, n)))
-
-
-def uops_of(ast: UOp, caps: RendererCaps, opts: list[Opt]) -> list[UOp]:
-    sink = graph_rewrite(
-        graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=VectorTarget(caps.vector_width * 4)
-    )
-    uops = linearize(sink)
-    validate(uops)
-    return uops
 
 
 def test_the_plan_of_a_matmul() -> None:
@@ -115,14 +101,14 @@ def test_padto_masks_the_extra() -> None:
     k = Kernel(matmul(13, 17, 9), CPU)
     k.apply(Opt(OptOps.PADTO, 0, 8))
     assert k.padded == {0: 16} and k.axes[0].size == 16
-    uops = uops_of(matmul(13, 17, 9), CPU, [Opt(OptOps.PADTO, 0, 8), Opt(OptOps.PADTO, 2, 8)])
+    uops = vector_uops(matmul(13, 17, 9), CPU, [Opt(OptOps.PADTO, 0, 8), Opt(OptOps.PADTO, 2, 8)])
     stores = [u for u in uops if u.op is Ops.STORE]
     assert all(s.address.gate is not None for s in stores), "padded rows are not written"
     assert any(u.op is Ops.WHERE for u in uops), "padded reduce iterations add the identity"
 
 
 def test_upcast_on_the_contiguous_dim_makes_vectors() -> None:
-    uops = uops_of(matmul(16, 32, 24), CPU, [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 4)])
+    uops = vector_uops(matmul(16, 32, 24), CPU, [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 4)])
     vec = f32.vec(8)
     assert any(u.op is Ops.STORE and u.value.dtype == vec for u in uops)
     assert any(u.op is Ops.LOAD and u.dtype == vec for u in uops), "rows of b load as vectors"
@@ -132,7 +118,7 @@ def test_upcast_on_the_contiguous_dim_makes_vectors() -> None:
 
 def test_unrolled_reduction_accumulates_in_a_vector() -> None:
     x = tensor(4, 64)
-    uops = uops_of(ast_of(reduce(x, (1,))), CPU, [Opt(OptOps.UNROLL, 1, 8)])
+    uops = vector_uops(ast_of(reduce(x, (1,))), CPU, [Opt(OptOps.UNROLL, 1, 8)])
     accs = [u for u in uops if u.op is Ops.DEFINE_ACC]
     assert [a.dtype for a in accs] == [f32.vec(8)]
     assert sum(1 for u in uops if u.op is Ops.GEP) == 8, "the lanes are added up after the loop"
@@ -180,7 +166,7 @@ def test_grouping_needs_exactly_one_reduction() -> None:
 
 def test_group_reduces_through_local_memory() -> None:
     x = tensor(4, 64)
-    uops = uops_of(ast_of(reduce(x, (1,))), GPU, [Opt(OptOps.GROUP, 1, 16)])
+    uops = vector_uops(ast_of(reduce(x, (1,))), GPU, [Opt(OptOps.GROUP, 1, 16)])
     ops = [u.op for u in uops]
     assert Ops.DEFINE_LOCAL in ops and Ops.BARRIER in ops
     assert ops.index(Ops.BARRIER) < max(
@@ -264,7 +250,7 @@ def test_rules_choose_again_with_fewer_lanes_where_the_code_grows_too_big(monkey
 def test_vector_c_compiles() -> None:
     opts = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.THREAD, 0, 2)]
     r = CRenderer("x86_64;vector_width=8;threads=2;")
-    src = r.render("mm", uops_of(matmul(16, 32, 24), r.caps, opts))
+    src = r.render("mm", vector_uops(matmul(16, 32, 24), r.caps, opts))
     assert "float32x8" in src and "tiny_vload_float32x8" in src and "int gidx0" in src
     cc = compilers()[0]
     out = subprocess.run([cc, "-c", "-x", "c", "-", "-o", "/dev/null"], input=src.encode(), capture_output=True)
@@ -279,7 +265,7 @@ def test_comparisons_used_as_numbers_are_vector_selects() -> None:
     out = a.ne(b).ne(const(True, (4, 16), dtypes.bool)).cast(f32) + a.lt(b).cast(f32) * const(2.0, (4, 16))
     ast = ast_of(out)
     r = CRenderer("x86_64;vector_width=8;threads=1;")
-    uops = uops_of(ast, r.caps, [Opt(OptOps.UPCAST, 0, 8)])  # (4 x 16 contiguous: one dim of 64)
+    uops = vector_uops(ast, r.caps, [Opt(OptOps.UPCAST, 0, 8)])  # (4 x 16 contiguous: one dim of 64)
     vec = f32.vec(8)
     assert any(u.op is Ops.WHERE and u.dtype == vec for u in uops)
     assert not any(u.op is Ops.CAST for u in uops), "no comparison is cast lane by lane"

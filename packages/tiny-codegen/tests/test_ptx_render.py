@@ -12,12 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 from alu_cases import ALL, EDGE, loop_uops, read, same, to_memory, values
-from kernel_helpers import NUMPY, make_cases, reduce, run_case, tensor
+from kernel_helpers import GPU_TARGET, NUMPY, make_cases, reduce, renders_with, run_case, tensor
 from ptx_interpreter import PTXError, run
 
-from tiny.codegen import render_for
 from tiny.codegen.linearize import linearize
-from tiny.codegen.lower import LoweredKernel, lower_kernel
+from tiny.codegen.lower import lower_kernel
 from tiny.codegen.opt import Kernel, Opt, OptOps
 from tiny.codegen.ptx import PTXRenderer
 from tiny.ir.alu import exec_alu
@@ -29,14 +28,11 @@ from tiny.ir.symbolic import symbolic
 from tiny.ir.uop import Ops, UOp
 
 f32, i32 = dtypes.float32, dtypes.int32
-R = PTXRenderer("arch=sm_90;local_max=1024,1024,64;local_total_max=256;shared_max=49152")
+R = PTXRenderer(GPU_TARGET)
 CASES = make_cases()
 
 
-def render(ast: UOp, opts: list[Opt] | None = None) -> tuple[str, LoweredKernel]:
-    """Plan (the hand-written rules unless opts are given), lower, vectorize, linearize and render for the GPU."""
-    r = render_for(ast, R, opts)
-    return r.src, r.kernel
+render = renders_with(R)  # (the hand-written rules unless opts are given)
 
 
 def run_ptx(ast: UOp, arrays: list[np.ndarray], opts: list[Opt] | None = None, misalign: int = 0) -> str:

@@ -7,22 +7,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from kernel_helpers import expand, move, reduce, tensor
+from kernel_helpers import expand, move, reduce, tensor, vector_uops
 
 from tiny.codegen import Kernel, KernelOptError, Opt, OptOps
 from tiny.codegen.beam import actions
 from tiny.codegen.heuristic import hand_opts
-from tiny.codegen.linearize import linearize
-from tiny.codegen.lower import lower
 from tiny.codegen.opt import Kind
 from tiny.codegen.program import estimate
-from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
-from tiny.ir.pattern import graph_rewrite
 from tiny.ir.schedule import create_schedule
-from tiny.ir.spec import validate
-from tiny.ir.symbolic import symbolic
 from tiny.ir.tensorcore import tensor_cores_for
 from tiny.ir.uop import Ops, UOp
 
@@ -47,15 +41,6 @@ def matmul(m: int, k: int, n: int, dt: DType = f16, cast_first: bool = False, ou
     x, y = expand(move(Ops.RESHAPE, a, (m, k, 1)), (m, k, n)), expand(move(Ops.RESHAPE, b, (1, k, n)), (m, k, n))
     prod = x.cast(out) * y.cast(out) if cast_first else (x * y).cast(out)
     return ast_of(move(Ops.RESHAPE, reduce(prod, (1,)), (m, n)))
-
-
-def uops_of(ast: UOp, caps: RendererCaps, opts: list[Opt]) -> list[UOp]:
-    sink = graph_rewrite(
-        graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=VectorTarget(caps.vector_width * 4)
-    )
-    uops = linearize(sink)
-    validate(uops)
-    return uops
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -85,7 +70,7 @@ def test_the_code_is_one_wmma_per_tile_accumulating_through_c(target: str, dt: D
     core = caps.tensor_cores[index]
     m, n, kk = core.dims
     opts = [Opt(OptOps.TC, 2, index), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 2)]
-    uops = uops_of(matmul(4 * m, 2 * kk, 2 * n, dt), caps, opts)
+    uops = vector_uops(matmul(4 * m, 2 * kk, 2 * n, dt), caps, opts)
     wmmas = [u for u in uops if u.op is Ops.WMMA]
     assert len(wmmas) == 2 and all(w.arg == core.name for w in wmmas), "two tiles per warp (the upcast)"
     accs = [u for u in uops if u.op is Ops.DEFINE_ACC]
@@ -100,7 +85,7 @@ def test_the_code_is_one_wmma_per_tile_accumulating_through_c(target: str, dt: D
 
 def test_unrolled_steps_of_k_chain_their_wmmas() -> None:
     caps = caps_of("gfx1201")
-    uops = uops_of(matmul(16, 64, 16), caps, [Opt(OptOps.TC, 2, 0), Opt(OptOps.UNROLL, 0, 2)])
+    uops = vector_uops(matmul(16, 64, 16), caps, [Opt(OptOps.TC, 2, 0), Opt(OptOps.UNROLL, 0, 2)])
     first, second = [u for u in uops if u.op is Ops.WMMA]
     (acc,) = [u for u in uops if u.op is Ops.DEFINE_ACC]
     assert first.src[2] is acc and second.src[2] is first, "the accumulator feeds the first, the first the second"
@@ -110,7 +95,7 @@ def test_unrolled_steps_of_k_chain_their_wmmas() -> None:
 
 def test_a_single_tile_of_k_needs_no_loop() -> None:
     caps = caps_of("sm_80")
-    uops = uops_of(matmul(16, 16, 8), caps, [Opt(OptOps.TC, 2, 0)])
+    uops = vector_uops(matmul(16, 16, 8), caps, [Opt(OptOps.TC, 2, 0)])
     (wmma,) = [u for u in uops if u.op is Ops.WMMA]
     assert wmma.src[2].op is Ops.CONST and not any(u.op is Ops.RANGE for u in uops)
 
@@ -131,7 +116,7 @@ def test_cast_factors_and_batches_and_a_second_reduce_dim() -> None:
     x = expand(move(Ops.RESHAPE, a, (16, 4, 16, 1)), (16, 4, 16, 16))
     y = expand(move(Ops.RESHAPE, b, (1, 4, 16, 16)), (16, 4, 16, 16))
     two = ast_of(move(Ops.RESHAPE, reduce((x * y).cast(f32), (1, 2)), (16, 16)))
-    uops = uops_of(two, caps, [Opt(OptOps.TC, 3, 0)])
+    uops = vector_uops(two, caps, [Opt(OptOps.TC, 3, 0)])
     assert sum(1 for u in uops if u.op is Ops.RANGE) == 1 and sum(1 for u in uops if u.op is Ops.WMMA) == 1
 
 
@@ -191,7 +176,7 @@ def test_padding_makes_the_tile_fit() -> None:
     k = Kernel(matmul(20, 24, 10), caps)
     k.apply_opts([Opt(OptOps.PADTO, 0, 16), Opt(OptOps.PADTO, 1, 8), Opt(OptOps.PADTO, 2, 16), Opt(OptOps.TC, 2, 0)])
     assert k.tc is not None and k.padded == {0: 32, 1: 32, 2: 16}  # M 20, K 24 (dim 1), N 10 (dim 2)
-    uops = uops_of(matmul(20, 24, 10), caps, list(k.applied))
+    uops = vector_uops(matmul(20, 24, 10), caps, list(k.applied))
     stores = [u for u in uops if u.op is Ops.STORE]
     assert stores and all(s.address.gate is not None for s in stores), "padded rows and columns are not written"
     assert any(u.op is Ops.WHERE and u.dtype == f16 for u in uops), "fragment elements in the padding are zeros"
@@ -241,7 +226,7 @@ def test_heuristics_and_beam_offer_tensor_cores() -> None:
 
 
 def test_the_flop_estimate_counts_the_tensor_cores_work() -> None:
-    uops = uops_of(matmul(64, 32, 48), caps_of("gfx942"), [Opt(OptOps.TC, 2, 0), Opt(OptOps.UPCAST, 0, 2)])
+    uops = vector_uops(matmul(64, 32, 48), caps_of("gfx942"), [Opt(OptOps.TC, 2, 0), Opt(OptOps.UPCAST, 0, 2)])
     flops, _ = estimate(uops)
     assert flops == 2 * 64 * 32 * 48
 
@@ -252,7 +237,7 @@ def test_stage_puts_the_operand_tiles_in_local_memory() -> None:
     opts = [Opt(OptOps.TC, 2, 0), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.STAGE, 2)]
     k.apply_opts(opts)
     assert k.staged
-    uops = uops_of(matmul(256, 128, 256), caps, opts)
+    uops = vector_uops(matmul(256, 128, 256), caps, opts)
     locals_ = [u for u in uops if u.op is Ops.DEFINE_LOCAL]
     assert [u.arg[0] for u in locals_] == ["stage0", "stage1"]
     # A: 32 rows of 32 k (64 bytes, padded to 40), B: 8 columns by 16 k (the first run of 64 bytes or more, padded
