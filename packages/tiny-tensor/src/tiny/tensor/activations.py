@@ -6,8 +6,8 @@ import math
 from typing import TYPE_CHECKING
 
 from tiny.tensor.base import TensorBase
-from tiny.tensor.elementwise import _float32_math
-from tiny.tensor.mathfns import _SELU_ALPHA, _SELU_SCALE, _softplus1
+from tiny.tensor.elementwise import float32_math
+from tiny.tensor.mathfns import SELU_ALPHA, SELU_SCALE, softplus1
 
 if TYPE_CHECKING:
     from tiny.tensor.tensor import Tensor
@@ -71,7 +71,7 @@ class ActivationOps(TensorBase):
         >>> round(Tensor(1.0).selu().item(), 4)
         1.0507
         """
-        return _SELU_SCALE * self.elu(_SELU_ALPHA)
+        return SELU_SCALE * self.elu(SELU_ALPHA)
 
     def celu(self, alpha: float = 1.0) -> Tensor:
         """x where x > 0, else alpha * (e**(x/alpha) - 1).
@@ -85,7 +85,7 @@ class ActivationOps(TensorBase):
         pos = x > 0
         return pos.where(x, alpha * (pos.where(0.0, x) / alpha).expm1())
 
-    @_float32_math
+    @float32_math
     def sigmoid(self) -> Tensor:
         """1 / (1 + e**-x), without overflow for large |x|.
 
@@ -105,16 +105,16 @@ class ActivationOps(TensorBase):
         x = self._float_input()
         return (x <= -3).where(0.0, (x >= 3).where(1.0, x / 6 + 0.5))
 
-    @_float32_math
+    @float32_math
     def logsigmoid(self) -> Tensor:
         """log(sigmoid(x)), without overflow.
 
         >>> round(Tensor(0.0).logsigmoid().item(), 4)
         -0.6931
         """
-        return -_softplus1(-self)
+        return -softplus1(-self)
 
-    @_float32_math
+    @float32_math
     def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
         """log(1 + e**(beta*x)) / beta, and x itself where beta*x > threshold.
 
@@ -122,7 +122,7 @@ class ActivationOps(TensorBase):
         0.6931
         """
         bx = self * beta
-        return (bx > threshold).where(self, _softplus1(bx) / beta)
+        return (bx > threshold).where(self, softplus1(bx) / beta)
 
     def softsign(self) -> Tensor:
         """x / (1 + |x|).
@@ -133,7 +133,7 @@ class ActivationOps(TensorBase):
         x = self._float_input()
         return x / (1 + x.abs())
 
-    @_float32_math
+    @float32_math
     def gelu(self, approximate: str = "none") -> Tensor:
         """x * Phi(x) with Phi the standard normal CDF (exact, via erf); approximate="tanh" uses tanh.
 
@@ -146,7 +146,7 @@ class ActivationOps(TensorBase):
             raise ValueError(f"gelu() takes approximate='none' or 'tanh', got {approximate!r}")
         return self * (0.5 * (self * -math.sqrt(0.5)).erfc())
 
-    @_float32_math
+    @float32_math
     def quick_gelu(self) -> Tensor:
         """x * sigmoid(1.702 x), a cheaper gelu.
 
@@ -155,7 +155,7 @@ class ActivationOps(TensorBase):
         """
         return self * (1.702 * self).sigmoid()
 
-    @_float32_math
+    @float32_math
     def silu(self) -> Tensor:
         """x * sigmoid(x), also called swish.
 
@@ -166,14 +166,14 @@ class ActivationOps(TensorBase):
 
     swish = silu
 
-    @_float32_math
+    @float32_math
     def mish(self) -> Tensor:
         """x * tanh(softplus(x)).
 
         >>> round(Tensor(1.0).mish().item(), 4)
         0.8651
         """
-        return self * _softplus1(self).tanh()
+        return self * softplus1(self).tanh()
 
     def hardswish(self) -> Tensor:
         """x * relu6(x + 3) / 6 (gradient 0 at -3 and 1 at 3, NaN at -inf, as in PyTorch).

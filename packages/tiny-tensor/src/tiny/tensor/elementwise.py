@@ -43,7 +43,7 @@ def _expands(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
     return all(type(t) is int and (s == t or (s == 1 and t >= 0)) for s, t in zip(shape, to))
 
 
-def _float32_math(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+def float32_math(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """A composite math function computes in float32 at least and rounds once to the input's float dtype."""
 
     @functools.wraps(fn)

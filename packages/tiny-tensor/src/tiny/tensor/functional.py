@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from tiny.ir.dtypes import dtypes
 from tiny.tensor.base import TensorBase
 from tiny.tensor.shapes import prod
-from tiny.tensor.windows import _strided
+from tiny.tensor.windows import strided
 
 if TYPE_CHECKING:
     from tiny.tensor.tensor import Tensor
@@ -496,7 +496,7 @@ def _einsum_diagonals(t: Tensor, labels: list[str], index: int) -> tuple[Tensor,
         rest = [i for i in range(t.ndim) if i not in (a, b)]
         s = t.shape[a]
         flat = t.permute(*rest, a, b).reshape(*(t.shape[i] for i in rest), s * s)
-        t = _strided(flat, flat.ndim - 1, 0, s, s + 1) if s > 1 else flat
+        t = strided(flat, flat.ndim - 1, 0, s, s + 1) if s > 1 else flat
         labels = [labels[i] for i in rest] + [lab]
     return t, labels
 

@@ -32,7 +32,7 @@ from tiny.ir.schedule import is_realized, rebind_graph
 from tiny.ir.sint import highest, unbind_size
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.creation import RNG
-from tiny.tensor.realize import JitError, Launch, _copied, _ran, capture
+from tiny.tensor.realize import JitError, Launch, capture, report_copy, report_kernel
 from tiny.tensor.shapes import prod
 from tiny.tensor.tensor import Tensor
 
@@ -335,13 +335,13 @@ def _replay_profiled(rec: _Recording, handles: list[Any], swap: dict[Buffer, Buf
         if ln.program is None:
             dest, src = (swap.get(b, b) for b in ln.buffers)
             dest.copy_from(src)
-            _copied(dest, src, start, time.perf_counter() - start, False, True)
+            report_copy(dest, src, start, time.perf_counter() - start, False, True)
             continue
         prog, args = ln.program, _patched(args, patches, handles)
         vals = tuple(by_name[n] for n in prog.var_names)
         runner: Any = ln.runner
         seconds = runner(*args, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals, wait=True)
-        _ran(prog, vals, start, seconds, False, True)
+        report_kernel(prog, vals, start, seconds, False, True)
 
 
 def _rebound(x: Any, values: dict[UOp, int]) -> Any:

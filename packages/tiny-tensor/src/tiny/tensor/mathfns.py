@@ -11,7 +11,7 @@ from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import Ops
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import default_int
-from tiny.tensor.elementwise import _float32_math
+from tiny.tensor.elementwise import float32_math
 from tiny.tensor.fits import fits, poly
 from tiny.tensor.shapes import broadcast_shape
 
@@ -50,7 +50,7 @@ class MathOps(TensorBase):
         """
         return self._float_input()._alu(Ops.EXP2)
 
-    @_float32_math
+    @float32_math
     def expm1(self) -> Tensor:
         """e**x - 1, accurate also where x is tiny.
 
@@ -85,7 +85,7 @@ class MathOps(TensorBase):
         """
         return self.log2() * (math.log(2) / math.log(10))
 
-    @_float32_math
+    @float32_math
     def log1p(self) -> Tensor:
         """log(1 + x), accurate also where x is tiny.
 
@@ -156,7 +156,7 @@ class MathOps(TensorBase):
         """
         return self.sin() / self.cos()
 
-    @_float32_math
+    @float32_math
     def atan(self) -> Tensor:
         """The arctangent, in (-pi/2, pi/2).
 
@@ -174,7 +174,7 @@ class MathOps(TensorBase):
         r = big.where(math.pi / 2 - r, r)
         return neg.where(-r, r)
 
-    @_float32_math
+    @float32_math
     def asin(self) -> Tensor:
         """The arcsine, in [-pi/2, pi/2]; NaN outside [-1, 1].
 
@@ -183,7 +183,7 @@ class MathOps(TensorBase):
         """
         return (self / ((1 - self) * (1 + self)).sqrt()).atan()
 
-    @_float32_math
+    @float32_math
     def acos(self) -> Tensor:
         """The arccosine, in [0, pi]; NaN outside [-1, 1].
 
@@ -194,7 +194,7 @@ class MathOps(TensorBase):
 
     # ---- hyperbolic functions
 
-    @_float32_math
+    @float32_math
     def sinh(self) -> Tensor:
         """The hyperbolic sine.
 
@@ -207,7 +207,7 @@ class MathOps(TensorBase):
         r = big.where((a - _LN2).exp(), 0.5 * (u + u / (u + 1)))
         return neg.where(-r, r)
 
-    @_float32_math
+    @float32_math
     def cosh(self) -> Tensor:
         """The hyperbolic cosine.
 
@@ -219,7 +219,7 @@ class MathOps(TensorBase):
         u = big.where(20.0, a).expm1()  # cosh(a) = 1 + u*u / (2(u + 1)): its gradient is exact near 0 too
         return big.where((a - _LN2).exp(), 1 + 0.5 * u * u / (u + 1))
 
-    @_float32_math
+    @float32_math
     def tanh(self) -> Tensor:
         """The hyperbolic tangent.
 
@@ -233,7 +233,7 @@ class MathOps(TensorBase):
         r = (a < 0.5).where(u / (u + 2), 1 - 2 / (u + 2))
         return neg.where(-r, r)
 
-    @_float32_math
+    @float32_math
     def asinh(self) -> Tensor:
         """The inverse hyperbolic sine.
 
@@ -246,7 +246,7 @@ class MathOps(TensorBase):
         r = big.where(big.where(a, 1.0).log() + _LN2, (s + s * s / (1 + (s * s + 1).sqrt())).log1p())
         return neg.where(-r, r)
 
-    @_float32_math
+    @float32_math
     def acosh(self) -> Tensor:
         """The inverse hyperbolic cosine; NaN below 1.
 
@@ -257,7 +257,7 @@ class MathOps(TensorBase):
         t = big.where(1.0, self) - 1
         return big.where(big.where(self, 1.0).log() + _LN2, (t + (t * (t + 2)).sqrt()).log1p())
 
-    @_float32_math
+    @float32_math
     def atanh(self) -> Tensor:
         """The inverse hyperbolic tangent; +-inf at +-1, NaN outside [-1, 1].
 
@@ -270,7 +270,7 @@ class MathOps(TensorBase):
 
     # ---- the error function
 
-    @_float32_math
+    @float32_math
     def erf(self) -> Tensor:
         """The error function.
 
@@ -280,7 +280,7 @@ class MathOps(TensorBase):
         small, inner, neg, tail = self._erf_parts()
         return small.where(inner, neg.where(tail - 1, 1 - tail))
 
-    @_float32_math
+    @float32_math
     def erfc(self) -> Tensor:
         """1 - erf(x), accurate also where it is tiny (large x).
 
@@ -508,7 +508,7 @@ class MathOps(TensorBase):
 # ---------------------------------------------------------------- helpers
 
 
-def _softplus1(x: Tensor) -> Tensor:
+def softplus1(x: Tensor) -> Tensor:
     """log(1 + e**x) as max(x, 0) + log1p(e**-|x|): no overflow, and the gradient 1/2 at 0."""
     neg, a = x._sign_split()
     return neg.where(0.0, x) + (-a).exp().log1p()
@@ -522,5 +522,5 @@ def _one_of(torch_name: Tensor | Scalar | None, alias: Tensor | Scalar | None, n
 
 _LN2 = math.log(2)
 _TAN_PI_8 = math.tan(math.pi / 8)
-_SELU_ALPHA = 1.6732632423543772848170429916717
-_SELU_SCALE = 1.0507009873554804934193349852946
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946

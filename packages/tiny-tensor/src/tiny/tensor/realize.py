@@ -151,7 +151,7 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
             if _captures:
                 _captures[-1].append(Launch((out, src)))
             if timed:
-                _copied(out, src, start, time.perf_counter() - start, debug >= 2, profiling)
+                report_copy(out, src, start, time.perf_counter() - start, debug >= 2, profiling)
             continue
         device = buffers[0].device
         if (found := built.get((ast, device))) is None:
@@ -172,10 +172,12 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
             opaques, start = map(_opaque, buffers), time.perf_counter()
             elapsed = runner(*opaques, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals, wait=True)
             GlobalCounters.time_s += elapsed
-            _ran(prog, vals, start, elapsed, debug >= 2, profiling)
+            report_kernel(prog, vals, start, elapsed, debug >= 2, profiling)
 
 
-def _ran(prog: CompiledProgram, vals: tuple[int, ...], start: float, seconds: float, show: bool, keep: bool) -> None:
+def report_kernel(
+    prog: CompiledProgram, vals: tuple[int, ...], start: float, seconds: float, show: bool, keep: bool
+) -> None:
     """A timed kernel launch: printed (DEBUG=2) and/or recorded as a span on its device's track (PROFILE)."""
     gflops = prog.flops / seconds / 1e9 if seconds > 0 else 0.0
     if show:
@@ -191,7 +193,7 @@ def _ran(prog: CompiledProgram, vals: tuple[int, ...], start: float, seconds: fl
         profile.span(prog.device, prog.name, "kernel", start, seconds, **args)
 
 
-def _copied(out: Buffer, src: Buffer, start: float, seconds: float, show: bool, keep: bool) -> None:
+def report_copy(out: Buffer, src: Buffer, start: float, seconds: float, show: bool, keep: bool) -> None:
     if show:
         print(f"*** copy {src.device} -> {out.device} {out.nbytes / 1e6:9.3f} MB {seconds * 1e3:8.3f} ms")
     if keep:

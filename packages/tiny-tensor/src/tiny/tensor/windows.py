@@ -604,11 +604,11 @@ def _select(x: Tensor, dim: int, start: int, step: int, count: int) -> Tensor:
     elif step == 1:
         taken = x.shrink(_along(x.ndim, dim, (first, first + n)))
     else:
-        taken = _strided(x, dim, first, n, step)
+        taken = strided(x, dim, first, n, step)
     return taken.pad(_along(x.ndim, dim, (lo, count - hi), (0, 0)))
 
 
-def _strided(x: Tensor, dim: int, first: int, n: int, step: int) -> Tensor:
+def strided(x: Tensor, dim: int, first: int, n: int, step: int) -> Tensor:
     """x[first], x[first + step] ... (n of them) along dim, as views: rows of `step` elements, one column kept."""
     size = x.shape[dim]
     if n * step <= size:  # n whole rows fit: pick the column so that they stay inside x
@@ -620,7 +620,7 @@ def _strided(x: Tensor, dim: int, first: int, n: int, step: int) -> Tensor:
         picked = rows.shrink([None] * (dim + 1) + [(col, col + 1)] + [None] * (x.ndim - dim - 1))
         return picked.reshape(*x.shape[:dim], n, *x.shape[dim + 1 :])
     # n rows do not fit (the last one is short): the first n-1 as rows, the last element on its own
-    head = _strided(x, dim, first, n - 1, step)
+    head = strided(x, dim, first, n - 1, step)
     last_at = first + (n - 1) * step
     last = x.shrink(_along(x.ndim, dim, (last_at, last_at + 1)))
     return head.pad(_along(x.ndim, dim, (0, 1), (0, 0))) + last.pad(_along(x.ndim, dim, (n - 1, 0), (0, 0)))
