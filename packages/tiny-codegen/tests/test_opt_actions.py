@@ -16,7 +16,6 @@ from tiny.codegen import Kernel, KernelOptError, Opt, OptOps, program
 from tiny.codegen.beam import actions
 from tiny.codegen.cstyle import CRenderer
 from tiny.codegen.heuristic import TILE_NODES, hand_opts
-from tiny.codegen.linearize import linearize
 from tiny.codegen.opt import Kind, merge_windows
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import dtypes
@@ -237,10 +236,10 @@ def test_rules_choose_again_with_fewer_lanes_where_the_code_grows_too_big(monkey
     sizes = []
     for budget in (program.CODE_OPS, 150):
         monkeypatch.setattr(program, "CODE_OPS", budget)
-        kernel, sink, _ = program._lowered_by_rules(ast, r.caps)
-        sizes.append(len(sink.toposort))
+        rendered = program.render_for(ast, r, None)
+        sizes.append(len(rendered.uops))
         out = np.zeros((16, 24), dtype=np.float32)
-        fn = getattr(build(r.render(kernel.name, linearize(sink))), kernel.name)
+        fn = getattr(build(rendered.src), rendered.kernel.name)
         fn(*(ctypes.c_void_p(x.ctypes.data) for x in (out, a, b)))
         np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
     assert sizes[0] > 150 >= sizes[1]  # (280 ops with an 8 x 8 tile and 4 steps unrolled; 103 with one vector)

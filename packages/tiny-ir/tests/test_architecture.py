@@ -44,9 +44,9 @@ def test_the_passes_it_lists_are_the_ones_recorded() -> None:
         assert f"`{name}`" in TEXT and (f'name="{name}"' in schedule or f'viz.step("{name}"' in schedule), name
     for name in ("symbolic", "vectorize"):
         assert f"`{name}`" in TEXT and f'name="{name}"' in program, name
-    for name in ("narrow loops", "linearize"):
+    for name in ("narrow loops", "linearize"):  # (passes that are not rewrite rules name their step themselves)
         assert f"`{name}`" in TEXT and f'viz.step("{name}"' in program, name
-    assert "`lower`" in TEXT and 'viz.step(f"lower {opts}"' in program
+    assert "`lower`" in TEXT and 'viz.step(f"lower {plan.applied}"' in program
 
 
 def test_the_entry_point_groups_it_names_are_the_ones_packages_use() -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
-from tiny.codegen.lower import LoweredKernel, kernel_name, lower
+from tiny.codegen.lower import LoweredKernel, kernel_name, lower_kernel
 from tiny.codegen.narrow import narrow_loops
 from tiny.codegen.opt import Kernel, Opt
 from tiny.codegen.vectorize import VectorTarget, vectorize
@@ -71,57 +71,57 @@ def render_for(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) 
 
 
 def _render(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None) -> Rendered:
-    if opts is None:
-        kernel, sink, chosen = _lowered_by_rules(ast, renderer.caps)
-    else:
-        kernel, chosen = _lower(ast, renderer.caps, list(opts)), list(opts)
-        sink = _simplified(kernel, renderer.caps)
-    uops = linearize(sink)  # place each op in its loop, in execution order
+    """The spine, a line a pass (each in its own module). The rules' plan is lowered again with fewer values per
+    thread while its code is over CODE_OPS ops; given actions are taken as they are."""
+    caps, base, max_lanes = renderer.caps, Kernel(ast, renderer.caps), None
+    while True:
+        plan = base.copy().apply_opts(hand_opts(base, max_lanes) if opts is None else list(opts))  # the actions
+        lowered = _lower(plan)  # loops or hardware ids, lanes, index math, REDUCEs (tiny.codegen.lower)
+        sink = graph_rewrite(lowered.sink, symbolic, memo=lowered.simplified, name="symbolic")  # index math, constants
+        sink = _narrowed(sink, caps)  # sums skip the iterations whose every lane reads padding (tiny.codegen.narrow)
+        target = VectorTarget(caps.vector_width * 4, lowered.simplified)  # (bytes a vector, what symbolic made)
+        sink = graph_rewrite(sink, vectorize, ctx=target, name="vectorize")  # lanes alike become vector ops
+        if opts is not None or (max_lanes := _fewer_lanes(plan, lowered, sink)) is None:
+            break
+    uops = linearize(sink)  # each op placed in its loop, in execution order (tiny.codegen.linearize)
     if viz.recording():
         viz.step("linearize", sink, uops)
-    validate(uops)  # only device ops, each well formed
+    validate(uops)  # only device ops, each well formed (tiny.ir.spec)
     if DEBUG >= 5:
         print(format_uops(uops))
-    rendered = Rendered(kernel, uops, renderer.render(kernel.name, uops), tuple(chosen))
+    rendered = Rendered(lowered, uops, renderer.render(lowered.name, uops), tuple(plan.applied))  # source
     if REPLAY_RECORD:  # process replay is recording (python -m tiny.replay record)
         from tiny.replay import record_kernel
 
-        record_kernel(ast, renderer, None if opts is None else list(opts), chosen, kernel.name, rendered.src)
+        given = None if opts is None else list(opts)
+        record_kernel(ast, renderer, given, list(plan.applied), lowered.name, rendered.src)
     return rendered
 
 
-def _lower(ast: UOp, caps: RendererCaps, opts: list[Opt]) -> LoweredKernel:
-    kernel = lower(ast, caps, opts)  # loops or hardware ids, lanes, index math, REDUCEs
+def _lower(plan: Kernel) -> LoweredKernel:
+    lowered = lower_kernel(plan)
     if viz.recording():
-        viz.step(f"lower {opts}", ast, kernel.sink)
-    return kernel
+        viz.step(f"lower {plan.applied}", plan.ast, lowered.sink)
+    return lowered
 
 
-def _simplified(kernel: LoweredKernel, caps: RendererCaps) -> UOp:
-    memo = kernel.simplified  # (what lowering simplified already: each pass of the symbolic rules adds to it)
-    sink = graph_rewrite(kernel.sink, symbolic, memo=memo, name="symbolic")  # simplify index math and fold constants
-    narrowed = narrow_loops(sink, caps)  # sums skip the iterations whose every lane reads padding (CPUs)
+def _narrowed(sink: UOp, caps: RendererCaps) -> UOp:
+    narrowed = narrow_loops(sink, caps)
     if viz.recording() and narrowed is not sink:
         viz.step("narrow loops", sink, narrowed)
-    # lanes alike: vector ops
-    return graph_rewrite(narrowed, vectorize, ctx=VectorTarget(caps.vector_width * 4, memo), name="vectorize")
+    return narrowed
 
 
-def _lowered_by_rules(ast: UOp, caps: RendererCaps) -> tuple[LoweredKernel, UOp, list[Opt]]:
-    """The kernel lowered and simplified after the rules' actions; where that is more than CODE_OPS ops, again with
-    the rules held to fewer values per thread, in proportion (each value costs about the same code), until it fits
-    or a thread computes one value at a time."""
-    base, max_lanes = Kernel(ast, caps), None
-    while True:
-        opts = hand_opts(base, max_lanes)
-        kernel = _lower(ast, caps, opts)
-        sink = _simplified(kernel, caps)
-        size, lanes = len(sink.toposort), base.copy().apply_opts(opts).lanes()
-        if DEBUG >= 3:
-            print(f"{kernel.name}: {opts} -> {size} ops")
-        if size <= CODE_OPS or lanes == 1:
-            return kernel, sink, opts
-        max_lanes = min(lanes - 1, lanes * CODE_OPS // size)
+def _fewer_lanes(plan: Kernel, lowered: LoweredKernel, sink: UOp) -> int | None:
+    """Where the rules' plan makes more than CODE_OPS ops (lowered and simplified), the values per thread to plan
+    again with, in proportion (each value costs about the same code); None where it fits, or where a thread computes
+    one value already."""
+    size, lanes = len(sink.toposort), plan.lanes()
+    if DEBUG >= 3:
+        print(f"{lowered.name}: {plan.applied} -> {size} ops")
+    if size <= CODE_OPS or lanes == 1:
+        return None
+    return min(lanes - 1, lanes * CODE_OPS // size)
 
 
 def format_uops(uops: list[UOp]) -> str:
