@@ -577,3 +577,47 @@ def test_device_opens_through_its_entry_point_and_runs_a_kernel() -> None:
     program = CompiledProgram("E_4", "PYTHON", "PYTHON", src, dev.compile(src), 2, (0,), (), (4, 1, 1))
     dev.load(program)(out.opaque, a.opaque, global_size=program.global_size)
     assert unpack(f32, bytearray(out.as_bytes())) == [3.0, 6.0, 9.0, 12.0]
+
+
+def test_kernel_text_parses_on_many_threads_while_finalizers_run() -> None:
+    """Kernels compile on several threads at once (tiny.codegen.get_programs). CPython 3.11's AST constructor counts
+    its recursion per interpreter: a finalizer that lets go of the interpreter lock inside one thread's parse let
+    another thread parse, and every parse after raised SystemError (a burst of failures in a long test run). The
+    PYTHON device's text parser holds a lock around the AST."""
+    import gc
+    import threading
+    import time
+
+    from tiny.runtime.python_text import _parse_arg
+
+    class Churn:  # garbage in a cycle, whose finalizer switches threads when the collector runs it
+        def __init__(self) -> None:
+            self.me = self
+
+        def __del__(self) -> None:
+            time.sleep(0)
+
+    errors: list[str] = []
+    text = "((1, 2.5, 'x', (3, inf)), nan, (4, (5, (6, 7))))"
+
+    def work() -> None:
+        try:
+            for _ in range(3000):
+                Churn(), Churn()
+                _parse_arg(text)
+        except Exception as e:  # noqa: BLE001  (what the race raised: collected and shown)
+            errors.append(repr(e))
+
+    old = gc.get_threshold()
+    gc.set_threshold(50, 1, 1)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gc.set_threshold(*old)
+    assert errors == []
+    value = _parse_arg(text)
+    assert value[0] == (1, 2.5, "x", (3, float("inf"))) and value[1] != value[1] and value[2] == (4, (5, (6, 7)))

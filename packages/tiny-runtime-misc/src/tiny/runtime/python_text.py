@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 from typing import Any
 
 from tiny.ir.device import CompileError
@@ -61,8 +62,15 @@ class _FloatNames(ast.NodeTransformer):
         return ast.copy_location(ast.Constant(float(node.id)), node)
 
 
+# CPython 3.11's AST constructor counts its recursion per interpreter, not per thread: a thread switch inside it (a
+# finalizer run by the garbage collector lets go of the interpreter lock) that lets another thread parse breaks the
+# count and raises SystemError, here and in every parse after it. Kernels are compiled on several threads at once.
+_AST_LOCK = threading.Lock()
+
+
 def _parse_arg(text: str) -> Any:
-    return ast.literal_eval(_FloatNames().visit(ast.parse(text, mode="eval")))
+    with _AST_LOCK:
+        return ast.literal_eval(_FloatNames().visit(ast.parse(text, mode="eval")))
 
 
 def render_text(name: str, uops: list[UOp]) -> str:
