@@ -335,9 +335,16 @@ def op_reduce(b: Builder) -> bool:
         ax = str(axes[0])
     if name in ("var", "std") and math.prod(s[x] for x in axes) < 2:
         return False
-    tiny = f"{{0}}.{name}({ax}, keepdim={keep})"
+    arg, arg_torch = "{0}", "{0}"
+    if name in ("var", "std"):
+        # values that are all equal (a gather of one element, repeated) have no gradient of their spread: PyTorch's
+        # is its rounding of their mean, amplified; a ramp along the axis keeps them apart (seed 4515)
+        d0 = axes[0] % len(s)
+        ramp = str((np.arange(s[d0]) * 0.125).reshape([-1 if d == d0 else 1 for d in range(len(s))]).tolist())
+        arg, arg_torch = f"({{0}} + Tensor({ramp}))", f"({{0}} + torch.tensor({ramp}))"
+    tiny = f"{arg}.{name}({ax}, keepdim={keep})"
     theirs = {"max": "amax", "min": "amin"}.get(name, name)
-    return b.emit(name, [a], tiny, f"{{0}}.{theirs}({ax}, keepdim={keep})", _keep(s, axes, keep))
+    return b.emit(name, [a], tiny, f"{arg_torch}.{theirs}({ax}, keepdim={keep})", _keep(s, axes, keep))
 
 
 def op_scan(b: Builder) -> bool:
