@@ -94,21 +94,28 @@ def run_c(ast: UOp, buffers: list[np.ndarray], cc: str | None = None) -> None:
 
 
 @cache
-def case_library() -> tuple[ctypes.CDLL, dict[UOp, str]]:
-    """Every kernel of every case in one library (one compile), each under a name of its own."""
+def case_library() -> tuple[dict[UOp, ctypes.CDLL], dict[UOp, str]]:
+    """Every kernel of every case, each under a name of its own: the kernels of plain C in one library (one
+    compile), those with helpers (vector types, math through a vector function) each in its own, as the helpers of
+    two kernels are defined in each."""
     names: dict[UOp, str] = {}
-    sources = []
+    plain, alone = [], {}
     for case in CASES:
         for item in create_schedule(case.targets).items:
             if item.ast not in names:  # identical kernels are one AST object
                 names[item.ast] = f"kernel{len(names)}"
-                sources.append(render(item.ast, names[item.ast])[1])
-    return build("".join(sources)), names
+                src = render(item.ast, names[item.ast])[1]
+                if src.startswith("void "):
+                    plain.append((item.ast, src))
+                else:
+                    alone[item.ast] = build(src)
+    lib = build("".join(src for _, src in plain))
+    return {ast: lib for ast, _ in plain} | alone, names
 
 
 def run_from_library(ast: UOp, buffers: list[np.ndarray]) -> None:
-    lib, names = case_library()
-    getattr(lib, names[ast])(*(ctypes.c_void_p(b.ctypes.data) for b in buffers))
+    libs, names = case_library()
+    getattr(libs[ast], names[ast])(*(ctypes.c_void_p(b.ctypes.data) for b in buffers))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

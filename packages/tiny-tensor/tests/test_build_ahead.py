@@ -84,3 +84,16 @@ def test_a_kernel_goes_to_its_compiler_as_soon_as_it_is_rendered(monkeypatch: py
     programs = get_programs([(i.ast, Logging(Device["CPU"])) for i in items])
     assert [p.src for p in programs] == [get_program(i.ast, Device["CPU"]).src for i in items]
     assert events.index("compile") < events.index("last render"), events
+
+
+def test_a_process_keeps_a_bounded_number_of_programs(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past KEEP_PROGRAMS the oldest program built goes, and a CPU kernel's library with it (a process that built
+    13000 kernels ran out of memory maps); a kernel whose program went is built again when it runs again."""
+    monkeypatch.setattr(realize, "KEEP_PROGRAMS", 4)
+    monkeypatch.setattr(realize, "_programs_by_opts", {})
+    x = Tensor(np.arange(6, dtype=np.float32)).realize()
+    for k in range(1, 9):  # eight kernels of different constants: eight programs
+        np.testing.assert_allclose((x * (k + 0.5)).numpy(), np.arange(6) * (k + 0.5))
+    assert len(realize.programs()) == 4
+    np.testing.assert_allclose((x * 1.5).numpy(), np.arange(6) * 1.5)  # the first kernel again
+    assert len(realize.programs()) == 4

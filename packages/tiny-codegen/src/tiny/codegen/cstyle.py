@@ -198,10 +198,34 @@ class CStyleRenderer(Renderer):
             return f"__builtin_{fn}f({', '.join(args)})"
         return f"(({self.type_name(dt)})__builtin_{fn}f({', '.join(f'(float){a}' for a in args)}))"
 
+    def lane_math(self, op: Ops, scalar: DType) -> DType | None:
+        """The vector dtype whose function defines op on scalar where it is not the language's scalar function
+        (None: it is). Every lane of every width then takes its value from that function, a scalar from lane 0 of it,
+        so a value computed again in another kernel, vectorized otherwise, is the same bits (a max's gradient
+        compares a value with the max over it: a last bit apart, no element was the max and the gradient was NaN)."""
+        return None
+
+    def _vector_types(self, used: set[DType], scalar_math: list[tuple[Ops, DType]]) -> list[DType]:
+        """The vector types a kernel declares: those it uses, and those lane_math's functions take, for its scalar
+        math and for the math functions every float vector type comes with."""
+        types = used | {v for op, s in scalar_math if (v := self.lane_math(op, s)) is not None}
+        floats = {v.scalar for v in types if v.is_float}
+        types |= {v for op in self.math_fns for s in floats if (v := self.lane_math(op, s)) is not None}
+        return sorted(types, key=repr)
+
+    def lane_math_helper(self, op: Ops, scalar: DType) -> str:
+        """tiny_<fn>_<dtype>(x): op on one value through lane 0 of lane_math's vector function."""
+        fn, s, v = self.math_fns[op], self.type_names[scalar.name], self.lane_math(op, scalar)
+        assert v is not None
+        t = self.vector_type_name(v)
+        return f"static inline {s} tiny_{fn}_{scalar.name}({s} x) {{ {t} v = {{x}}; return tiny_v{fn}_{t}(v)[0]; }}\n"
+
     def alu(self, u: UOp, args: list[str]) -> str:
         op, dt = u.op, u.dtype
         if op in self.math_fns and dt.count > 1:
             return f"tiny_v{self.math_fns[op]}_{self.vector_type_name(dt)}({args[0]})"
+        if op in self.math_fns and self.lane_math(op, dt) is not None:
+            return f"tiny_{self.math_fns[op]}_{dt.scalar.name}({args[0]})"
         if op in self.math_fns:
             return self.float_math(self.math_fns[op], args, dt)
         if op is Ops.WHERE and dt.count > 1:
@@ -428,9 +452,13 @@ class CStyleRenderer(Renderer):
             flush()
         ordered = [p for _, p in sorted(params)] + var_params + special_params
         kernel = self.render_kernel(name, ordered, body)
-        vectors = sorted({u.dtype for u in uops if u.dtype.count > 1 and not isinstance(u.dtype, PtrDType)}, key=repr)
+        values = [u.dtype for u in uops if not isinstance(u.dtype, PtrDType)]
+        scalar_math = {(u.op, u.dtype.scalar) for u in uops if u.op in self.math_fns and u.dtype.count == 1}
+        scalar_math = sorted(((op, s) for op, s in scalar_math if self.lane_math(op, s) is not None), key=repr)
+        vectors = self._vector_types({dt for dt in values if dt.count > 1}, scalar_math)
         types = "".join(self.vector_typedef(dt) for dt in vectors)
-        helpers = "".join(self.multiply_add_helper(dt) for dt in sorted(fused, key=repr))
+        helpers = "".join(self.lane_math_helper(op, s) for op, s in scalar_math)
+        helpers += "".join(self.multiply_add_helper(dt) for dt in sorted(fused, key=repr))
         kernel = types + "".join(self.vector_prelude(dt) for dt in vectors) + helpers + kernel
         scalars = {_element(u.dtype).scalar for u in uops}
         uses_bf16 = self.emulate_bf16 and dtypes.bfloat16 in scalars
@@ -534,6 +562,7 @@ _MVEC = {
     (Ops.LOG2, 4, "float64"): "_ZGVdN4v_log2",
     (Ops.SIN, 4, "float64"): "_ZGVdN4v_sin",
 }
+_MVEC_LANES = {"float32": 8, "float64": 4}
 
 
 # 2**f on [-0.5, 0.5], a degree-6 minimax polynomial (Cephes' exp2f), highest power first
@@ -636,13 +665,32 @@ class CRenderer(CStyleRenderer):
     def _fma_type(self, dt: DType) -> str:
         return self.vector_type_name(dt) if dt.count > 1 else self.type_names[dt.scalar.name]
 
+    def lane_math(self, op: Ops, scalar: DType) -> DType | None:
+        """float32 exp2 is _vexp2_float32 on 4 lanes (its lanes are alike at every width), where the host has libmvec
+        its functions are theirs (8 floats or 4 doubles a call); the rest, libm's."""
+        if op is Ops.EXP2 and scalar == dtypes.float32 and self.inline_exp2:
+            return scalar.vec(4)
+        lanes = _MVEC_LANES.get(scalar.name, 0)
+        return scalar.vec(lanes) if self.mvec and (op, lanes, scalar.name) in _MVEC else None
+
     def vector_math(self, dt: DType, op: Ops, fn: str) -> str:
-        """A math function on a vector: one libmvec call where the host has it, else lane by lane."""
-        t, n = self.vector_type_name(dt), dt.count
+        """A math function on a vector: lane_math's function (libmvec's calls on narrower or wider vectors go a whole
+        call at a time, the lanes past the end 1.0), else the scalar function lane by lane."""
+        t, n, s = self.vector_type_name(dt), dt.count, dt.scalar.name
         if op is Ops.EXP2 and dt.scalar == dtypes.float32 and self.inline_exp2:
             return _vexp2_float32(t)
-        if self.mvec and (name := _MVEC.get((op, n, dt.scalar.name))):
-            return f"{t} {name}({t});\nstatic inline {t} tiny_v{fn}_{t}({t} x) {{ return {name}(x); }}\n"
+        if (v := self.lane_math(op, dt.scalar)) is not None:
+            name, w, m = _MVEC[(op, v.count, s)], self.vector_type_name(v), v.count
+            declare = f"{w} {name}({w});\n"
+            if m == n:
+                return declare + f"static inline {t} tiny_v{fn}_{t}({t} x) {{ return {name}(x); }}\n"
+            one = self.const(1.0, dt.scalar)
+            return declare + (
+                f"static inline {t} tiny_v{fn}_{t}({t} x) {{\n  {t} r;\n  for (int i = 0; i < {n}; i += {m}) {{\n"
+                f"    {w} w, y;\n    for (int j = 0; j < {m}; j++) w[j] = i + j < {n} ? x[i + j] : {one};\n"
+                f"    y = {name}(w);\n    for (int j = 0; j < {m} && i + j < {n}; j++) r[i + j] = y[j];\n  }}\n"
+                "  return r;\n}\n"
+            )
         lane = self.float_math(fn, ["x[i]"], dt.scalar)
         loop = f"for (int i = 0; i < {n}; i++) r[i] = {lane};"
         return f"static inline {t} tiny_v{fn}_{t}({t} x) {{ {t} r; {loop} return r; }}\n"

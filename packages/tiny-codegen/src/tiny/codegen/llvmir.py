@@ -499,6 +499,13 @@ class LLVMRenderer(Renderer):
         t = self.ltype(dt)
         if fn == "exp2" and dt.count > 1 and dt.scalar == dtypes.float32 and self.inline_vexp2:
             return f.call(f"tiny_vexp2_v{dt.count}f32", t, f"{t} {args[0]}")
+        if fn == "exp2" and dt == dtypes.float32 and self.inline_vexp2:
+            # one value through lane 0 of the vector exp2: its lanes round alike at every width, libm's exp2f does
+            # not round as they do, and a value computed again in another kernel, vectorized otherwise, must be the
+            # same bits (a max's gradient compares a value with the max over it)
+            v = f.value(f"insertelement <4 x float> poison, float {args[0]}, i32 0")
+            r = f.call("tiny_vexp2_v4f32", "<4 x float>", f"<4 x float> {v}")
+            return f.value(f"extractelement <4 x float> {r}, i32 0")
         suffix = {"half": "f16", "float": "f32", "double": "f64"}[self.ltype(dt.scalar)]
         name = f"llvm.{fn}.{suffix if dt.count == 1 else f'v{dt.count}{suffix}'}"
         f.declares.add(f"declare {t} @{name}({', '.join([t] * len(args))})")

@@ -27,6 +27,8 @@ class OpenCLRenderer(GPUCStyleRenderer):
     local_id = "get_local_id({dim})"
     barrier_text = "barrier(CLK_LOCAL_MEM_FENCE);"
     optional_dtypes = {"fp16": dtypes.float16, "fp64": dtypes.float64}
+    # math on a vector names its operand once a lane (alu)
+    repeats_operands = GPUCStyleRenderer.repeats_operands | {Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC}
     type_names = {
         "bool": "bool",
         "int8": "char",
@@ -100,6 +102,11 @@ class OpenCLRenderer(GPUCStyleRenderer):
 
     def alu(self, u: UOp, args: list[str]) -> str:
         op, dt = u.op, u.dtype
+        if op in self.math_fns and dt.count > 1:
+            # lane by lane: an implementation's vector functions may round otherwise than its scalar ones (PoCL's
+            # exp2 does), and a value computed again in another kernel, vectorized otherwise, must be the same bits
+            lanes = [self.float_math(self.math_fns[op], [self.gep(args[0], i)], dt.scalar) for i in range(dt.count)]
+            return f"(({self.type_name(dt)})({', '.join(lanes)}))"
         if op in self.math_fns:
             return self.float_math(self.math_fns[op], args, dt)
         if dt.count > 1 and op is Ops.WHERE:  # select(if false, if true, mask)

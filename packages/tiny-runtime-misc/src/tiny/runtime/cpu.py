@@ -6,6 +6,7 @@ llvmlite (no compiler needed), else C through gcc. `CC=gcc` (any C compiler), `C
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import os
 import platform
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -249,6 +251,10 @@ class CPUAllocator(LRUAllocator):
         dest[:] = self.as_memoryview(src, dest.nbytes)
 
 
+def _dlclose(handle: int) -> None:
+    _ctypes.dlclose(handle)
+
+
 class CPUProgram(Program):
     """A kernel of a shared library (what the C compiler makes), run by the calling thread or the pool."""
 
@@ -263,9 +269,13 @@ class CPUProgram(Program):
         with tempfile.NamedTemporaryFile(prefix=f"tiny_{self.name}_", suffix=".so", delete=False) as f:
             f.write(binary)
         try:
-            return ctypes.CDLL(f.name)
+            lib = ctypes.CDLL(f.name)
         finally:
             os.unlink(f.name)
+        # unloaded when the last of the program and its ctypes functions (each holds the library) is gone: a process
+        # that builds many thousand kernels would otherwise run out of memory maps (vm.max_map_count, 5 a library)
+        weakref.finalize(lib, _dlclose, lib._handle).atexit = False
+        return lib
 
     def symbol(self) -> Any:
         """A new ctypes function object of the kernel (each with argtypes of its own), returning nothing."""

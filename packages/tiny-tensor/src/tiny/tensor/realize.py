@@ -78,6 +78,9 @@ class Built(NamedTuple):
 
 
 Programs = dict[tuple[UOp, str], Built]
+# the programs kept per flag set; past it the oldest built goes (and its runner is unloaded once nothing else holds
+# it: a jitted function holds its own), so a process that builds many thousand kernels keeps a bounded number
+KEEP_PROGRAMS = 4096
 _programs_by_opts: dict[tuple[int, int], Programs] = {}  # (NOOPT, BEAM) -> the programs built under those flags
 _opaque = operator.attrgetter("opaque")  # a buffer's memory, allocated when first asked for
 _COPY = Ops.COPY  # (an Enum member as a global: see tiny.ir.schedule.cache._BUFFER)
@@ -109,6 +112,8 @@ def _loaded(key: tuple[UOp, str], prog: CompiledProgram, built: Programs) -> Bui
         print(prog.src)
     runner = Device[key[1]].load(prog)
     launch = runner.launcher(prog.n_buffers, prog.global_size, prog.local_size)
+    while len(built) >= KEEP_PROGRAMS:
+        del built[next(iter(built))]
     found = built[key] = Built(prog, runner, launch)
     return found
 
