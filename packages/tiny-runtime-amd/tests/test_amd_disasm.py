@@ -90,3 +90,19 @@ def test_global_loads_and_stores_are_wide(target: str, lang: str) -> None:
     ops = mnemonics(disassemble(target, lang, ones(64, 64) * ones(64, 64)))
     assert any(re.fullmatch(r"global_load_(b128|dwordx4)", m) for m in ops), sorted(ops)
     assert any(re.fullmatch(r"global_store_(b128|dwordx4)", m) for m in ops), sorted(ops)
+
+
+FUSED = re.compile(r"v_(pk_|dual_)?(fma|fmac|mad|mac|fmamk|fmaak)_(f32|f64|legacy_f32)(_e32|_e64)?")
+
+
+@pytest.mark.parametrize("lang", list(RENDERERS))
+@pytest.mark.parametrize("target", TARGETS)
+def test_only_a_reductions_accumulator_is_fused(target: str, lang: str) -> None:
+    """x * x - y is a multiply and a subtraction (two roundings) in every kernel, as in the kernel that computed y:
+    HIP's clang contracted it into an fma by default, so a value computed again rounded otherwise and x * x - y was
+    not 0 where y held x * x. A reduction's accumulator still takes its products as fused multiply-adds."""
+    x, y = Tensor(np.linspace(-2, 2, 4096, dtype=np.float32)), Tensor(np.ones(4096, np.float32))
+    elementwise = mnemonics(disassemble(target, lang, x * x - y))
+    assert not any(FUSED.fullmatch(m) for m in elementwise), sorted(elementwise)
+    reduction = mnemonics(disassemble(target, lang, ones(64, 64) @ ones(64, 64)))
+    assert any(FUSED.fullmatch(m) for m in reduction), sorted(reduction)

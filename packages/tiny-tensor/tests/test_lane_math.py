@@ -48,3 +48,15 @@ def test_max_of_a_logsumexp_has_a_gradient(dtype, reduce: str) -> None:
     (getattr(t.logsumexp(3, keepdim=True), "a" + reduce)((1, 3)) * torch.tensor(w, dtype=t.dtype)).sum().backward()
     assert x.grad is not None
     np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_a_product_computed_again_rounds_as_it_did(dtype) -> None:
+    """A product stored by one kernel and computed again by another is the same number: no compiler fuses the second
+    one's multiply into the subtraction after it (x * x - y is exactly 0 where y holds x * x; fused, it is the first
+    product's rounding error, as NVRTC's --fmad and OpenCL C's default FP_CONTRACT would make it)."""
+    x = Tensor(np.random.default_rng(3).uniform(-3, 3, 4096).astype(np.dtype(dtype.name)))
+    y = (x * x).realize()
+    np.testing.assert_array_equal((x * x - y).numpy(), 0)
+    z = (x * 1.1 + 0.3).realize()
+    np.testing.assert_array_equal((x * 1.1 + 0.3 - z).numpy(), 0)

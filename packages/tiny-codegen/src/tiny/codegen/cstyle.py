@@ -586,10 +586,12 @@ def _vexp2_float32(t: str) -> str:
     in a reduction's loop, where a call makes the compiler spill the accumulator and constants around it (softmax's
     exp-and-sum kernel 6.3 -> 4.3 ms with the linearizer's one-op accumulator updates); on hosts without libmvec
     it replaces a libm call per lane.
-    x is clamped to [-151, 129] (NaN stays NaN), split as n + f with n = round(x) (adding and taking away 1.5 * 2**23
-    rounds a float to the nearest integer), and 2**n is applied as two powers of two, 2**(n>>1) and 2**(n - (n>>1)),
-    each a normal float, so a result that is subnormal is rounded once and one past the range is inf. The pragma
-    lets Horner's steps fuse under -ffp-contract=off: the same text, so the same rounding, in every kernel."""
+    x is clamped to [-151, 129] (NaN is computed as 0 and given back: converting NaN to an integer is undefined, and
+    a compiler that folds a constant NaN's exp2 made anything of it), split as n + f with n = round(x) (adding and
+    taking away 1.5 * 2**23 rounds a float to the nearest integer), and 2**n is applied as two powers of two,
+    2**(n>>1) and 2**(n - (n>>1)), each a normal float, so a result that is subnormal is rounded once and one past
+    the range is inf. The pragma lets Horner's steps fuse under -ffp-contract=off: the same text, so the same
+    rounding, in every kernel."""
     m = f"{t}_mask"
     horner = "".join(f"  p = p * f + {c};\n" for c in _EXP2_POLY[1:])
     return (
@@ -597,13 +599,15 @@ def _vexp2_float32(t: str) -> str:
         "#pragma STDC FP_CONTRACT ON\n"
         f"  {t} c = tiny_vwhere_{t}(({m})(x < -151.0f), ({t}){{0}} - 151.0f, x);\n"
         f"  c = tiny_vwhere_{t}(({m})(c > 129.0f), ({t}){{0}} + 129.0f, c);\n"
+        f"  c = tiny_vwhere_{t}(({m})(x != x), ({t}){{0}}, c);\n"
         f"  {t} n = (c + 12582912.0f) - 12582912.0f;\n"
         f"  {t} f = c - n;\n"
         f"  {t} p = ({t}){{0}} + {_EXP2_POLY[0]};\n"
         f"{horner}"
         f"  {m} k = __builtin_convertvector(n, {m});\n"
         f"  {m} h = k >> 1;\n"
-        f"  return p * ({t})((h + 127) << 23) * ({t})((k - h + 127) << 23);\n}}\n"
+        f"  {t} r = p * ({t})((h + 127) << 23) * ({t})((k - h + 127) << 23);\n"
+        f"  return tiny_vwhere_{t}(({m})(x != x), x, r);\n}}\n"
     )
 
 

@@ -44,6 +44,10 @@ class HIPRenderer(GPUCStyleRenderer):
     vector_typedef = CRenderer.vector_typedef
     vector_prelude = CRenderer.vector_prelude
     vector_math = CRenderer.vector_math
+    # HIPCompiler compiles with -ffp-contract=off: a reduction's accumulator asks for its fused multiply-add
+    multiply_add = CRenderer.multiply_add
+    multiply_add_helper = CRenderer.multiply_add_helper
+    _fma_type = CRenderer._fma_type
 
     def __init__(self, target: str = "gfx1100") -> None:
         amd = amd_target(target)

@@ -117,5 +117,12 @@ class OpenCLRenderer(GPUCStyleRenderer):
             return f"select({b}, {a}, {pick})"
         return super().alu(u, args)
 
+    def multiply_add(self, dt: DType, a: str, b: str, acc: str) -> str | None:
+        """Contraction is off (preamble): a reduction's accumulator asks for its fused multiply-add."""
+        return f"fma({a}, {b}, {acc})" if dt.scalar in (dtypes.float32, dtypes.float64) else None
+
     def preamble(self, scalars: set[DType]) -> str:
-        return "".join(f"#pragma OPENCL EXTENSION {ext} : enable\n" for dt, ext in _EXTENSIONS.items() if dt in scalars)
+        """No contraction (OpenCL C fuses a * b + c into one rounding by default: a value computed again in another
+        kernel, fused there and not here, would differ), and the extensions the dtypes need."""
+        enable = [f"#pragma OPENCL EXTENSION {ext} : enable\n" for dt, ext in _EXTENSIONS.items() if dt in scalars]
+        return "#pragma OPENCL FP_CONTRACT OFF\n" + "".join(enable)

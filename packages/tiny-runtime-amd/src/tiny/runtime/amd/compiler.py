@@ -21,6 +21,10 @@ from tiny.runtime.amd.discovery import Toolchain, find_toolchain
 from tiny.runtime.amd.elf import CodeObjectError, read_code_object
 
 OPT_LEVEL = "-O3"
+# HIP's clang fuses a * b + c into one rounding by default; a value computed again in another kernel, fused there and
+# not here, would differ (a max's gradient compares a value with the max over it). The HIP renderer asks for the
+# fusion where it is wanted: a reduction's accumulator (#pragma STDC FP_CONTRACT ON around it)
+HIP_FLAGS = ("-std=c++17", OPT_LEVEL, "-ffp-contract=off")
 TRIPLE = "amdgcn-amd-amdhsa"
 
 
@@ -59,11 +63,12 @@ class _ToolchainCompiler(Compiler):
     """What both compilers share: the toolchain, the target, running a tool and checking the code object."""
 
     language = ""
+    flags: tuple[str, ...] = (OPT_LEVEL,)
 
     def __init__(self, target: str = "gfx1100") -> None:
         self.target = target
         self.toolchain = require_toolchain(target)
-        super().__init__(cachekey=f"amd:{self.language}:{target}:{self.toolchain.version}:{OPT_LEVEL}")
+        super().__init__(cachekey=f"amd:{self.language}:{target}:{self.toolchain.version}:{' '.join(self.flags)}")
 
     def run(self, args: list[str], src: str, what: str) -> None:
         r = subprocess.run(args, capture_output=True, text=True)
@@ -99,6 +104,7 @@ class HIPCompiler(_ToolchainCompiler):
     """HIP C -> code object: clang as a HIP device-only compile, without ROCm's headers (-nogpuinc) or libraries."""
 
     language = "hip"
+    flags = HIP_FLAGS
 
     def compile(self, src: str) -> bytes:
         with tempfile.TemporaryDirectory(prefix="tiny-amd-") as tmp:
@@ -106,6 +112,6 @@ class HIPCompiler(_ToolchainCompiler):
             hip.write_text(src)
             tc = self.toolchain
             args = [tc.clang, "-x", "hip", f"--offload-arch={self.target}", "-nogpuinc", "-nogpulib"]
-            args += ["--cuda-device-only", "--no-gpu-bundle-output", "-std=c++17", OPT_LEVEL, "-c", str(hip)]
+            args += ["--cuda-device-only", "--no-gpu-bundle-output", *self.flags, "-c", str(hip)]
             self.run([*args, "-o", str(co)], src, f"{tc.clang} (HIP -> code object)")
             return self.checked(co.read_bytes(), src)
