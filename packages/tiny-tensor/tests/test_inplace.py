@@ -40,6 +40,23 @@ def test_every_view_of_the_buffer_sees_the_write(device: str) -> None:
     np.testing.assert_array_equal(col.numpy(), a.T[2])
 
 
+def test_a_view_whose_values_were_read_still_sees_later_writes(device: str) -> None:
+    """Reading a view (numpy, tolist, item) reads it through a copy made for the read: the view stays a view, as a
+    PyTorch view does. It used to become that copy, so `v = x[1:]; v.numpy(); x += 1` left v at the old values."""
+    t, a = base(device)
+    views = {"slice": (t[1:], lambda m: m[1:]), "strided": (t[:, ::2], lambda m: m[:, ::2])}
+    views |= {"transposed": (t.T, lambda m: m.T), "row": (t[2], lambda m: m[2])}
+    for v, _ in views.values():
+        v.numpy()
+    t += 1
+    a += 1
+    t[0, 1] = -5.0
+    a[0, 1] = -5.0
+    for name, (v, of) in views.items():
+        np.testing.assert_array_equal(v.numpy(), of(a), err_msg=name)
+    assert t[1, 1].item() == a[1, 1] and t[1].tolist() == a[1].tolist()
+
+
 def test_writing_through_a_permuted_view_changes_the_base(device: str) -> None:
     t, a = base(device)
     v = t.T

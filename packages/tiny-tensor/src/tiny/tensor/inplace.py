@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tiny.ir.schedule import is_realized, memory_of
-from tiny.ir.uop import GroupOp, Ops, UOp
+from tiny.ir.schedule import is_memory, is_realized, memory_of
+from tiny.ir.uop import Ops, UOp
 from tiny.tensor.autograd import NO_GRAD
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import default_int
@@ -39,7 +39,7 @@ class InplaceOps(TensorBase):
         if v.device != self.device:
             raise ValueError(f"assign() of a tensor on {v.device} into one on {self.device}; use .to()")
         v = _fitted(v, self.shape, "the tensor").cast(self.dtype)
-        if not _is_memory(self.uop):
+        if not is_memory(self.uop):
             self.realize()
         _, path = memory_of(self.uop)
         if any(m.op in (Ops.EXPAND, Ops.PAD) for m in path):
@@ -54,7 +54,7 @@ class InplaceOps(TensorBase):
         v = value if isinstance(value, TensorBase) else type(self)(value, device=self.device, dtype=self.dtype)
         if v.device != self.device:
             raise ValueError(f"setting values from a tensor on {v.device} into one on {self.device}; use .to()")
-        if _basic(index) and _is_memory(self.uop) and not self.requires_grad and not _on_path(self, v):
+        if _basic(index) and is_memory(self.uop) and not self.requires_grad and not _on_path(self, v):
             part.assign(v)  # a view of memory: written where it lies, the rest untouched (a KV cache's new row)
             return
         work = self.dtype if self.dtype.is_float else default_int(self.device)  # exact for integers and bools
@@ -265,17 +265,11 @@ def _on_path(target: TensorBase, value: TensorBase) -> bool:
     return target._on_gradient_path() or value._on_gradient_path()  # type: ignore[attr-defined]
 
 
-def _is_memory(u: UOp) -> bool:
-    while u.op in GroupOp.Movement:
-        u = u.src[0]
-    return u.op is Ops.BUFFER
-
-
 def _settle_readers(target: TensorBase, value: TensorBase) -> None:
     """Compute now every pending tensor that reads this memory, so that it sees the values from before the write."""
     base, _ = memory_of(target.uop)
     pending = [
-        t for t in type(target)._pending.alive() if t is not target and not _is_memory(t.uop) and base in t.uop.toposort
+        t for t in type(target)._pending.alive() if t is not target and not is_memory(t.uop) and base in t.uop.toposort
     ]
     pending = [t for t in pending if t.uop is not value.uop]
     if pending:

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from tiny.ir.device import Device, buffer_of, new_buffer
+from tiny.ir.device import Device, buffer_of, device_computes, new_buffer
 from tiny.ir.dtypes import DType, dtypes, to_dtype
-from tiny.ir.schedule import ScheduleItem, create_schedule, is_realized
+from tiny.ir.schedule import ScheduleItem, create_schedule, is_memory, is_realized
 from tiny.ir.sint import check_size, is_size_expr, sym_eval, variables
 from tiny.ir.uop import GroupOp, Ops, UOp, substitute
 from tiny.tensor.activations import ActivationOps
@@ -198,7 +198,12 @@ class Tensor(
                 shape = tuple(sym_eval(s) for s in shape)
             except ValueError as e:
                 raise ValueError(f"cannot read the values of a tensor of shape {self.shape}: {e}") from None
-        buf = self._buffer()
+        # a view of memory is read through a copy made for this read: realizing the view itself would make this tensor
+        # (and every other of the same view) a copy, which no longer sees the memory's later in-place writes (a
+        # device that only holds data, DISK, computes no copy: there a view is one range of the file, shared)
+        view = is_memory(self.uop) and not is_realized(self.uop) and device_computes(self.device)
+        source = self.contiguous() if view else self
+        buf = source._buffer()
         if self.dtype == dtypes.bfloat16:
             raw = np.frombuffer(buf.as_bytes(), dtype=np.uint16).astype(np.uint32) << 16
             return raw.view(np.float32)[: math.prod(shape)].reshape(shape)

@@ -34,6 +34,13 @@ def is_realized(u: UOp) -> bool:
     return op is _BUFFER or (op is _RESHAPE and u.src[0].op is _BUFFER)
 
 
+def is_memory(u: UOp) -> bool:
+    """A node that views memory: movement ops (none, or several) over a BUFFER."""
+    while u.op in GroupOp.Movement:
+        u = u.src[0]
+    return u.op is _BUFFER
+
+
 # Python 3.11 finds an Enum's member through EnumType's __getattr__ hook, ten times a global's cost: the members the
 # hottest tests compare with, once
 _BUFFER, _RESHAPE = Ops.BUFFER, Ops.RESHAPE
