@@ -195,6 +195,54 @@ def test_inplace_on_a_tensor_computed_from_a_leaf_keeps_the_gradient(device: str
     np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy())
 
 
+@pytest.mark.parametrize("realized", [False, True], ids=["lazy", "realized"])
+def test_views_taken_before_an_inplace_op_on_the_gradient_path_follow_it(device: str, realized: bool) -> None:
+    """A view of a tensor that is then changed in place (a gradient flowing through it) sees the new values, and the
+    gradient through the view goes through the change, as in PyTorch. It kept the old value: v = a[1:]; a += 1 gave
+    v without the 1 and a gradient without it (silently)."""
+    torch = pytest.importorskip("torch")
+    data = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
+    w, tw = Tensor(data, device=device, requires_grad=True), torch.tensor(data, requires_grad=True)
+    got = []
+    for x, lib in ((w, "tiny"), (tw, "torch")):
+        a = x * 2
+        if realized and lib == "tiny":
+            a.realize()
+        views = [a[1:], a.T, a.reshape(12)[::3], a[2]]
+        a += x * x
+        a *= 3
+        loss = sum((v * v).sum() * (i + 1) for i, v in enumerate(views))
+        loss.backward()
+        got.append([np.asarray(v.detach().numpy()) for v in views] + [x.grad.numpy()])
+    for mine, theirs in zip(*got):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_inplace_on_a_view_changes_what_it_views(device: str, grad: bool) -> None:
+    """v = a[1:]; v += 1 changes a (and every other view of a) where v lies, as in PyTorch, whether a is computed
+    (lazy), memory, or on a gradient path. It changed a copy of v alone, silently."""
+    torch = pytest.importorskip("torch")
+    data = np.arange(12, dtype=np.float32).reshape(3, 4) / 5
+    w, tw = Tensor(data, device=device, requires_grad=grad), torch.tensor(data, requires_grad=grad)
+    got = []
+    for x in (w, tw):
+        a = x * 2
+        other = a.T
+        v = a[1:, ::2]
+        v += 1
+        a[0] *= 3
+        row = a[2]
+        row -= x[0]
+        outs = [a, other, v, row]
+        if grad:
+            sum((o * o).sum() * (i + 1) for i, o in enumerate(outs)).backward()
+            outs.append(x.grad)
+        got.append([o.detach().numpy() for o in outs])
+    for mine, theirs in zip(*got):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "make",
     [

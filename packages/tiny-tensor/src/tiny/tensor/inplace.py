@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tiny.ir.schedule import is_memory, is_realized, memory_of
-from tiny.ir.uop import Ops, UOp
+from tiny.ir.uop import GroupOp, Ops, UOp, substitute
 from tiny.tensor.autograd import NO_GRAD
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import default_int
@@ -39,8 +39,8 @@ class InplaceOps(TensorBase):
         if v.device != self.device:
             raise ValueError(f"assign() of a tensor on {v.device} into one on {self.device}; use .to()")
         v = _fitted(v, self.shape, "the tensor").cast(self.dtype)
-        if not is_memory(self.uop):
-            self.realize()
+        if not is_memory(self.uop):  # what it views is computed into memory (not a copy of the view: the write must
+            type(self)(_viewed(self.uop)).realize()  # reach every tensor of that value and every view of it)
         _, path = memory_of(self.uop)
         if any(m.op in (Ops.EXPAND, Ops.PAD) for m in path):
             raise RuntimeError("cannot write through an expanded or padded view: several elements share memory")
@@ -65,7 +65,11 @@ class InplaceOps(TensorBase):
         placed_t, hits_t = self._new(placed), self._new(hits)
         # an element chosen twice (repeated tensor indices) takes the mean of its values
         share = placed_t / hits_t.maximum(1) if work.is_float else placed_t // hits_t.maximum(1)
-        self.assign((hits_t > 0).where(share.cast(self.dtype), self))
+        written = (hits_t > 0).where(share.cast(self.dtype), self)
+        if self._on_gradient_path() or written._on_gradient_path():  # type: ignore[attr-defined]
+            self._inplace("[]=", written, instead="x = x.where(mask, values)")  # lazily, with its gradient
+        else:
+            self.assign(written)
 
     def _inplace(self, op: str, result: Tensor, instead: str | None = None) -> Tensor:
         """x op= y: the result written into x (in its buffer, as assign() does), or, where a gradient flows into
@@ -89,10 +93,12 @@ class InplaceOps(TensorBase):
             )
         # (also where x holds no gradient path but what is written into it does: x.add_(w), w a leaf with requires_grad)
         if self._on_gradient_path() or result._on_gradient_path():  # type: ignore[attr-defined]
-            was_memory = is_realized(self.uop)
-            self.uop = result.cast(self.dtype).uop
-            if was_memory:  # listed among the pending tensors again: it has work pending now
-                type(self)._pending.add(self)  # type: ignore[attr-defined]
+            # x takes the result as its value, and so does what x views where x lies in it: every tensor of that value
+            # and every view of it (taken before) follow, values and gradient alike, as in PyTorch
+            value, base = result.cast(self.dtype).uop, _viewed(self.uop)
+            if base is not self.uop:
+                value = _placed(self, base, value)
+            _views_follow(type(self), base, value)
             return self  # type: ignore[return-value]
         return self.assign(result)
 
@@ -263,6 +269,42 @@ def _basic(index: Any) -> bool:
 
 def _on_path(target: TensorBase, value: TensorBase) -> bool:
     return target._on_gradient_path() or value._on_gradient_path()  # type: ignore[attr-defined]
+
+
+def _viewed(u: UOp) -> UOp:
+    """What a chain of movement ops views (u itself where it is none)."""
+    while u.op in GroupOp.Movement:
+        u = u.src[0]
+    return u
+
+
+def _placed(view: TensorBase, base: UOp, value: UOp) -> UOp:
+    """base with `value` where `view` lies in it: the view's movement ops taken back (their gradient, seeded with the
+    values, and with ones to find where the view lies)."""
+    u, ops = view.uop, set()
+    while u is not base:
+        ops.add(u.op)
+        u = u.src[0]
+    if Ops.EXPAND in ops or Ops.PAD in ops:
+        raise RuntimeError("cannot write through an expanded or padded view: several elements share memory")
+    seeds = (value, view.ones_like(view.dtype).uop)  # type: ignore[attr-defined]
+    placed, hits = (view._new(compute_gradient(view.uop, seed, [base])[0]) for seed in seeds)  # type: ignore[attr-defined]
+    return (hits > 0).where(placed, view._new(base)).uop
+
+
+def _views_follow(cls: type, old: UOp, new: UOp) -> None:
+    """Every live tensor whose value is `old`, or a view of it (slices, transposes, reshapes taken before: movement ops
+    over it), now is `new`, or that view of it, as a PyTorch view of a tensor changed in place is."""
+    mapping = {old: new}
+    for t in cls._live.alive():  # type: ignore[attr-defined]
+        u = t.uop
+        while u.op in GroupOp.Movement and u is not old:
+            u = u.src[0]
+        if u is old:
+            was_memory = is_realized(t.uop)
+            t.uop = substitute(t.uop, mapping)
+            if was_memory:  # listed among the pending tensors again: it has work pending now
+                cls._pending.add(t)  # type: ignore[attr-defined]
 
 
 def _settle_readers(target: TensorBase, value: TensorBase) -> None:
