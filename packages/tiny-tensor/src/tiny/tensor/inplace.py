@@ -39,8 +39,9 @@ class InplaceOps(TensorBase):
         if v.device != self.device:
             raise ValueError(f"assign() of a tensor on {v.device} into one on {self.device}; use .to()")
         v = _fitted(v, self.shape, "the tensor").cast(self.dtype)
-        if not is_memory(self.uop):  # what it views is computed into memory (not a copy of the view: the write must
-            type(self)(_viewed(self.uop)).realize()  # reach every tensor of that value and every view of it)
+        if not is_memory(self.uop):  # what a view views is computed into memory (not a copy of the view: the write
+            base = _viewed(self.uop)  # must reach every tensor of that value and every view of it)
+            (self if base is None else type(self)(base)).realize()
         _, path = memory_of(self.uop)
         if any(m.op in (Ops.EXPAND, Ops.PAD) for m in path):
             raise RuntimeError("cannot write through an expanded or padded view: several elements share memory")
@@ -96,7 +97,9 @@ class InplaceOps(TensorBase):
             # x takes the result as its value, and so does what x views where x lies in it: every tensor of that value
             # and every view of it (taken before) follow, values and gradient alike, as in PyTorch
             value, base = result.cast(self.dtype).uop, _viewed(self.uop)
-            if base is not self.uop:
+            if base is None:
+                base = self.uop
+            else:
                 value = _placed(self, base, value)
             _views_follow(type(self), base, value)
             return self  # type: ignore[return-value]
@@ -271,9 +274,14 @@ def _on_path(target: TensorBase, value: TensorBase) -> bool:
     return target._on_gradient_path() or value._on_gradient_path()  # type: ignore[attr-defined]
 
 
-def _viewed(u: UOp) -> UOp:
-    """What a chain of movement ops views (u itself where it is none)."""
+def _viewed(u: UOp) -> UOp | None:
+    """What a view views: the node under u's movement ops; None where u is no view (no movement op), or where one of
+    them expands or pads (several elements, or none, of that node at one place: a broadcast zeros(3) is no view)."""
+    if u.op not in GroupOp.Movement:
+        return None
     while u.op in GroupOp.Movement:
+        if u.op in (Ops.EXPAND, Ops.PAD):
+            return None
         u = u.src[0]
     return u
 
@@ -281,12 +289,6 @@ def _viewed(u: UOp) -> UOp:
 def _placed(view: TensorBase, base: UOp, value: UOp) -> UOp:
     """base with `value` where `view` lies in it: the view's movement ops taken back (their gradient, seeded with the
     values, and with ones to find where the view lies)."""
-    u, ops = view.uop, set()
-    while u is not base:
-        ops.add(u.op)
-        u = u.src[0]
-    if Ops.EXPAND in ops or Ops.PAD in ops:
-        raise RuntimeError("cannot write through an expanded or padded view: several elements share memory")
     seeds = (value, view.ones_like(view.dtype).uop)  # type: ignore[attr-defined]
     placed, hits = (view._new(compute_gradient(view.uop, seed, [base])[0]) for seed in seeds)  # type: ignore[attr-defined]
     return (hits > 0).where(placed, view._new(base)).uop
