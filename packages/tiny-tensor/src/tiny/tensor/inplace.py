@@ -282,7 +282,7 @@ def _viewed(u: UOp) -> UOp | None:
     while u.op in GroupOp.Movement:
         if u.op in (Ops.EXPAND, Ops.PAD):
             return None
-        u = u.src[0]
+        u = u.source
     return u
 
 
@@ -301,7 +301,7 @@ def _views_follow(cls: type, old: UOp, new: UOp) -> None:
     for t in cls._live.alive():  # type: ignore[attr-defined]
         u = t.uop
         while u.op in GroupOp.Movement and u is not old:
-            u = u.src[0]
+            u = u.source
         if u is old:
             was_memory = is_realized(t.uop)
             t.uop = substitute(t.uop, mapping)

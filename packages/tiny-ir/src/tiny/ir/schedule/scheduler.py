@@ -37,7 +37,7 @@ def is_realized(u: UOp) -> bool:
 def is_memory(u: UOp) -> bool:
     """A node that views memory: movement ops (none, or several) over a BUFFER."""
     while u.op in GroupOp.Movement:
-        u = u.src[0]
+        u = u.source
     return u.op is _BUFFER
 
 
