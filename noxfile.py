@@ -208,7 +208,15 @@ def amd(session: nox.Session) -> None:
 def tensor(session: nox.Session) -> None:
     """tiny-tensor: Tensor, autograd, nn; numerics checked against NumPy and PyTorch (CPU build, pinned); VIZ's page
     in headless chromium through selenium (skipped, saying why, without chromium and chromedriver)."""
-    tools = (DEV["torch"], DEV["safetensors"], DEV["gguf"], DEV["transformers"], DEV["openai"], DEV["selenium"])
+    tools = (
+        DEV["torch"],
+        DEV["safetensors"],
+        DEV["gguf"],
+        DEV["transformers"],
+        DEV["sentencepiece"],
+        DEV["openai"],
+        DEV["selenium"],
+    )
     _install_local(session, "tiny-tensor", extras=("llm",), tools=tools)
     _pytest(session, "tiny-tensor")
 

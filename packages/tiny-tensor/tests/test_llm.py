@@ -5,7 +5,9 @@ tiny.llm.load; logits equal to 1e-4 in float32 and 32 greedily generated tokens 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -201,14 +203,16 @@ _HF_TO_GGUF = {
 }
 
 
-def _write_gguf(ref: object, path: Path, qtype: str) -> None:
+def _write_gguf(ref: object, path: Path, qtype: str, metadata: Callable[[Any], None] | None = None) -> None:
     """The transformers model as a GGUF file: llama.cpp's names and metadata, each head's query/key rows ordered for
     adjacent-pair rotation (its converter's permute), Llama 3's frequency factors as rope_freqs, and the matrices in
-    `qtype` (norms stay F32, as llama.cpp keeps them)."""
+    `qtype` (norms stay F32, as llama.cpp keeps them). `metadata(writer)` adds more (a vocabulary)."""
     gguf = pytest.importorskip("gguf")
     cfg = ref.config
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     w = gguf.GGUFWriter(str(path), "llama")
+    if metadata is not None:
+        metadata(w)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)

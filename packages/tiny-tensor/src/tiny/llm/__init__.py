@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tiny.ir.schedule import is_realized
+from tiny.llm.gguf_tokenizer import special_tokens, tokenizer_from_metadata
 from tiny.models.gpt2 import GPT2, GPT2Config
 from tiny.models.llama import Llama, LlamaConfig
 from tiny.nn.state import safe_load
@@ -252,8 +253,9 @@ _GGUF_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qw
 
 
 def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
-    """A LLaMA-family model from a GGUF file as llama.cpp writes it: its metadata is the config, its tensors (any
-    type tiny.nn.gguf reads, dequantized to float32) the weights under llama.cpp's names. llama.cpp's converter
+    """A LLaMA-family model from a GGUF file as llama.cpp writes it: its metadata is the config (and the tokenizer and
+    chat template, where it has them), its tensors (any type tiny.nn.gguf reads, dequantized to float32) the weights
+    under llama.cpp's names. llama.cpp's converter
     orders each head's query and key rows for rotating adjacent pairs; they are put back in Hugging Face's order
     (the halves of a head), which this model rotates."""
     from tiny.nn.gguf import gguf_load
@@ -306,7 +308,14 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
         weights[hf] = t
     _load_weights(model, weights, path, lazy=True)
     eos = meta.get("tokenizer.ggml.eos_token_id")
-    return LLM(model, None, [int(eos)] if isinstance(eos, int) else [])
+    template = meta.get("tokenizer.chat_template")
+    return LLM(
+        model,
+        tokenizer_from_metadata(meta, path),
+        [int(eos)] if isinstance(eos, int) else [],
+        template if isinstance(template, str) else None,
+        special_tokens(meta),
+    )
 
 
 def _unpermute(t: Tensor, heads: int) -> Tensor:

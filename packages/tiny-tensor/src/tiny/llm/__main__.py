@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = load(args.model, device=args.device, max_context=args.max_context)
         if model.tokenizer is None:
-            raise ValueError(f"{args.model} has no tokenizer.json: this command reads and writes text")
+            raise ValueError(
+                f"{args.model} has no tokenizer (tokenizer.json or a GGUF vocabulary): this command reads text"
+            )
         if args.command == "serve":
             from tiny.llm.server import serve
 
