@@ -64,11 +64,25 @@ MODELS = {
         )
     ),
 }
+# K-quantized matrices take rows of whole 256-value super-blocks: llama3_gqa, wider (not among the models compared
+# with transformers above)
+WIDE = {
+    "llama3_wide": lambda: transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            **{**SMALL, "hidden_size": 256, "intermediate_size": 512},
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            rope_theta=500000.0,
+            rope_scaling=LLAMA3_ROPE,
+        )
+    ),
+}
 
 
 def _saved(name: str, folder: Path) -> object:
     torch.manual_seed(len(name))
-    model = MODELS[name]().eval()
+    model = {**MODELS, **WIDE}[name]().eval()
     with torch.no_grad():  # random biases (transformers starts them at 0), so a misplaced one shows
         for n, p in model.named_parameters():
             if n.endswith("bias"):
@@ -203,6 +217,54 @@ _HF_TO_GGUF = {
 }
 
 
+def _quantize_q4_k(a: np.ndarray) -> np.ndarray:
+    """A plain Q4_K quantizer (the gguf package only dequantizes K-quants; not llama.cpp's search for the best
+    scales): per 32 values a 4-bit step and minimum from their range, the steps and minimums as 6-bit multiples of
+    the super-block's f16 d and dmin, packed as llama.cpp packs them."""
+    x = a.reshape(-1, 8, 32).astype(np.float32)
+    low = np.minimum(x.min(-1), 0)
+    step, neg = (x.max(-1) - low) / 15, -low  # value = step * q - neg, q in 0..15
+    d = (step.max(-1, keepdims=True) / 63).astype(np.float16)
+    dmin = (neg.max(-1, keepdims=True) / 63).astype(np.float16)
+    df, dminf = d.astype(np.float32), dmin.astype(np.float32)
+    sc = np.clip(np.round(np.divide(step, df, out=np.zeros_like(step), where=df > 0)), 0, 63).astype(np.uint8)
+    mn = np.clip(np.round(np.divide(neg, dminf, out=np.zeros_like(neg), where=dminf > 0)), 0, 63).astype(np.uint8)
+    scale, offset = (df * sc)[..., None], (dminf * mn)[..., None]
+    q = np.round(np.divide(x + offset, scale, out=np.zeros_like(x), where=scale > 0))
+    q = np.clip(q, 0, 15).astype(np.uint8).reshape(-1, 4, 2, 32)
+    packed = np.concatenate(
+        [
+            sc[:, :4] | ((sc[:, 4:] >> 4) << 6),
+            mn[:, :4] | ((mn[:, 4:] >> 4) << 6),
+            (sc[:, 4:] & 15) | ((mn[:, 4:] & 15) << 4),
+        ],
+        axis=1,
+    )
+    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
+    blocks = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), packed, qs], axis=1)
+    return blocks.reshape(a.shape[0], -1)
+
+
+def _quantize_q6_k(a: np.ndarray) -> np.ndarray:
+    """A plain Q6_K quantizer: per 16 values a step from their largest magnitude (q in -32..31), the steps as int8
+    multiples of the super-block's f16 d; the 6-bit values split into ql's nibbles and qh's bit pairs."""
+    x = a.reshape(-1, 16, 16).astype(np.float32)
+    step = np.abs(x).max(-1) / 31
+    d = (step.max(-1, keepdims=True) / 127).astype(np.float16)
+    df = d.astype(np.float32)
+    sc = np.clip(np.round(np.divide(step, df, out=np.zeros_like(step), where=df > 0)), -128, 127).astype(np.int8)
+    scale = (df * sc)[..., None]
+    q = np.round(np.divide(x, scale, out=np.zeros_like(x), where=scale != 0))
+    q = (np.clip(q, -32, 31) + 32).astype(np.uint8).reshape(-1, 2, 4, 32)  # (super-block, half, quarter, 32)
+    ql = (q[:, :, 0:2] & 15) | ((q[:, :, 2:4] & 15) << 4)  # quarters 0, 1 low nibbles; 2, 3 high
+    qh = (q[:, :, 0] >> 4) | ((q[:, :, 1] >> 4) << 2) | ((q[:, :, 2] >> 4) << 4) | ((q[:, :, 3] >> 4) << 6)
+    blocks = np.concatenate([ql.reshape(-1, 128), qh.reshape(-1, 64), sc.view(np.uint8), d.view(np.uint8)], axis=1)
+    return blocks.reshape(a.shape[0], -1)
+
+
+_OWN_QUANTIZERS = {"Q4_K": _quantize_q4_k, "Q6_K": _quantize_q6_k}
+
+
 def _write_gguf(ref: object, path: Path, qtype: str, metadata: Callable[[Any], None] | None = None) -> None:
     """The transformers model as a GGUF file: llama.cpp's names and metadata, each head's query/key rows ordered for
     adjacent-pair rotation (its converter's permute), Llama 3's frequency factors as rope_freqs, and the matrices in
@@ -233,7 +295,12 @@ def _write_gguf(ref: object, path: Path, qtype: str, metadata: Callable[[Any], N
             w.add_tensor(name, a.astype(np.float16))
         else:
             kind = getattr(gguf.GGMLQuantizationType, qtype)
-            w.add_tensor(name, gguf.quants.quantize(a, kind), raw_dtype=kind)
+            if qtype in _OWN_QUANTIZERS:  # (which the gguf package reads back as a quantization of a)
+                packed = _OWN_QUANTIZERS[qtype](a)
+                np.testing.assert_allclose(gguf.quants.dequantize(packed, kind), a, atol=0.1 * np.abs(a).max())
+            else:
+                packed = gguf.quants.quantize(a, kind)
+            w.add_tensor(name, packed, raw_dtype=kind)
 
     state = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
     put("token_embd.weight", state["model.embed_tokens.weight"])
@@ -383,15 +450,16 @@ def test_the_server_refuses_bad_requests_and_serves_two_clients(server) -> None:
     assert results[0][1]["choices"][0]["text"] == results[1][1]["choices"][0]["text"]  # (greedy: the same answer)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "F16"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "F16", "Q4_K", "Q6_K"])
 def test_quantized_weights_stay_quantized_in_device_memory(qtype: str, tmp_path: Path) -> None:
     """The device holds a quantized file's blocks (about the file's size), not float32 weights four to eight times
-    bigger; the kernels that read them dequantize. The logits are those of the weights dequantized when loaded."""
+    bigger; the kernels that read them dequantize. The logits are those of the weights dequantized when loaded.
+    (Q4_K and Q6_K files are quantized by the plain quantizers above, of a wider model.)"""
     from tiny.ir.device import buffer_of
     from tiny.ir.uop import Ops
     from tiny.nn.gguf import gguf_load
 
-    ref = _saved("llama3_gqa", tmp_path / "hf")
+    ref = _saved("llama3_wide" if qtype.endswith("_K") else "llama3_gqa", tmp_path / "hf")
     path = tmp_path / "m.gguf"
     _write_gguf(ref, path, qtype)
     model = load(path)

@@ -7,7 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tiny.ir.device import buffer_of
+from tiny.ir.uop import Ops
 from tiny.nn.gguf import gguf_load
+from tiny.tensor import Tensor
 
 gguf = pytest.importorskip("gguf")
 QT = gguf.GGMLQuantizationType
@@ -100,6 +103,59 @@ def test_k_quantizations_match_reference(tmp_path: Path, qtype: QT, size: int, s
     reference = quants.dequantize(packed, qtype)
     assert tensors["w"].shape == (2, 768) == reference.shape
     np.testing.assert_array_equal(tensors["w"].numpy(), reference)
+
+
+# the K-quantizations the gguf package cannot quantize: bytes per super-block, where its f16 scales lie
+_K_BLOCKS = {QT.Q2_K: (84, (80, 84)), QT.Q3_K: (110, (108, 110)), QT.Q4_K: (144, (0, 4)), QT.Q5_K: (176, (0, 4))}
+_K_BLOCKS[QT.Q6_K] = (210, (208, 210))
+_EVERY_TYPE = [QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, *_K_BLOCKS]
+
+
+def _packed(qtype: QT, rows: int, cols: int, seed: int) -> np.ndarray:
+    """rows x cols values in `qtype`, as the gguf package writes them: quantized by it where it can, else random
+    super-blocks (every bit pattern of the quants and the 6-bit scales) with finite f16 scales."""
+    rng = np.random.default_rng(seed)
+    if qtype not in _K_BLOCKS:
+        return quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+    size, (lo, hi) = _K_BLOCKS[qtype]
+    blocks = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
+    blocks[:, lo:hi] = rng.uniform(-0.1, 0.1, size=(len(blocks), (hi - lo) // 2)).astype("<f2").view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _kernels(t: Tensor) -> int:
+    return sum(1 for item in t.schedule() if item.ast.op is Ops.SINK)
+
+
+@pytest.mark.parametrize("qtype", _EVERY_TYPE, ids=lambda q: q.name)
+def test_every_type_stays_as_stored_and_is_the_gguf_packages_values(tmp_path: Path, qtype: QT) -> None:
+    """dequantize=False: the device holds the file's bytes (not 4-8x as many of float32), and the lazy tensor, one
+    kernel, computes gguf.dequantize's values bit for bit, as the host path does."""
+    packed = _packed(qtype, 3, 512, seed=int(qtype))
+    path = _write(tmp_path / "q.gguf", {"w": (packed, qtype)})
+    reference = quants.dequantize(packed, qtype)
+    lazy = gguf_load(path, dequantize=False)[0]["w"]
+    host = gguf_load(path)[0]["w"]
+    assert lazy.shape == host.shape == reference.shape == (3, 512)
+    held = {id(buffer_of(u)): buffer_of(u).nbytes for u in lazy.uop.toposort if u.op is Ops.BUFFER}
+    assert sum(held.values()) <= 1.2 * packed.nbytes < reference.nbytes  # (a few bytes of shift amounts besides)
+    assert _kernels(lazy) == 1
+    bits = np.uint32
+    np.testing.assert_array_equal(lazy.numpy().view(bits), reference.view(bits))
+    np.testing.assert_array_equal(host.numpy().view(bits), reference.view(bits))
+
+
+@pytest.mark.parametrize("qtype", _EVERY_TYPE, ids=lambda q: q.name)
+def test_a_product_over_a_lazy_weight_matches_numpy(tmp_path: Path, qtype: QT) -> None:
+    """x @ w.T over the blocks: the product of the dequantized values. Its kernels: the product, after one that
+    dequantizes the blocks for it where the values come in blocks (no more: the lazy graph fuses whole)."""
+    packed = _packed(qtype, 8, 512, seed=7)
+    w = gguf_load(_write(tmp_path / "q.gguf", {"w": (packed, qtype)}), dequantize=False)[0]["w"]
+    x = np.random.default_rng(8).standard_normal((3, 512)).astype(np.float32)
+    out = Tensor(x).realize() @ w.T
+    assert _kernels(out) <= (1 if qtype in (QT.F16, QT.BF16) else 2)
+    want = x.astype(np.float64) @ quants.dequantize(packed, qtype).T.astype(np.float64)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
 def test_metadata_round_trip(tmp_path: Path) -> None:

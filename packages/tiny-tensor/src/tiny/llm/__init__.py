@@ -260,7 +260,7 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
     (the halves of a head), which this model rotates."""
     from tiny.nn.gguf import gguf_load
 
-    tensors, meta = gguf_load(path, dequantize=False, device=device)  # (F16, Q8_0, Q4_0 stay as stored)
+    tensors, meta = gguf_load(path, dequantize=False, device=device)  # (every type stays as stored)
     arch = meta.get("general.architecture")
     if arch not in _GGUF_ARCHS:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (these are: {', '.join(_GGUF_ARCHS)})")

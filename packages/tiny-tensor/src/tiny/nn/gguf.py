@@ -1,4 +1,5 @@
-"""GGUF files (llama.cpp's model format): reading the metadata and the tensors, dequantized to float32.
+"""GGUF files (llama.cpp's model format): reading the metadata and the tensors, dequantized to float32 on the host
+or kept as stored on the device and dequantized by the kernels that read them.
 
 Layout (little-endian): "GGUF", uint32 version (2 or 3), uint64 tensor count, uint64 key/value count, the
 key/value pairs, one info record per tensor (name, dims innermost first, ggml type, offset into the data),
@@ -104,6 +105,11 @@ def _dequant_f32(raw: np.ndarray) -> np.ndarray:
 
 def _dequant_f16(raw: np.ndarray) -> np.ndarray:
     return raw.view("<f2").astype(np.float32)
+
+
+def _dequant_bf16(raw: np.ndarray) -> np.ndarray:
+    """The top 16 bits of a float32; the low 16 are 0."""
+    return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
 
 
 def _dequant_q8_0(raw: np.ndarray) -> np.ndarray:
@@ -260,13 +266,42 @@ _DEQUANT: dict[int, tuple[int, int, Callable[[np.ndarray], np.ndarray]]] = {
     12: (256, 144, _dequant_q4_k),
     13: (256, 176, _dequant_q5_k),
     14: (256, 210, _dequant_q6_k),
+    30: (1, 2, _dequant_bf16),
 }
 
 # ---------------------------------------------------------------- kept as stored (dequantized where read)
+#
+# Each lazy form holds a block's fields as separate device tensors (scales as float16, quants as the bytes they are),
+# together the file's bytes, and builds the float32 values from them with elementwise ops alone, in one kernel. The
+# values are computed in a shape that splits each block along its bit layout (which byte, which bits of it, which
+# scale), so that every field reaches every element through a view (a split and a broadcast): the shape is folded
+# into the tensor's own only at the end. Rounding follows the gguf package's dequantizers step by step, so the
+# values are theirs bit for bit.
+
+
+def _field(blocks: np.ndarray, lo: int, hi: int, dtype: str, device: str | None) -> Tensor:
+    """Bytes lo:hi of every block read as `dtype` ("<f2", "u1", "i1"): a (blocks, n) device tensor."""
+    return Tensor(np.ascontiguousarray(blocks[:, lo:hi]).view(dtype), device=device)
+
+
+def _shifts(amounts: list[int], shape: tuple[int, ...], device: str | None) -> Tensor:
+    """Bit shifts along the dims of a block's layout: a few bytes on the device, broadcast over the blocks."""
+    return Tensor(np.array(amounts, np.uint8).reshape(shape), device=device)
+
+
+def _scale(blocks: np.ndarray, at: int, rank: int, device: str | None) -> Tensor:
+    """The f16 at byte `at` of every block (on the device as float16), widened to float32: (blocks, 1, ..., 1) of
+    `rank` dims, broadcast over the block's layout."""
+    return _field(blocks, at, at + 2, "<f2", device).cast("float32").reshape(-1, *(1,) * (rank - 1))
 
 
 def _lazy_f16(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
     return Tensor(np.ascontiguousarray(raw).view("<f2").reshape(shape), device=device).cast("float32")
+
+
+def _lazy_bf16(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    bits = Tensor(np.ascontiguousarray(raw).view("<u2").reshape(shape), device=device)
+    return (bits.cast("uint32") << 16).bitcast("float32")
 
 
 def _lazy_q8_0(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
@@ -284,11 +319,130 @@ def _lazy_q4_0(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> T
     return (q * d.cast("float32")).reshape(shape)
 
 
+def _lazy_q4_1(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    """(blocks, nibble, byte): the low nibbles of the 16 bytes are elements 0..15, the high ones 16..31."""
+    blocks = raw.reshape(-1, 20)
+    d, m = _scale(blocks, 0, 3, device), _scale(blocks, 2, 3, device)
+    qs = _field(blocks, 4, 20, "u1", device).reshape(-1, 1, 16)
+    q = qs.bitwise_right_shift(_shifts([0, 4], (1, 2, 1), device)) & 15
+    return (d * q.cast("float32") + m).reshape(shape)
+
+
+def _five_bits(qh: Tensor, qs: Tensor, device: str | None) -> Tensor:
+    """Q5_0/Q5_1's 32 values of a block as (blocks, nibble, half of the 16 bytes, byte of the half): the nibbles as
+    Q4_1's, the fifth bit of element i bit i of the 4 bytes qh (a little-endian uint32)."""
+    low = qs.reshape(-1, 1, 2, 8).bitwise_right_shift(_shifts([0, 4], (1, 2, 1, 1), device)) & 15
+    high = qh.reshape(-1, 2, 2, 1).bitwise_right_shift(_shifts(list(range(8)), (1, 1, 1, 8), device)) & 1
+    return low | (high << 4)
+
+
+def _lazy_q5_0(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    blocks = raw.reshape(-1, 22)
+    d = _scale(blocks, 0, 4, device)
+    q = _five_bits(_field(blocks, 2, 6, "u1", device), _field(blocks, 6, 22, "u1", device), device)
+    return (d * (q.cast("float32") - 16.0)).reshape(shape)
+
+
+def _lazy_q5_1(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    blocks = raw.reshape(-1, 24)
+    d, m = _scale(blocks, 0, 4, device), _scale(blocks, 2, 4, device)
+    q = _five_bits(_field(blocks, 4, 8, "u1", device), _field(blocks, 8, 24, "u1", device), device)
+    return (d * q.cast("float32") + m).reshape(shape)
+
+
+def _lazy_q2_k(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    """(blocks, half, bit pair, half of the 32 bytes, byte): element 128*half + 32*pair + byte's bits 2*pair..,
+    scale and minimum number 8*half + 2*pair + half of the bytes (one per 16 values)."""
+    blocks = raw.reshape(-1, 84)
+    sc = _field(blocks, 0, 16, "u1", device).reshape(-1, 2, 4, 2, 1)
+    qs = _field(blocks, 16, 80, "u1", device).reshape(-1, 2, 1, 2, 16)
+    d, dmin = _scale(blocks, 80, 5, device), _scale(blocks, 82, 5, device)
+    q = qs.bitwise_right_shift(_shifts([0, 2, 4, 6], (1, 1, 4, 1, 1), device)) & 3
+    scale, low = d * (sc & 15).cast("float32"), dmin * (sc >> 4).cast("float32")
+    return (scale * q.cast("float32") - low).reshape(shape)
+
+
+def _lazy_q3_k(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    """(blocks, half, pair // 2, pair % 2, half of the 32 bytes, byte): the 2-bit values as Q2_K's, the third bit of
+    element 128*half + 32*pair + byte at bit 4*half + pair of hmask's byte; scale number j = 8*half + 2*pair + half
+    of the bytes: its low 4 bits in byte j % 8 at bit 4*(j // 8), its high 2 in byte 8 + j % 4 at bit 2*(j // 4)."""
+    blocks = raw.reshape(-1, 110)
+    hmask = _field(blocks, 0, 32, "u1", device).reshape(-1, 1, 1, 1, 2, 16)
+    qs = _field(blocks, 32, 96, "u1", device).reshape(-1, 2, 1, 1, 2, 16)
+    low_sc = _field(blocks, 96, 104, "u1", device).reshape(-1, 1, 2, 2, 2, 1)
+    high_sc = _field(blocks, 104, 108, "u1", device).reshape(-1, 1, 1, 2, 2, 1)
+    d = _scale(blocks, 108, 6, device)
+    low = low_sc.bitwise_right_shift(_shifts([0, 4], (1, 2, 1, 1, 1, 1), device)) & 15
+    high = high_sc.bitwise_right_shift(_shifts([0, 2, 4, 6], (1, 2, 2, 1, 1, 1), device)) & 3
+    scale = (low | (high << 4)).cast("float32") - 32.0
+    q = qs.bitwise_right_shift(_shifts([0, 2, 4, 6], (1, 1, 2, 2, 1, 1), device)) & 3
+    bit = hmask.bitwise_right_shift(_shifts(list(range(8)), (1, 2, 2, 2, 1, 1), device)) & 1
+    q = q.cast("float32") - ((bit ^ 1) << 2).cast("float32")  # 4 less where the bit is 0
+    return ((d * scale) * q).reshape(shape)
+
+
+def _k_scales_mins(packed: Tensor) -> tuple[Tensor, Tensor]:
+    """Q4_K/Q5_K's 12 bytes of 6-bit scales and mins, (blocks, 12) -> (blocks, 2, 2, 2, 1) each, sub-block
+    4*i + 2*j + k at [i, j, k] (as _q4_k_scales_mins)."""
+    scales, mins, tail = (packed[:, 4 * i : 4 * i + 4].reshape(-1, 1, 2, 2, 1) for i in range(3))
+    sc = (scales & 63).cat((tail & 15) | ((scales >> 2) & 48), dim=1)
+    mn = (mins & 63).cat((tail >> 4) | ((mins >> 2) & 48), dim=1)
+    return sc, mn
+
+
+def _lazy_q4_k(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    """(blocks, chunk // 2, chunk % 2, nibble, byte): each of the 4 chunks of 32 bytes holds sub-block 2*chunk in its
+    low nibbles and 2*chunk + 1 in its high ones."""
+    blocks = raw.reshape(-1, 144)
+    d, dmin = _scale(blocks, 0, 5, device), _scale(blocks, 2, 5, device)
+    sc, mn = _k_scales_mins(_field(blocks, 4, 16, "u1", device))
+    qs = _field(blocks, 16, 144, "u1", device).reshape(-1, 2, 2, 1, 32)
+    q = qs.bitwise_right_shift(_shifts([0, 4], (1, 1, 1, 2, 1), device)) & 15
+    return ((d * sc.cast("float32")) * q.cast("float32") - dmin * mn.cast("float32")).reshape(shape)
+
+
+def _lazy_q5_k(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    """As Q4_K, and the fifth bit of sub-block s's element b at bit s of byte b of the 32 bytes qh."""
+    blocks = raw.reshape(-1, 176)
+    d, dmin = _scale(blocks, 0, 5, device), _scale(blocks, 2, 5, device)
+    sc, mn = _k_scales_mins(_field(blocks, 4, 16, "u1", device))
+    qh = _field(blocks, 16, 48, "u1", device).reshape(-1, 1, 1, 1, 32)
+    qs = _field(blocks, 48, 176, "u1", device).reshape(-1, 2, 2, 1, 32)
+    low = qs.bitwise_right_shift(_shifts([0, 4], (1, 1, 1, 2, 1), device)) & 15
+    high = qh.bitwise_right_shift(_shifts(list(range(8)), (1, 2, 2, 2, 1), device)) & 1
+    q = low | (high << 4)
+    return ((d * sc.cast("float32")) * q.cast("float32") - dmin * mn.cast("float32")).reshape(shape)
+
+
+def _lazy_q6_k(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    """(blocks, half, nibble, 32-byte half of ql's 64, 16-byte half of that, byte): as _dequant_q6_k, element
+    128*half + 64*nibble + b (b the byte's place in ql's 64 of the half) takes its top 2 bits from qh's byte b % 32
+    of the half, at bit 2*(b // 32 + 2*nibble); one int8 scale per 16 values."""
+    blocks = raw.reshape(-1, 210)
+    ql = _field(blocks, 0, 128, "u1", device).reshape(-1, 2, 1, 2, 2, 16)
+    qh = _field(blocks, 128, 192, "u1", device).reshape(-1, 2, 1, 1, 2, 16)
+    scale = _field(blocks, 192, 208, "i1", device).cast("float32").reshape(-1, 2, 2, 2, 2, 1)
+    d = _scale(blocks, 208, 6, device)
+    low = ql.bitwise_right_shift(_shifts([0, 4], (1, 1, 2, 1, 1, 1), device)) & 15
+    high = qh.bitwise_right_shift(_shifts([0, 2, 4, 6], (1, 1, 2, 2, 1, 1), device)) & 3
+    q = (low | (high << 4)).cast("float32") - 32.0
+    return ((d * scale) * q).reshape(shape)
+
+
 # ggml type -> its lazy form
 _LAZY: dict[int, Callable[[np.ndarray, tuple[int, ...], str | None], Tensor]] = {
     1: _lazy_f16,
     2: _lazy_q4_0,
+    3: _lazy_q4_1,
+    6: _lazy_q5_0,
+    7: _lazy_q5_1,
     8: _lazy_q8_0,
+    10: _lazy_q2_k,
+    11: _lazy_q3_k,
+    12: _lazy_q4_k,
+    13: _lazy_q5_k,
+    14: _lazy_q6_k,
+    30: _lazy_bf16,
 }
 
 # ---------------------------------------------------------------- loading
@@ -303,12 +457,15 @@ def gguf_load(
 ) -> tuple[dict[str, Tensor], dict[str, object]]:
     """Read a GGUF file: its tensors by name (dequantized to float32) and its key/value metadata.
 
-    dequantize=False keeps F16, Q8_0 and Q4_0 tensors as they are stored: the device holds their blocks (scales and
-    quants, about the file's bytes) and each tensor is a lazy float32 graph over them, which the kernels that read it
-    compute (a matrix product dequantizes inside its own kernel). The others are dequantized either way.
+    dequantize=False keeps every tensor as it is stored: the device holds its blocks (scales and quants as separate
+    tensors, together the file's bytes) and each tensor is a lazy float32 graph over them, which the kernels that read
+    it compute (one kernel dequantizes a whole tensor; a matrix product over block-quantized values runs after one
+    that dequantizes the weight for it, as the scheduler cannot yet index a block's scale from the product's flat
+    dim). F32 tensors are read as they are either way.
 
     Shapes are in numpy/PyTorch order (GGUF stores dims innermost first). Supported tensor types:
-    F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; others raise ValueError naming the type.
+    F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; others raise ValueError naming the
+    type.
 
     >>> import gguf, numpy as np, tempfile, os                                      # doctest: +SKIP
     >>> p = os.path.join(tempfile.mkdtemp(), "m.gguf"); w = gguf.GGUFWriter(p, "llama")  # doctest: +SKIP
