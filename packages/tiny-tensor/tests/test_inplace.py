@@ -296,3 +296,18 @@ def test_a_gradient_flows_through_what_is_written_into_a_plain_tensor() -> None:
     np.testing.assert_allclose(x.numpy(), xt.detach().numpy(), rtol=1e-6)
     assert w.grad is not None
     np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-6)
+
+
+def test_writes_through_slices_under_no_grad_reach_the_tensor(device: str) -> None:
+    """Under no_grad every op's result is detached; a slice is still a view of its tensor's memory, so t[i] = x and
+    t[:, j] += y write t (they wrote a copy of the slice, silently: an optimizer's or a cache's update lost)."""
+    t = Tensor.zeros(4, 3, device=device).contiguous().realize()
+    want = np.zeros((4, 3), np.float32)
+    with Tensor.no_grad():
+        t[2:3] = Tensor.ones(1, 3, device=device)
+        t[:, 1:2] += 5
+        t[0].assign(Tensor([7.0, 8.0, 9.0], device=device))
+    want[2:3] = 1
+    want[:, 1:2] += 5
+    want[0] = [7, 8, 9]
+    np.testing.assert_array_equal(t.numpy(), want)

@@ -39,6 +39,9 @@ class InplaceOps(TensorBase):
         if v.device != self.device:
             raise ValueError(f"assign() of a tensor on {v.device} into one on {self.device}; use .to()")
         v = _fitted(v, self.shape, "the tensor").cast(self.dtype)
+        target = _undetached(self.uop)  # (under no_grad a slice of memory is still a view of it: t[i:j] = x writes t)
+        if target is not self.uop and is_memory(target):
+            self.uop = target
         if not is_memory(self.uop):  # what a view views is computed into memory (not a copy of the view: the write
             base = _viewed(self.uop)  # must reach every tensor of that value and every view of it)
             (self if base is None else type(self)(base)).realize()
@@ -272,6 +275,17 @@ def _basic(index: Any) -> bool:
 
 def _on_path(target: TensorBase, value: TensorBase) -> bool:
     return target._on_gradient_path() or value._on_gradient_path()  # type: ignore[attr-defined]
+
+
+def _undetached(u: UOp) -> UOp:
+    """u without the DETACHes that no_grad puts over each op's result, in its chain of movement ops: a view of memory
+    made under no_grad, as the view itself."""
+    if u.op is Ops.DETACH:
+        return _undetached(u.source)
+    if u.op in GroupOp.Movement:
+        src = _undetached(u.source)
+        return u if src is u.source else u.replace(src=(src, *u.src[1:]))
+    return u
 
 
 def _viewed(u: UOp) -> UOp | None:
