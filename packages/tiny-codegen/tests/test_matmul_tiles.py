@@ -128,3 +128,41 @@ def test_rows_of_four_are_half_vectors_and_masks_stay_whole() -> None:
     select = UOp(Ops.WHERE, a.dtype, (UOp(Ops.CMPLT, dtypes.bool, (a, b)), a, b))
     uops = vector_uops(ast_of(select), CPU, [Opt(OptOps.UPCAST, 0, 4)])
     assert not any(u.dtype.count == 4 for u in uops if u.op in (Ops.CMPLT, Ops.WHERE))
+
+
+def matvec_rows(m: int, n: int, k: int) -> UOp:
+    """C (m, n) = A (m, k) @ W.T with W (n, k) row-major, as a linear layer reads its weight: neither input is
+    read along C's rows (n), both along the reduction."""
+    a, w = tensor(m, k), tensor(n, k)
+    full = (m, n, k)
+    prod = expand(move(Ops.RESHAPE, a, (m, 1, k)), full) * expand(move(Ops.RESHAPE, w, (1, n, k)), full)
+    return ast_of(move(Ops.RESHAPE, reduce(prod, (2,)), (m, n)))
+
+
+def test_a_row_major_weight_is_read_along_its_rows() -> None:
+    """A matrix-vector product (a decode step's layers): no vector of outputs, whose lanes would load a row apart;
+    each output accumulates in a vector along its row of W (8 lanes of AVX2, two a step); several rows of A (a
+    short prompt) are a tile that shares each loaded vector of W."""
+    k = Kernel(matvec_rows(1, 256, 512), CPU)
+    k.apply_opts(hand_opts(k))
+    assert not k.of_kind(Kind.UPCAST), "no vector along the outputs"
+    assert [p.size for p in k.of_kind(Kind.UNROLL)] == [16]
+    uops = vector_uops(matvec_rows(1, 256, 512), CPU, hand_opts(Kernel(matvec_rows(1, 256, 512), CPU)))
+    assert any(u.op is Ops.LOAD and u.dtype.count == 8 for u in uops), "vector loads along the row"
+    k = Kernel(matvec_rows(4, 256, 512), CPU)
+    k.apply_opts(hand_opts(k))
+    assert {p.dim: p.size for p in k.of_kind(Kind.UPCAST)} == {0: 4}, "the prompt's rows share W's vectors"
+
+
+def test_two_reductions_of_a_kernel_accumulate_in_vectors() -> None:
+    """Two products over the same input in one kernel (a feed-forward's gate and up projections, multiplied after
+    them): each accumulates in a vector, as one alone does."""
+    x, g, u = tensor(1, 512), tensor(256, 512), tensor(256, 512)
+    full = (1, 256, 512)
+    xs = expand(move(Ops.RESHAPE, x, (1, 1, 512)), full)
+    gate = reduce(xs * expand(move(Ops.RESHAPE, g, (1, 256, 512)), full), (2,))
+    up = reduce(xs * expand(move(Ops.RESHAPE, u, (1, 256, 512)), full), (2,))
+    ast = ast_of(move(Ops.RESHAPE, gate * up, (1, 256)))
+    uops = vector_uops(ast, CPU, hand_opts(Kernel(ast, CPU)))
+    accumulators = [u for u in uops if u.op is Ops.ASSIGN]
+    assert len(accumulators) == 2 and all(a.dtype.count == 8 for a in accumulators), [a.dtype for a in accumulators]

@@ -96,7 +96,16 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         for p in written:
             attempt(OptOps.UNROLL, k.axes.index(p), (0,))
         vector_loads = [v for v in loads if out_dim is not None and _stride(v, out_dim) == 1]
-        if out_dim is not None:
+        last_reduce = max(p.dim for p in k.of_kind(Kind.REDUCE)) if k.of_kind(Kind.REDUCE) else None
+        along_reduce = last_reduce is not None and any(_stride(v, last_reduce) == 1 for v in loads)
+        # no input is read along the output dim but one is along the reduction (a matrix-vector product over a
+        # row-major weight: each output a dot product of a row): no vector of outputs, which would gather its
+        # values a row apart; each output accumulates in a vector of its own along its row (a few rows of the
+        # vector's side at once, where there are several, each sharing the loads of the row)
+        # (loads after the reduction, a residual added to the product, read along the outputs but not the rows)
+        summed = [v for v in vector_loads if any(_stride(v, d) for d in k.reduce_dims)]
+        rows = out_dim is not None and not summed and along_reduce and not caps.has_local
+        if out_dim is not None and not rows:
             attempt(OptOps.UPCAST, _axis(k, out_dim), (2 * lanes, lanes, 4, 2) + _whole(k, out_dim))
         # more outputs per loaded value: first along dims the vectors are broadcast along (each row of the tile
         # reuses the vectors and costs one scalar), innermost first
@@ -105,10 +114,9 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         # output channels, 64 x 64 x 3 x 3 over 56 x 56 on 2 AVX2 cores: 23.5 -> 15 ms against 4)
         # where no output vector forms (a weight gradient's 5 x 5 window) but the innermost reduction is read along
         # memory, each output accumulates in a vector of its own: then the tile is counted in vectors (registers)
-        last_reduce = max(p.dim for p in k.of_kind(Kind.REDUCE)) if k.of_kind(Kind.REDUCE) else None
         out_lanes = math.prod(p.size for p in k.of_kind(Kind.UPCAST) if p.dim == out_dim)
         no_vector = out_lanes < 4 or out_lanes & (out_lanes - 1) != 0  # (vectors are 4, 8 or 16 lanes)
-        in_vectors = no_vector and last_reduce is not None and any(_stride(v, last_reduce) == 1 for v in loads)
+        in_vectors = no_vector and along_reduce
         for d in tile_dims:
             tile, axis = math.prod(p.size for p in k.of_kind(Kind.UPCAST)), _axis(k, d)
             if caps.has_local:
@@ -123,7 +131,7 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         if last_reduce is not None and k.lanes() * 2 <= UNROLL_LANES:
             # no tile at all (its output dims symbolic: a decode step's scores over the cache) but the reduction read
             # along memory: a whole vector of it a step, where 4 lanes of an AVX-512 vector were scalars
-            whole = (lanes,) if in_vectors and not k.of_kind(Kind.UPCAST) and not caps.has_local else ()
+            whole = (2 * lanes, lanes) if in_vectors and not k.of_kind(Kind.UPCAST) and not caps.has_local else ()
             attempt(OptOps.UNROLL, _axis(k, last_reduce), whole + ((4, 2) if k.lanes() * 4 <= UNROLL_LANES else (2,)))
     elif k.reduce_dims:  # a plain reduction (or one whose body is too big to tile)
         red_dim = next((d for d in sorted(k.reduce_dims) if any(_stride(v, d) == 1 for v in loads)), None)

@@ -561,11 +561,12 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
 
     out_vec = None if k.tc is not None else _vector_part(lw, upcasts, address, lanes)
     unrolls = [i for i, p in enumerate(k.parts) if p.kind is Kind.UNROLL]
-    if out_vec is None and unrolls and len(k.reductions) == 1 and k.tc is None:
-        red = k.reductions[0]
+    if out_vec is None and unrolls and k.reductions and k.tc is None:
+        # (every reduction of the kernel accumulates in vectors of the same lanes: gate and up projections of a
+        # feed-forward read in one kernel)
         part, size = unrolls[-1], k.parts[unrolls[-1]].size
-        n = min(size, k.caps.vector_lanes(red.dtype))
-        if n >= 2 and size % n == 0 and not n & (n - 1) and red.arg[0] in VECTOR_REDUCE:
+        n = min([size] + [k.caps.vector_lanes(red.dtype) for red in k.reductions])
+        if n >= 2 and size % n == 0 and not n & (n - 1) and all(r.arg[0] in VECTOR_REDUCE for r in k.reductions):
             lw.vector_unroll = (part, n)
     stores: list[UOp] = []
     combos = lw.lane_combos(Kind.UPCAST)
