@@ -158,6 +158,29 @@ def test_a_product_over_a_lazy_weight_matches_numpy(tmp_path: Path, qtype: QT) -
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("qtype", _EVERY_TYPE, ids=lambda q: q.name)
+def test_a_linear_layer_over_a_lazy_weight_is_one_kernel(tmp_path: Path, qtype: QT) -> None:
+    """x.linear(w) (what nn.Linear and the language models call) reads a quantized weight as its blocks
+    (Tensor.blocks): the dequantization runs inside the product's kernel, with no float32 copy of the weight; one row
+    of it picked by a bound Variable (a decode step's token embedding) is a view of its blocks."""
+    from tiny.tensor import Variable
+
+    packed = _packed(qtype, 8, 512, seed=9)
+    w = gguf_load(_write(tmp_path / "q.gguf", {"w": (packed, qtype)}), dequantize=False)[0]["w"]
+    dense = quants.dequantize(packed, qtype)
+    x = np.random.default_rng(10).standard_normal((3, 512)).astype(np.float32)
+    out = Tensor(x).realize().linear(w)
+    assert _kernels(out) == 1
+    want = x.astype(np.float64) @ dense.T.astype(np.float64)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert (w.blocks() is None) == (qtype in (QT.F16, QT.BF16))  # (those are one value a block: no split)
+    if w.blocks() is not None:
+        row = Variable("row", 0, 7).bind(5)
+        picked = w.blocks()[row : row + 1].reshape(1, 512)
+        assert _kernels(picked) == 1
+        np.testing.assert_array_equal(picked.numpy()[0].view(np.uint32), dense[5].view(np.uint32))
+
+
 def test_metadata_round_trip(tmp_path: Path) -> None:
     kv = {"tiny.count": 7, "tiny.name": "hello", "tiny.flag": True, "tiny.ratio": 0.25, "tiny.list": [1, 2, 3]}
     kv["tiny.words"] = ["a", "bc"]

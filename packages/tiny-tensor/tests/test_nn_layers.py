@@ -358,3 +358,18 @@ def test_errors_name_the_layer() -> None:
         nn.BatchNorm1d(3)(Tensor.ones(2, 4, device=DEVICE))
     with pytest.raises(TypeError, match="integer indices"):
         nn.Embedding(3, 2)(Tensor([0.0, 1.0], device=DEVICE))
+
+
+def test_skip_init_leaves_parameters_uncomputed() -> None:
+    """Inside skip_init a layer's parameters are their lazy random draws (no memory, no leaf) until replaced, as
+    a model loaded from files wants; outside, they are realized leaves."""
+    from tiny.ir.schedule import is_realized
+    from tiny.nn import Embedding, Linear, skip_init
+
+    with skip_init():
+        lazy, table = Linear(64, 32), Embedding(100, 8)
+    assert not any(is_realized(t.uop) for t in (lazy.weight, lazy.bias, table.weight))
+    assert lazy.weight.requires_grad is None
+    plain = Linear(64, 32)
+    assert is_realized(plain.weight.uop) and plain.weight.requires_grad
+    assert lazy(Tensor.ones(2, 64)).shape == (2, 32)  # (still usable: the draw is computed where it is read)

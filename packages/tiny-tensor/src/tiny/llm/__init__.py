@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from tiny.ir.schedule import is_realized
+from tiny.ir.schedule import is_memory, is_realized
 from tiny.llm.gguf_tokenizer import special_tokens, tokenizer_from_metadata
 from tiny.models.gpt2 import GPT2, GPT2Config
 from tiny.models.llama import Llama, LlamaConfig
+from tiny.nn import skip_init
 from tiny.nn.state import safe_load
 from tiny.tensor import Tensor, TinyJit, Variable, dtypes
 
@@ -47,6 +48,7 @@ class LLM:
         self.eos_token_ids = tuple(eos_token_ids)
         self.max_context = model.max_context
         self._pos = Variable("pos", 0, model.max_context - 1)
+        self._token = Variable("token", 0, model.cfg.vocab_size - 1)
         self._step = TinyJit(self._decode)
 
     def __call__(self, ids: Sequence[int] | np.ndarray | Tensor) -> Tensor:
@@ -67,8 +69,8 @@ class LLM:
         template = env.from_string(self.chat_template)
         return template.render(messages=list(messages), add_generation_prompt=True, **self.special_tokens)
 
-    def _decode(self, token: Tensor, pos: Any) -> Tensor:
-        return self.model(token, pos)[:, -1].realize()
+    def _decode(self, token: Any, pos: Any) -> Tensor:
+        return self.model(token, pos, last=True)[:, -1].realize()
 
     def generate(
         self,
@@ -109,15 +111,14 @@ class LLM:
         _check_sampling(temperature, top_k, top_p)
         stops = set(self.eos_token_ids if stop is None else stop)
         rng = np.random.default_rng(seed)
-        logits = self.model(_tokens(prompt, self.max_context, self.model.device), 0)[0, -1].numpy()
+        logits = self.model(_tokens(prompt, self.max_context, self.model.device), 0, last=True)[0, -1].numpy()
         pos = len(prompt)
         for i in range(max_new_tokens):
             token = _sample(logits, temperature, top_k, top_p, rng)
             yield token
             if token in stops or i == max_new_tokens - 1:
                 return
-            step = Tensor([[token]], dtype=dtypes.int32, device=self.model.device)
-            logits = self._step(step, self._pos.bind(pos))[0].numpy()
+            logits = self._step(self._token.bind(token), self._pos.bind(pos))[0].numpy()
             pos += 1
 
 
@@ -181,10 +182,11 @@ def load(path: str | os.PathLike, device: str | None = None, max_context: int | 
     if arch not in ARCHITECTURES:
         raise ValueError(f"{folder}: architecture {arch!r} is not supported (these are: {', '.join(ARCHITECTURES)})")
     model: Llama | GPT2
-    if arch == "GPT2LMHeadModel":
-        model = GPT2(GPT2Config.from_hf(cfg), max_context, device)
-    else:
-        model = Llama(LlamaConfig.from_hf(cfg), max_context, device)
+    with skip_init():  # (the weights come from the files: no random ones first)
+        if arch == "GPT2LMHeadModel":
+            model = GPT2(GPT2Config.from_hf(cfg), max_context, device)
+        else:
+            model = Llama(LlamaConfig.from_hf(cfg), max_context, device)
     weights = _safetensors(folder, device)
     _load_weights(model, weights, folder)
     template, special = _chat_template(folder)
@@ -225,9 +227,13 @@ def _load_weights(model: Llama | GPT2, weights: dict[str, Tensor], folder: Path,
         )
         raise ValueError(f"{folder}: the weights do not fit the config:\n  " + "\n  ".join(lines))
     for name, (owner, attr, _, transposed) in targets.items():
-        w = weights[name].cast(dtypes.float32)
+        loaded = weights.pop(name)  # (what the dict holds no more is freed as it is replaced)
+        w = loaded.cast(dtypes.float32)
         w = w.T if transposed else w
-        setattr(owner, attr, w if lazy and not is_realized(weights[name].uop) else w.contiguous().realize())
+        if is_realized(w.uop) and is_memory(w.uop) and not transposed:
+            setattr(owner, attr, w)  # float32 in memory already: no copy (a model would take twice its size)
+        else:
+            setattr(owner, attr, w if lazy and not is_realized(loaded.uop) else w.contiguous().realize())
     if isinstance(model, Llama) and model.cfg.tie_word_embeddings:
         model.tie()
 
@@ -254,10 +260,10 @@ _GGUF_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qw
 
 def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
     """A LLaMA-family model from a GGUF file as llama.cpp writes it: its metadata is the config (and the tokenizer and
-    chat template, where it has them), its tensors (any type tiny.nn.gguf reads, dequantized to float32) the weights
-    under llama.cpp's names. llama.cpp's converter
-    orders each head's query and key rows for rotating adjacent pairs; they are put back in Hugging Face's order
-    (the halves of a head), which this model rotates."""
+    chat template, where it has them), its tensors (any type tiny.nn.gguf reads, kept as stored: the kernels that
+    read them dequantize) the weights under llama.cpp's names. llama.cpp's converter orders a LLaMA's query and key
+    rows for rotating adjacent pairs; the model rotates them so (LlamaConfig.rope_interleaved), and the weights stay
+    as the file has them."""
     from tiny.nn.gguf import gguf_load
 
     tensors, meta = gguf_load(path, dequantize=False, device=device)  # (every type stays as stored)
@@ -290,9 +296,13 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
         tie_word_embeddings=tied,
         attention_bias="blk.0.attn_q.bias" in tensors,
         architecture=_GGUF_ARCHS[arch],
+        # llama.cpp's converter orders a LLaMA's (and Mistral's) query and key rows for rotating adjacent pairs;
+        # Qwen2's it keeps in Hugging Face's order (the halves of each head), which llama.cpp rotates as such
+        rope_interleaved=arch in ("llama", "mistral"),
     )
     factors = tensors.pop("rope_freqs.weight", None)
-    model = Llama(config, max_context, device, None if factors is None else factors.numpy())
+    with skip_init():
+        model = Llama(config, max_context, device, None if factors is None else factors.numpy())
     weights: dict[str, Tensor] = {"model.embed_tokens.weight": tensors.pop("token_embd.weight")}
     weights["model.norm.weight"] = tensors.pop("output_norm.weight")
     if not tied:
@@ -303,8 +313,6 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
             weights[name] = t  # (reported as unexpected)
             continue
         hf = f"model.layers.{parts[1]}.{_GGUF_BLOCK[parts[2]]}"
-        if parts[2].startswith(("attn_q.", "attn_k.")):  # back to the halves of each head
-            t = _unpermute(t, heads if parts[2].startswith("attn_q") else kv_heads)
         weights[hf] = t
     _load_weights(model, weights, path, lazy=True)
     eos = meta.get("tokenizer.ggml.eos_token_id")
@@ -316,13 +324,6 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
         template if isinstance(template, str) else None,
         special_tokens(meta),
     )
-
-
-def _unpermute(t: Tensor, heads: int) -> Tensor:
-    """llama.cpp's row order of a query/key projection (each head's rows as (pair, 2)) -> Hugging Face's ((2, pair):
-    the first halves, then the second)."""
-    rows = t.shape[0]
-    return t.reshape(heads, rows // heads // 2, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
 
 
 # buffers some checkpoints carry that are not weights (rotary tables, GPT-2's causal masks)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiny.models.kv_cache import KVCache
+from tiny.models.rows import embed_rows
 from tiny.nn import Embedding, LayerNorm, Linear
 from tiny.tensor import Tensor, dtypes
 
@@ -70,7 +71,7 @@ class GPT2MLP:
 
     def __call__(self, x: Tensor) -> Tensor:
         h = self.c_fc(x)
-        return self.c_proj(h.gelu() if self.exact else h.gelu(approximate="tanh"))
+        return self.c_proj((h.gelu() if self.exact else h.gelu(approximate="tanh")).contiguous())
 
 
 class GPT2Block:
@@ -81,8 +82,9 @@ class GPT2Block:
         self.mlp = GPT2MLP(cfg, device)
 
     def __call__(self, x: Tensor, start_pos: Any, mask: Tensor | None) -> Tensor:
-        h = x + self.attn(self.ln_1(x), start_pos, mask)
-        return h + self.mlp(self.ln_2(h))
+        # what a matrix product reads is made once (.contiguous()), not again for each of its outputs (llama.py)
+        h = x + self.attn(self.ln_1(x).contiguous(), start_pos, mask)
+        return (h + self.mlp(self.ln_2(h).contiguous())).contiguous()
 
 
 class GPT2:
@@ -97,21 +99,24 @@ class GPT2:
         self.h = [GPT2Block(cfg, self.max_context, device) for _ in range(cfg.n_layer)]
         self.ln_f = LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon, device=device)
 
-    def __call__(self, tokens: Tensor, start_pos: Any = 0) -> Tensor:
-        length = tokens.shape[1]
+    def __call__(self, tokens: Tensor | Any, start_pos: Any = 0, last: bool = False) -> Tensor:
+        """Logits (batch, length, vocab) of the tokens (batch, length), or of one token id as a bound Variable, at
+        positions start_pos.. (as Llama's; last: of the last position alone)."""
+        length = tokens.shape[1] if isinstance(tokens, Tensor) else 1
         if isinstance(start_pos, int) and start_pos + length > self.max_context:
             raise ValueError(
                 f"positions {start_pos}..{start_pos + length - 1} are past the model's context of {self.max_context}"
             )
         positions = self.wpe.weight[start_pos : start_pos + length]
-        x = self.wte(tokens) + positions
+        x = embed_rows(self.wte, tokens) + positions
         mask = None
         if length > 1:
             rows = Tensor.arange(length, device=x.device).reshape(length, 1) + start_pos
             mask = rows >= Tensor.arange(start_pos + length, device=x.device).reshape(1, -1)
         for block in self.h:
             x = block(x, start_pos, mask)
-        return self.ln_f(x).linear(self.wte.weight).cast(dtypes.float32)
+        x = x[:, -1:] if last else x
+        return self.ln_f(x).contiguous().linear(self.wte.weight).cast(dtypes.float32)
 
     def parameters_by_name(self) -> dict[str, tuple[Any, str, tuple[int, ...], bool]]:
         """name -> (object, attribute, shape as stored, stored transposed) of every weight a checkpoint holds."""

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tiny.models.kv_cache import KVCache
+from tiny.models.rows import embed_rows
 from tiny.nn import Embedding, Linear, RMSNorm
 from tiny.tensor import Tensor, dtypes
 
@@ -37,6 +38,9 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2's q, k and v projections have biases
     mlp_bias: bool = False
+    # rotary pairs are adjacent dims (2i, 2i+1) of a head, as llama.cpp orders a LLaMA's query and key rows, rather
+    # than the halves (i, i + head_dim/2), as Hugging Face's
+    rope_interleaved: bool = False
     architecture: str = "LlamaForCausalLM"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -91,6 +95,12 @@ def rope_frequencies(cfg: LlamaConfig, factors: np.ndarray | None = None) -> np.
     return np.where(medium, smoothed, slowed).astype(np.float32)
 
 
+def _rotate_pairs(x: Tensor) -> Tensor:
+    """(x0, x1) -> (-x1, x0) over each adjacent pair of the last dim (llama.cpp's layout of rotary pairs)."""
+    pairs = x.reshape(*x.shape[:-1], x.shape[-1] // 2, 2)
+    return (-pairs[..., 1:]).cat(pairs[..., :1], dim=-1).reshape(x.shape)
+
+
 def _rotate_half(x: Tensor) -> Tensor:
     """(x1, x2) -> (-x2, x1) over the two halves of the last dim (Hugging Face's layout of rotary pairs)."""
     half = x.shape[-1] // 2
@@ -114,7 +124,8 @@ class Attention:
         q = self.q_proj(x).reshape(batch, length, heads, hd).transpose(1, 2)
         k = self.k_proj(x).reshape(batch, length, kv, hd).transpose(1, 2)
         v = self.v_proj(x).reshape(batch, length, kv, hd).transpose(1, 2)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        rotate = _rotate_pairs if cfg.rope_interleaved else _rotate_half
+        q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
         keys, values = self.cache.update(k, v, start_pos)
         out = q.scaled_dot_product_attention(keys, values, attn_mask=mask, enable_gqa=heads != kv)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, heads * hd))
@@ -127,7 +138,7 @@ class FeedForward:
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias, device=device)
 
     def __call__(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.gate_proj(x).silu() * self.up_proj(x))
+        return self.down_proj((self.gate_proj(x).silu() * self.up_proj(x)).contiguous())
 
 
 class Block:
@@ -138,8 +149,10 @@ class Block:
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
 
     def __call__(self, x: Tensor, start_pos: Any, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), start_pos, cos, sin, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        # what a matrix product reads is made once (.contiguous()): fused into the product it would be computed
+        # again for each of its outputs, the residual stream of every layer before it included
+        h = x + self.self_attn(self.input_layernorm(x).contiguous(), start_pos, cos, sin, mask)
+        return (h + self.mlp(self.post_attention_layernorm(h).contiguous())).contiguous()
 
 
 class _Inner:
@@ -168,7 +181,8 @@ class Llama:
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device)
         positions = np.arange(self.max_context, dtype=np.float32)[:, None]
         angles = positions * rope_frequencies(cfg, rope_factors)[None, :]
-        table = np.concatenate([angles, angles], axis=1)  # (positions, head_dim): each frequency for both halves
+        # (positions, head_dim): each frequency for both dims of its pair
+        table = np.repeat(angles, 2, axis=1) if cfg.rope_interleaved else np.concatenate([angles, angles], axis=1)
         self.cos = Tensor(np.cos(table).astype(np.float32), device=device).realize()
         self.sin = Tensor(np.sin(table).astype(np.float32), device=device).realize()
 
@@ -176,15 +190,16 @@ class Llama:
         """Share the embedding as the output projection (tie_word_embeddings)."""
         self.lm_head.weight = self.model.embed_tokens.weight
 
-    def __call__(self, tokens: Tensor, start_pos: Any = 0) -> Tensor:
+    def __call__(self, tokens: Tensor | Any, start_pos: Any = 0, last: bool = False) -> Tensor:
         """Logits (batch, length, vocab) of the tokens (batch, length) at positions start_pos.. (an int or a bound
-        Variable); their keys and values go into the cache."""
-        length = tokens.shape[1]
+        Variable); their keys and values go into the cache. tokens may be one token id as a bound Variable (the
+        decode step: batch 1, length 1). last: the logits of the last position alone (batch, 1, vocab)."""
+        length = tokens.shape[1] if isinstance(tokens, Tensor) else 1
         if isinstance(start_pos, int) and start_pos + length > self.max_context:
             raise ValueError(
                 f"positions {start_pos}..{start_pos + length - 1} are past the model's context of {self.max_context}"
             )
-        x = self.model.embed_tokens(tokens)
+        x = embed_rows(self.model.embed_tokens, tokens)
         cos = self.cos[start_pos : start_pos + length].reshape(1, 1, length, self.cfg.head_dim)
         sin = self.sin[start_pos : start_pos + length].reshape(1, 1, length, self.cfg.head_dim)
         mask = None
@@ -193,7 +208,8 @@ class Llama:
             mask = rows >= Tensor.arange(start_pos + length, device=x.device).reshape(1, -1)
         for layer in self.model.layers:
             x = layer(x, start_pos, cos, sin, mask)
-        return self.lm_head(self.model.norm(x)).cast(dtypes.float32)
+        x = x[:, -1:] if last else x
+        return self.lm_head(self.model.norm(x).contiguous()).cast(dtypes.float32)
 
     def parameters_by_name(self) -> dict[str, tuple[Any, str, tuple[int, ...], bool]]:
         """name -> (object, attribute, shape, stored transposed) of every weight a checkpoint holds (lm_head's only

@@ -24,6 +24,7 @@ from tiny.nn.layers import (
     Linear,
     LSTMCell,
     RMSNorm,
+    skip_init,
 )
 from tiny.nn.tinygrad_names import BatchNorm, InstanceNorm, LayerNorm2d
 
@@ -47,6 +48,7 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "RMSNorm",
+    "skip_init",
     # tinygrad's names (tiny.nn.tinygrad_names)
     "BatchNorm",
     "InstanceNorm",

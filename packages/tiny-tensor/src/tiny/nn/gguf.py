@@ -100,7 +100,7 @@ def _f16(raw: np.ndarray) -> np.ndarray:
 
 
 def _dequant_f32(raw: np.ndarray) -> np.ndarray:
-    return raw.view("<f4").astype(np.float32)
+    return raw.view("<f4").astype(np.float32, copy=False)
 
 
 def _dequant_f16(raw: np.ndarray) -> np.ndarray:
@@ -312,11 +312,12 @@ def _lazy_q8_0(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> T
 
 
 def _lazy_q4_0(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
+    """(blocks, nibble, byte): the low nibbles of the 16 bytes are elements 0..15, the high ones 16..31."""
     blocks = raw.reshape(-1, 18)
-    d = Tensor(np.ascontiguousarray(blocks[:, :2]).view("<f2"), device=device)  # (blocks, 1)
-    qs = Tensor(np.ascontiguousarray(blocks[:, 2:]), device=device)  # (blocks, 16): two 4-bit values a byte
-    q = (qs & 15).cat(qs >> 4, dim=1).cast("float32") - 8.0  # low nibbles are elements 0..15, high 16..31
-    return (q * d.cast("float32")).reshape(shape)
+    d = _scale(blocks, 0, 3, device)
+    qs = _field(blocks, 2, 18, "u1", device).reshape(-1, 1, 16)
+    q = qs.bitwise_right_shift(_shifts([0, 4], (1, 2, 1), device)) & 15
+    return ((q.cast("float32") - 8.0) * d).reshape(shape)
 
 
 def _lazy_q4_1(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
@@ -516,10 +517,13 @@ def gguf_load(
         if n % block_elems:
             raise ValueError(f"GGUF tensor {name!r}: {n} elements is not a whole number of {block_elems}-blocks")
         reader.pos = data_start + offset
-        raw = reader.take(n // block_elems * block_bytes, f"the data of tensor {name!r}")
+        nbytes = n // block_elems * block_bytes
+        reader.take(nbytes, f"the data of tensor {name!r}")  # (checks that the file holds it)
+        # read, not mapped: pages of a mapping stay resident while it lives, beside the device's copy (a model would
+        # take twice its file's size while loading)
+        raw = np.fromfile(path, dtype=np.uint8, count=nbytes, offset=data_start + offset)
         if not dequantize and ggml_type in _LAZY:
             tensors[name] = _LAZY[ggml_type](raw, shape, device)
             continue
-        values = dequant(np.ascontiguousarray(raw))  # copies the memory-mapped bytes once
-        tensors[name] = Tensor(values.reshape(shape), device=device)
+        tensors[name] = Tensor(dequant(raw).reshape(shape), device=device)
     return tensors, metadata

@@ -9,7 +9,8 @@ Tensor.train() / Tensor.eval().
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from tiny.ir.dtypes import DType
 from tiny.tensor import Tensor
@@ -18,15 +19,39 @@ IntOrSeq = int | Sequence[int]
 PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 
 
+_SKIPPING: list[bool] = []  # inside skip_init()
+
+
+@contextmanager
+def skip_init() -> Iterator[None]:
+    """Layers made inside leave their initial values uncomputed, as torch.nn.utils.skip_init does: each parameter is
+    the lazy graph of its random draw, which takes no memory and is computed only if it is used, and requires no
+    gradient (requires_grad_() makes it a leaf). For models whose weights are loaded right after (tiny.llm.load): a
+    1B model's random draw would take 3.4 GB first.
+
+    >>> with skip_init(): layer = Linear(4096, 4096)  # no 64 MB of random weights made
+    >>> layer.weight.shape
+    (4096, 4096)
+    """
+    _SKIPPING.append(True)
+    try:
+        yield
+    finally:
+        _SKIPPING.pop()
+
+
 def _parameter(t: Tensor) -> Tensor:
-    """A realized leaf that gradients accumulate into."""
+    """A realized leaf that gradients accumulate into (inside skip_init: uncomputed, and no leaf until given a
+    value, which a leaf's memory would take)."""
+    if _SKIPPING:
+        return t
     t = t.realize()
     t.requires_grad = True
     return t
 
 
 def _buffer(t: Tensor) -> Tensor:
-    return t.realize()
+    return t if _SKIPPING else t.realize()
 
 
 def _uniform(shape: tuple[int, ...], bound: float, dtype: DType | str | None, device: str | None) -> Tensor:

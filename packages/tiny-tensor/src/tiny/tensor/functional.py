@@ -41,8 +41,33 @@ class FunctionalOps(TensorBase):
             raise ValueError(
                 f"linear() input's last dimension must be in_features={weight.shape[-1]}, got shape {self.shape}"
             )
-        out = self.matmul(weight.T if weight.ndim == 2 else weight)
+        blocks = weight.blocks() if weight.ndim == 2 else None
+        if blocks is not None:  # (each block's fields reach the product through views: one kernel)
+            x = self.reshape(*self.shape[:-1], 1, *blocks.shape[1:])
+            out = (x * blocks.cast(x.dtype)).sum(axis=tuple(range(-(blocks.ndim - 1), 0)))
+        else:
+            out = self.matmul(weight.T if weight.ndim == 2 else weight)
         return out if bias is None else out + bias
+
+    def blocks(self) -> Tensor | None:
+        """A matrix (rows, k) that is a reshape of values computed block by block, as the computation it reshapes,
+        split (rows, k / n, *block): a GGUF file's quantized weight (tiny.nn.gguf) is a graph over blocks of n
+        values (their scales and quants, each a tensor of the file's bytes). None for anything else.
+
+        A product or a row lookup over the split form reads every field of a block through a view, so it runs in
+        one kernel with the dequantization inside; over the flat k dim no view reaches a block's scale (at k // n),
+        and the values would be computed into memory first, four times the file's bytes."""
+        from tiny.ir.schedule import is_memory, is_realized
+        from tiny.ir.uop import Ops
+
+        if self.ndim != 2 or self.uop.op is not Ops.RESHAPE or is_realized(self.uop) or is_memory(self.uop.source):
+            return None  # (a reshape computed into memory already is read there)
+        src, (rows, k) = self.uop.source, self.shape
+        for lead in range(1, len(src.shape)):  # (blocks, *block) or (rows, k / n, *block): the biggest block
+            block = math.prod(src.shape[lead:])
+            if block >= 2 and k % block == 0 and math.prod(src.shape[:lead]) == rows * (k // block):
+                return self._new(src).reshape(rows, k // block, *src.shape[lead:])
+        return None
 
     @staticmethod
     def einsum(formula: str, *operands: Tensor | Sequence[Tensor]) -> Tensor:
