@@ -212,6 +212,7 @@ def _side_llama_cpp(model_path: str, args: dict[str, Any]) -> dict[str, Any]:
         n_batch=max(args["prefill"] + [args["prompt"]]),
         n_ubatch=max(args["prefill"] + [args["prompt"]]),
         verbose=False,
+        kv_overrides={"tokenizer.ggml.model": "none"},  # (the files carry no vocabulary: ids in, ids out)
     )
     vocab = llm.n_vocab()
     prefill = {}
@@ -291,13 +292,17 @@ def run_side(side: str, fmt: str, model: Path, args: argparse.Namespace, torch_d
     }
     env = dict(os.environ)
     env |= {"OMP_NUM_THREADS": str(args.threads), "THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.llm", "--child", json.dumps(job)],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.llm", "--child", json.dumps(job)],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
+            timeout=args.side_timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return Run(side, fmt, {}, float("nan"), 0, f"over {args.side_timeout} s")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -379,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill", default="32,512", help="prefill lengths (default: %(default)s)")
     p.add_argument("--folder", type=Path, help="where the model files go (default: ~/.cache/tiny/bench-llm/...)")
     p.add_argument("--markdown", type=Path, help="also write the table to this file")
+    p.add_argument("--side-timeout", type=float, default=900, help="seconds one side may take (default: %(default)s)")
     args = p.parse_args(argv)
     if args.child:
         _child(args.child)

@@ -227,3 +227,28 @@ def test_a_warmup_past_the_budget_is_the_one_measurement(bench_core) -> None:
         {"a": _logging_side(bench_core, "a", log)}, {}, "CPU", warmup=2, reps=5, budget=-1.0, min_seconds=0.0
     )
     assert log == ["a"] and results["a"].over_budget and len(results["a"].samples) == 1
+
+
+def test_the_language_model_benchmark_runs(tmp_path: Path) -> None:
+    """`python -m bench.llm --quick` on tiny and transformers (llama.cpp where llama-cpp-python is installed): a
+    small model's files written, then each side's decode and prefill tokens/s and peak memory in the table, finite
+    and positive (no time is checked)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    sides = "tiny,torch" + (",llama.cpp" if _installed("llama_cpp") else "")
+    cmd = [sys.executable, "-m", "bench.llm", "--quick", "--formats", "F32,Q8_0", "--sides", sides]
+    cmd += ["--decode", "4", "--prefill", "8", "--folder", str(tmp_path / "files")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"bench.llm exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    table = {(r[0].strip("| "), r[1]): r for r in rows[1:]}
+    for key in (("F32", "tiny"), ("Q8_0", "tiny"), ("F32", "torch"), ("BF16", "torch"), ("F32 (folder)", "tiny")):
+        decode, prefill, peak = (float(table[key][i]) for i in (2, 5, -3))
+        assert math.isfinite(decode) and decode > 0 and prefill > 0 and peak > 0, (key, table[key])
+    assert "read bandwidth" in done.stdout
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None

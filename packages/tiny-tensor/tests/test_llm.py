@@ -27,18 +27,24 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 16,
 }
 SMALL = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
-MODELS = {
-    # grouped-query attention (4 heads, 2 key/value heads), Llama 3's RoPE scaling, untied output
-    "llama3_gqa": lambda: transformers.LlamaForCausalLM(
+
+
+def _llama3_gqa(**sizes: int) -> object:
+    """Grouped-query attention (4 heads, 2 key/value heads), Llama 3's RoPE scaling, untied output."""
+    return transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
-            **SMALL,
+            **{**SMALL, **sizes},
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=128,
             rope_theta=500000.0,
             rope_scaling=LLAMA3_ROPE,
         )
-    ),
+    )
+
+
+MODELS = {
+    "llama3_gqa": _llama3_gqa,
     # Llama 2: multi-head attention, plain RoPE, the embedding tied to the output
     "llama2_tied": lambda: transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
@@ -66,18 +72,7 @@ MODELS = {
 }
 # K-quantized matrices take rows of whole 256-value super-blocks: llama3_gqa, wider (not among the models compared
 # with transformers above)
-WIDE = {
-    "llama3_wide": lambda: transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            **{**SMALL, "hidden_size": 256, "intermediate_size": 512},
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=128,
-            rope_theta=500000.0,
-            rope_scaling=LLAMA3_ROPE,
-        )
-    ),
-}
+WIDE = {"llama3_wide": lambda: _llama3_gqa(hidden_size=256, intermediate_size=512)}
 
 
 def _saved(name: str, folder: Path) -> object:
