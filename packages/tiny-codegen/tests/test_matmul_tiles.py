@@ -141,17 +141,21 @@ def matvec_rows(m: int, n: int, k: int) -> UOp:
 
 def test_a_row_major_weight_is_read_along_its_rows() -> None:
     """A matrix-vector product (a decode step's layers): no vector of outputs, whose lanes would load a row apart;
-    each output accumulates in a vector along its row of W (8 lanes of AVX2, two a step); several rows of A (a
-    short prompt) are a tile that shares each loaded vector of W."""
+    each output accumulates in a vector along its row of W (8 lanes of AVX2), four rows of W a step sharing the
+    vector of x; the rows of A (a prompt) and of W are a tile of 4 x 4 vectors, each loaded vector serving four,
+    with the loop over A's rows innermost (W's rows of a tile stay in cache for every row of A)."""
     k = Kernel(matvec_rows(1, 256, 512), CPU)
     k.apply_opts(hand_opts(k))
-    assert not k.of_kind(Kind.UPCAST), "no vector along the outputs"
-    assert [p.size for p in k.of_kind(Kind.UNROLL)] == [16]
+    assert {p.dim: p.size for p in k.of_kind(Kind.UPCAST)} == {0: 4}, "four rows of W, no vector of them"
+    assert [p.size for p in k.of_kind(Kind.UNROLL)] == [8]
     uops = vector_uops(matvec_rows(1, 256, 512), CPU, hand_opts(Kernel(matvec_rows(1, 256, 512), CPU)))
     assert any(u.op is Ops.LOAD and u.dtype.count == 8 for u in uops), "vector loads along the row"
-    k = Kernel(matvec_rows(4, 256, 512), CPU)
-    k.apply_opts(hand_opts(k))
-    assert {p.dim: p.size for p in k.of_kind(Kind.UPCAST)} == {0: 4}, "the prompt's rows share W's vectors"
+    assert len([u for u in uops if u.op is Ops.ASSIGN and u.dtype.count == 8]) == 4, "a vector accumulator a row"
+    k = Kernel(matvec_rows(32, 256, 512), CPU)
+    opts = hand_opts(k)
+    k.apply_opts(opts)
+    assert {p.dim: p.size for p in k.of_kind(Kind.UPCAST)} == {0: 4, 1: 4}, "4 rows of A x 4 rows of W"
+    assert global_order(k)[-1] == 0, "the loop over A's rows innermost"
 
 
 def test_two_reductions_of_a_kernel_accumulate_in_vectors() -> None:
@@ -165,4 +169,5 @@ def test_two_reductions_of_a_kernel_accumulate_in_vectors() -> None:
     ast = ast_of(move(Ops.RESHAPE, gate * up, (1, 256)))
     uops = vector_uops(ast, CPU, hand_opts(Kernel(ast, CPU)))
     accumulators = [u for u in uops if u.op is Ops.ASSIGN]
-    assert len(accumulators) == 2 and all(a.dtype.count == 8 for a in accumulators), [a.dtype for a in accumulators]
+    # (two reductions for each of the tile's four rows of W)
+    assert len(accumulators) == 8 and all(a.dtype.count == 8 for a in accumulators), [a.dtype for a in accumulators]

@@ -110,6 +110,8 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         # more outputs per loaded value: first along dims the vectors are broadcast along (each row of the tile
         # reuses the vectors and costs one scalar), innermost first
         tile_dims = sorted(reuse - {out_dim}, key=lambda d: (not any(_broadcast(v, d) for v in vector_loads), -d))
+        if rows:  # (the rows of W too: a tile of rows x columns shares each vector of either side)
+            tile_dims.append(out_dim)
         # (each dim takes the most that keeps the tile within TILE_LANES: a convolution's 8-wide row vector serves 8
         # output channels, 64 x 64 x 3 x 3 over 56 x 56 on 2 AVX2 cores: 23.5 -> 15 ms against 4)
         # where no output vector forms (a weight gradient's 5 x 5 window) but the innermost reduction is read along
@@ -126,12 +128,21 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
             values = TILE_VALUES // k.lanes()
             room = min(TILE_LANES // tile, values, ACC_VECTORS // tile if in_vectors else TILE_LANES)
             stretch = room if in_vectors else min(TILE_STRETCH // tile, values)
-            attempt(OptOps.UPCAST, axis, _within(k, axis, (16, 8, 4, 3, 2), room, stretch))
+            # (rows: at most 4 a dim, 4 x 4 vectors, so that either side's vectors serve the other's four)
+            attempt(OptOps.UPCAST, axis, _within(k, axis, (4, 2) if rows else (16, 8, 4, 3, 2), room, stretch))
         _panel_order(k, out_dim, vector_loads, attempt)
+        if rows:  # the loop over the other side's rows innermost: the weight's rows of a tile stay in cache for them
+            globals_ = [p for p in k.axes if p.kind is Kind.GLOBAL]
+            weight = [v for v in loads if _stride(v, last_reduce) == 1 and _stride(v, out_dim) not in (0, None)]
+            inner = [p for p in globals_ if any(_broadcast(v, p.dim) for v in weight)]
+            if inner and globals_[-1] is not inner[-1]:
+                attempt(OptOps.SWAP, k.axes.index(inner[-1]), (k.axes.index(globals_[-1]),))
         if last_reduce is not None and k.lanes() * 2 <= UNROLL_LANES:
             # no tile at all (its output dims symbolic: a decode step's scores over the cache) but the reduction read
             # along memory: a whole vector of it a step, where 4 lanes of an AVX-512 vector were scalars
-            whole = (2 * lanes, lanes) if in_vectors and not k.of_kind(Kind.UPCAST) and not caps.has_local else ()
+            # (a tile of rows: one vector of each row a step)
+            one_vector = (in_vectors and not k.of_kind(Kind.UPCAST)) or rows
+            whole = (lanes,) if one_vector and not caps.has_local else ()
             attempt(OptOps.UNROLL, _axis(k, last_reduce), whole + ((4, 2) if k.lanes() * 4 <= UNROLL_LANES else (2,)))
     elif k.reduce_dims:  # a plain reduction (or one whose body is too big to tile)
         red_dim = next((d for d in sorted(k.reduce_dims) if any(_stride(v, d) == 1 for v in loads)), None)

@@ -30,6 +30,7 @@ from tiny.ir.sint import highest, sint, sym_str, variables
 from tiny.ir.symbolic import symbolic
 from tiny.ir.tensorcore import Fragment
 from tiny.ir.uop import GroupOp, Ops, UOp, evaluate, substitute
+from tiny.ir.views import View
 
 # dtypes whose values the code generator packs into vectors, and the reductions that accumulate in one
 VECTOR_REDUCE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX})
@@ -532,6 +533,19 @@ def _vector_part(lw: _Lowerer, parts_of: list[int], addr: Address, lanes: int) -
     return None
 
 
+def _along_reduction(k: Kernel, reduce_dim: int, out_dim: int) -> bool:
+    """Whether the inputs a reduction reads lie along its unrolled dim and none along the output vector's dim: a
+    vector of outputs would gather its lanes (a matrix-vector product over rows of W), a vector of the reduction's
+    lanes loads them whole."""
+    views = [u.src[1].arg for u in k.ast.toposort if u.op is Ops.LOAD]
+    summed = [v for v in views if any(v.strides[d] != 0 and v.shape[d] != 1 for d in k.reduce_dims)]
+
+    def along(v: View, d: int) -> bool:
+        return v.shape[d] != 1 and v.strides[d] == 1
+
+    return any(along(v, reduce_dim) for v in summed) and not any(along(v, out_dim) for v in summed)
+
+
 def _gated(store: UOp, gate: UOp) -> UOp:
     addr = store.address
     both = gate if addr.gate is None else addr.gate & gate
@@ -561,6 +575,8 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
 
     out_vec = None if k.tc is not None else _vector_part(lw, upcasts, address, lanes)
     unrolls = [i for i, p in enumerate(k.parts) if p.kind is Kind.UNROLL]
+    if out_vec is not None and unrolls and _along_reduction(k, k.parts[unrolls[-1]].dim, k.parts[out_vec[0]].dim):
+        out_vec = None  # (each output a vector accumulator along the rows: a tile of rows, tiny.codegen.heuristic)
     if out_vec is None and unrolls and k.reductions and k.tc is None:
         # (every reduction of the kernel accumulates in vectors of the same lanes: gate and up projections of a
         # feed-forward read in one kernel)
