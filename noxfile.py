@@ -221,6 +221,26 @@ def tensor(session: nox.Session) -> None:
     _pytest(session, "tiny-tensor")
 
 
+# llama.cpp's Python binding, built from source (about 25 minutes on a 2-core machine): the llm session's reference
+LLAMA_CPP = "llama-cpp-python==0.3.36"
+
+
+@nox.session
+def llm(session: nox.Session) -> None:
+    """The language models against llama.cpp: llama-cpp-python built from source (pinned, with cmake and a C++
+    compiler), then test_llm.py (its llama.cpp comparisons run here; the default tensor session skips them) and
+    `python -m bench.llm --quick` with llama.cpp's side. Not in the default run: the build alone takes about 25
+    minutes here. `python -m bench.llm` (the 1B model) runs in this session's environment: `nox -s llm -- bench`."""
+    tools = (DEV["torch"], DEV["safetensors"], DEV["gguf"], DEV["transformers"], DEV["sentencepiece"], LLAMA_CPP)
+    _install_local(session, "tiny-tensor", extras=("llm",), tools=tools)
+    if session.posargs[:1] == ["bench"]:
+        session.run("python", "-m", "bench.llm", *session.posargs[1:])
+        return
+    tests = PACKAGES / "tiny-tensor" / "tests"
+    session.run("pytest", str(tests / "test_llm.py"), str(tests / "test_llm_gguf_tokenizer.py"), *session.posargs)
+    session.run("python", "-m", "bench.llm", "--quick", "--decode", "8")
+
+
 def _device_suite(session: nox.Session, device: str, own_tests: list[Path], subset: list[str]) -> None:
     """A device's own tests, then tiny-tensor's with DEVICE=device (its `device` fixture then runs them there alone):
     the files in `subset` by default, all of them with `nox -s NAME -- --full`."""
