@@ -73,7 +73,9 @@ def kernel_uops(ast: UOp, caps: RendererCaps = LOOPS, opts: Sequence[Opt] = ()) 
 def vector_uops(ast: UOp, caps: RendererCaps, opts: Sequence[Opt]) -> list[UOp]:
     """kernel_uops with vectors formed (the vectorize pass) and no loops narrowed: the ops a renderer is given."""
     sink = graph_rewrite(
-        graph_rewrite(lower(ast, caps, opts).sink, symbolic), vectorize, ctx=VectorTarget(caps.vector_width * 4)
+        graph_rewrite(lower(ast, caps, opts).sink, symbolic),
+        vectorize,
+        ctx=VectorTarget(caps.vector_width * 4, narrow=caps.narrow_vectors),
     )
     uops = linearize(sink)
     validate(uops)

@@ -494,3 +494,49 @@ def test_vector_exp2_is_within_2_ulp_of_numpy(lanes: int) -> None:
             np.testing.assert_array_equal(got[exact & ~np.isnan(x)], want[exact & ~np.isnan(x)], err_msg=what)
             ulps = np.abs(got[~exact].astype(np.float64) - want[~exact]) / np.spacing(np.abs(want[~exact]))
             assert ulps.max() <= 2, f"{what}: {ulps.max()} ulp at x = {x[~exact][ulps.argmax()]!r}"
+
+
+@pytest.mark.parametrize("dtype", [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.float16])
+def test_narrow_vectors_load_shift_and_convert_with_each_compiler(dtype: DType) -> None:
+    """Narrow lanes (RendererCaps.narrow_vectors): 8 values loaded as one vector, their low and high halves taken by
+    constant shifts and masks and combined (integers), converted to float32 by __builtin_convertvector (a GNU C cast
+    of a vector would reinterpret its bits) and summed against float32 rows; clang and gcc compute NumPy's values."""
+    from kernel_helpers import expand, move, reduce, vector_uops
+
+    from tiny.codegen.opt import Opt, OptOps
+
+    r = CRenderer("x86_64;vector_width=8;threads=1;f16")
+    rows, k = 4, 64
+    w, x = tensor(rows, k, dtype=dtype), tensor(1, k)
+    if dtype == dtypes.float16:
+        wv = np.random.default_rng(1).standard_normal((rows, k)).astype(np.float16)
+        field = w
+    else:
+        info = np.iinfo(dtype.name)
+        wv = np.random.default_rng(1).integers(info.min, info.max, (rows, k), endpoint=True).astype(dtype.name)
+        half = dtype.itemsize * 4
+        mask = const((1 << half) - 1, (rows, k), dtype)
+        high = UOp(Ops.SHR, dtype, (w, const(half, (rows, k), dtype)))
+        field = UOp(Ops.XOR, dtype, (UOp(Ops.AND, dtype, (w, mask)), UOp(Ops.AND, dtype, (high, mask))))
+    values = UOp(Ops.CAST, dtypes.float32, (field,)) * expand(x, (rows, k))
+    ast = create_schedule([move(Ops.RESHAPE, reduce(values, (1,)), (rows,))]).items[-1].ast
+    uops = vector_uops(ast, r.caps, [Opt(OptOps.UNROLL, 1, 8)])
+    casts = [u for u in uops if u.op is Ops.CAST and u.dtype.count == 8]
+    assert casts and casts[0].src[0].dtype == dtype.vec(8), "one conversion a vector of 8 narrow lanes"
+    assert not any(u.op is Ops.VECTORIZE and u.dtype.scalar == dtype for u in uops), "no lanes gathered one by one"
+    src = r.render("narrow", uops)
+    assert "__builtin_convertvector" in src
+    xv = np.random.default_rng(2).standard_normal((1, k)).astype(np.float32)
+    if dtype == dtypes.float16:
+        want = wv.astype(np.float64) @ xv[0].astype(np.float64)
+    else:
+        half, m = dtype.itemsize * 4, (1 << dtype.itemsize * 4) - 1
+        fields = (wv & m) ^ ((wv >> half) & m)
+        want = fields.astype(np.float64) @ xv[0].astype(np.float64)
+    for cc in clang_and_gcc():
+        if dtype == dtypes.float16 and not compiles(cc, HALF_PROBE):
+            continue
+        out = np.zeros(rows, np.float32)
+        lib = build(src, cc, ("-O2", "-mavx2", "-mf16c"))
+        lib.narrow(*(ctypes.c_void_p(b.ctypes.data) for b in (out, wv, xv)))  # (data1 the weight, data2 x)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4, err_msg=cc)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from tiny.ir.device import Renderer, RendererCaps
+from tiny.ir.device import VECTOR_DTYPES, Renderer, RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes
 from tiny.ir.uop import GroupOp, Ops, UOp
 
@@ -614,7 +614,7 @@ def _vexp2_float32(t: str) -> str:
 class CRenderer(CStyleRenderer):
     """C for the CPU device, compiled by clang or gcc: GNU vector types, one call per thread (gidx0 its number)."""
 
-    caps = RendererCaps(language="C", vector_width=8)
+    caps = RendererCaps(language="C", vector_width=8, narrow_vectors=True)
     special_params = True
     inline_exp2 = True  # float32 vector exp2 by _vexp2_float32, not libmvec's call (a CPU's vector unit)
 
@@ -634,7 +634,9 @@ class CRenderer(CStyleRenderer):
         t, s, n = self.vector_type_name(dt), self.type_names[dt.scalar.name], dt.count
         size = dt.scalar.itemsize * n
         pick = "(a != a) | (a >= b)" if dt.is_float else "a >= b"  # NaN wins, as torch.maximum
-        math_fns = "".join(self.vector_math(dt, op, fn) for op, fn in self.math_fns.items()) if dt.is_float else ""
+        has_math = dt.scalar in VECTOR_DTYPES and dt.is_float  # (a float16 vector is only loaded and converted)
+        math_fns = "".join(self.vector_math(dt, op, fn) for op, fn in self.math_fns.items()) if has_math else ""
+        math_fns += self._half_conversion(dt)
         return (
             f"static inline {t} tiny_vload_{t}(const {s}* p) {{ {t} v; __builtin_memcpy(&v, p, {size}); return v; }}\n"
             f"static inline void tiny_vstore_{t}({s}* p, {t} v) {{ __builtin_memcpy(p, &v, {size}); }}\n"
@@ -652,8 +654,33 @@ class CRenderer(CStyleRenderer):
         features = set(parts[-1].split(",")) if parts else {"f16", "bf16"}
         missing = {dtypes.float16} if "f16" not in features else set()
         all_ = frozenset(dtypes.all()) - missing
-        self.caps = RendererCaps(language="C", vector_width=width, threads=threads, dtypes=all_)
+        self.caps = RendererCaps(language="C", vector_width=width, threads=threads, dtypes=all_, narrow_vectors=True)
         self.mvec = "mvec" in features
+
+    def cast(self, u: UOp, x: str) -> str:
+        """A vector conversion (narrow lanes to float32) lane by lane, as the scalar one; GNU C's cast of a vector
+        would reinterpret its bits."""
+        if u.dtype.count == 8 and u.src[0].dtype.scalar == dtypes.float16:
+            return f"tiny_vcvt_float16x8({x})"
+        if u.dtype.count > 1:
+            return f"__builtin_convertvector({x}, {self.vector_type_name(u.dtype)})"
+        return super().cast(u, x)
+
+    def _half_conversion(self, dt: DType) -> str:
+        """float16x8 -> float32x8: gcc 12 converts the lanes one at a time, F16C's instruction takes them at once
+        (clang chooses it for the portable form)."""
+        if dt != dtypes.float16.vec(8):
+            return ""
+        return (
+            "static inline float32x8 tiny_vcvt_float16x8(float16x8 x) {\n"
+            "#if defined(__F16C__) && !defined(__clang__)\n"
+            "  typedef short tiny_short8 __attribute__((vector_size(16)));\n"
+            "  return (float32x8)__builtin_ia32_vcvtph2ps256((tiny_short8)x);\n"
+            "#else\n"
+            "  return __builtin_convertvector(x, float32x8);\n"
+            "#endif\n"
+            "}\n"
+        )
 
     def multiply_add(self, dt: DType, a: str, b: str, acc: str) -> str | None:
         return f"tiny_fma_{self._fma_type(dt)}({a}, {b}, {acc})" if dt.scalar in _FUSED else None

@@ -199,7 +199,7 @@ class _Function:
 class LLVMRenderer(Renderer):
     """LLVM IR for the CPU: one call per thread, its number (gidx0) an i32 argument after the variables."""
 
-    caps = RendererCaps(language="LLVM", vector_width=8)
+    caps = RendererCaps(language="LLVM", vector_width=8, narrow_vectors=True)
 
     def __init__(self, target: str = "") -> None:
         """target: 'machine;vector_width=N;threads=T;features' as the CPU device reports it (features: f16)."""
@@ -210,7 +210,11 @@ class LLVMRenderer(Renderer):
         features = set(parts[-1].split(",")) if parts else {"f16"}
         missing = {dtypes.float16} if "f16" not in features else set()
         self.caps = RendererCaps(
-            language="LLVM", vector_width=width, threads=threads, dtypes=frozenset(dtypes.all()) - missing
+            language="LLVM",
+            vector_width=width,
+            threads=threads,
+            dtypes=frozenset(dtypes.all()) - missing,
+            narrow_vectors=True,
         )
 
     # ---------------------------------------------------------------- the target: what a GPU target overrides

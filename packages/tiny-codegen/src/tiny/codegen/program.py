@@ -79,7 +79,7 @@ def _render(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None) -> Rendere
         lowered = _lower(plan)  # loops or hardware ids, lanes, index math, REDUCEs (tiny.codegen.lower)
         sink = graph_rewrite(lowered.sink, symbolic, memo=lowered.simplified, name="symbolic")  # index math, constants
         sink = _narrowed(sink, caps)  # sums skip the iterations whose every lane reads padding (tiny.codegen.narrow)
-        target = VectorTarget(caps.vector_width * 4, lowered.simplified)  # (bytes a vector, what symbolic made)
+        target = VectorTarget(caps.vector_width * 4, lowered.simplified, caps.narrow_vectors)  # (symbolic's memo)
         sink = graph_rewrite(sink, vectorize, ctx=target, name="vectorize")  # lanes alike become vector ops
         if opts is not None or (max_lanes := _fewer_lanes(plan, lowered, sink)) is None:
             break

@@ -23,14 +23,21 @@ VECTOR_ALU = frozenset(
 )
 
 
+# 8- and 16-bit lanes a renderer with RendererCaps.narrow_vectors takes in vectors as long as a float32 vector's (a
+# quantized weight's bytes, a float16 weight): loaded, combined bitwise and shifted (the integers), converted to float32
+NARROW_DTYPES = frozenset({dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.float16})
+NARROW_ALU = frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.SHR, Ops.SHL})
+
+
 @dataclass(frozen=True)
 class VectorTarget:
-    """The vectorize pass's context: the bytes of one hardware vector, and the symbolic rules' memo for the kernel
-    (what each node simplified to, as the pass before left it: a load's offsets are checked for contiguity with it,
-    and are found there already simplified)."""
+    """The vectorize pass's context: the bytes of one hardware vector, whether narrow lanes form vectors too, and the
+    symbolic rules' memo for the kernel (what each node simplified to, as the pass before left it: a load's offsets
+    are checked for contiguity with it, and are found there already simplified)."""
 
     nbytes: int
     simplified: dict[UOp, UOp] = field(default_factory=dict, compare=False)
+    narrow: bool = False
 
 
 def _fits(dt: DType, lanes: int, nbytes: int, half: bool = True) -> bool:
@@ -40,6 +47,27 @@ def _fits(dt: DType, lanes: int, nbytes: int, half: bool = True) -> bool:
         return True
     size = dt.scalar.itemsize * lanes
     return dt.scalar in VECTOR_DTYPES and (size == nbytes or (half and 2 * size == nbytes and size >= 16))
+
+
+def _narrow_fits(dt: DType, lanes: int, ctx: VectorTarget) -> bool:
+    """Whether `lanes` narrow values make a vector of as many lanes as a float32 vector (or half of one)."""
+    return ctx.narrow and dt.scalar in NARROW_DTYPES and _fits(dtypes.float32, lanes, ctx.nbytes)
+
+
+def _converts(frm: DType, to: DType) -> bool:
+    """The conversions narrow vectors take, each exact: narrow integers to float32 and to 32-bit integers (extended by
+    their sign or by zeros, as C converts them), float16 to float32."""
+    if frm.scalar == dtypes.float16:
+        return to.scalar == dtypes.float32
+    return frm.scalar in NARROW_DTYPES and to.scalar in (dtypes.float32, dtypes.int32, dtypes.uint32)
+
+
+def _shifts_within(x: UOp) -> bool:
+    """A shift whose amount is a constant below the lanes' width (no test for a shift past it in vector code)."""
+    if x.op not in (Ops.SHR, Ops.SHL):
+        return True
+    amount = x.src[1]
+    return amount.op is Ops.CONST and 0 <= amount.arg < x.dtype.scalar.bits
 
 
 def _alike(lanes: tuple[UOp, ...]) -> bool:
@@ -59,13 +87,20 @@ def _push_down(vec: UOp, ctx: VectorTarget) -> UOp | None:
     n = len(lanes)
     # comparisons and selects stay whole vectors: a mask is as wide as a hardware vector (the renderer's mask types)
     whole = first.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE) or first.dtype.scalar == dtypes.bool
-    if not _alike(lanes) or not _fits(first.dtype, n, nbytes, not whole):
+    if not _alike(lanes):
+        return None
+    if _narrow_fits(first.dtype, n, ctx) or (first.op is Ops.CAST and _converts(first.source.dtype, first.dtype)):
+        return _push_narrow(vec, ctx)
+    if not _fits(first.dtype, n, nbytes, not whole):
         return None
     if first.op is Ops.CONST:
         return UOp.const(vec.dtype, first.arg)  # one value in every lane
     if all(s is first for s in lanes):
         return None  # a broadcast of one value stays as it is
-    if first.op in VECTOR_ALU or first.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE):
+    # (shifts by constants and bit casts of same-sized lanes where narrow lanes are taken: a bfloat16's bits made a
+    # float32's)
+    exact_bits = ctx.narrow and (first.op is Ops.BITCAST or first.op in NARROW_ALU) and all(map(_shifts_within, lanes))
+    if first.op in VECTOR_ALU or first.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE) or exact_bits:
         if not all(_fits(x.dtype, n, nbytes, not whole) for x in first.src):
             return None
         return UOp(first.op, vec.dtype, tuple(_gather(x, [s.src[j] for s in lanes]) for j, x in enumerate(first.src)))
@@ -81,6 +116,27 @@ def _push_down(vec: UOp, ctx: VectorTarget) -> UOp | None:
         return _vector_load(vec, lanes, ctx.simplified)
     if first.op is Ops.GEP and all(s.src[0] is first.src[0] and s.arg == i for i, s in enumerate(lanes)):
         return first.src[0] if first.src[0].dtype == vec.dtype else None
+    return None
+
+
+def _push_narrow(vec: UOp, ctx: VectorTarget) -> UOp | None:
+    """The lanes of narrow vectors (RendererCaps.narrow_vectors): loads, bitwise ops and constant shifts on narrow
+    integers, and their conversions to float32, where the float32 side fits a vector."""
+    lanes, first, n = vec.src, vec.src[0], len(vec.src)
+    if not ctx.narrow:
+        return None
+    if first.op is Ops.CONST:
+        return UOp.const(vec.dtype, first.arg)  # one value in every lane
+    if any(s is first for s in lanes[1:]):
+        return None  # (a broadcast of one value stays as it is)
+    if first.op is Ops.CAST:
+        if not (_fits(first.dtype, n, ctx.nbytes) and _narrow_fits(first.source.dtype, n, ctx)):
+            return None
+        return UOp(Ops.CAST, vec.dtype, (_gather(first.source, [s.source for s in lanes]),))
+    if first.op is Ops.LOAD:
+        return _vector_load(vec, lanes, ctx.simplified)
+    if first.op in NARROW_ALU and first.dtype.is_int and all(_shifts_within(s) for s in lanes):
+        return UOp(first.op, vec.dtype, tuple(_gather(x, [s.src[j] for s in lanes]) for j, x in enumerate(first.src)))
     return None
 
 

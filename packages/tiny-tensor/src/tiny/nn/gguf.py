@@ -284,9 +284,20 @@ def _field(blocks: np.ndarray, lo: int, hi: int, dtype: str, device: str | None)
     return Tensor(np.ascontiguousarray(blocks[:, lo:hi]).view(dtype), device=device)
 
 
-def _shifts(amounts: list[int], shape: tuple[int, ...], device: str | None) -> Tensor:
-    """Bit shifts along the dims of a block's layout: a few bytes on the device, broadcast over the blocks."""
-    return Tensor(np.array(amounts, np.uint8).reshape(shape), device=device)
+def _bits(x: Tensor, amounts: list[int], shape: tuple[int, ...], mask: int) -> Tensor:
+    """(x >> amount) & mask for each of `amounts` laid out in `shape` (1 along the dims where x has its fields, x's
+    size 1 along the others): a block's bit fields, each shifted by a constant (vector code shifts every lane by one
+    constant), joined along those dims."""
+    table = np.array(amounts).reshape(shape)
+
+    def join(t: np.ndarray) -> Tensor:
+        axis = next((i for i, n in enumerate(t.shape) if n > 1), None)
+        if axis is None:
+            amount = int(t.flat[0])
+            return ((x >> amount) if amount else x) & mask
+        return Tensor.cat(*(join(t.take([i], axis=axis)) for i in range(t.shape[axis])), dim=axis)
+
+    return join(table)
 
 
 def _scale(blocks: np.ndarray, at: int, rank: int, device: str | None) -> Tensor:
@@ -316,7 +327,7 @@ def _lazy_q4_0(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> T
     blocks = raw.reshape(-1, 18)
     d = _scale(blocks, 0, 3, device)
     qs = _field(blocks, 2, 18, "u1", device).reshape(-1, 1, 16)
-    q = qs.bitwise_right_shift(_shifts([0, 4], (1, 2, 1), device)) & 15
+    q = _bits(qs, [0, 4], (1, 2, 1), 15)
     return ((q.cast("float32") - 8.0) * d).reshape(shape)
 
 
@@ -325,29 +336,29 @@ def _lazy_q4_1(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> T
     blocks = raw.reshape(-1, 20)
     d, m = _scale(blocks, 0, 3, device), _scale(blocks, 2, 3, device)
     qs = _field(blocks, 4, 20, "u1", device).reshape(-1, 1, 16)
-    q = qs.bitwise_right_shift(_shifts([0, 4], (1, 2, 1), device)) & 15
+    q = _bits(qs, [0, 4], (1, 2, 1), 15)
     return (d * q.cast("float32") + m).reshape(shape)
 
 
-def _five_bits(qh: Tensor, qs: Tensor, device: str | None) -> Tensor:
+def _five_bits(qh: Tensor, qs: Tensor) -> Tensor:
     """Q5_0/Q5_1's 32 values of a block as (blocks, nibble, half of the 16 bytes, byte of the half): the nibbles as
     Q4_1's, the fifth bit of element i bit i of the 4 bytes qh (a little-endian uint32)."""
-    low = qs.reshape(-1, 1, 2, 8).bitwise_right_shift(_shifts([0, 4], (1, 2, 1, 1), device)) & 15
-    high = qh.reshape(-1, 2, 2, 1).bitwise_right_shift(_shifts(list(range(8)), (1, 1, 1, 8), device)) & 1
+    low = _bits(qs.reshape(-1, 1, 2, 8), [0, 4], (1, 2, 1, 1), 15)
+    high = _bits(qh.reshape(-1, 2, 2, 1), list(range(8)), (1, 1, 1, 8), 1)
     return low | (high << 4)
 
 
 def _lazy_q5_0(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
     blocks = raw.reshape(-1, 22)
     d = _scale(blocks, 0, 4, device)
-    q = _five_bits(_field(blocks, 2, 6, "u1", device), _field(blocks, 6, 22, "u1", device), device)
+    q = _five_bits(_field(blocks, 2, 6, "u1", device), _field(blocks, 6, 22, "u1", device))
     return (d * (q.cast("float32") - 16.0)).reshape(shape)
 
 
 def _lazy_q5_1(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
     blocks = raw.reshape(-1, 24)
     d, m = _scale(blocks, 0, 4, device), _scale(blocks, 2, 4, device)
-    q = _five_bits(_field(blocks, 4, 8, "u1", device), _field(blocks, 8, 24, "u1", device), device)
+    q = _five_bits(_field(blocks, 4, 8, "u1", device), _field(blocks, 8, 24, "u1", device))
     return (d * q.cast("float32") + m).reshape(shape)
 
 
@@ -358,7 +369,7 @@ def _lazy_q2_k(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> T
     sc = _field(blocks, 0, 16, "u1", device).reshape(-1, 2, 4, 2, 1)
     qs = _field(blocks, 16, 80, "u1", device).reshape(-1, 2, 1, 2, 16)
     d, dmin = _scale(blocks, 80, 5, device), _scale(blocks, 82, 5, device)
-    q = qs.bitwise_right_shift(_shifts([0, 2, 4, 6], (1, 1, 4, 1, 1), device)) & 3
+    q = _bits(qs, [0, 2, 4, 6], (1, 1, 4, 1, 1), 3)
     scale, low = d * (sc & 15).cast("float32"), dmin * (sc >> 4).cast("float32")
     return (scale * q.cast("float32") - low).reshape(shape)
 
@@ -373,11 +384,11 @@ def _lazy_q3_k(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> T
     low_sc = _field(blocks, 96, 104, "u1", device).reshape(-1, 1, 2, 2, 2, 1)
     high_sc = _field(blocks, 104, 108, "u1", device).reshape(-1, 1, 1, 2, 2, 1)
     d = _scale(blocks, 108, 6, device)
-    low = low_sc.bitwise_right_shift(_shifts([0, 4], (1, 2, 1, 1, 1, 1), device)) & 15
-    high = high_sc.bitwise_right_shift(_shifts([0, 2, 4, 6], (1, 2, 2, 1, 1, 1), device)) & 3
+    low = _bits(low_sc, [0, 4], (1, 2, 1, 1, 1, 1), 15)
+    high = _bits(high_sc, [0, 2, 4, 6], (1, 2, 2, 1, 1, 1), 3)
     scale = (low | (high << 4)).cast("float32") - 32.0
-    q = qs.bitwise_right_shift(_shifts([0, 2, 4, 6], (1, 1, 2, 2, 1, 1), device)) & 3
-    bit = hmask.bitwise_right_shift(_shifts(list(range(8)), (1, 2, 2, 2, 1, 1), device)) & 1
+    q = _bits(qs, [0, 2, 4, 6], (1, 1, 2, 2, 1, 1), 3)
+    bit = _bits(hmask, list(range(8)), (1, 2, 2, 2, 1, 1), 1)
     q = q.cast("float32") - ((bit ^ 1) << 2).cast("float32")  # 4 less where the bit is 0
     return ((d * scale) * q).reshape(shape)
 
@@ -398,7 +409,7 @@ def _lazy_q4_k(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> T
     d, dmin = _scale(blocks, 0, 5, device), _scale(blocks, 2, 5, device)
     sc, mn = _k_scales_mins(_field(blocks, 4, 16, "u1", device))
     qs = _field(blocks, 16, 144, "u1", device).reshape(-1, 2, 2, 1, 32)
-    q = qs.bitwise_right_shift(_shifts([0, 4], (1, 1, 1, 2, 1), device)) & 15
+    q = _bits(qs, [0, 4], (1, 1, 1, 2, 1), 15)
     return ((d * sc.cast("float32")) * q.cast("float32") - dmin * mn.cast("float32")).reshape(shape)
 
 
@@ -409,8 +420,8 @@ def _lazy_q5_k(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> T
     sc, mn = _k_scales_mins(_field(blocks, 4, 16, "u1", device))
     qh = _field(blocks, 16, 48, "u1", device).reshape(-1, 1, 1, 1, 32)
     qs = _field(blocks, 48, 176, "u1", device).reshape(-1, 2, 2, 1, 32)
-    low = qs.bitwise_right_shift(_shifts([0, 4], (1, 1, 1, 2, 1), device)) & 15
-    high = qh.bitwise_right_shift(_shifts(list(range(8)), (1, 2, 2, 2, 1), device)) & 1
+    low = _bits(qs, [0, 4], (1, 1, 1, 2, 1), 15)
+    high = _bits(qh, list(range(8)), (1, 2, 2, 2, 1), 1)
     q = low | (high << 4)
     return ((d * sc.cast("float32")) * q.cast("float32") - dmin * mn.cast("float32")).reshape(shape)
 
@@ -424,8 +435,8 @@ def _lazy_q6_k(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> T
     qh = _field(blocks, 128, 192, "u1", device).reshape(-1, 2, 1, 1, 2, 16)
     scale = _field(blocks, 192, 208, "i1", device).cast("float32").reshape(-1, 2, 2, 2, 2, 1)
     d = _scale(blocks, 208, 6, device)
-    low = ql.bitwise_right_shift(_shifts([0, 4], (1, 1, 2, 1, 1, 1), device)) & 15
-    high = qh.bitwise_right_shift(_shifts([0, 2, 4, 6], (1, 1, 2, 2, 1, 1), device)) & 3
+    low = _bits(ql, [0, 4], (1, 1, 2, 1, 1, 1), 15)
+    high = _bits(qh, [0, 2, 4, 6], (1, 1, 2, 2, 1, 1), 3)
     q = (low | (high << 4)).cast("float32") - 32.0
     return ((d * scale) * q).reshape(shape)
 

@@ -27,8 +27,9 @@ from tiny.ir.uop import UOp
 # (major, minor): runtimes pin a compatible major (1.2: Program.launcher; 1.3: Allocator.memory; 1.4: foreign memory,
 # AllocatorCaps.foreign with Allocator.wrap and Allocator.address; 1.5: Compiled.default_renderer and describe; 1.6:
 # CompiledProgram.grid, a workgroup count over a Variable, and a kernel's fewer workgroups than its gidx ranges;
-# Compiler.compile_many and Compiled.compile_many, several kernels in one compiler run)
-INTERFACE_VERSION = (1, 6)
+# Compiler.compile_many and Compiled.compile_many, several kernels in one compiler run; 1.7:
+# RendererCaps.narrow_vectors)
+INTERFACE_VERSION = (1, 7)
 
 
 # the dtypes kernels compute on in hardware vectors (RendererCaps.vector_lanes; the code generator's vector ops)
@@ -63,6 +64,9 @@ class RendererCaps:
     local_total_max: int = 0  # product limit of the local size
     shared_max: int = 0  # bytes of local memory a kernel may use
     vector_width: int = 1  # floats per hardware vector, for upcasting loads, stores and math
+    # vectors of 8- and 16-bit lanes beside float32's (as many lanes as a float32 vector): loads of int8/uint8/
+    # int16/uint16/float16, bitwise ops and constant shifts on the integers, and conversions of them to float32
+    narrow_vectors: bool = False
     threads: int = 1  # CPU threads one kernel may use: its global dim 0, run as separate calls on a loop device
     dtypes: frozenset[DType] = frozenset(dtypes.all())  # dtypes it computes on
     tensor_cores: tuple[TensorCore, ...] = ()
