@@ -39,7 +39,10 @@ LOCAL = {canonicalize_name(p["name"]): p for p in (_project(f) for f in sorted(P
 # tool name -> the requirement string of the umbrella's `dev` extra (the one place the tools are pinned)
 DEV_TOOLS = _project(ROOT / "pyproject.toml")["optional-dependencies"]["dev"]
 DEV = {canonicalize_name(Requirement(r).name): r for r in DEV_TOOLS}
-TEST_TOOLS = [DEV["pytest"], DEV["hypothesis"], DEV["numpy"]]
+TEST_TOOLS = [DEV["pytest"], DEV["pytest-xdist"], DEV["hypothesis"], DEV["numpy"]]
+# every pytest run spreads its tests over the cores (pytest-xdist); `nox -s NAME -- -n 0` runs them in one process
+# (the words after `--` come later on pytest's command line and win)
+PARALLEL = ["-n", "auto"]
 # what pip needs to build editable installs without build isolation (hatchling asks for editables~=0.3)
 EDITABLE_BACKEND = [DEV["hatchling"], "editables~=0.3"]
 
@@ -100,7 +103,7 @@ def _pytest(session: nox.Session, dist: str) -> None:
     names_paths = any(Path(arg.split("::")[0]).exists() for arg in session.posargs if not arg.startswith("-"))
     paths = [] if names_paths else [str(PACKAGES / dist / "tests")]
     # pytest exits 5 when it collects no test; that fails the session like any other non-zero exit
-    session.run("pytest", *paths, *session.posargs)
+    session.run("pytest", *PARALLEL, *paths, *session.posargs)
 
 
 @nox.session
@@ -188,7 +191,7 @@ def amd(session: nox.Session) -> None:
         test_with=("tiny-tensor",),
     )
     args = [a for a in session.posargs if a != "--full"]
-    session.run("pytest", str(PACKAGES / "tiny-runtime-amd" / "tests"), *args)
+    session.run("pytest", *PARALLEL, str(PACKAGES / "tiny-runtime-amd" / "tests"), *args)
     tests = PACKAGES / "tiny-tensor" / "tests"
     paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in AMD_SUBSET]
     if Path("/dev/kfd").exists():
@@ -201,7 +204,7 @@ def amd(session: nox.Session) -> None:
         "test_big_index.py::test_windows_over_more_than_2_31_elements_compute_right",
     ]
     mock_args = [f"--deselect={(tests / t).relative_to(ROOT)}" for t in slow] if "--full" in session.posargs else []
-    session.run("pytest", *paths, *mock_args, *args, env={"DEVICE": "AMD", "AMD_MOCK": AMD_MOCK_TARGET})
+    session.run("pytest", *PARALLEL, *paths, *mock_args, *args, env={"DEVICE": "AMD", "AMD_MOCK": AMD_MOCK_TARGET})
 
 
 @nox.session
@@ -237,7 +240,8 @@ def llm(session: nox.Session) -> None:
         session.run("python", "-m", "bench.llm", *session.posargs[1:])
         return
     tests = PACKAGES / "tiny-tensor" / "tests"
-    session.run("pytest", str(tests / "test_llm.py"), str(tests / "test_llm_gguf_tokenizer.py"), *session.posargs)
+    llm_tests = [str(tests / "test_llm.py"), str(tests / "test_llm_gguf_tokenizer.py")]
+    session.run("pytest", *PARALLEL, *llm_tests, *session.posargs)
     session.run("python", "-m", "bench.llm", "--quick", "--decode", "8")
 
 
@@ -246,10 +250,10 @@ def _device_suite(session: nox.Session, device: str, own_tests: list[Path], subs
     the files in `subset` by default, all of them with `nox -s NAME -- --full`."""
     session.env["DEVICE"] = device
     args = [a for a in session.posargs if a != "--full"]
-    session.run("pytest", *map(str, own_tests), *args)
+    session.run("pytest", *PARALLEL, *map(str, own_tests), *args)
     tests = PACKAGES / "tiny-tensor" / "tests"
     paths = [str(tests)] if "--full" in session.posargs else [str(tests / t) for t in subset]
-    session.run("pytest", *paths, *args)
+    session.run("pytest", *PARALLEL, *paths, *args)
 
 
 # the tiny-tensor tests the cl session runs by default: elementwise ops, reductions, matmuls, movement, fusion,
