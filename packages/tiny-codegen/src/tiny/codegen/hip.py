@@ -43,6 +43,7 @@ class HIPRenderer(GPUCStyleRenderer):
     # GNU vectors and their helpers, as the C renderer writes them
     vector_typedef = CRenderer.vector_typedef
     vector_prelude = CRenderer.vector_prelude
+    _half_conversion = CRenderer._half_conversion
     vector_math = CRenderer.vector_math
     # HIPCompiler compiles with -ffp-contract=off: a reduction's accumulator asks for its fused multiply-add
     multiply_add = CRenderer.multiply_add
