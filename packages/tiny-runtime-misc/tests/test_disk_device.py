@@ -54,11 +54,28 @@ def test_views_see_the_file_without_reading_it_first(blob):
     assert view.as_bytes() == b"\xff\xfe\xfd\xfc"
 
 
-def test_copy_to_a_compute_device_is_one_copy_from_the_mapping(blob):
+def test_copy_to_a_compute_device_is_one_read_of_the_file(blob, monkeypatch):
+    """A copy into host-visible memory reads the file with its descriptor, straight into that memory: the mapping's
+    pages are not touched (touched, they stayed resident in this process beside the copy, until exit)."""
+    from tiny.runtime.disk import DiskAllocator
+
+    def untouched(*_):
+        raise AssertionError("the copy read the file's mapping")
+
+    monkeypatch.setattr(DiskAllocator, "as_memoryview", untouched)
     src = Buffer(f"DISK:{blob}", 64, dtypes.uint8).view(8, dtypes.float32, 32)
     out = Buffer("PYTHON", 8, dtypes.float32)
     out.copy_from(src)
     assert out.as_bytes() == bytes(range(32, 64))
+
+
+def test_a_write_through_the_mapping_is_what_a_read_finds(tmp_path):
+    name = f"DISK:{tmp_path / 'new.bin'}"
+    disk = Buffer(name, 16, dtypes.uint8)
+    disk.copyin(memoryview(bytes(range(100, 116))))
+    out = Buffer("PYTHON", 8, dtypes.uint8)
+    out.copy_from(disk.view(8, dtypes.uint8, 4))
+    assert out.as_bytes() == bytes(range(104, 112))
 
 
 def test_writing_grows_a_new_file(tmp_path):

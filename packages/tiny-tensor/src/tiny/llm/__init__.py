@@ -228,6 +228,8 @@ def _load_weights(model: Llama | GPT2, weights: dict[str, Tensor], folder: Path,
         raise ValueError(f"{folder}: the weights do not fit the config:\n  " + "\n  ".join(lines))
     for name, (owner, attr, _, transposed) in targets.items():
         loaded = weights.pop(name)  # (what the dict holds no more is freed as it is replaced)
+        if not lazy and loaded.dtype == dtypes.float32 and not transposed:
+            loaded = loaded.realize()  # (read from its file into the buffer that becomes the weight: one copy)
         w = loaded.cast(dtypes.float32)
         w = w.T if transposed else w
         if is_realized(w.uop) and is_memory(w.uop) and not transposed:

@@ -140,9 +140,12 @@ class Buffer:
         if not self.nbytes:
             return
         same_kind = type(Device[src.device]) is type(Device[self.device])
+        # a file's bytes are read into a host-visible buffer by its own copyout (a read, not its mapped pages, which
+        # would stay resident in this process beside the copy: a model's weights took their size twice)
+        from_file = Device[src.device].file_backed and self.allocator.caps.host_visible
         if same_kind and self.allocator.caps.transfer:
             self.allocator.transfer(self.opaque, src.opaque, self.nbytes, Device[src.device], Device[self.device])
-        elif src.allocator.caps.host_visible:  # one copy, straight out of the source's memory (a file's pages)
+        elif src.allocator.caps.host_visible and not from_file:  # one copy, straight out of the source's memory
             Device[src.device].synchronize()
             self.copyin(src.allocator.as_memoryview(src.opaque, src.nbytes))
         elif self.allocator.caps.host_visible:  # one copy, straight into this buffer's memory
