@@ -26,6 +26,7 @@ TILE_STRETCH = 96  # ... or up to this many where the whole of a small dim that 
 ACC_VECTORS = 16  # ... or this many outputs where each accumulates in a vector of its own (along the reduction)
 TILE_VALUES = 1024  # ... and to this many values per thread with the window's offsets (lowering time grows with it)
 UNROLL_LANES = 512  # ... and the innermost reduce dim is unrolled too where values per thread stay within this
+ROW_TILE_VECTORS = 8  # vector accumulators of a tile of rows (a product over a row-major weight: A's rows x W's)
 LOWERED_NODES = 1 << 15  # a CPU kernel that is not a register tile lowers at most about this many nodes (AST nodes x
 # values per thread): a max pool's backward upcast whole (6 x 6 positions x 16 channels of a 229-node body) built
 # 130k nodes to simplify them to 1.8k, 2.0 s of a cold MNIST step's rendering, for the same speed as 72 values (0.15 ms)
@@ -128,8 +129,11 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
             values = TILE_VALUES // k.lanes()
             room = min(TILE_LANES // tile, values, ACC_VECTORS // tile if in_vectors else TILE_LANES)
             stretch = room if in_vectors else min(TILE_STRETCH // tile, values)
-            # (rows: at most 4 a dim, 4 x 4 vectors, so that either side's vectors serve the other's four)
-            attempt(OptOps.UPCAST, axis, _within(k, axis, (4, 2) if rows else (16, 8, 4, 3, 2), room, stretch))
+            # (rows: at most 4 a dim and 8 vectors in all, 4 rows of A x 2 of W: the accumulators and a step's loaded
+            # vectors, 14, fit AVX2's 16 registers, where 4 x 4 spilled; 32 x 2048 x 2048 float32 6.0 -> 4.7 ms, Q4_0
+            # blocks 7.9 -> 5.3, 256 rows of Q4_K 89 -> 49)
+            sizes = tuple(s for s in (4, 2) if s * tile <= ROW_TILE_VECTORS) if rows else (16, 8, 4, 3, 2)
+            attempt(OptOps.UPCAST, axis, _within(k, axis, sizes, room, stretch))
         _panel_order(k, out_dim, vector_loads, attempt)
         if rows:  # the loop over the other side's rows innermost: the weight's rows of a tile stay in cache for them
             globals_ = [p for p in k.axes if p.kind is Kind.GLOBAL]
