@@ -660,7 +660,7 @@ class CRenderer(CStyleRenderer):
     def cast(self, u: UOp, x: str) -> str:
         """A vector conversion (narrow lanes to float32) lane by lane, as the scalar one; GNU C's cast of a vector
         would reinterpret its bits."""
-        if u.dtype.count == 8 and u.src[0].dtype.scalar == dtypes.float16:
+        if u.dtype.count == 8 and u.source.dtype.scalar == dtypes.float16:
             return f"tiny_vcvt_float16x8({x})"
         if u.dtype.count > 1:
             return f"__builtin_convertvector({x}, {self.vector_type_name(u.dtype)})"

@@ -79,6 +79,12 @@ def _gather(dtype_of: UOp, lanes: list[UOp]) -> UOp:
     return UOp(Ops.VECTORIZE, dtype_of.dtype.vec(len(lanes)), tuple(lanes))
 
 
+def _lanewise(vec: UOp) -> UOp:
+    """VECTORIZE(f(a0, b0), f(a1, b1), ...) -> f(VECTORIZE(a0, a1, ...), VECTORIZE(b0, b1, ...))."""
+    first = vec.src[0]
+    return UOp(first.op, vec.dtype, tuple(_gather(x, [s.src[j] for s in vec.src]) for j, x in enumerate(first.src)))
+
+
 def _push_down(vec: UOp, ctx: VectorTarget) -> UOp | None:
     """VECTORIZE(f(a0, b0), f(a1, b1), ...) -> f(VECTORIZE(a0, a1, ...), VECTORIZE(b0, b1, ...)) where f allows.
     Lanes of other widths than ctx's hardware vector stay scalars."""
@@ -103,7 +109,7 @@ def _push_down(vec: UOp, ctx: VectorTarget) -> UOp | None:
     if first.op in VECTOR_ALU or first.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE) or exact_bits:
         if not all(_fits(x.dtype, n, nbytes, not whole) for x in first.src):
             return None
-        return UOp(first.op, vec.dtype, tuple(_gather(x, [s.src[j] for s in lanes]) for j, x in enumerate(first.src)))
+        return _lanewise(vec)
     if first.dtype == dtypes.bool:
         return None  # bools live in vectors as comparison masks, never in memory or accumulators
     if first.op is Ops.CAST and first.source.dtype == dtypes.bool and _fits(first.dtype, n, nbytes, False):
@@ -136,7 +142,7 @@ def _push_narrow(vec: UOp, ctx: VectorTarget) -> UOp | None:
     if first.op is Ops.LOAD:
         return _vector_load(vec, lanes, ctx.simplified)
     if first.op in NARROW_ALU and first.dtype.is_int and all(_shifts_within(s) for s in lanes):
-        return UOp(first.op, vec.dtype, tuple(_gather(x, [s.src[j] for s in lanes]) for j, x in enumerate(first.src)))
+        return _lanewise(vec)
     return None
 
 
