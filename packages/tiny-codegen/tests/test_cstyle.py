@@ -496,6 +496,36 @@ def test_vector_exp2_is_within_2_ulp_of_numpy(lanes: int) -> None:
             assert ulps.max() <= 2, f"{what}: {ulps.max()} ulp at x = {x[~exact][ulps.argmax()]!r}"
 
 
+@pytest.mark.parametrize("lanes", [1, 4, 8, 16])
+def test_an_accumulators_multiply_add_is_fused_by_each_compiler(lanes: int) -> None:
+    """tiny_fma (an accumulator's update, exp2's polynomial) under the CPU's -ffp-contract=off: one rounding with
+    clang (its pragma) and with gcc (which ignores the pragma: an fma per lane, made one vector instruction) where
+    the host's fma is fast, so the two compilers' kernels round alike; a * a - b with a = 1 + 2^-12, b = 1 + 2^-11 is
+    2^-24 fused and 0 in two roundings. A product and an add outside it stay two roundings."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("the -march=native build of an x86-64 host's fma")
+    v = f32.vec(lanes) if lanes > 1 else f32
+    t = R.vector_type_name(v) if lanes > 1 else "float"
+    src = (R.vector_typedef(v) + R.vector_prelude(v)) if lanes > 1 else R.multiply_add_helper(v)
+    src += (
+        f"void fused(float* out, const float* a, const float* c) {{\n  {t} x, y;\n"
+        f"  __builtin_memcpy(&x, a, sizeof x); __builtin_memcpy(&y, c, sizeof y);\n"
+        f"  {t} r = tiny_fma_{t}(x, x, y), s = x * x + y;\n"
+        f"  __builtin_memcpy(out, &r, sizeof r); __builtin_memcpy(out + {lanes}, &s, sizeof s);\n}}\n"
+    )
+    a = np.full(lanes, 1 + 2.0**-12, np.float32)
+    c = np.full(lanes, -(1 + 2.0**-11), np.float32)
+    for cc in clang_and_gcc():
+        macros = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", "/dev/null"], capture_output=True)
+        if b"__FP_FAST_FMAF" not in macros.stdout:
+            continue
+        out = np.zeros(2 * lanes, np.float32)
+        lib = build(src, cc, ("-O2", "-march=native", "-ffp-contract=off"))
+        lib.fused(*(ctypes.c_void_p(x.ctypes.data) for x in (out, a, c)))
+        np.testing.assert_array_equal(out[:lanes], np.full(lanes, 2.0**-24, np.float32), err_msg=f"{cc}: fused")
+        np.testing.assert_array_equal(out[lanes:], np.zeros(lanes, np.float32), err_msg=f"{cc}: not fused")
+
+
 @pytest.mark.parametrize("dtype", [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.float16])
 def test_narrow_vectors_load_shift_and_convert_with_each_compiler(dtype: DType) -> None:
     """Narrow lanes (RendererCaps.narrow_vectors): 8 values loaded as one vector, their low and high halves taken by

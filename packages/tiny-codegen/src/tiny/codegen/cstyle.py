@@ -580,26 +580,52 @@ _EXP2_POLY = (
 _FUSED = (dtypes.float32, dtypes.float64)  # the dtypes whose accumulators take a product as one multiply-add (CPU)
 
 
-def _vexp2_float32(t: str) -> str:
-    """exp2 on a float32 vector, in the vector unit and inlined: at most 1 ulp from the correctly rounded result
-    (the tests' 400k inputs). Against libmvec's call it is about even in a loop that only maps values, and faster
-    in a reduction's loop, where a call makes the compiler spill the accumulator and constants around it (softmax's
-    exp-and-sum kernel 6.3 -> 4.3 ms with the linearizer's one-op accumulator updates); on hosts without libmvec
-    it replaces a libm call per lane.
-    x is clamped to [-151, 129] (NaN is computed as 0 and given back: converting NaN to an integer is undefined, and
-    a compiler that folds a constant NaN's exp2 made anything of it), split as n + f with n = round(x) (adding and
-    taking away 1.5 * 2**23 rounds a float to the nearest integer), and 2**n is applied as two powers of two,
-    2**(n>>1) and 2**(n - (n>>1)), each a normal float, so a result that is subnormal is rounded once and one past
-    the range is inf. The pragma lets Horner's steps fuse under -ffp-contract=off: the same text, so the same
-    rounding, in every kernel."""
+def _fma_helper(t: str, n: int, scalar: str) -> str:
+    """tiny_fma_t(a, b, c): a * b + c as one fused multiply-add, where the CPU compiles with -ffp-contract=off so that
+    every other expression rounds after each op in every kernel alike (t: n lanes of scalar; n = 1 a scalar). clang:
+    the pragma lets this one expression fuse (an fma where the host has one, else a multiply and an add). gcc ignores
+    the pragma: where the host's fma is fast (__FP_FAST_FMAF / __FP_FAST_FMA) it is called for each lane, which gcc
+    makes one vector instruction (softmax's exp-and-sum kernel took twice clang's time with gcc's separate multiplies
+    and adds)."""
+    fast, fn = ("__FP_FAST_FMA", "__builtin_fma") if scalar == "double" else ("__FP_FAST_FMAF", "__builtin_fmaf")
+    lanes = (
+        f"  return {fn}(a, b, c);\n"
+        if n == 1
+        else f"  {t} r;\n  for (int i = 0; i < {n}; i++) r[i] = {fn}(a[i], b[i], c[i]);\n  return r;\n"
+    )
+    return (
+        f"static inline {t} tiny_fma_{t}({t} a, {t} b, {t} c) {{\n"
+        f"#if !defined(__clang__) && defined({fast})\n{lanes}#else\n"
+        "#pragma STDC FP_CONTRACT ON\n  return a * b + c;\n#endif\n}\n"
+    )
+
+
+def _vexp2_float32(t: str, n: int) -> str:
+    """exp2 on a float32 vector of n lanes, in the vector unit and inlined: at most 1 ulp from the correctly rounded
+    result (the tests' 400k inputs). Against libmvec's call it is about even in a loop that only maps values, and
+    faster in a reduction's loop, where a call makes the compiler spill the accumulator and constants around it
+    (softmax's exp-and-sum kernel 6.3 -> 4.3 ms with the linearizer's one-op accumulator updates); on hosts without
+    libmvec it replaces a libm call per lane.
+    x is clamped to [-151, 129] (NaN is computed as a finite value and given back: converting NaN to an integer is
+    undefined, and a compiler that folds a constant NaN's exp2 made anything of it), split as n + f with n = round(x)
+    (adding and taking away 1.5 * 2**23 rounds a float to the nearest integer), and 2**n is applied as two powers of
+    two, 2**(n>>1) and 2**(n - (n>>1)), each a normal float, so a result that is subnormal is rounded once and one
+    past the range is inf. Horner's steps are fused multiply-adds (tiny_fma_t, _fma_helper): the same text, so the
+    same rounding, in every kernel. The clamp and the NaN's return are selects of masks for clang (which makes them
+    a vector max, min and blend) and lane by lane for gcc (which makes those of the loops, where its code for the
+    masks took twice the ops: softmax's exp-and-sum kernel)."""
     m = f"{t}_mask"
-    horner = "".join(f"  p = p * f + {c};\n" for c in _EXP2_POLY[1:])
+    horner = "".join(f"  p = tiny_fma_{t}(p, f, ({t}){{0}} + {c});\n" for c in _EXP2_POLY[1:])
+    lanes = f"  for (int i = 0; i < {n}; i++)"
     return (
         f"static inline {t} tiny_vexp2_{t}({t} x) {{\n"
-        "#pragma STDC FP_CONTRACT ON\n"
+        "#if defined(__clang__)\n"
         f"  {t} c = tiny_vwhere_{t}(({m})(x < -151.0f), ({t}){{0}} - 151.0f, x);\n"
         f"  c = tiny_vwhere_{t}(({m})(c > 129.0f), ({t}){{0}} + 129.0f, c);\n"
         f"  c = tiny_vwhere_{t}(({m})(x != x), ({t}){{0}}, c);\n"
+        "#else\n"
+        f"  {t} c;\n{lanes} c[i] = x[i] > -151.0f ? x[i] : -151.0f;\n{lanes} c[i] = c[i] < 129.0f ? c[i] : 129.0f;\n"
+        "#endif\n"
         f"  {t} n = (c + 12582912.0f) - 12582912.0f;\n"
         f"  {t} f = c - n;\n"
         f"  {t} p = ({t}){{0}} + {_EXP2_POLY[0]};\n"
@@ -607,7 +633,11 @@ def _vexp2_float32(t: str) -> str:
         f"  {m} k = __builtin_convertvector(n, {m});\n"
         f"  {m} h = k >> 1;\n"
         f"  {t} r = p * ({t})((h + 127) << 23) * ({t})((k - h + 127) << 23);\n"
-        f"  return tiny_vwhere_{t}(({m})(x != x), x, r);\n}}\n"
+        "#if defined(__clang__)\n"
+        f"  return tiny_vwhere_{t}(({m})(x != x), x, r);\n"
+        "#else\n"
+        f"{lanes} r[i] = x[i] != x[i] ? x[i] : r[i];\n  return r;\n"
+        "#endif\n}\n"
     )
 
 
@@ -637,13 +667,15 @@ class CRenderer(CStyleRenderer):
         has_math = dt.scalar in VECTOR_DTYPES and dt.is_float  # (a float16 vector is only loaded and converted)
         math_fns = "".join(self.vector_math(dt, op, fn) for op, fn in self.math_fns.items()) if has_math else ""
         math_fns += self._half_conversion(dt)
-        return (
+        fma = _fma_helper(t, n, s) if dt.scalar in _FUSED else ""  # (before the math: exp2's polynomial takes it)
+        basics = (
             f"static inline {t} tiny_vload_{t}(const {s}* p) {{ {t} v; __builtin_memcpy(&v, p, {size}); return v; }}\n"
             f"static inline void tiny_vstore_{t}({s}* p, {t} v) {{ __builtin_memcpy(p, &v, {size}); }}\n"
             f"static inline {t} tiny_vwhere_{t}({t}_mask c, {t} a, {t} b) {{\n"
             f"  return ({t})((c & ({t}_mask)a) | (~c & ({t}_mask)b));\n}}\n"
             f"static inline {t} tiny_vmax_{t}({t} a, {t} b) {{ return tiny_vwhere_{t}(({t}_mask)({pick}), a, b); }}\n"
-        ) + math_fns
+        )
+        return basics + fma + math_fns
 
     def __init__(self, target: str = "") -> None:
         """target: 'machine;vector_width=N;threads=T;features' as the CPU device reports it (features: f16)."""
@@ -686,12 +718,8 @@ class CRenderer(CStyleRenderer):
         return f"tiny_fma_{self._fma_type(dt)}({a}, {b}, {acc})" if dt.scalar in _FUSED else None
 
     def multiply_add_helper(self, dt: DType) -> str:
-        """The CPU compiles with -ffp-contract=off, so an expression rounds after each op in every kernel alike; the
-        pragma allows this one fusion (clang: an fma where the host has one, else a multiply and an add; gcc ignores
-        it: always the two)."""
-        t = self._fma_type(dt)
-        pragma = "#pragma STDC FP_CONTRACT ON"
-        return f"static inline {t} tiny_fma_{t}({t} a, {t} b, {t} c) {{\n{pragma}\n  return a * b + c;\n}}\n"
+        """A scalar accumulator's fused multiply-add (a vector's is in its vector_prelude)."""
+        return "" if dt.count > 1 else _fma_helper(self._fma_type(dt), 1, self.type_names[dt.scalar.name])
 
     def _fma_type(self, dt: DType) -> str:
         return self.vector_type_name(dt) if dt.count > 1 else self.type_names[dt.scalar.name]
@@ -709,7 +737,7 @@ class CRenderer(CStyleRenderer):
         call at a time, the lanes past the end 1.0), else the scalar function lane by lane."""
         t, n, s = self.vector_type_name(dt), dt.count, dt.scalar.name
         if op is Ops.EXP2 and dt.scalar == dtypes.float32 and self.inline_exp2:
-            return _vexp2_float32(t)
+            return _vexp2_float32(t, dt.count)
         if (v := self.lane_math(op, dt.scalar)) is not None:
             name, w, m = _MVEC[(op, v.count, s)], self.vector_type_name(v), v.count
             declare = f"{w} {name}({w});\n"
