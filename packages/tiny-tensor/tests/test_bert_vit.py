@@ -70,8 +70,10 @@ def _pixels(batch: int = 2) -> np.ndarray:
     return np.random.default_rng(3).standard_normal((batch, 3, 32, 32)).astype(np.float32)
 
 
-def test_bert_masked_lm_with_padding_and_token_types_equals_transformers(tmp_path: Path) -> None:
-    ref = _bert("BertForMaskedLM", tmp_path)
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_bert_masked_lm_with_padding_and_token_types_equals_transformers(tied: bool, tmp_path: Path) -> None:
+    """The decoder is the word embeddings where the config ties them (the file has no copy), else its own weight."""
+    ref = _bert("BertForMaskedLM", tmp_path, tie_word_embeddings=tied)
     with torch.no_grad():
         want = ref(
             torch.tensor(IDS), attention_mask=torch.tensor(MASK), token_type_ids=torch.tensor(TYPES),
@@ -82,8 +84,8 @@ def test_bert_masked_lm_with_padding_and_token_types_equals_transformers(tmp_pat
     got = model(IDS, attention_mask=MASK, token_type_ids=TYPES)
     np.testing.assert_allclose(got.last_hidden_state.numpy(), want.hidden_states[-1].numpy(), **TOL)
     np.testing.assert_allclose(got.logits.numpy(), want.logits.numpy(), **TOL)
-    # the decoder is the word embeddings (tied), and the padding changed what the padded sequence's tokens see
-    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    assert (model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight) == tied
+    # the padding changed what the padded sequence's tokens see, and only theirs
     unmasked = model(IDS, token_type_ids=TYPES).logits.numpy()
     assert not np.allclose(unmasked[1], want.logits.numpy()[1], atol=1e-3)
     np.testing.assert_allclose(unmasked[0], want.logits.numpy()[0], **TOL)  # (the first sequence has no padding)
@@ -114,6 +116,28 @@ def test_bert_sequence_classification_equals_transformers(tmp_path: Path) -> Non
     np.testing.assert_allclose(got, want, **TOL)
 
 
+def test_bert_model_from_a_classifiers_float16_file_with_old_names(tmp_path: Path) -> None:
+    """A BertModel config over a BertForSequenceClassification's file (names under "bert.", a classifier besides),
+    its weights in float16 and LayerNorm's named gamma and beta as old checkpoints name them: read and cast to float32,
+    the classifier left as transformers leaves it."""
+    ref = _bert("BertForSequenceClassification", tmp_path)
+    state = safetensors_torch.load_file(tmp_path / "model.safetensors")
+    old = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v.half()
+           for k, v in state.items()}  # fmt: skip
+    assert "bert.embeddings.LayerNorm.gamma" in old and "classifier.weight" in old
+    safetensors_torch.save_file(old, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["BertModel"]}))
+    base = ref.bert.half().float()  # (the weights rounded to float16, as the file holds them)
+    with torch.no_grad():
+        want = base(torch.tensor(IDS), attention_mask=torch.tensor(MASK))
+    model = bert.load(tmp_path)
+    assert isinstance(model, bert.BertModel)
+    got = model(IDS, attention_mask=MASK)
+    np.testing.assert_allclose(got.last_hidden_state.numpy(), want.last_hidden_state.numpy(), **TOL)
+    np.testing.assert_allclose(got.pooler_output.numpy(), want.pooler_output.numpy(), **TOL)
+
+
 def test_bert_gradients_equal_torch(tmp_path: Path) -> None:
     """d sum(pooler output * weights) / d inputs_embeds, and / d a query projection's weight, through every layer
     with a padded mask."""
@@ -129,9 +153,9 @@ def test_bert_gradients_equal_torch(tmp_path: Path) -> None:
     tx = Tensor(embeds, requires_grad=True)
     got = model(inputs_embeds=tx, attention_mask=MASK, token_type_ids=TYPES)
     ((got.pooler_output * Tensor(weights)).sum() + got.last_hidden_state.sum()).backward()
-    np.testing.assert_allclose(tx.grad.numpy(), x.grad.numpy(), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(tx.grad.numpy(), x.grad.numpy(), **TOL)
     want_w = ref.encoder.layer[0].attention.self.query.weight.grad.numpy()
-    np.testing.assert_allclose(query.weight.grad.numpy(), want_w, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(query.weight.grad.numpy(), want_w, **TOL)
 
 
 def test_vit_classification_equals_transformers(tmp_path: Path) -> None:
@@ -161,7 +185,7 @@ def test_vit_model_from_shards_with_pooler_and_gradients(tmp_path: Path) -> None
     np.testing.assert_allclose(got.last_hidden_state.numpy(), want.last_hidden_state.detach().numpy(), **TOL)
     np.testing.assert_allclose(got.pooler_output.numpy(), want.pooler_output.detach().numpy(), **TOL)
     (got.last_hidden_state.sum() + (got.pooler_output * 3).sum()).backward()
-    np.testing.assert_allclose(tx.grad.numpy(), x.grad.numpy(), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(tx.grad.numpy(), x.grad.numpy(), **TOL)
 
 
 # ---------------------------------------------------------------- bad input
