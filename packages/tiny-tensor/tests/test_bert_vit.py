@@ -169,6 +169,11 @@ def test_vit_classification_equals_transformers(tmp_path: Path) -> None:
     got = model(pixels)
     np.testing.assert_allclose(got.logits.numpy(), want.logits.numpy(), **TOL)
     np.testing.assert_allclose(got.last_hidden_state.numpy(), final, **TOL)
+    # an image of another size and shape: the 4 x 4 grid of position embeddings resized to 6 x 5 patches
+    other = np.random.default_rng(6).standard_normal((1, 3, 48, 40)).astype(np.float32)
+    with torch.no_grad():
+        want = ref(torch.tensor(other), interpolate_pos_encoding=True).logits.numpy()
+    np.testing.assert_allclose(model(other, interpolate_pos_encoding=True).logits.numpy(), want, **TOL)
 
 
 def test_vit_model_from_shards_with_pooler_and_gradients(tmp_path: Path) -> None:
@@ -225,8 +230,11 @@ def test_a_missing_or_misshapen_tensor(tmp_path: Path) -> None:
 
 def test_bad_inputs_say_what_was_expected(tmp_path: Path) -> None:
     _vit("ViTModel", tmp_path)
+    model = vit.load(tmp_path)
     with pytest.raises(ValueError, match=r"pixel_values must be \(batch, 3, 32, 32\), got shape \(1, 3, 16, 16\)"):
-        vit.load(tmp_path)(np.zeros((1, 3, 16, 16), np.float32))
+        model(np.zeros((1, 3, 16, 16), np.float32))
+    with pytest.raises(ValueError, match=r"\(batch, 3, height, width\).*got shape \(1, 1, 16, 16\)"):
+        model(np.zeros((1, 1, 16, 16), np.float32), interpolate_pos_encoding=True)
     folder = tmp_path / "bert"
     _bert("BertModel", folder)
     model = bert.load(folder)

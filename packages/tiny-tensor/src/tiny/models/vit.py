@@ -4,8 +4,9 @@ embeddings added; layers of self-attention and a feed-forward, each normalized b
 input; a final LayerNorm; the pooler (the class token through a dense layer and its activation) where the model has
 one, and a linear classifier of the class token's state where it classifies.
 
-Images are (batch, channels, height, width) of the config's size, as Hugging Face's image processor makes them
-(position embeddings are not interpolated for other sizes).
+Images are (batch, channels, height, width) of the config's size, as Hugging Face's image processor makes them; with
+interpolate_pos_encoding, of any size, the position embeddings of the patches resized to its grid (bicubic, as
+Hugging Face resizes them).
 
 >>> from tiny.models import vit  # doctest: +SKIP
 >>> model = vit.load("path/to/folder")  # doctest: +SKIP
@@ -14,6 +15,7 @@ Images are (batch, channels, height, width) of the config's size, as Hugging Fac
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -105,14 +107,54 @@ class PatchEmbeddings:
 
 class Embeddings:
     def __init__(self, cfg: ViTConfig, device: str | None) -> None:
+        self.patch_size = cfg.patch_size
         self.cls_token = Tensor.normal(1, 1, cfg.hidden_size, device=device)
         self.position_embeddings = Tensor.normal(1, cfg.num_patches + 1, cfg.hidden_size, device=device)
         self.patch_embeddings = PatchEmbeddings(cfg, device)
 
-    def __call__(self, pixels: Tensor) -> Tensor:
+    def __call__(self, pixels: Tensor, interpolate_pos_encoding: bool = False) -> Tensor:
         patches = self.patch_embeddings(pixels)
         cls = self.cls_token.expand(pixels.shape[0], 1, self.cls_token.shape[2])
-        return cls.cat(patches, dim=1) + self.position_embeddings
+        positions = self.position_embeddings
+        height, width = pixels.shape[2:]
+        if interpolate_pos_encoding and (patches.shape[1] != positions.shape[1] - 1 or height != width):
+            positions = self._resized(height // self.patch_size[0], width // self.patch_size[1])
+        return cls.cat(patches, dim=1) + positions
+
+    def _resized(self, rows: int, cols: int) -> Tensor:
+        """The position embeddings for a grid of rows x cols patches: the class token's as it is, the patches' (a
+        square grid) resized by bicubic interpolation, one matrix per axis."""
+        table = self.position_embeddings
+        count, dim = table.shape[1] - 1, table.shape[2]
+        side = math.isqrt(count)
+        if side * side != count:
+            raise ValueError(f"ViT: interpolate_pos_encoding needs a square grid of positions, the model has {count}")
+        grid = table[0, 1:].reshape(side, side, dim).permute(2, 0, 1)  # (dim, side, side)
+        down = Tensor(_bicubic(side, rows), device=table.device)  # (rows, side)
+        across = Tensor(_bicubic(side, cols), device=table.device)  # (cols, side)
+        resized = down.matmul(grid).matmul(across.T)  # (dim, rows, cols)
+        return table[:, :1].cat(resized.permute(1, 2, 0).reshape(1, rows * cols, dim), dim=1)
+
+
+def _bicubic(size: int, out: int) -> np.ndarray:
+    """(out, size): torch's bicubic resize of one axis as a matrix (align_corners=False: a pixel's center maps to a
+    center; Keys' cubic convolution with A = -0.75 over the 4 nearest, the edge repeated past the border)."""
+    a = -0.75
+
+    def near(x: float) -> float:  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: float) -> float:  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    m = np.zeros((out, size), dtype=np.float64)
+    for i in range(out):
+        source = (i + 0.5) * size / out - 0.5
+        left = math.floor(source)
+        t = source - left
+        for offset, w in zip((-1, 0, 1, 2), (far(t + 1), near(t), near(1 - t), far(2 - t)), strict=True):
+            m[i, min(max(left + offset, 0), size - 1)] += w
+    return m.astype(np.float32)
 
 
 class SelfAttention:
@@ -186,21 +228,33 @@ class ViTModel:
             Dense(cfg.hidden_size, cfg.pooler_output_size, device, cfg.pooler_act) if add_pooling_layer else None
         )
 
-    def __call__(self, pixel_values: Tensor | Any) -> ViTOutput:
-        """The hidden states of images (batch, channels, height, width) of the config's size."""
-        x = self.embeddings(_pixels(pixel_values, self.cfg, self.device))
+    def __call__(self, pixel_values: Tensor | Any, interpolate_pos_encoding: bool = False) -> ViTOutput:
+        """The hidden states of images (batch, channels, height, width) of the config's size (of any size with
+        interpolate_pos_encoding)."""
+        pixels = _pixels(pixel_values, self.cfg, self.device, interpolate_pos_encoding)
+        x = self.embeddings(pixels, interpolate_pos_encoding)
         x = self.layernorm(self.encoder(x)).contiguous()
         return ViTOutput(x, None if self.pooler is None else self.pooler(x[:, 0]))
 
 
-def _pixels(pixels: Tensor | Any, cfg: ViTConfig, device: str | None) -> Tensor:
+def _pixels(pixels: Tensor | Any, cfg: ViTConfig, device: str | None, any_size: bool) -> Tensor:
     if not isinstance(pixels, Tensor):
         pixels = Tensor(np.asarray(pixels, dtype=np.float32), device=device)
     elif not pixels.dtype.is_float:
         raise TypeError(f"pixel_values must be floats, got dtype {pixels.dtype.name}")
-    want = (cfg.num_channels, *cfg.image_size)
-    if pixels.ndim != 4 or tuple(pixels.shape[1:]) != want:
-        raise ValueError(f"pixel_values must be (batch, {', '.join(map(str, want))}), got shape {pixels.shape}")
+    if any_size:
+        fits = pixels.ndim == 4 and pixels.shape[1] == cfg.num_channels
+        fits = fits and all(s >= p for s, p in zip(pixels.shape[2:], cfg.patch_size, strict=True))
+        if not fits:
+            raise ValueError(
+                f"pixel_values must be (batch, {cfg.num_channels}, height, width) with height, width at least the "
+                f"patch size {cfg.patch_size}, got shape {pixels.shape}"
+            )
+    elif pixels.ndim != 4 or tuple(pixels.shape[1:]) != (cfg.num_channels, *cfg.image_size):
+        want = ", ".join(map(str, (cfg.num_channels, *cfg.image_size)))
+        raise ValueError(
+            f"pixel_values must be (batch, {want}), got shape {pixels.shape} (other sizes: interpolate_pos_encoding)"
+        )
     return pixels.cast(dtypes.float32)
 
 
@@ -213,9 +267,9 @@ class ViTForImageClassification:
         self.vit = ViTModel(cfg, add_pooling_layer=False, device=device)
         self.classifier = Linear(cfg.hidden_size, cfg.num_labels, device=device) if cfg.num_labels else None
 
-    def __call__(self, pixel_values: Tensor | Any) -> ViTOutput:
-        """The logits (batch, num_labels) of images (batch, channels, height, width)."""
-        x = self.vit(pixel_values).last_hidden_state
+    def __call__(self, pixel_values: Tensor | Any, interpolate_pos_encoding: bool = False) -> ViTOutput:
+        """The logits (batch, num_labels) of images (batch, channels, height, width), as ViTModel takes them."""
+        x = self.vit(pixel_values, interpolate_pos_encoding).last_hidden_state
         first = x[:, 0]
         return ViTOutput(x, None, first if self.classifier is None else self.classifier(first))
 
