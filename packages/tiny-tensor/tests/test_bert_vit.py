@@ -223,6 +223,11 @@ def test_a_missing_or_misshapen_tensor(tmp_path: Path) -> None:
         vit.load(tmp_path)
     assert "missing vit.encoder.layer.1.attention.attention.key.weight" in str(err.value)
     assert "shape of classifier.bias: the file has (7,), the config makes (5,)" in str(err.value)
+    assert "the file has 39 tensors, 0 of them not the model's: []" in str(err.value)
+    # another model's names (a prefix the loader does not know): the first 20 listed, and what the file has instead
+    safetensors_torch.save_file({f"model.{k}": v for k, v in state.items()}, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"(?s)\.\.\. and 20 more.*39 tensors, 39 of them not the model's: \['model\."):
+        vit.load(tmp_path)
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="neither model.safetensors nor model.safetensors.index.json"):
         vit.load(tmp_path)

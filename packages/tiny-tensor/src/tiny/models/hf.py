@@ -74,6 +74,9 @@ def _renamed(name: str) -> str:
     return name
 
 
+_SHOWN = 20  # problems listed by name in a load's error
+
+
 def load_weights(model: Any, weights: dict[str, Tensor], folder: Path, base: str, tied: Sequence[str] = ()) -> None:
     """Each weight into the model's tensor of its name, cast to float32 and checked for shape.
 
@@ -84,17 +87,24 @@ def load_weights(model: Any, weights: dict[str, Tensor], folder: Path, base: str
     left, as transformers leaves them; names the model has and the file lacks, and shapes that differ, are an error
     listing all of them."""
     targets = {name: t for name, t in get_state_dict(model).items() if name not in tied}
-    weights = {_renamed(k): v for k, v in weights.items()}
+    names = {_renamed(k): k for k in weights}  # the model's name for each of the file's
     headed = any(k.startswith(f"{base}.") for k in targets)
-    if headed and not any(k.startswith(f"{base}.") for k in weights):
-        weights = {(k if k.split(".")[0] in _heads(targets, base) else f"{base}.{k}"): v for k, v in weights.items()}
+    if headed and not any(k.startswith(f"{base}.") for k in names):
+        heads = _heads(targets, base)
+        names = {(k if k.split(".")[0] in heads else f"{base}.{k}"): f for k, f in names.items()}
     elif not headed:
-        weights = {k.removeprefix(f"{base}."): v for k, v in weights.items()}
+        names = {k.removeprefix(f"{base}."): f for k, f in names.items()}
+    others = [f for k, f in names.items() if k not in targets]
+    weights = {k: weights[f] for k, f in names.items() if k in targets}
     missing = [k for k in targets if k not in weights]
     bad = [f"{k}: the file has {weights[k].shape}, the config makes {t.shape}" for k, t in targets.items()
            if k in weights and weights[k].shape != t.shape]  # fmt: skip
     if missing or bad:
         lines = [f"missing {k}" for k in missing] + [f"shape of {b}" for b in bad]
+        if len(lines) > _SHOWN:
+            lines = lines[:_SHOWN] + [f"... and {len(lines) - _SHOWN} more"]
+        if missing:  # (what the file has instead tells a wrong prefix or another model's file)
+            lines.append(f"the file has {len(names)} tensors, {len(others)} of them not the model's: {others[:5]}")
         raise ValueError(f"{folder}: the weights do not fit the config:\n  " + "\n  ".join(lines))
     for name in targets:
         owner, attr = _owner(model, name)
