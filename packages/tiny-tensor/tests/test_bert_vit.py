@@ -107,12 +107,13 @@ def test_bert_model_hidden_states_and_pooler_equal_transformers(tmp_path: Path) 
     np.testing.assert_allclose(got.pooler_output.numpy(), want.pooler_output.numpy(), **TOL)
 
 
-def test_bert_sequence_classification_equals_transformers(tmp_path: Path) -> None:
-    ref = _bert("BertForSequenceClassification", tmp_path, num_labels=3)
+@pytest.mark.parametrize("head", ["BertForSequenceClassification", "BertForTokenClassification"])
+def test_bert_classifiers_equal_transformers(head: str, tmp_path: Path) -> None:
+    ref = _bert(head, tmp_path, num_labels=3)
     with torch.no_grad():
         want = ref(torch.tensor(IDS), attention_mask=torch.tensor(MASK)).logits.numpy()
     got = bert.load(tmp_path)(IDS, attention_mask=MASK).logits.numpy()
-    assert got.shape == (2, 3)
+    assert got.shape == ((2, 3) if head == "BertForSequenceClassification" else (2, 9, 3))
     np.testing.assert_allclose(got, want, **TOL)
 
 

@@ -1,8 +1,9 @@
-"""BERT, as Hugging Face's BertModel, BertForMaskedLM and BertForSequenceClassification compute it and name their
-weights: word, position and token-type embeddings summed and normalized, then layers of self-attention and a
-feed-forward, each added to its input and normalized after (post-norm); the pooler (the first token through a dense
-layer and tanh); the masked-LM head (a dense layer, the activation and a LayerNorm, then the decoder, tied to the word
-embeddings, plus a bias per token).
+"""BERT, as Hugging Face's BertModel, BertForMaskedLM, BertForSequenceClassification and BertForTokenClassification
+compute it and name their weights: word, position and token-type embeddings summed and normalized, then layers of
+self-attention and a feed-forward, each added to its input and normalized after (post-norm); the pooler (the first
+token through a dense layer and tanh); the masked-LM head (a dense layer, the activation and a LayerNorm, then the
+decoder, tied to the word embeddings, plus a bias per token); a linear classifier of the pooled output or of every
+token.
 
 The attention mask is Hugging Face's: (batch, keys) or (batch, queries, keys), 1 for a token to attend to and 0 for
 padding; a masked key's score gets float32's lowest value added, so it weighs nothing after the softmax.
@@ -27,9 +28,17 @@ from tiny.nn import Embedding, LayerNorm, Linear, skip_init
 from tiny.nn.layers import _parameter  # (a weight as tiny.nn's layers make theirs: a leaf, or lazy in skip_init)
 from tiny.tensor import Tensor, dtypes
 
-__all__ = ["BertConfig", "BertForMaskedLM", "BertForSequenceClassification", "BertModel", "BertOutput", "load"]
+__all__ = [
+    "BertConfig",
+    "BertForMaskedLM",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertModel",
+    "BertOutput",
+    "load",
+]
 
-ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
+ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification")
 _LOWEST = float(np.finfo(np.float32).min)  # what Hugging Face adds to a masked key's score
 
 
@@ -306,10 +315,6 @@ class BertForMaskedLM:
         """Share the word embeddings as the decoder's weight (tie_word_embeddings)."""
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 
-    def tied(self) -> tuple[str, ...]:
-        """The weights' names that are another weight (not read from the file)."""
-        return ("cls.predictions.decoder.weight",) if self.cfg.tie_word_embeddings else ()
-
     def __call__(self, input_ids: Tensor | Any = None, attention_mask: Tensor | Any = None, **kw: Any) -> BertOutput:
         """The logits (batch, length, vocab) of every position, with BertModel's arguments."""
         out = self.bert(input_ids, attention_mask, **kw)
@@ -324,9 +329,6 @@ class BertForSequenceClassification:
         self.bert = BertModel(cfg, device=device)
         self.classifier = Linear(cfg.hidden_size, cfg.num_labels, device=device)
 
-    def tied(self) -> tuple[str, ...]:
-        return ()
-
     def __call__(self, input_ids: Tensor | Any = None, attention_mask: Tensor | Any = None, **kw: Any) -> BertOutput:
         """The logits (batch, num_labels) of each sequence, with BertModel's arguments."""
         out = self.bert(input_ids, attention_mask, **kw)
@@ -334,23 +336,40 @@ class BertForSequenceClassification:
         return BertOutput(out.last_hidden_state, out.pooler_output, self.classifier(out.pooler_output))
 
 
-def load(
-    path: str | os.PathLike, device: str | None = None
-) -> BertModel | BertForMaskedLM | BertForSequenceClassification:
-    """The model a Hugging Face folder holds (config.json's architecture: BertModel, BertForMaskedLM or
-    BertForSequenceClassification), its weights read lazily from model.safetensors (or its shards) into the device."""
+class BertForTokenClassification:
+    """BertModel without the pooler (`bert.*`) and a linear classifier of every token (`classifier.*`)."""
+
+    def __init__(self, cfg: BertConfig, device: str | None = None) -> None:
+        self.cfg, self.device = cfg, device
+        self.bert = BertModel(cfg, add_pooling_layer=False, device=device)
+        self.classifier = Linear(cfg.hidden_size, cfg.num_labels, device=device)
+
+    def __call__(self, input_ids: Tensor | Any = None, attention_mask: Tensor | Any = None, **kw: Any) -> BertOutput:
+        """The logits (batch, length, num_labels) of each token, with BertModel's arguments."""
+        out = self.bert(input_ids, attention_mask, **kw)
+        return BertOutput(out.last_hidden_state, None, self.classifier(out.last_hidden_state))
+
+
+Bert = BertModel | BertForMaskedLM | BertForSequenceClassification | BertForTokenClassification
+_HEADS = {
+    "BertForMaskedLM": BertForMaskedLM,
+    "BertForSequenceClassification": BertForSequenceClassification,
+    "BertForTokenClassification": BertForTokenClassification,
+}
+
+
+def load(path: str | os.PathLike, device: str | None = None) -> Bert:
+    """The model a Hugging Face folder holds (config.json's architecture: BertModel, BertForMaskedLM,
+    BertForSequenceClassification or BertForTokenClassification), its weights read lazily from model.safetensors (or
+    its shards) into the device."""
     folder, raw, arch = read_config(path, ARCHITECTURES)
     cfg = BertConfig.from_hf(raw)
-    model: BertModel | BertForMaskedLM | BertForSequenceClassification
+    model: Bert
     with skip_init():  # (the weights come from the files: no random ones first)
-        if arch == "BertModel":
-            model = BertModel(cfg, device=device)
-        elif arch == "BertForMaskedLM":
-            model = BertForMaskedLM(cfg, device)
-        else:
-            model = BertForSequenceClassification(cfg, device)
-    tied = () if isinstance(model, BertModel) else model.tied()
+        model = BertModel(cfg, device=device) if arch == "BertModel" else _HEADS[arch](cfg, device)
+    tying = isinstance(model, BertForMaskedLM) and cfg.tie_word_embeddings  # (the decoder is the word embeddings)
+    tied = ("cls.predictions.decoder.weight",) if tying else ()
     load_weights(model, read_weights(folder, device), folder, base="bert", tied=tied)
-    if isinstance(model, BertForMaskedLM) and cfg.tie_word_embeddings:
+    if isinstance(model, BertForMaskedLM) and tying:
         model.tie()
     return model
