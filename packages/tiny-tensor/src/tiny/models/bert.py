@@ -25,7 +25,7 @@ import numpy as np
 from tiny.models.hf import activation, load_weights, read_config, read_weights
 from tiny.models.rows import embed_rows
 from tiny.nn import Embedding, LayerNorm, Linear, skip_init
-from tiny.nn.layers import _parameter  # (a weight as tiny.nn's layers make theirs: a leaf, or lazy in skip_init)
+from tiny.nn.layers import parameter  # (a weight as tiny.nn's layers make theirs: a leaf, or lazy in skip_init)
 from tiny.tensor import Tensor, dtypes
 
 __all__ = [
@@ -290,7 +290,7 @@ class Predictions:
     def __init__(self, cfg: BertConfig, device: str | None) -> None:
         self.transform = PredictionTransform(cfg, device)
         self.decoder = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device)
-        self.bias = _parameter(Tensor.zeros(cfg.vocab_size, device=device))  # (the file's decoder.bias is this one)
+        self.bias = parameter(Tensor.zeros(cfg.vocab_size, device=device))  # (the file's decoder.bias is this one)
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.decoder(self.transform(x)) + self.bias

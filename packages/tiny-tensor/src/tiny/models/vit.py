@@ -24,7 +24,7 @@ import numpy as np
 
 from tiny.models.hf import activation, load_weights, read_config, read_weights
 from tiny.nn import Conv2d, LayerNorm, Linear, skip_init
-from tiny.nn.layers import _parameter  # (a weight as tiny.nn's layers make theirs: a leaf, or lazy in skip_init)
+from tiny.nn.layers import parameter  # (a weight as tiny.nn's layers make theirs: a leaf, or lazy in skip_init)
 from tiny.tensor import Tensor, dtypes
 
 __all__ = ["ViTConfig", "ViTForImageClassification", "ViTModel", "ViTOutput", "load"]
@@ -109,8 +109,8 @@ class PatchEmbeddings:
 class Embeddings:
     def __init__(self, cfg: ViTConfig, device: str | None) -> None:
         self.patch_size = cfg.patch_size
-        self.cls_token = _parameter(Tensor.normal(1, 1, cfg.hidden_size, device=device))
-        self.position_embeddings = _parameter(Tensor.normal(1, cfg.num_patches + 1, cfg.hidden_size, device=device))
+        self.cls_token = parameter(Tensor.normal(1, 1, cfg.hidden_size, device=device))
+        self.position_embeddings = parameter(Tensor.normal(1, cfg.num_patches + 1, cfg.hidden_size, device=device))
         self.patch_embeddings = PatchEmbeddings(cfg, device)
 
     def __call__(self, pixels: Tensor, interpolate_pos_encoding: bool = False) -> Tensor:

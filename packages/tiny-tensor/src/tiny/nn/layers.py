@@ -40,7 +40,7 @@ def skip_init() -> Iterator[None]:
         _SKIPPING.pop()
 
 
-def _parameter(t: Tensor) -> Tensor:
+def parameter(t: Tensor) -> Tensor:
     """A realized leaf that gradients accumulate into (inside skip_init: uncomputed, and no leaf until given a
     value, which a leaf's memory would take)."""
     if _SKIPPING:
@@ -55,7 +55,7 @@ def _buffer(t: Tensor) -> Tensor:
 
 
 def _uniform(shape: tuple[int, ...], bound: float, dtype: DType | str | None, device: str | None) -> Tensor:
-    return _parameter(Tensor.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device))
+    return parameter(Tensor.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device))
 
 
 def _tuple(v: IntOrSeq, n: int, name: str) -> tuple[int, ...]:
@@ -268,8 +268,8 @@ class _NormBase:
     ) -> None:
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
-        self.weight = _parameter(Tensor.ones(num_features, dtype=dtype, device=device)) if affine else None
-        self.bias = _parameter(Tensor.zeros(num_features, dtype=dtype, device=device)) if affine else None
+        self.weight = parameter(Tensor.ones(num_features, dtype=dtype, device=device)) if affine else None
+        self.bias = parameter(Tensor.zeros(num_features, dtype=dtype, device=device)) if affine else None
         if track_running_stats:
             self.running_mean: Tensor | None = _buffer(Tensor.zeros(num_features, dtype=dtype, device=device))
             self.running_var: Tensor | None = _buffer(Tensor.ones(num_features, dtype=dtype, device=device))
@@ -426,9 +426,9 @@ class LayerNorm:
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.eps, self.elementwise_affine = eps, elementwise_affine
         shape = self.normalized_shape
-        self.weight = _parameter(Tensor.ones(*shape, dtype=dtype, device=device)) if elementwise_affine else None
+        self.weight = parameter(Tensor.ones(*shape, dtype=dtype, device=device)) if elementwise_affine else None
         has_bias = elementwise_affine and bias
-        self.bias = _parameter(Tensor.zeros(*shape, dtype=dtype, device=device)) if has_bias else None
+        self.bias = parameter(Tensor.zeros(*shape, dtype=dtype, device=device)) if has_bias else None
 
     def __call__(self, x: Tensor) -> Tensor:
         return x.layer_norm(self.normalized_shape, self.weight, self.bias, self.eps)
@@ -453,8 +453,8 @@ class GroupNorm:
         if num_groups <= 0 or num_channels % num_groups:
             raise ValueError(f"GroupNorm: num_groups={num_groups} must divide num_channels={num_channels}")
         self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
-        self.weight = _parameter(Tensor.ones(num_channels, dtype=dtype, device=device)) if affine else None
-        self.bias = _parameter(Tensor.zeros(num_channels, dtype=dtype, device=device)) if affine else None
+        self.weight = parameter(Tensor.ones(num_channels, dtype=dtype, device=device)) if affine else None
+        self.bias = parameter(Tensor.zeros(num_channels, dtype=dtype, device=device)) if affine else None
 
     def __call__(self, x: Tensor) -> Tensor:
         return x.group_norm(self.num_groups, self.weight, self.bias, self.eps)
@@ -478,7 +478,7 @@ class RMSNorm:
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.eps, self.elementwise_affine = eps, elementwise_affine
         shape = self.normalized_shape
-        self.weight = _parameter(Tensor.ones(*shape, dtype=dtype, device=device)) if elementwise_affine else None
+        self.weight = parameter(Tensor.ones(*shape, dtype=dtype, device=device)) if elementwise_affine else None
 
     def __call__(self, x: Tensor) -> Tensor:
         return x.rms_norm(self.normalized_shape, self.weight, self.eps)
@@ -511,7 +511,7 @@ class Embedding:
         weight = Tensor.normal(num_embeddings, embedding_dim, dtype=dtype, device=device)
         if padding_idx is not None:
             weight = (Tensor.arange(num_embeddings, device=device) == padding_idx).reshape(-1, 1).where(0, weight)
-        self.weight = _parameter(weight)
+        self.weight = parameter(weight)
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.dtype.is_float or x.dtype.is_bool:
