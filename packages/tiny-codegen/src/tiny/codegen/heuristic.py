@@ -19,6 +19,12 @@ THREAD_MIN_WORK = 1 << 20  # iterations below which splitting across threads cos
 SMALL_DIM = 7  # dims this small are written out whole where that lets masks fold away
 MASKED_LANES = 64  # ... up to this many values per thread
 TILE_LANES = 64  # register tiles of a matrix product or convolution grow up to this many outputs (8 AVX2 vectors)
+# ... or this many where vectors are 16 lanes: AVX-512's 32 registers hold 16 of them (64 lanes, 4 vectors, left half
+# the registers idle: 64 x 64 x 3 x 3 over 8 x 56 x 56 on 2 cores 8.6-8.9 -> 5.2-5.8 ms, matmul1024 8.1-8.3 -> 4.4-5.0
+# ms, the MNIST step 47.6 -> 29.7-32.1 ms)
+WIDE_TILE_LANES = 256
+WIDE_TILE_NODES = 96  # ... in kernels of at most this many AST nodes: a product with a fused epilogue of 150 nodes
+# (a convolution's input gradient and a max pool's) took 1.6 s to render with the wide tile, 0.7 s with the narrow
 GPU_TILE_LANES = 32  # ... on a GPU, until they hold this many, 4 (or fewer) more per dim (registers per thread)
 GPU_VALUES = 512  # ... and within this many values per thread (offsets of a window included)
 TILE_STRETCH = 96  # ... or up to this many where the whole of a small dim that no smaller amount splits (a window's 5)
@@ -127,7 +133,9 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
                     attempt(OptOps.UPCAST, axis, _within(k, axis, (4, 3, 2), GPU_VALUES // k.lanes()))
                 continue
             values = TILE_VALUES // k.lanes()
-            room = min(TILE_LANES // tile, values, ACC_VECTORS // tile if in_vectors else TILE_LANES)
+            wide = lanes >= 16 and len(k.ast.toposort) <= WIDE_TILE_NODES
+            tile_lanes = WIDE_TILE_LANES if wide else TILE_LANES
+            room = min(tile_lanes // tile, values, ACC_VECTORS // tile if in_vectors else tile_lanes)
             stretch = room if in_vectors else min(TILE_STRETCH // tile, values)
             # (rows: at most 4 a dim and 8 vectors in all, 4 rows of A x 2 of W: the accumulators and a step's loaded
             # vectors, 14, fit AVX2's 16 registers, where 4 x 4 spilled; 32 x 2048 x 2048 float32 6.0 -> 4.7 ms, Q4_0
