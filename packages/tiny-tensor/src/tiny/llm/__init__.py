@@ -22,9 +22,9 @@ import numpy as np
 from tiny.ir.schedule import is_memory, is_realized
 from tiny.llm.gguf_tokenizer import special_tokens, tokenizer_from_metadata
 from tiny.models.gpt2 import GPT2, GPT2Config
+from tiny.models.hf import read_weights
 from tiny.models.llama import Llama, LlamaConfig
 from tiny.nn import skip_init
-from tiny.nn.state import safe_load
 from tiny.tensor import Tensor, TinyJit, Variable, dtypes
 
 __all__ = ["LLM", "load"]
@@ -187,23 +187,10 @@ def load(path: str | os.PathLike, device: str | None = None, max_context: int | 
             model = GPT2(GPT2Config.from_hf(cfg), max_context, device)
         else:
             model = Llama(LlamaConfig.from_hf(cfg), max_context, device)
-    weights = _safetensors(folder, device)
+    weights = read_weights(folder, device)
     _load_weights(model, weights, folder)
     template, special = _chat_template(folder)
     return LLM(model, _tokenizer(folder), _eos(cfg, folder), template, special)
-
-
-def _safetensors(folder: Path, device: str | None) -> dict[str, Tensor]:
-    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
-    if single.is_file():
-        return safe_load(single, device)
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        out: dict[str, Tensor] = {}
-        for name in files:
-            out |= safe_load(folder / name, device)
-        return out
-    raise FileNotFoundError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
 
 
 def _load_weights(model: Llama | GPT2, weights: dict[str, Tensor], folder: Path, lazy: bool = False) -> None:
