@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 from google.protobuf.message import DecodeError
-from onnx import numpy_helper
 
+import onnx
+from onnx import numpy_helper
 from tiny.ir.device import Device
 from tiny.ir.dtypes import DType, dtypes
 from tiny.tensor import Tensor
@@ -133,8 +133,13 @@ def register(*names: str, host: bool = False) -> Callable[[OpFn], OpFn]:
 
 def to_tensor(array: np.ndarray, device: str) -> Tensor:
     if array.dtype == np.float64 or array.dtype.kind in "iub" or array.dtype in (np.float32, np.float16):
-        return Tensor(np.ascontiguousarray(array), device=device)
+        return Tensor(contiguous(array), device=device)
     raise NotImplementedError(f"an array of NumPy dtype {array.dtype} has no tiny dtype")
+
+
+def contiguous(array: np.ndarray) -> np.ndarray:
+    """The array in row-major order (np.ascontiguousarray would make a 0-d array 1-d)."""
+    return array if array.flags.c_contiguous else array.copy()
 
 
 def _attribute(attr: onnx.AttributeProto, where: str) -> Any:
@@ -190,7 +195,7 @@ class OnnxModel:
         return out
 
     def _input(self, vi: onnx.ValueInfoProto, given: np.ndarray | Tensor) -> Value:
-        t = given if isinstance(given, Tensor) else Tensor(np.ascontiguousarray(given), device=self.device)
+        t = given if isinstance(given, Tensor) else Tensor(contiguous(np.asarray(given)), device=self.device)
         if t.device != self.device:
             t = t.to(self.device)
         ttype = vi.type.tensor_type
@@ -221,7 +226,7 @@ class OnnxModel:
         results = list(result) if isinstance(result, (tuple, list)) else [result]
         for name, r in zip(node.output, results):
             if name:
-                env[name] = Value(host=r) if isinstance(r, np.ndarray) else Value(tensor=r)
+                env[name] = Value(host=np.asarray(r)) if isinstance(r, (np.ndarray, np.generic)) else Value(tensor=r)
         for name in node.output[len(results) :]:
             if name:
                 raise NotImplementedError(f"{where}: output {name!r} (output {len(results)}) is not computed")
@@ -234,16 +239,14 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, device: str | None 
     an operator domain or op type tiny.onnx lacks (named with its node), or an element type tiny has no dtype for.
     """
     proto = _parse(model)
-    try:
-        onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as e:
-        raise ValueError(f"not a valid ONNX model: {str(e).splitlines()[0]}") from None
     opset = 0
     for imp in proto.opset_import:
         if imp.domain in DEFAULT_DOMAINS:
             opset = imp.version
     if opset > MAX_OPSET:
-        raise NotImplementedError(f"the model needs ai.onnx opset {opset}; tiny.onnx implements opsets up to {MAX_OPSET}")
+        raise NotImplementedError(
+            f"the model needs ai.onnx opset {opset}; tiny.onnx implements opsets up to {MAX_OPSET}"
+        )
     if opset == 0:
         raise ValueError("the model imports no ai.onnx opset (opset_import names no default domain)")
     for node in proto.graph.node:
@@ -252,6 +255,10 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, device: str | None 
             raise NotImplementedError(f"{where}: operator domain {node.domain!r} is not implemented (only ai.onnx)")
         if node.op_type not in OPS:
             raise NotImplementedError(f"{where}: ONNX op {node.op_type!r} is not implemented by tiny.onnx")
+    try:  # (after the checks above, which say more plainly what tiny lacks than the checker does)
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        raise ValueError(f"not a valid ONNX model: {str(e).splitlines()[0]}") from None
     for vi in [*proto.graph.input, *proto.graph.output]:
         which = vi.type.WhichOneof("value")
         if which != "tensor_type":

@@ -95,7 +95,7 @@ def conv_transpose(c: NodeCall) -> Tensor:
         for f, op, t in zip(full, out_pad, target):
             total = f + op - t
             small, big = total // 2, total - total // 2
-            pads.append((big, small) if auto == "SAME_UPPER" else (small, big))
+            pads.append((small, big) if auto == "SAME_UPPER" else (big, small))
     elif auto == "VALID" or c.attr("pads") is None:
         pads = [(0, 0)] * nd
     else:
@@ -149,7 +149,9 @@ def max_pool(c: NodeCall) -> Tensor | tuple[Tensor, Tensor]:
     x = c.tensor(0)
     kernel, strides, dils, pads = _pool_setup(c, x)
     ceil = bool(c.attr("ceil_mode", 0))
-    out = [_pool_out(s, k, st, d, lo, hi, ceil) for s, k, st, d, (lo, hi) in zip(x.shape[2:], kernel, strides, dils, pads)]
+    out = [
+        _pool_out(s, k, st, d, lo, hi, ceil) for s, k, st, d, (lo, hi) in zip(x.shape[2:], kernel, strides, dils, pads)
+    ]
     nd = len(kernel)
     low = -math.inf if x.dtype.is_float else x.dtype.min
     win = _windows(x, kernel, strides, dils, pads, out, low)
@@ -177,7 +179,9 @@ def average_pool(c: NodeCall) -> Tensor:
     x = c.tensor(0)
     kernel, strides, dils, pads = _pool_setup(c, x)
     ceil = bool(c.attr("ceil_mode", 0))
-    out = [_pool_out(s, k, st, d, lo, hi, ceil) for s, k, st, d, (lo, hi) in zip(x.shape[2:], kernel, strides, dils, pads)]
+    out = [
+        _pool_out(s, k, st, d, lo, hi, ceil) for s, k, st, d, (lo, hi) in zip(x.shape[2:], kernel, strides, dils, pads)
+    ]
     nd = len(kernel)
     axes = tuple(range(2 + nd, 2 + 2 * nd))
     total = _windows(x, kernel, strides, dils, pads, out, 0.0).sum(axis=axes)
@@ -210,7 +214,9 @@ def lp_pool(c: NodeCall) -> Tensor:
     kernel, strides, dils, pads = _pool_setup(c, x)
     p = c.attr("p", 2)
     ceil = bool(c.attr("ceil_mode", 0))
-    out = [_pool_out(s, k, st, d, lo, hi, ceil) for s, k, st, d, (lo, hi) in zip(x.shape[2:], kernel, strides, dils, pads)]
+    out = [
+        _pool_out(s, k, st, d, lo, hi, ceil) for s, k, st, d, (lo, hi) in zip(x.shape[2:], kernel, strides, dils, pads)
+    ]
     axes = tuple(range(2 + len(kernel), 2 + 2 * len(kernel)))
     return (_windows(x.abs(), kernel, strides, dils, pads, out, 0.0) ** p).sum(axis=axes) ** (1.0 / p)
 
@@ -291,11 +297,10 @@ def lp_norm(c: NodeCall) -> Tensor:
     x = c.tensor(0)
     axis = _axis(c.attr("axis", -1), x.ndim, c)
     p = c.attr("p", 2)
-    if p == 1:
-        return x / x.abs().sum(axis=axis, keepdim=True)
-    if p == 2:
-        return x / (x * x).sum(axis=axis, keepdim=True).sqrt()
-    raise ValueError(f"{c.where}: p must be 1 or 2, got {p}")
+    if p not in (1, 2):
+        raise ValueError(f"{c.where}: p must be 1 or 2, got {p}")
+    norm = x.abs().sum(axis=axis, keepdim=True) if p == 1 else (x * x).sum(axis=axis, keepdim=True).sqrt()
+    return (norm == 0).where(0.0, x / norm).cast(x.dtype)  # a zero vector stays zero
 
 
 @register("MeanVarianceNormalization")
@@ -340,13 +345,17 @@ for _name, _fn in {
     "LeakyRelu": lambda x, c: (x < 0).where(x * c.attr("alpha", 0.01), x),
     "Elu": lambda x, c: (x < 0).where((x.exp() - 1) * c.attr("alpha", 1.0), x),
     "Celu": lambda x, c: x.celu(c.attr("alpha", 1.0)),
-    "Selu": lambda x, c: (x <= 0).where((x.exp() - 1) * c.attr("alpha", 1.67326319217681884765625), x)
-    * c.attr("gamma", 1.05070102214813232421875),
+    "Selu": lambda x, c: (
+        (x <= 0).where((x.exp() - 1) * c.attr("alpha", 1.67326319217681884765625), x)
+        * c.attr("gamma", 1.05070102214813232421875)
+    ),
     "HardSigmoid": lambda x, c: (x * c.attr("alpha", 0.2) + c.attr("beta", 0.5)).clip(0, 1),
     "ThresholdedRelu": lambda x, c: (x > c.attr("alpha", 1.0)).where(x, 0.0),
-    "Shrink": lambda x, c: (x < -c.attr("lambd", 0.5)).where(
-        x + c.attr("bias", 0.0), (x > c.attr("lambd", 0.5)).where(x - c.attr("bias", 0.0), 0)
-    ).cast(x.dtype),
+    "Shrink": lambda x, c: (
+        (x < -c.attr("lambd", 0.5))
+        .where(x + c.attr("bias", 0.0), (x > c.attr("lambd", 0.5)).where(x - c.attr("bias", 0.0), 0))
+        .cast(x.dtype)
+    ),
     "Swish": lambda x, c: x * (x * c.attr("alpha", 1.0)).sigmoid(),
 }.items():
     register(_name)(_activation(_fn))

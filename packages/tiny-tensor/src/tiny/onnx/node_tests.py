@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 import onnx
 from onnx.backend.test.case import node as node_cases
-
 from tiny.onnx import load
 from tiny.onnx.model import DEFAULT_DOMAINS, MAX_OPSET, ONNX_DTYPES, OPS
 
@@ -52,8 +52,10 @@ def node_tests() -> list[NodeTest]:
             op = f"{op_of.get(base, base)} (expanded)"
         else:
             op = op_of[case.name]
-        inputs, outputs = case.data_sets[0]
-        tests.append(NodeTest(case.name, op, case.model, list(inputs), list(outputs), case.rtol, case.atol))
+        inputs, outputs = (
+            [np.asarray(a) if isinstance(a, np.generic) else a for a in arrays] for arrays in case.data_sets[0]
+        )
+        tests.append(NodeTest(case.name, op, case.model, inputs, outputs, case.rtol, case.atol))
     return sorted(tests, key=lambda t: t.name)
 
 
@@ -137,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'total':32} {totals['passed']:6} {totals['failed']:6} {totals['skipped']:7}")
     ran = totals["passed"] + totals["failed"]
     if ran:
-        print(f"passed {totals['passed']} of the {ran} tests whose ops and dtypes tiny supports "
-              f"({100 * totals['passed'] / ran:.1f}%) in {time.perf_counter() - start:.0f} s")
+        print(
+            f"passed {totals['passed']} of the {ran} tests whose ops and dtypes tiny supports "
+            f"({100 * totals['passed'] / ran:.1f}%) in {time.perf_counter() - start:.0f} s"
+        )
     return 0
 
 

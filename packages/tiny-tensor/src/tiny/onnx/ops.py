@@ -66,8 +66,6 @@ def mod(c: NodeCall) -> Tensor:
     _same_dtype(c, a, b)
     if c.attr("fmod", 0):
         return a.fmod(b)  # the sign of the dividend, as C's fmod
-    if a.dtype.is_float:
-        raise ValueError(f"{c.where}: a float Mod needs fmod=1 (the ONNX spec), got fmod=0")
     return a.mod(b)  # the sign of the divisor, as Python's %
 
 
@@ -266,7 +264,10 @@ def reshape_host(c: NodeCall) -> np.ndarray:
 @register("Flatten")
 def flatten(c: NodeCall) -> Tensor:
     x = c.tensor(0)
-    axis = _axis(c.attr("axis", 1), x.ndim + 1, c)
+    axis = c.attr("axis", 1)
+    if not -x.ndim <= axis <= x.ndim:
+        raise ValueError(f"{c.where}: axis {axis} is out of range for a tensor of {x.ndim} dims")
+    axis = axis + x.ndim if axis < 0 else axis
     return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
@@ -522,7 +523,8 @@ def space_to_depth(c: NodeCall) -> Tensor:
     x = c.tensor(0)
     b = c.attr("blocksize")
     n, ch, h, w = x.shape
-    y = x.reshape(n, ch, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
+    y = x.reshape(n, ch, h // b, b, w // b, b)
+    y = y.permute(0, 3, 5, 1, 2, 4) if c.attr("mode", "DCR") == "DCR" else y.permute(0, 1, 3, 5, 2, 4)
     return y.reshape(n, ch * b * b, h // b, w // b)
 
 
@@ -607,9 +609,11 @@ def _extreme(method: str):
             bound = x.dtype.min if method == "max" else x.dtype.max
             if x.dtype.is_float:
                 bound = -math.inf if method == "max" else math.inf
-            dims = [1 if i in axes else d for i, d in enumerate(x.shape)] if keep else [
-                d for i, d in enumerate(x.shape) if i not in axes
-            ]
+            dims = (
+                [1 if i in axes else d for i, d in enumerate(x.shape)]
+                if keep
+                else [d for i, d in enumerate(x.shape) if i not in axes]
+            )
             return Tensor.full(tuple(dims), bound, dtype=x.dtype, device=x.device)
         return getattr(x, method)(axis=axes, keepdim=keep)
 
