@@ -229,13 +229,22 @@ def _channel(t: Tensor, ndim: int) -> Tensor:
 
 
 @register("BatchNormalization")
-def batch_norm(c: NodeCall) -> Tensor:
+def batch_norm(c: NodeCall) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     x, scale, bias, mean, var = (c.tensor(i) for i in range(5))
-    if c.attr("training_mode", 0) or c.n_outputs > 1:
-        raise NotImplementedError(f"{c.where}: training mode (batch statistics and running updates)")
     eps = c.attr("epsilon", 1e-5)
+    training = c.attr("training_mode", 0) if c.opset >= 14 else c.n_outputs > 1
+    if training and c.opset < 14:
+        raise NotImplementedError(f"{c.where}: training mode before opset 14 (saved mean and variance outputs)")
+    if training:  # the batch's statistics (the variance without Bessel's correction), and the running ones updated
+        axes = (0, *range(2, x.ndim))
+        batch_mean, batch_var = x.mean(axis=axes), x.var(axis=axes, correction=0)
+        momentum = c.attr("momentum", 0.9)
+        mean_out = mean * momentum + batch_mean * (1 - momentum)
+        var_out = var * momentum + batch_var * (1 - momentum)
+        mean, var = batch_mean, batch_var
     inv = (_channel(var, x.ndim) + eps).rsqrt()
-    return (x - _channel(mean, x.ndim)) * inv * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+    y = (x - _channel(mean, x.ndim)) * inv * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+    return (y, mean_out, var_out) if training else y
 
 
 def _normalized(x: Tensor, axes: tuple[int, ...], eps: float) -> tuple[Tensor, Tensor, Tensor]:

@@ -683,18 +683,24 @@ register("ArgMax")(_arg("argmax"))
 register("ArgMin")(_arg("argmin"))
 
 
-@register("CumSum")
-def cumsum(c: NodeCall) -> Tensor:
-    x = c.tensor(0)
-    axis = _axis(int(c.scalar(1)), x.ndim, c)
-    if c.attr("reverse", 0):
-        x = x.flip(axis)
-    if c.attr("exclusive", 0):  # shifted one along: the sum of the elements before each
-        pairs = [(0, 0)] * x.ndim
-        pairs[axis] = (1, -1)
-        x = x.pad(pairs)
-    y = x.cumsum(axis).cast(x.dtype)
-    return y.flip(axis) if c.attr("reverse", 0) else y
+def _cumulative(method: str, identity: int):
+    def op(c: NodeCall) -> Tensor:
+        x = c.tensor(0)
+        axis = _axis(int(c.scalar(1)), x.ndim, c)
+        if c.attr("reverse", 0):
+            x = x.flip(axis)
+        if c.attr("exclusive", 0):  # shifted one along: each element sees only the ones before it
+            pairs = [(0, 0)] * x.ndim
+            pairs[axis] = (1, -1)
+            x = x.pad(pairs, value=identity)
+        y = getattr(x, method)(axis).cast(x.dtype)
+        return y.flip(axis) if c.attr("reverse", 0) else y
+
+    return op
+
+
+register("CumSum")(_cumulative("cumsum", 0))
+register("CumProd")(_cumulative("cumprod", 1))
 
 
 @register("TopK")
