@@ -1,0 +1,162 @@
+"""ONNX's Resize (and the older Upsample) as tiny tensor ops.
+
+Resizing is separable: each resized axis is done on its own. Where each output position reads from is worked out on
+the host (a coordinate transform, then neighbours and their weights). Nearest-neighbour resizing gathers along the
+axis (exact for every dtype); linear and cubic resizing multiply by an (input, output) matrix of the weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tiny.ir.dtypes import dtypes
+from tiny.onnx.model import NodeCall, register
+from tiny.onnx.ops import _axis
+from tiny.tensor import Tensor
+
+TRANSFORMS = (
+    "half_pixel",
+    "half_pixel_symmetric",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_crop_and_resize",
+)
+
+
+def _source(mode: str, n_in: int, n_out: int, scale: float, roi: tuple[float, float]) -> np.ndarray:
+    """The input coordinate each output position maps to (ONNX's coordinate_transformation_mode)."""
+    y = np.arange(n_out, dtype=np.float64)
+    length = scale * n_in  # the output's length before rounding to an integer
+    if mode == "half_pixel":
+        return (y + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        offset = n_in / 2 * (1 - n_out / length)
+        return offset + (y + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (y + 0.5) / scale - 0.5 if length != 1 else np.full(n_out, -0.5)
+    if mode == "align_corners":
+        return y * (n_in - 1) / (length - 1) if length != 1 else np.zeros(n_out)
+    if mode == "asymmetric":
+        return y / scale
+    start, end = roi  # tf_crop_and_resize: a box of the input, as fractions of it
+    if length == 1:
+        return np.full(n_out, (end - start) * (n_in - 1) / 2 + start * (n_in - 1))
+    return y * (end - start) * (n_in - 1) / (length - 1) + start * (n_in - 1)
+
+
+def _nearest(x: np.ndarray, rounding: str) -> np.ndarray:
+    if rounding == "round_prefer_floor":
+        return np.ceil(x - 0.5)
+    if rounding == "round_prefer_ceil":
+        return np.floor(x + 0.5)
+    if rounding == "floor":
+        return np.floor(x)
+    if rounding == "ceil":
+        return np.ceil(x)
+    raise ValueError(f"nearest_mode must be round_prefer_floor, round_prefer_ceil, floor or ceil, got {rounding!r}")
+
+
+def _cubic_kernel(d: np.ndarray, a: float) -> np.ndarray:
+    d = np.abs(d)
+    inner = ((a + 2) * d - (a + 3)) * d * d + 1
+    outer = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, inner, np.where(d < 2, outer, 0.0))
+
+
+def _weights(c: NodeCall, x: np.ndarray, n_in: int, scale: float) -> np.ndarray:
+    """The (output, input) matrix of linear or cubic interpolation weights for source coordinates x. Neighbours past
+    the input's edges read the edge (or, with exclude_outside, are left out and the rest reweighted)."""
+    mode = c.attr("mode", "nearest")
+    support = 1.0 if mode == "linear" else 2.0
+    squeeze = min(scale, 1.0) if c.attr("antialias", 0) else 1.0  # antialias widens the kernel when shrinking
+    reach = math.ceil(support / squeeze)
+    base = np.floor(x).astype(np.int64)
+    idx = base[:, None] + np.arange(-reach, reach + 2)[None, :]
+    dist = (idx - x[:, None]) * squeeze
+    if mode == "linear":
+        w = np.clip(1 - np.abs(dist), 0, None)
+    else:
+        w = _cubic_kernel(dist, c.attr("cubic_coeff_a", -0.75))
+    if squeeze != 1.0:
+        w = w / w.sum(axis=1, keepdims=True)
+    if c.attr("exclude_outside", 0):
+        w = np.where((idx < 0) | (idx >= n_in), 0.0, w)
+        total = w.sum(axis=1, keepdims=True)
+        w = w / np.where(total == 0, 1.0, total)
+    matrix = np.zeros((len(x), n_in))
+    rows = np.repeat(np.arange(len(x)), idx.shape[1])
+    np.add.at(matrix, (rows, np.clip(idx, 0, n_in - 1).reshape(-1)), w.reshape(-1))
+    return matrix
+
+
+def _resize_axis(c: NodeCall, t: Tensor, axis: int, n_out: int, scale: float, roi: tuple[float, float]) -> Tensor:
+    n_in = t.shape[axis]
+    transform = c.attr("coordinate_transformation_mode", "half_pixel")
+    if transform not in TRANSFORMS:
+        raise ValueError(f"{c.where}: coordinate_transformation_mode must be one of {TRANSFORMS}, got {transform!r}")
+    x = _source(transform, n_in, n_out, scale, roi)
+    if c.attr("mode", "nearest") == "nearest":
+        rounding = c.attr("nearest_mode", "round_prefer_floor")
+        idx = np.clip(_nearest(x, rounding), 0, n_in - 1).astype(np.int64)
+        out = t[(slice(None),) * axis + (Tensor(idx, device=c.device),)]
+    else:
+        wide = t.dtype == dtypes.float64
+        matrix = Tensor(_weights(c, x, n_in, scale).T.astype(np.float64 if wide else np.float32), device=c.device)
+        moved = t.cast(dtypes.float64 if wide else dtypes.float32).transpose(axis, -1)
+        out = (moved @ matrix).transpose(axis, -1)
+    if transform == "tf_crop_and_resize":
+        outside = (x < 0) | (x > n_in - 1)
+        if outside.any():
+            shape = [1] * t.ndim
+            shape[axis] = n_out
+            mask = Tensor(outside.reshape(shape), device=c.device)
+            out = mask.where(c.attr("extrapolation_value", 0.0), out)
+    return out
+
+
+@register("Resize", "Upsample")
+def resize(c: NodeCall) -> Tensor:
+    x = c.tensor(0)
+    mode = c.attr("mode", "nearest")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise ValueError(f"{c.where}: mode must be nearest, linear or cubic, got {mode!r}")
+    if c.node.op_type == "Upsample" or c.opset < 11:  # (X, scales), asymmetric coordinates, nearest rounds down
+        if c.node.op_type == "Upsample" and c.opset < 9:
+            scales_given = c.attr("scales")
+        else:
+            scales_given = c.host(1).tolist()
+        c.attrs.setdefault("coordinate_transformation_mode", "asymmetric")
+        c.attrs.setdefault("nearest_mode", "floor")
+        roi, sizes = None, None
+    else:
+        roi = c.host(1).tolist() if c.has(1) and c.host(1).size else None
+        scales_given = c.host(2).tolist() if c.has(2) and c.host(2).size else None
+        sizes = c.ints(3) if c.has(3) else None
+    if (scales_given is None) == (sizes is None):
+        raise ValueError(f"{c.where}: exactly one of scales and sizes is needed")
+    axes = [_axis(a, x.ndim, c) for a in c.attr("axes", list(range(x.ndim)))]
+    given = scales_given if scales_given is not None else sizes
+    if len(given) != len(axes):
+        raise ValueError(f"{c.where}: {len(given)} scales or sizes for {len(axes)} axes")
+    if sizes is not None:
+        scales = [s / x.shape[a] for s, a in zip(sizes, axes)]
+        policy = c.attr("keep_aspect_ratio_policy", "stretch")
+        if policy in ("not_larger", "not_smaller"):
+            common = min(scales) if policy == "not_larger" else max(scales)
+            scales = [common] * len(axes)
+            sizes = [int(common * x.shape[a] + 0.5) for a in axes]
+        elif policy != "stretch":
+            raise ValueError(f"{c.where}: keep_aspect_ratio_policy must be stretch, not_larger or not_smaller")
+    else:
+        scales = [float(s) for s in scales_given]
+        sizes = [int(s * x.shape[a]) for s, a in zip(scales, axes)]
+    out = x
+    for i, (axis, n_out, scale) in enumerate(zip(axes, sizes, scales)):
+        box = (roi[i], roi[i + len(axes)]) if roi is not None else (0.0, 1.0)
+        if n_out == x.shape[axis] and math.isclose(scale, 1.0) and box == (0.0, 1.0):
+            continue  # this axis stays as it is
+        out = _resize_axis(c, out, axis, n_out, scale, box)
+    return out.cast(x.dtype)
