@@ -1,0 +1,107 @@
+"""ONNX's Attention operator (opsets 23 to 25) as tiny tensor ops: multi-head, grouped-query and multi-query
+attention over 3-d or 4-d inputs, with a boolean or additive mask, causal masking aligned to the key cache's end,
+sliding windows, a past key/value cache or the keys' non-padded lengths, soft capping, and the optional
+scores output."""
+
+from __future__ import annotations
+
+import math
+
+from tiny.ir.dtypes import dtypes
+from tiny.onnx.model import NodeCall, onnx_dtype, register
+from tiny.tensor import Tensor
+
+
+def _heads(t: Tensor, n_heads: int) -> Tensor:
+    """(batch, seq, heads * size) -> (batch, heads, seq, size)."""
+    b, s, hidden = t.shape
+    return t.reshape(b, s, n_heads, hidden // n_heads).transpose(1, 2)
+
+
+def _allowed(c: NodeCall, sq: int, skv: int, offset: Tensor) -> Tensor | None:
+    """Where query i may see key j by position (causal frontier and sliding window, both aligned to
+    `offset`, the count of keys before the query block: (batch, 1, 1, 1)); None when every key may be seen."""
+    i = Tensor.arange(sq, device=c.device).reshape(1, 1, sq, 1)
+    j = Tensor.arange(skv, device=c.device).reshape(1, 1, 1, skv)
+    diff = i + offset - j  # how far key j lies behind query i's absolute position
+    allowed = None
+    left, right = c.attr("left_window_size", -1), c.attr("right_window_size", -1)
+    for rule in (
+        diff >= 0 if c.attr("is_causal", 0) else None,
+        diff <= left if left >= 0 else None,
+        -diff <= right if right >= 0 else None,
+    ):
+        if rule is not None:
+            allowed = rule if allowed is None else allowed & rule
+    return allowed
+
+
+@register("Attention")
+def attention(c: NodeCall) -> tuple[Tensor, ...]:
+    q, k, v = c.tensor(0), c.tensor(1), c.tensor(2)
+    three_d = q.ndim == 3
+    if three_d:
+        hq, hkv = c.attr("q_num_heads"), c.attr("kv_num_heads")
+        if hq is None or hkv is None:
+            raise ValueError(f"{c.where}: 3-d inputs need q_num_heads and kv_num_heads")
+        q, k, v = _heads(q, hq), _heads(k, hkv), _heads(v, hkv)
+    elif q.ndim != 4:
+        raise ValueError(f"{c.where}: Q must be 3-d or 4-d, got shape {q.shape}")
+    batch, hq, sq, head = q.shape
+    if c.has(4) != c.has(5):
+        raise ValueError(f"{c.where}: past_key and past_value are given together or not at all")
+    past = c.tensor(4).shape[2] if c.has(4) else 0
+    if c.has(4):
+        k, v = c.tensor(4).cat(k, dim=2), c.tensor(5).cat(v, dim=2)
+    present_k, present_v = k, v
+    skv = k.shape[2]
+    scale = math.sqrt(c.attr("scale", 1 / math.sqrt(head)))  # each side scaled by its root, as ONNX says
+    if k.shape[1] != hq:  # grouped queries: each key/value head serves hq / hkv consecutive query heads
+        k, v = k.repeat_interleave(hq // k.shape[1], dim=1), v.repeat_interleave(hq // v.shape[1], dim=1)
+    scores = (q * scale) @ (k * scale).transpose(-2, -1)
+    softcap = c.attr("softcap", 0.0)
+    if softcap > 0:
+        scores = (scores / softcap).tanh() * softcap
+
+    # the bias: an additive float mask, and -inf wherever a boolean mask, the position rules or padding forbid
+    bias, allowed = None, None
+    if c.has(3):
+        mask = c.tensor(3)
+        if mask.shape[-1] < skv:  # a mask for the new keys only: the rest are not attended
+            fill = False if mask.dtype == dtypes.bool else -math.inf
+            mask = mask.pad([(0, 0)] * (mask.ndim - 1) + [(0, skv - mask.shape[-1])], value=fill)
+        if mask.dtype == dtypes.bool:
+            allowed = mask
+        else:
+            bias = mask.cast(q.dtype)
+    if c.has(6):
+        seen = c.tensor(6).cast(dtypes.int64).reshape(batch, 1, 1, 1)
+        offset = seen - sq
+        j = Tensor.arange(skv, device=c.device).reshape(1, 1, 1, skv)
+        allowed = j < seen if allowed is None else allowed & (j < seen)
+    else:
+        offset = Tensor.full((1, 1, 1, 1), past, dtype=dtypes.int64, device=c.device)
+    positional = _allowed(c, sq, skv, offset)
+    if positional is not None:
+        allowed = positional if allowed is None else allowed & positional
+    if allowed is not None:
+        block = allowed.where(0.0, -math.inf).cast(q.dtype)
+        bias = block if bias is None else bias + block
+    with_bias = scores + bias if bias is not None else scores
+
+    precision = c.attr("softmax_precision")
+    logits = with_bias.cast(onnx_dtype(precision, c.where)) if precision is not None else with_bias
+    probs = logits.softmax(axis=-1)
+    if bias is not None:  # a query that may see no key at all: a zero row, not NaN
+        masked_row = bias.max(axis=-1, keepdim=True) == -math.inf
+        probs = masked_row.where(0.0, probs)
+    probs = probs.cast(q.dtype)
+    y = probs @ v
+    if three_d:
+        y = y.transpose(1, 2).reshape(batch, sq, -1)
+    mode = c.attr("qk_matmul_output_mode", 0)
+    qk_out = {0: scores, 1: scores, 2: with_bias, 3: probs}.get(mode)
+    if qk_out is None:
+        raise ValueError(f"{c.where}: qk_matmul_output_mode must be 0, 1, 2 or 3, got {mode}")
+    qk_out = qk_out.expand(batch, hq, sq, skv).cast(q.dtype)
+    return y, present_k, present_v, qk_out
