@@ -105,3 +105,38 @@ def attention(c: NodeCall) -> tuple[Tensor, ...]:
         raise ValueError(f"{c.where}: qk_matmul_output_mode must be 0, 1, 2 or 3, got {mode}")
     qk_out = qk_out.expand(batch, hq, sq, skv).cast(q.dtype)
     return y, present_k, present_v, qk_out
+
+
+@register("RotaryEmbedding")
+def rotary_embedding(c: NodeCall) -> Tensor:
+    x, cos, sin = c.tensor(0), c.tensor(1), c.tensor(2)
+    shape = x.shape
+    if x.ndim == 4:  # (batch, heads, seq, size) -> (batch, seq, heads, size)
+        x = x.transpose(1, 2)
+    elif x.ndim == 3:
+        heads = c.attr("num_heads")
+        if not heads:
+            raise ValueError(f"{c.where}: a 3-d input needs num_heads")
+        x = x.reshape(shape[0], shape[1], heads, shape[2] // heads)
+    else:
+        raise ValueError(f"{c.where}: the input must be 3-d or 4-d, got shape {shape}")
+    dim = c.attr("rotary_embedding_dim", 0) or x.shape[3]
+    rotated, kept = x[..., :dim], x[..., dim:]
+    if c.has(3):  # the caches' rows at each token's position
+        ids = c.tensor(3).cast(dtypes.int64)
+        cos, sin = cos[ids], sin[ids]
+    if cos.shape[-1] != dim // 2 or sin.shape[-1] != dim // 2:
+        raise ValueError(f"{c.where}: the caches' last dim must be {dim // 2}, got {cos.shape[-1]} and {sin.shape[-1]}")
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    interleaved = c.attr("interleaved", 0)
+    if interleaved:  # pairs are neighbours (x0, x1), (x2, x3) ...
+        x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
+    else:  # pairs are the two halves' elements
+        x1, x2 = rotated[..., : dim // 2], rotated[..., dim // 2 :]
+    real, imag = cos * x1 - sin * x2, sin * x1 + cos * x2
+    if interleaved:
+        rotated = real.unsqueeze(-1).cat(imag.unsqueeze(-1), dim=-1).reshape(rotated.shape)
+    else:
+        rotated = real.cat(imag, dim=-1)
+    out = rotated.cat(kept, dim=-1) if kept.shape[-1] else rotated
+    return out.reshape(shape) if len(shape) == 3 else out.transpose(1, 2)

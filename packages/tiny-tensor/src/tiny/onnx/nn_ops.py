@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from tiny.ir.dtypes import dtypes
-from tiny.onnx.model import NodeCall, register
+from tiny.onnx.model import NodeCall, onnx_dtype, register
 from tiny.onnx.ops import _axis
 from tiny.tensor import Tensor
 
@@ -412,3 +414,30 @@ def dropout(c: NodeCall) -> Tensor | tuple[Tensor, Tensor]:
     if c.n_outputs < 2:
         return x
     return x, Tensor.ones(*x.shape, dtype=dtypes.bool, device=c.device)
+
+
+@register("SwiGLU")
+def swiglu(c: NodeCall) -> Tensor:
+    a, b = c.tensor(0), c.tensor(1)
+    if a.shape != b.shape:
+        raise ValueError(f"{c.where}: A and B must have one shape, got {a.shape} and {b.shape}")
+    return a * (a * c.attr("alpha", 1.0)).sigmoid() * b
+
+
+def _window(terms: tuple[float, ...]):
+    """A cosine-sum window: sum over k of (-1)^k a_k cos(2 pi k n / N), N = size (periodic) or size - 1."""
+
+    def op(c: NodeCall) -> Tensor:
+        size = int(c.scalar(0))
+        n = np.arange(size, dtype=np.float64)
+        span = size if c.attr("periodic", 1) else size - 1
+        w = sum((-1) ** k * a * np.cos(2 * np.pi * k * n / span) for k, a in enumerate(terms))
+        dt = onnx_dtype(c.attr("output_datatype", 1), c.where)
+        return Tensor(np.asarray(w, dtype=np.float64), device=c.device).cast(dt)
+
+    return op
+
+
+register("HannWindow")(_window((0.5, 0.5)))
+register("HammingWindow")(_window((25 / 46, 21 / 46)))
+register("BlackmanWindow")(_window((0.42, 0.5, 0.08)))

@@ -715,3 +715,34 @@ def topk(c: NodeCall) -> tuple[Tensor, Tensor]:
 @register("Einsum")
 def einsum(c: NodeCall) -> Tensor:
     return Tensor.einsum(c.attr("equation"), *[c.tensor(i) for i in range(len(c.inputs))])
+
+
+@register("CenterCropPad")
+def center_crop_pad(c: NodeCall) -> Tensor:
+    x = c.tensor(0)
+    target = c.ints(1)
+    axes = [_axis(a, x.ndim, c) for a in c.attr("axes", list(range(x.ndim)))]
+    if len(target) != len(axes):
+        raise ValueError(f"{c.where}: {len(target)} sizes for {len(axes)} axes")
+    pairs = [(0, 0)] * x.ndim
+    for a, size in zip(axes, target):
+        diff = size - x.shape[a]  # > 0: pad (the odd one after), < 0: crop (the window starts rounded down)
+        pairs[a] = (diff // 2, diff - diff // 2) if diff >= 0 else (-(-diff // 2), -(-diff - (-diff // 2)))
+    return x.pad(pairs)
+
+
+@register("MaxUnpool")
+def max_unpool(c: NodeCall) -> Tensor:
+    x, index = c.tensor(0), c.tensor(1).cast(dtypes.int64)
+    kernel = c.attr("kernel_shape")
+    nd = len(kernel)
+    strides = c.attr("strides", [1] * nd)
+    pads = c.attr("pads", [0] * (2 * nd))
+    begins, ends = pads[:nd], pads[nd:]
+    spatial = [(s - 1) * st + k - b - e for s, st, k, b, e in zip(x.shape[2:], strides, kernel, begins, ends)]
+    shape = [*x.shape[:2], *spatial]
+    flat = Tensor.zeros(math.prod(shape), dtype=x.dtype, device=c.device)  # the indices count over the whole output
+    y = flat.scatter(0, index.reshape(-1), x.reshape(-1)).reshape(shape)
+    if c.has(2):  # a larger output_shape: the unpooled values in its first rows and columns (as ONNX's reference)
+        y = y.pad([(0, o - s) for o, s in zip(c.ints(2), shape)])
+    return y
