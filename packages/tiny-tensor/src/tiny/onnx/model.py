@@ -132,7 +132,10 @@ def register(*names: str, host: bool = False) -> Callable[[OpFn], OpFn]:
 
 
 def to_tensor(array: np.ndarray, device: str) -> Tensor:
-    if array.dtype == np.float64 or array.dtype.kind in "iub" or array.dtype in (np.float32, np.float16):
+    """A host array as a tensor on the device; bfloat16 arrays (ml_dtypes', as onnx makes them) by their bits."""
+    if array.dtype.name == "bfloat16":
+        return Tensor(contiguous(array).view(np.uint16), device=device).bitcast(dtypes.bfloat16)
+    if array.dtype.kind in "iubf" and array.dtype.itemsize <= 8:
         return Tensor(contiguous(array), device=device)
     raise NotImplementedError(f"an array of NumPy dtype {array.dtype} has no tiny dtype")
 
@@ -195,7 +198,7 @@ class OnnxModel:
         return out
 
     def _input(self, vi: onnx.ValueInfoProto, given: np.ndarray | Tensor) -> Value:
-        t = given if isinstance(given, Tensor) else Tensor(contiguous(np.asarray(given)), device=self.device)
+        t = given if isinstance(given, Tensor) else to_tensor(np.asarray(given), self.device)
         if t.device != self.device:
             t = t.to(self.device)
         ttype = vi.type.tensor_type
@@ -266,7 +269,7 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, device: str | None 
         onnx_dtype(vi.type.tensor_type.elem_type, f"graph value {vi.name!r}")
     initializers = {init.name: numpy_helper.to_array(init) for init in proto.graph.initializer}
     for name, arr in initializers.items():
-        if arr.dtype.kind not in "iubf":
+        if arr.dtype.kind not in "iubf" and arr.dtype.name != "bfloat16":
             raise NotImplementedError(f"initializer {name!r} has NumPy dtype {arr.dtype}, which tiny has no dtype for")
     dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
     inputs = [vi.name for vi in proto.graph.input if vi.name not in initializers]

@@ -219,11 +219,15 @@ def constant_of_shape(c: NodeCall) -> Tensor:
 
 
 @register("Range", host=True)
-@register("Range")
-def range_(c: NodeCall) -> np.ndarray:
+def range_host(c: NodeCall) -> np.ndarray:
     start, limit, delta = c.host(0), c.host(1), c.host(2)
-    n = max(int(np.ceil((limit.item() - start.item()) / delta.item())), 0)
+    n = max(int(np.ceil((limit.item() - start.item()) / delta.item())), 0)  # (its length depends on the values)
     return (start + np.arange(n, dtype=start.dtype) * delta).astype(start.dtype)
+
+
+@register("Range")
+def range_(c: NodeCall) -> Tensor:
+    return Tensor(range_host(c), device=c.device).cast(c.tensor(0).dtype)  # (bfloat16 is read back as float32)
 
 
 @register("NonZero")
