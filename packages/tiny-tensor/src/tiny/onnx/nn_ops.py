@@ -81,8 +81,8 @@ _CONV_TRANSPOSES = {1: Tensor.conv_transpose1d, 2: Tensor.conv_transpose2d}
 def conv_transpose(c: NodeCall) -> Tensor:
     x, w, b = c.tensor(0), c.tensor(1), c.opt(2)
     nd = w.ndim - 2
-    if nd not in _CONV_TRANSPOSES:
-        raise NotImplementedError(f"{c.where}: a transposed convolution over {nd} spatial dims (tiny has 1 and 2)")
+    if nd not in _CONVS:
+        raise NotImplementedError(f"{c.where}: a transposed convolution over {nd} spatial dims (tiny has 1 to 3)")
     kernel = list(w.shape[2:])
     strides = c.attr("strides", [1] * nd)
     dils = c.attr("dilations", [1] * nd)
@@ -103,10 +103,38 @@ def conv_transpose(c: NodeCall) -> Tensor:
     else:
         flat = c.attr("pads")
         pads = [(flat[i], flat[i + nd]) for i in range(nd)]
-    y = _CONV_TRANSPOSES[nd](x, w, None, strides, 0, 0, c.attr("group", 1), dils)
+    groups = c.attr("group", 1)
+    if nd in _CONV_TRANSPOSES:
+        y = _CONV_TRANSPOSES[nd](x, w, None, strides, 0, 0, groups, dils)
+    else:
+        y = _conv_transpose_as_conv(x, w, strides, dils, groups)
     # output_padding adds rows at the end (zeros from the transposed convolution's view), then the crop
     y = y.pad([(0, 0), (0, 0), *((-lo, op - hi) for (lo, hi), op in zip(pads, out_pad))])
     return y + b.reshape(1, -1, *([1] * nd)) if b is not None else y
+
+
+def _conv_transpose_as_conv(x: Tensor, w: Tensor, strides: list[int], dils: list[int], groups: int) -> Tensor:
+    """The full transposed convolution as a convolution: the input spread out by the strides (zeros between) and
+    padded by the dilated kernel's reach, the weight with its channels swapped per group and its kernel flipped."""
+    n, cin, *spatial = x.shape
+    kernel = w.shape[2:]
+    nd = len(kernel)
+    for i, (size, st) in enumerate(zip(spatial, strides)):
+        if st > 1:
+            dim = 2 + i
+            x = x.unsqueeze(dim + 1).pad([(0, 0)] * (dim + 1) + [(0, st - 1)] + [(0, 0)] * (x.ndim - dim - 1))
+            x = x.reshape(*x.shape[:dim], size * st, *x.shape[dim + 2 :])[
+                (slice(None),) * dim + (slice(0, (size - 1) * st + 1),)
+            ]
+    reach = [(k - 1) * d for k, d in zip(kernel, dils)]
+    x = x.pad([(0, 0), (0, 0), *((r, r) for r in reach)])
+    cout_g = w.shape[1]
+    wt = (
+        w.reshape(groups, cin // groups, cout_g, *kernel)
+        .transpose(1, 2)
+        .reshape(groups * cout_g, cin // groups, *kernel)
+    )
+    return _CONVS[nd](x, wt.flip(*range(2, 2 + nd)), None, 1, 0, dils, groups)
 
 
 def _pool_setup(c: NodeCall, x: Tensor) -> tuple[list[int], list[int], list[int], list[tuple[int, int]]]:
