@@ -1,5 +1,5 @@
-"""ONNX's losses (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss) and the data-dependent selections
-(Compress, ScatterND, ReverseSequence) as tiny tensor ops."""
+"""ONNX's losses (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss), the selections (Compress, ScatterND,
+ReverseSequence, Unique) and AffineGrid as tiny tensor ops."""
 
 from __future__ import annotations
 
@@ -103,3 +103,43 @@ def reverse_sequence(c: NodeCall) -> Tensor:
     n = lengths.reshape(shape)
     source = (t < n).where(n - 1 - t, t).expand(x.shape)  # the first n steps reversed, the rest in place
     return x.gather(time_axis, source)
+
+
+@register("Unique")
+def unique(c: NodeCall) -> tuple[Tensor | np.ndarray, ...]:
+    x = c.host(0)  # (the outputs' sizes depend on the values: computed on the host)
+    axis = c.attr("axis")
+    axis = _axis(axis, x.ndim, c) if axis is not None else None
+    values, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=axis)
+    if not c.attr("sorted", 1):  # in the order of first occurrence
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        values = np.take(values, order, axis=0 if axis is None else axis)
+        first, counts, inverse = first[order], counts[order], rank[inverse.reshape(-1)]
+    as_int64 = (first.astype(np.int64), inverse.reshape(-1).astype(np.int64), counts.astype(np.int64))
+    given = c.value(0).tensor
+    if given is not None and given.dtype == dtypes.bfloat16:  # (read back as float32: the values are exact)
+        return (Tensor(values, device=c.device).cast(dtypes.bfloat16), *as_int64)
+    return (values, *as_int64)
+
+
+@register("AffineGrid")
+def affine_grid(c: NodeCall) -> Tensor:
+    theta = c.tensor(0)
+    size = c.ints(1)
+    spatial = size[2:]  # (H, W) or (D, H, W)
+    if len(spatial) not in (2, 3):
+        raise ValueError(f"{c.where}: size must be (N, C, H, W) or (N, C, D, H, W), got {size}")
+    align = c.attr("align_corners", 0)
+
+    def positions(n: int) -> np.ndarray:
+        if align:
+            return np.linspace(-1.0, 1.0, n) if n > 1 else np.zeros(1)
+        return (np.arange(n) * 2 + 1) / n - 1
+
+    # homogeneous positions (x, y[, z], 1), x along the last dim: (prod(spatial), nd + 1)
+    axes = np.meshgrid(*(positions(n) for n in spatial), indexing="ij")
+    base = np.stack([*(a.reshape(-1) for a in reversed(axes)), np.ones(axes[0].size)], axis=-1)
+    grid = Tensor(base.astype(np.float32), device=c.device).cast(theta.dtype) @ theta.transpose(1, 2)
+    return grid.reshape(size[0], *spatial, len(spatial))
