@@ -1,4 +1,4 @@
-"""ONNX's Resize (and the older Upsample) as tiny tensor ops.
+"""ONNX's Resize (and the older Upsample) and GridSample as tiny tensor ops.
 
 Resizing is separable: each resized axis is done on its own. Where each output position reads from is worked out on
 the host (a coordinate transform, then neighbours and their weights). Nearest-neighbour resizing gathers along the
@@ -7,6 +7,7 @@ axis (exact for every dtype); linear and cubic resizing multiply by an (input, o
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -160,3 +161,93 @@ def resize(c: NodeCall) -> Tensor:
             continue  # this axis stays as it is
         out = _resize_axis(c, out, axis, n_out, scale, box)
     return out.cast(x.dtype)
+
+
+# ---------------------------------------------------------------- GridSample
+
+
+def _reflect(v: Tensor, lo: float, hi: float) -> Tensor:
+    """v folded back and forth into [lo, hi], as a light beam between two mirrors."""
+    span = hi - lo
+    below, above = lo - v, v - hi  # how far past each mirror
+    past = below.maximum(above).maximum(0.0)
+    bounces = (past / span).floor()
+    rest = past - bounces * span
+    even = bounces - (bounces / 2).floor() * 2 == 0
+    from_low = even.where(lo + rest, hi - rest)  # (below the range: back from the low mirror)
+    from_high = even.where(hi - rest, lo + rest)
+    return (below > 0).where(from_low, (above > 0).where(from_high, v))
+
+
+def _cubic_coefficients(t: Tensor) -> list[Tensor]:
+    """Keys' cubic convolution weights (a = -0.75) of the neighbours at -1, 0, 1, 2 for a fraction t."""
+    a = -0.75
+    u, w = t + 1, 2 - t
+    return [
+        ((a * u - 5 * a) * u + 8 * a) * u - 4 * a,
+        ((a + 2) * t - (a + 3)) * t * t + 1,
+        ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+        ((a * w - 5 * a) * w + 8 * a) * w - 4 * a,
+    ]
+
+
+@register("GridSample")
+def grid_sample(c: NodeCall) -> Tensor:
+    x, grid = c.tensor(0), c.tensor(1)
+    n, ch, *dims = x.shape
+    out = grid.shape[1:-1]
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(c.attr("mode", "linear"), c.attr("mode", "linear"))
+    padding = c.attr("padding_mode", "zeros")
+    if mode not in ("linear", "nearest", "cubic") or padding not in ("zeros", "border", "reflection"):
+        raise ValueError(f"{c.where}: mode {mode!r} or padding_mode {padding!r} is not one ONNX defines")
+    align = c.attr("align_corners", 0)
+    lows = [0.0 if align else -0.5 for _ in dims]
+    highs = [d - 1.0 if align else d - 0.5 for d in dims]
+    coords = []  # per spatial dim (the grid lists them last dim first): (N, *out) positions in pixels
+    for i, d in enumerate(dims):
+        g = grid[..., len(dims) - 1 - i]
+        v = (g + 1) / 2 * (d - 1) if align else ((g + 1) * d - 1) / 2
+        if mode == "nearest":
+            v = v.round()  # halves to even
+        outside = (v < lows[i]) | (v > highs[i])
+        if padding == "border":
+            v = outside.where(v.clip(0, d - 1), v)
+        elif padding == "reflection":
+            v = _reflect(v, lows[i], highs[i])
+        coords.append(v)
+    flat_x = x.reshape(n, ch, -1)
+
+    def pixels(index: list[Tensor]) -> Tensor:
+        """x at integer positions (N, *out) per dim, with the padding mode's value where they fall outside."""
+        flat, valid = None, None
+        for i, (idx, d) in enumerate(zip(index, dims)):
+            if padding == "reflection":
+                idx = _reflect(idx, lows[i], highs[i]).trunc()
+            inside = (idx >= 0) & (idx <= d - 1)
+            valid = inside if valid is None else valid & inside
+            idx = idx.clip(0, d - 1).cast(dtypes.int64)
+            flat = idx if flat is None else flat * d + idx
+        picked = flat_x.gather(2, flat.reshape(n, 1, -1).expand(n, ch, flat.numel() // n))
+        picked = picked.reshape(n, ch, *out)
+        if padding == "zeros":
+            picked = valid.reshape(n, 1, *out).where(picked, 0.0).cast(x.dtype)
+        return picked
+
+    if mode == "nearest":
+        return pixels(coords)
+    offsets = [0, 1] if mode == "linear" else [-1, 0, 1, 2]
+    bases = [v.floor() for v in coords]
+    fractions = [v - b for v, b in zip(coords, bases)]
+    if mode == "linear":
+        weights = [[1 - t, t] for t in fractions]
+    else:
+        weights = [_cubic_coefficients(t) for t in fractions]
+    total = None
+    for corner in itertools.product(range(len(offsets)), repeat=len(dims)):
+        index = [b + offsets[k] for b, k in zip(bases, corner)]
+        w = None
+        for i, k in enumerate(corner):
+            w = weights[i][k] if w is None else w * weights[i][k]
+        term = pixels(index) * w.reshape(n, 1, *out)
+        total = term if total is None else total + term
+    return total.cast(x.dtype)
