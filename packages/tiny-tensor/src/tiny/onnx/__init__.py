@@ -5,7 +5,17 @@ with {input name: NumPy array or Tensor} returns {output name: Tensor}. `python 
 name=file.npy` prints the outputs.
 """
 
-from tiny.onnx import attention, loss_ops, nn_ops, ops, quant_ops, recurrent, resize  # noqa: F401  (they fill the table of operators)
+from tiny.onnx import (  # noqa: F401  (they fill the table of operators)
+    attention,
+    elementwise,
+    losses,
+    movement,
+    nn_ops,
+    quant_ops,
+    recurrent,
+    reductions,
+    resize,
+)
 from tiny.onnx.model import MAX_OPSET, OPS, OnnxModel, load
 
 __all__ = ["load", "OnnxModel", "MAX_OPSET", "supported_ops"]

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 
+from tiny.ir.device import DeviceUnavailable
 from tiny.onnx import load
 
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, t in outputs.items():
             arr = t.numpy()
             print(f"{name}: shape {tuple(arr.shape)} dtype {t.dtype.name} {_summary(arr)}")
-    except (ValueError, NotImplementedError, TypeError, KeyError) as e:
+    except (ValueError, NotImplementedError, TypeError, KeyError, DeviceUnavailable) as e:
         print(f"python -m tiny.onnx: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
     return 0

@@ -114,6 +114,24 @@ class NodeCall:
         return self.host(i).reshape(-1)[0].item() if self.has(i) else default
 
 
+def normalize_axis(axis: int, ndim: int, c: NodeCall) -> int:
+    """An axis in [-ndim, ndim) as its place in [0, ndim), or a clear error naming the node."""
+    if not -ndim <= axis < max(ndim, 1):
+        raise ValueError(f"{c.where}: axis {axis} is out of range for a tensor of {ndim} dims")
+    return axis % max(ndim, 1)
+
+
+def same_dtype(c: NodeCall, *ts: Tensor) -> None:
+    """The inputs an op requires to share one dtype do, or a clear error."""
+    if len({t.dtype for t in ts}) > 1:
+        raise ValueError(f"{c.where}: inputs must share one dtype, got {[t.dtype.name for t in ts]}")
+
+
+def wrapped_index(index: Tensor, n: int) -> Tensor:
+    """Indices into a dim of size n with the negative ones counted from its end, as int64."""
+    return (index < 0).where(index + n, index).cast(dtypes.int64)
+
+
 OpFn = Callable[[NodeCall], "Tensor | np.ndarray | tuple | list"]
 OPS: dict[str, OpFn] = {}  # ONNX op type -> its tiny implementation (filled by tiny.onnx.ops and tiny.onnx.nn_ops)
 HOST_OPS: dict[str, OpFn] = {}  # ops computed on the host with NumPy when every input is a small host array
@@ -272,6 +290,7 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, device: str | None 
         if arr.dtype.kind not in "iubf" and arr.dtype.name != "bfloat16":
             raise NotImplementedError(f"initializer {name!r} has NumPy dtype {arr.dtype}, which tiny has no dtype for")
     dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+    Device[dev]  # (opened now: a device that cannot start says why here, not at the first input)
     inputs = [vi.name for vi in proto.graph.input if vi.name not in initializers]
     outputs = [vi.name for vi in proto.graph.output]
     return OnnxModel(proto, dev, opset, initializers, inputs, outputs)

@@ -8,8 +8,7 @@ import math
 import numpy as np
 
 from tiny.ir.dtypes import dtypes
-from tiny.onnx.model import NodeCall, onnx_dtype, register
-from tiny.onnx.ops import _axis
+from tiny.onnx.model import NodeCall, normalize_axis, onnx_dtype, register
 from tiny.tensor import Tensor
 
 # ---------------------------------------------------------------- products
@@ -292,7 +291,7 @@ def _stash(c: NodeCall, x: Tensor) -> Tensor:
 @register("LayerNormalization")
 def layer_norm(c: NodeCall) -> tuple[Tensor, ...]:
     x = c.tensor(0)
-    axis = _axis(c.attr("axis", -1), x.ndim, c)
+    axis = normalize_axis(c.attr("axis", -1), x.ndim, c)
     axes = tuple(range(axis, x.ndim))
     normed, mean, inv = _normalized(_stash(c, x), axes, c.attr("epsilon", 1e-5))
     y = normed.cast(x.dtype) * c.tensor(1)
@@ -304,7 +303,7 @@ def layer_norm(c: NodeCall) -> tuple[Tensor, ...]:
 @register("RMSNormalization")
 def rms_norm(c: NodeCall) -> Tensor:
     x = c.tensor(0)
-    axis = _axis(c.attr("axis", -1), x.ndim, c)
+    axis = normalize_axis(c.attr("axis", -1), x.ndim, c)
     xs = _stash(c, x)
     inv = ((xs * xs).mean(axis=tuple(range(axis, x.ndim)), keepdim=True) + c.attr("epsilon", 1e-5)).rsqrt()
     return (xs * inv).cast(x.dtype) * c.tensor(1)
@@ -334,7 +333,7 @@ def group_norm(c: NodeCall) -> Tensor:
 @register("LpNormalization")
 def lp_norm(c: NodeCall) -> Tensor:
     x = c.tensor(0)
-    axis = _axis(c.attr("axis", -1), x.ndim, c)
+    axis = normalize_axis(c.attr("axis", -1), x.ndim, c)
     p = c.attr("p", 2)
     if p not in (1, 2):
         raise ValueError(f"{c.where}: p must be 1 or 2, got {p}")
@@ -345,7 +344,7 @@ def lp_norm(c: NodeCall) -> Tensor:
 @register("MeanVarianceNormalization")
 def mean_variance_norm(c: NodeCall) -> Tensor:
     x = c.tensor(0)
-    axes = tuple(_axis(a, x.ndim, c) for a in c.attr("axes", [0, 2, 3]))
+    axes = tuple(normalize_axis(a, x.ndim, c) for a in c.attr("axes", [0, 2, 3]))
     mean = x.mean(axis=axes, keepdim=True)
     var = (x * x).mean(axis=axes, keepdim=True) - mean * mean
     return (x - mean) / (var.sqrt() + 1e-9)
@@ -410,10 +409,10 @@ def _softmax_like(method: str):
     def op(c: NodeCall) -> Tensor:
         x = c.tensor(0)
         if c.opset < 13:  # the input is seen as 2-d: the dims before axis (default 1) and the dims from it on
-            axis = _axis(c.attr("axis", 1), x.ndim, c)
+            axis = normalize_axis(c.attr("axis", 1), x.ndim, c)
             flat = x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
             return _softmax_on(flat, 1, method).reshape(x.shape)
-        return _softmax_on(x, _axis(c.attr("axis", -1), x.ndim, c), method)
+        return _softmax_on(x, normalize_axis(c.attr("axis", -1), x.ndim, c), method)
 
     return op
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from tiny.ir.dtypes import DType, dtypes
-from tiny.onnx.model import NodeCall, Value, onnx_dtype, register
+from tiny.onnx.model import NodeCall, Value, normalize_axis, onnx_dtype, register
 from tiny.onnx.nn_ops import conv
-from tiny.onnx.ops import _axis
 from tiny.tensor import Tensor
 
 
@@ -14,7 +13,7 @@ def _spread(c: NodeCall, t: Tensor, x: Tensor) -> Tensor:
     blocked (x's rank, each entry repeated block_size times along `axis`)."""
     if t.ndim == 0 or t.numel() == 1 and x.ndim <= 1:
         return t.reshape(())
-    axis = _axis(c.attr("axis", 1), x.ndim, c)
+    axis = normalize_axis(c.attr("axis", 1), x.ndim, c)
     if t.ndim == 1:
         shape = [1] * x.ndim
         shape[axis] = t.shape[0]

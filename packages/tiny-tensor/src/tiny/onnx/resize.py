@@ -1,4 +1,4 @@
-"""ONNX's Resize (and the older Upsample) and GridSample as tiny tensor ops.
+"""ONNX's Resize (and the older Upsample), GridSample and AffineGrid as tiny tensor ops.
 
 Resizing is separable: each resized axis is done on its own. Where each output position reads from is worked out on
 the host (a coordinate transform, then neighbours and their weights). Nearest-neighbour resizing gathers along the
@@ -13,8 +13,7 @@ import math
 import numpy as np
 
 from tiny.ir.dtypes import dtypes
-from tiny.onnx.model import NodeCall, register
-from tiny.onnx.ops import _axis
+from tiny.onnx.model import NodeCall, normalize_axis, register
 from tiny.tensor import Tensor
 
 TRANSFORMS = (
@@ -138,7 +137,7 @@ def resize(c: NodeCall) -> Tensor:
         sizes = c.ints(3) if c.has(3) else None
     if (scales_given is None) == (sizes is None):
         raise ValueError(f"{c.where}: exactly one of scales and sizes is needed")
-    axes = [_axis(a, x.ndim, c) for a in c.attr("axes", list(range(x.ndim)))]
+    axes = [normalize_axis(a, x.ndim, c) for a in c.attr("axes", list(range(x.ndim)))]
     given = scales_given if scales_given is not None else sizes
     if len(given) != len(axes):
         raise ValueError(f"{c.where}: {len(given)} scales or sizes for {len(axes)} axes")
@@ -251,3 +250,24 @@ def grid_sample(c: NodeCall) -> Tensor:
         term = pixels(index) * w.reshape(n, 1, *out)
         total = term if total is None else total + term
     return total.cast(x.dtype)
+
+
+@register("AffineGrid")
+def affine_grid(c: NodeCall) -> Tensor:
+    theta = c.tensor(0)
+    size = c.ints(1)
+    spatial = size[2:]  # (H, W) or (D, H, W)
+    if len(spatial) not in (2, 3):
+        raise ValueError(f"{c.where}: size must be (N, C, H, W) or (N, C, D, H, W), got {size}")
+    align = c.attr("align_corners", 0)
+
+    def positions(n: int) -> np.ndarray:
+        if align:
+            return np.linspace(-1.0, 1.0, n) if n > 1 else np.zeros(1)
+        return (np.arange(n) * 2 + 1) / n - 1
+
+    # homogeneous positions (x, y[, z], 1), x along the last dim: (prod(spatial), nd + 1)
+    axes = np.meshgrid(*(positions(n) for n in spatial), indexing="ij")
+    base = np.stack([*(a.reshape(-1) for a in reversed(axes)), np.ones(axes[0].size)], axis=-1)
+    grid = Tensor(base.astype(np.float32), device=c.device).cast(theta.dtype) @ theta.transpose(1, 2)
+    return grid.reshape(size[0], *spatial, len(spatial))

@@ -1,180 +1,16 @@
-"""ONNX's elementwise, movement, indexing and reduction operators as tiny tensor ops (ONNX semantics: numpy-style
-broadcasting, negative axes, the opset differences named at each op)."""
+"""ONNX's constants, shapes, movement and indexing operators as tiny tensor ops (Shape, Size, Constant, Range
+and the like give host arrays, which feed the shape arguments of Reshape, Slice, Expand ... without a kernel)."""
 
 from __future__ import annotations
 
 import math
-from functools import reduce
 
 import numpy as np
 
 from tiny.ir.dtypes import dtypes
-from tiny.onnx.model import NodeCall, onnx_dtype, register
+from tiny.onnx.model import NodeCall, normalize_axis, onnx_dtype, register, wrapped_index
 from tiny.tensor import Tensor
 from tiny.tensor.shapes import broadcast_shape
-
-
-def _axis(axis: int, ndim: int, c: NodeCall) -> int:
-    if not -ndim <= axis < max(ndim, 1):
-        raise ValueError(f"{c.where}: axis {axis} is out of range for a tensor of {ndim} dims")
-    return axis % max(ndim, 1)
-
-
-def _same_dtype(c: NodeCall, *ts: Tensor) -> None:
-    if len({t.dtype for t in ts}) > 1:
-        raise ValueError(f"{c.where}: inputs must share one dtype, got {[t.dtype.name for t in ts]}")
-
-
-# ---------------------------------------------------------------- elementwise
-
-
-def _binary(fn):
-    def op(c: NodeCall) -> Tensor:
-        a, b = c.tensor(0), c.tensor(1)
-        _same_dtype(c, a, b)
-        return fn(a, b)
-
-    return op
-
-
-register("Add")(_binary(lambda a, b: a + b))
-register("Sub")(_binary(lambda a, b: a - b))
-register("Mul")(_binary(lambda a, b: a * b))
-register("Equal")(_binary(lambda a, b: a == b))
-register("Less")(_binary(lambda a, b: a < b))
-register("LessOrEqual")(_binary(lambda a, b: a <= b))
-register("Greater")(_binary(lambda a, b: a > b))
-register("GreaterOrEqual")(_binary(lambda a, b: a >= b))
-register("And")(_binary(lambda a, b: a.logical_and(b)))
-register("Or")(_binary(lambda a, b: a.logical_or(b)))
-register("Xor")(_binary(lambda a, b: a.logical_xor(b)))
-register("BitwiseAnd")(_binary(lambda a, b: a.bitwise_and(b)))
-register("BitwiseOr")(_binary(lambda a, b: a.bitwise_or(b)))
-register("BitwiseXor")(_binary(lambda a, b: a.bitwise_xor(b)))
-
-
-@register("Div")
-def div(c: NodeCall) -> Tensor:
-    a, b = c.tensor(0), c.tensor(1)
-    _same_dtype(c, a, b)
-    return a / b if a.dtype.is_float else a.div(b, rounding_mode="trunc")  # integers: C's division, toward zero
-
-
-@register("Mod")
-def mod(c: NodeCall) -> Tensor:
-    a, b = c.tensor(0), c.tensor(1)
-    _same_dtype(c, a, b)
-    if c.attr("fmod", 0):
-        return a.fmod(b)  # the sign of the dividend, as C's fmod
-    return a.mod(b)  # the sign of the divisor, as Python's %
-
-
-@register("Pow")
-def pow_(c: NodeCall) -> Tensor:
-    a, b = c.tensor(0), c.tensor(1)  # the result has the base's dtype
-    if a.dtype.is_float:
-        return a.pow(b.cast(a.dtype))
-    if b.dtype.is_float:
-        return a.cast(b.dtype).pow(b).cast(a.dtype)
-    return a.pow(b.cast(a.dtype))
-
-
-@register("BitShift")
-def bitshift(c: NodeCall) -> Tensor:
-    a, b = c.tensor(0), c.tensor(1)
-    direction = c.attr("direction")
-    if direction not in ("LEFT", "RIGHT"):
-        raise ValueError(f"{c.where}: direction must be 'LEFT' or 'RIGHT', got {direction!r}")
-    return a.bitwise_left_shift(b) if direction == "LEFT" else a.bitwise_right_shift(b)
-
-
-def _unary(fn):
-    return lambda c: fn(c.tensor(0))
-
-
-for _name, _fn in {
-    "Abs": Tensor.abs,
-    "Neg": Tensor.neg,
-    "Exp": Tensor.exp,
-    "Log": Tensor.log,
-    "Sqrt": Tensor.sqrt,
-    "Reciprocal": Tensor.reciprocal,
-    "Floor": Tensor.floor,
-    "Ceil": Tensor.ceil,
-    "Round": Tensor.round,  # halves to even, as ONNX
-    "Sign": Tensor.sign,
-    "Sin": Tensor.sin,
-    "Cos": Tensor.cos,
-    "Tan": Tensor.tan,
-    "Asin": Tensor.asin,
-    "Acos": Tensor.acos,
-    "Atan": Tensor.atan,
-    "Sinh": Tensor.sinh,
-    "Cosh": Tensor.cosh,
-    "Asinh": Tensor.asinh,
-    "Acosh": Tensor.acosh,
-    "Atanh": Tensor.atanh,
-    "Erf": Tensor.erf,
-    "IsNaN": Tensor.isnan,
-    "Not": Tensor.logical_not,
-    "BitwiseNot": Tensor.bitwise_not,
-    "Identity": lambda x: x,
-}.items():
-    register(_name)(_unary(_fn))
-
-
-@register("IsInf")
-def isinf(c: NodeCall) -> Tensor:
-    x = c.tensor(0)
-    pos, neg = c.attr("detect_positive", 1), c.attr("detect_negative", 1)
-    return (x == math.inf) * bool(pos) | (x == -math.inf) * bool(neg) if x.dtype.is_float else x != x
-
-
-def _variadic(fn):
-    def op(c: NodeCall) -> Tensor:
-        ts = [c.tensor(i) for i in range(len(c.inputs))]
-        _same_dtype(c, *ts)
-        return fn(ts)
-
-    return op
-
-
-register("Sum")(_variadic(lambda ts: reduce(lambda a, b: a + b, ts)))
-register("Mean")(_variadic(lambda ts: reduce(lambda a, b: a + b, ts) / len(ts)))
-register("Max")(_variadic(lambda ts: reduce(Tensor.maximum, ts)))
-register("Min")(_variadic(lambda ts: reduce(Tensor.minimum, ts)))
-
-
-@register("Where")
-def where(c: NodeCall) -> Tensor:
-    cond, a, b = c.tensor(0), c.tensor(1), c.tensor(2)
-    _same_dtype(c, a, b)
-    return cond.cast(dtypes.bool).where(a, b)
-
-
-@register("Clip")
-def clip(c: NodeCall) -> Tensor:
-    x = c.tensor(0)
-    if c.opset < 11:
-        lo, hi = c.attr("min"), c.attr("max")
-    else:
-        lo, hi = c.scalar(1), c.scalar(2)
-    if lo is not None:
-        x = x.maximum(Tensor(lo, device=c.device, dtype=x.dtype))
-    if hi is not None:
-        x = x.minimum(Tensor(hi, device=c.device, dtype=x.dtype))
-    return x
-
-
-@register("Cast")
-def cast(c: NodeCall) -> Tensor:
-    return c.tensor(0).cast(onnx_dtype(c.attr("to"), c.where))
-
-
-@register("CastLike")
-def cast_like(c: NodeCall) -> Tensor:
-    return c.tensor(0).cast(c.tensor(1).dtype)
-
 
 # ---------------------------------------------------------------- constants and shapes (host values)
 
@@ -286,7 +122,7 @@ def squeeze(c: NodeCall) -> Tensor:
     axes = _axes_of(c, 13)
     if axes is None:
         return x.reshape(tuple(d for d in x.shape if d != 1))
-    axes = {_axis(a, x.ndim, c) for a in axes}
+    axes = {normalize_axis(a, x.ndim, c) for a in axes}
     if any(x.shape[a] != 1 for a in axes):
         raise ValueError(f"{c.where}: cannot squeeze axes {sorted(axes)} of shape {x.shape}: not all are 1")
     return x.reshape(tuple(d for i, d in enumerate(x.shape) if i not in axes))
@@ -303,7 +139,7 @@ def _unsqueezed(c: NodeCall, dims: tuple[int, ...]) -> tuple[int, ...]:
     if axes is None:
         raise ValueError(f"{c.where}: axes are required")
     n = len(dims) + len(axes)
-    axes = {_axis(a, n, c) for a in axes}
+    axes = {normalize_axis(a, n, c) for a in axes}
     rest = iter(dims)
     return tuple(1 if i in axes else next(rest) for i in range(n))
 
@@ -316,13 +152,13 @@ register("Unsqueeze", host=True)(lambda c: c.host(0).reshape(_unsqueezed(c, c.ho
 def transpose(c: NodeCall) -> Tensor:
     x = c.tensor(0)
     perm = c.attr("perm", list(range(x.ndim))[::-1])
-    return x.permute([_axis(p, x.ndim, c) for p in perm])
+    return x.permute([normalize_axis(p, x.ndim, c) for p in perm])
 
 
 @register("Concat")
 def concat(c: NodeCall) -> Tensor:
     ts = [c.tensor(i) for i in range(len(c.inputs)) if c.has(i)]
-    axis = _axis(c.attr("axis"), ts[0].ndim, c)
+    axis = normalize_axis(c.attr("axis"), ts[0].ndim, c)
     ts = [t for t in ts if t.shape[axis] != 0] or ts[:1]
     return ts[0].cat(*ts[1:], dim=axis) if len(ts) > 1 else ts[0]
 
@@ -336,7 +172,7 @@ def concat_host(c: NodeCall) -> np.ndarray:
 @register("Split")
 def split(c: NodeCall) -> tuple[Tensor, ...]:
     x = c.tensor(0)
-    axis = _axis(c.attr("axis", 0), x.ndim, c)
+    axis = normalize_axis(c.attr("axis", 0), x.ndim, c)
     sizes = c.attr("split") if c.opset < 13 else c.ints(1)
     if sizes is None:
         parts = c.attr("num_outputs", c.n_outputs)
@@ -358,7 +194,7 @@ def _slice_args(c: NodeCall, dims: tuple[int, ...]) -> list[slice]:
     for start, end, axis, step in zip(starts, ends, axes, steps):
         if step == 0:
             raise ValueError(f"{c.where}: a step of 0")
-        axis = _axis(axis, len(dims), c)
+        axis = normalize_axis(axis, len(dims), c)
         n = dims[axis]
         # clamp as ONNX says (ends past the dim, INT64_MIN for "to the front" with negative steps)
         start = start + n if start < 0 else start
@@ -393,19 +229,15 @@ def slice_host(c: NodeCall) -> np.ndarray:
     return x[tuple(_slice_args(c, x.shape))]
 
 
-def _wrapped(index: Tensor, n: int) -> Tensor:
-    return (index < 0).where(index + n, index).cast(dtypes.int64)
-
-
 @register("Gather")
 def gather(c: NodeCall) -> Tensor:
     x, index = c.tensor(0), c.tensor(1)
-    axis = _axis(c.attr("axis", 0), x.ndim, c)
+    axis = normalize_axis(c.attr("axis", 0), x.ndim, c)
     if index.numel() == 0:
         return Tensor.zeros(*x.shape[:axis], *index.shape, *x.shape[axis + 1 :], dtype=x.dtype, device=c.device)
     if index.ndim == 0:
-        return x[(slice(None),) * axis + (_wrapped(index.reshape(1), x.shape[axis]),)].squeeze(axis)
-    return x[(slice(None),) * axis + (_wrapped(index, x.shape[axis]),)]
+        return x[(slice(None),) * axis + (wrapped_index(index.reshape(1), x.shape[axis]),)].squeeze(axis)
+    return x[(slice(None),) * axis + (wrapped_index(index, x.shape[axis]),)]
 
 
 @register("Gather", host=True)
@@ -416,8 +248,8 @@ def gather_host(c: NodeCall) -> np.ndarray:
 @register("GatherElements")
 def gather_elements(c: NodeCall) -> Tensor:
     x, index = c.tensor(0), c.tensor(1)
-    axis = _axis(c.attr("axis", 0), x.ndim, c)
-    return x.gather(axis, _wrapped(index, x.shape[axis]))
+    axis = normalize_axis(c.attr("axis", 0), x.ndim, c)
+    return x.gather(axis, wrapped_index(index, x.shape[axis]))
 
 
 @register("GatherND")
@@ -430,7 +262,7 @@ def gather_nd(c: NodeCall) -> Tensor:
     idx = index.reshape(batch, -1, k)
     flat = None
     for j in range(k):
-        part = _wrapped(idx[:, :, j], x.shape[b + j]) * math.prod(x.shape[b + j + 1 : b + k])
+        part = wrapped_index(idx[:, :, j], x.shape[b + j]) * math.prod(x.shape[b + j + 1 : b + k])
         flat = part if flat is None else flat + part
     batch_ids = Tensor.arange(batch, device=c.device).reshape(batch, 1).expand(flat.shape)
     out = rows[batch_ids, flat]
@@ -440,8 +272,8 @@ def gather_nd(c: NodeCall) -> Tensor:
 @register("ScatterElements", "Scatter")
 def scatter_elements(c: NodeCall) -> Tensor:
     x, index, upd = c.tensor(0), c.tensor(1), c.tensor(2)
-    axis = _axis(c.attr("axis", 0), x.ndim, c)
-    index = _wrapped(index, x.shape[axis])
+    axis = normalize_axis(c.attr("axis", 0), x.ndim, c)
+    index = wrapped_index(index, x.shape[axis])
     red = c.attr("reduction", "none")
     if red == "none":
         return x.scatter(axis, index, upd)
@@ -476,7 +308,7 @@ def pad(c: NodeCall) -> Tensor:
         pads, value, axes = c.attr("pads", c.attr("paddings")), c.attr("value", 0.0), None
     else:
         pads, value, axes = c.ints(1), c.scalar(2, 0), c.ints(3)
-    axes = [_axis(a, x.ndim, c) for a in axes] if axes is not None else list(range(x.ndim))
+    axes = [normalize_axis(a, x.ndim, c) for a in axes] if axes is not None else list(range(x.ndim))
     if len(pads) != 2 * len(axes):
         raise ValueError(f"{c.where}: pads {pads} must have two entries per padded axis ({len(axes)} axes)")
     pairs = [(0, 0)] * x.ndim
@@ -536,7 +368,7 @@ def space_to_depth(c: NodeCall) -> Tensor:
 def one_hot(c: NodeCall) -> Tensor:
     index, values = c.tensor(0), c.tensor(2)
     depth = int(c.scalar(1))
-    axis = _axis(c.attr("axis", -1), index.ndim + 1, c)
+    axis = normalize_axis(c.attr("axis", -1), index.ndim + 1, c)
     index = index.cast(dtypes.int64)
     index = (index < 0).where(index + depth, index)
     classes = Tensor.arange(depth, device=c.device).reshape(*([1] * axis), depth, *([1] * (index.ndim - axis)))
@@ -544,188 +376,11 @@ def one_hot(c: NodeCall) -> Tensor:
     return hot.where(values[1], values[0])
 
 
-# ---------------------------------------------------------------- host arithmetic of shape computations
-
-for _name, _np in {
-    "Add": np.add,
-    "Sub": np.subtract,
-    "Mul": np.multiply,
-    "Equal": np.equal,
-    "Less": np.less,
-    "Greater": np.greater,
-    "Max": np.maximum,
-    "Min": np.minimum,
-}.items():
-    register(_name, host=True)(
-        lambda c, f=_np: reduce(f, [c.host(i) for i in range(len(c.inputs))]).astype(
-            bool if f in (np.equal, np.less, np.greater) else c.host(0).dtype
-        )
-    )
-register("Identity", host=True)(lambda c: c.host(0))
-register("Not", host=True)(lambda c: np.logical_not(c.host(0)))
-register("Neg", host=True)(lambda c: -c.host(0))
-register("Where", host=True)(lambda c: np.where(c.host(0), c.host(1), c.host(2)))
-register("Cast", host=True)(lambda c: c.host(0).astype(_NP[onnx_dtype(c.attr("to"), c.where)]))
-_NP = {dt: np.dtype(dt.fmt) for dt in dtypes.all() if dt.fmt is not None}
-
-
-@register("Div", host=True)
-def div_host(c: NodeCall) -> np.ndarray:
-    a, b = c.host(0), c.host(1)
-    if a.dtype.kind == "f":
-        return (a / b).astype(a.dtype)
-    return (np.trunc(a / b)).astype(a.dtype)
-
-
-# ---------------------------------------------------------------- reductions
-
-
-def _reduce_axes(c: NodeCall, x: Tensor, input_from: int) -> tuple[int, ...] | None:
-    """The axes to reduce (None: all). From `input_from` on (13 for ReduceSum, 18 for the others) they are an
-    optional input, and empty axes with noop_with_empty_axes=1 reduce nothing (an empty tuple here)."""
-    axes = c.attr("axes") if c.opset < input_from else c.ints(1)
-    if not axes:
-        return () if c.opset >= input_from and c.attr("noop_with_empty_axes", 0) else None
-    return tuple(sorted({_axis(a, x.ndim, c) for a in axes}))
-
-
-def _reduction(fn, input_from: int = 18):
-    def op(c: NodeCall) -> Tensor:
-        x = c.tensor(0)
-        axes = _reduce_axes(c, x, input_from)
-        if axes == ():
-            return fn(x, None, True, identity=True)
-        axes = axes if axes is not None else tuple(range(x.ndim))
-        return fn(x, axes, bool(c.attr("keepdims", 1)), identity=False)
-
-    return op
-
-
-def _sum(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
-    return x if identity else x.sum(axis=axes, keepdim=keep, dtype=x.dtype)
-
-
-def _extreme(method: str):
-    def fn(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
-        if identity:
-            return x
-        if any(x.shape[a] == 0 for a in axes):  # an empty set: the identity of max (-inf) or min (+inf)
-            bound = x.dtype.min if method == "max" else x.dtype.max
-            if x.dtype.is_float:
-                bound = -math.inf if method == "max" else math.inf
-            dims = (
-                [1 if i in axes else d for i, d in enumerate(x.shape)]
-                if keep
-                else [d for i, d in enumerate(x.shape) if i not in axes]
-            )
-            return Tensor.full(tuple(dims), bound, dtype=x.dtype, device=x.device)
-        return getattr(x, method)(axis=axes, keepdim=keep)
-
-    return fn
-
-
-def _mean(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
-    return x if identity else x.mean(axis=axes, keepdim=keep)
-
-
-def _prod(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
-    return x if identity else x.prod(axis=axes, keepdim=keep, dtype=x.dtype)
-
-
-def _l1(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
-    return x.abs() if identity else x.abs().sum(axis=axes, keepdim=keep, dtype=x.dtype)
-
-
-def _l2(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
-    sq = x * x
-    s = sq if identity else sq.sum(axis=axes, keepdim=keep, dtype=x.dtype)
-    return s.cast(dtypes.float32).sqrt().cast(x.dtype) if not x.dtype.is_float else s.sqrt()
-
-
-def _sum_square(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
-    return x * x if identity else (x * x).sum(axis=axes, keepdim=keep, dtype=x.dtype)
-
-
-def _log_sum(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
-    return x.log() if identity else x.sum(axis=axes, keepdim=keep).log()
-
-
-def _log_sum_exp(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
-    if identity:
-        return x
-    if any(x.shape[a] == 0 for a in axes):
-        return _log_sum(x.exp(), axes, keep, identity)
-    return x.logsumexp(axis=axes, keepdim=keep)
-
-
-register("ReduceSum")(_reduction(_sum, input_from=13))
-register("ReduceMax")(_reduction(_extreme("max")))
-register("ReduceMin")(_reduction(_extreme("min")))
-register("ReduceMean")(_reduction(_mean))
-register("ReduceProd")(_reduction(_prod))
-register("ReduceL1")(_reduction(_l1))
-register("ReduceL2")(_reduction(_l2))
-register("ReduceSumSquare")(_reduction(_sum_square))
-register("ReduceLogSum")(_reduction(_log_sum))
-register("ReduceLogSumExp")(_reduction(_log_sum_exp))
-
-
-def _arg(method: str):
-    def op(c: NodeCall) -> Tensor:
-        x = c.tensor(0)
-        axis = _axis(c.attr("axis", 0), x.ndim, c)
-        keep = bool(c.attr("keepdims", 1))
-        if c.attr("select_last_index", 0):  # the last of equal extremes: the first one of the flipped dim
-            i = getattr(x.flip(axis), method)(axis=axis, keepdim=keep)
-            return (x.shape[axis] - 1 - i).cast(dtypes.int64)
-        return getattr(x, method)(axis=axis, keepdim=keep).cast(dtypes.int64)
-
-    return op
-
-
-register("ArgMax")(_arg("argmax"))
-register("ArgMin")(_arg("argmin"))
-
-
-def _cumulative(method: str, identity: int):
-    def op(c: NodeCall) -> Tensor:
-        x = c.tensor(0)
-        axis = _axis(int(c.scalar(1)), x.ndim, c)
-        if c.attr("reverse", 0):
-            x = x.flip(axis)
-        if c.attr("exclusive", 0):  # shifted one along: each element sees only the ones before it
-            pairs = [(0, 0)] * x.ndim
-            pairs[axis] = (1, -1)
-            x = x.pad(pairs, value=identity)
-        y = getattr(x, method)(axis).cast(x.dtype)
-        return y.flip(axis) if c.attr("reverse", 0) else y
-
-    return op
-
-
-register("CumSum")(_cumulative("cumsum", 0))
-register("CumProd")(_cumulative("cumprod", 1))
-
-
-@register("TopK")
-def topk(c: NodeCall) -> tuple[Tensor, Tensor]:
-    x = c.tensor(0)
-    k = int(c.attr("k")) if c.opset < 10 else int(c.scalar(1))
-    axis = _axis(c.attr("axis", -1), x.ndim, c)
-    values, indices = x.topk(k, axis=axis, largest=bool(c.attr("largest", 1)), sorted=True)
-    return values, indices.cast(dtypes.int64)
-
-
-@register("Einsum")
-def einsum(c: NodeCall) -> Tensor:
-    return Tensor.einsum(c.attr("equation"), *[c.tensor(i) for i in range(len(c.inputs))])
-
-
 @register("CenterCropPad")
 def center_crop_pad(c: NodeCall) -> Tensor:
     x = c.tensor(0)
     target = c.ints(1)
-    axes = [_axis(a, x.ndim, c) for a in c.attr("axes", list(range(x.ndim)))]
+    axes = [normalize_axis(a, x.ndim, c) for a in c.attr("axes", list(range(x.ndim)))]
     if len(target) != len(axes):
         raise ValueError(f"{c.where}: {len(target)} sizes for {len(axes)} axes")
     pairs = [(0, 0)] * x.ndim
@@ -750,3 +405,117 @@ def max_unpool(c: NodeCall) -> Tensor:
     if c.has(2):  # a larger output_shape: the unpooled values in its first rows and columns (as ONNX's reference)
         y = y.pad([(0, o - s) for o, s in zip(c.ints(2), shape)])
     return y
+
+
+# ---------------------------------------------------------------- data-dependent selections
+
+
+@register("Compress")
+def compress(c: NodeCall) -> Tensor:
+    x = c.tensor(0)
+    keep = np.nonzero(c.host(1).reshape(-1))[0]  # (the output's size depends on the condition's values)
+    axis = c.attr("axis")
+    if axis is None:
+        x, axis = x.reshape(-1), 0
+    axis = normalize_axis(axis, x.ndim, c)
+    keep = keep[keep < x.shape[axis]]
+    if keep.size == 0:
+        return Tensor.zeros(*x.shape[:axis], 0, *x.shape[axis + 1 :], dtype=x.dtype, device=c.device)
+    index = Tensor(keep.astype(np.int64), device=c.device)
+    return x[(slice(None),) * axis + (index,)]
+
+
+@register("ScatterND")
+def scatter_nd(c: NodeCall) -> Tensor:
+    x, index, upd = c.tensor(0), c.tensor(1), c.tensor(2)
+    k = index.shape[-1]
+    rest = x.shape[k:]
+    # the data as (places, *rest) and each update's place in it: its k indices in row-major order
+    flat = None
+    for j in range(k):
+        part = wrapped_index(index[..., j], x.shape[j]) * math.prod(x.shape[j + 1 : k])
+        flat = part if flat is None else flat + part
+    rows = x.reshape(math.prod(x.shape[:k]), *rest)
+    n = math.prod(index.shape[:-1])
+    where = flat.reshape(n, *([1] * len(rest))).expand(n, *rest)
+    upd = upd.reshape(n, *rest)
+    red = c.attr("reduction", "none")
+    if red == "none":
+        return rows.scatter(0, where, upd).reshape(x.shape)
+    names = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
+    if red not in names:
+        raise ValueError(f"{c.where}: reduction must be one of none, add, mul, max, min, got {red!r}")
+    return rows.scatter_reduce(0, where, upd, names[red], include_self=True).reshape(x.shape)
+
+
+@register("ReverseSequence")
+def reverse_sequence(c: NodeCall) -> Tensor:
+    x, lengths = c.tensor(0), c.tensor(1).cast(dtypes.int64)
+    batch_axis, time_axis = c.attr("batch_axis", 1), c.attr("time_axis", 0)
+    steps = x.shape[time_axis]
+    shape = [1] * x.ndim
+    shape[time_axis] = steps
+    t = Tensor.arange(steps, device=c.device).reshape(shape)
+    shape = [1] * x.ndim
+    shape[batch_axis] = x.shape[batch_axis]
+    n = lengths.reshape(shape)
+    source = (t < n).where(n - 1 - t, t).expand(x.shape)  # the first n steps reversed, the rest in place
+    return x.gather(time_axis, source)
+
+
+@register("Unique")
+def unique(c: NodeCall) -> tuple[Tensor | np.ndarray, ...]:
+    x = c.host(0)  # (the outputs' sizes depend on the values: computed on the host)
+    axis = c.attr("axis")
+    axis = normalize_axis(axis, x.ndim, c) if axis is not None else None
+    values, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=axis)
+    if not c.attr("sorted", 1):  # in the order of first occurrence
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        values = np.take(values, order, axis=0 if axis is None else axis)
+        first, counts, inverse = first[order], counts[order], rank[inverse.reshape(-1)]
+    as_int64 = (first.astype(np.int64), inverse.reshape(-1).astype(np.int64), counts.astype(np.int64))
+    given = c.value(0).tensor
+    if given is not None and given.dtype == dtypes.bfloat16:  # (read back as float32: the values are exact)
+        return (Tensor(values, device=c.device).cast(dtypes.bfloat16), *as_int64)
+    return (values, *as_int64)
+
+
+def _corners(box: np.ndarray, center_point: int) -> tuple[float, float, float, float]:
+    """(low0, low1, high0, high1) of a box given as two corners in any order, or as centre and size."""
+    if center_point:
+        x, y, w, h = box
+        return x - w / 2, y - h / 2, x + w / 2, y + h / 2
+    a0, a1, b0, b1 = box
+    return min(a0, b0), min(a1, b1), max(a0, b0), max(a1, b1)
+
+
+def _overlaps(a: tuple, b: tuple, threshold: float) -> bool:
+    """Whether the boxes' intersection over union is strictly above the threshold."""
+    inter = max(min(a[2], b[2]) - max(a[0], b[0]), 0) * max(min(a[3], b[3]) - max(a[1], b[1]), 0)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter > 0 and union > 0 and inter / union > threshold
+
+
+@register("NonMaxSuppression")
+def non_max_suppression(c: NodeCall) -> np.ndarray:
+    boxes, scores = c.host(0), c.host(1)  # (which boxes survive decides the output's size: on the host)
+    limit = int(c.scalar(2, 0))
+    iou = float(c.scalar(3, 0.0))
+    floor = c.scalar(4)
+    center_point = c.attr("center_point_box", 0)
+    chosen = []
+    for b in range(scores.shape[0]):
+        corners = [_corners(box, center_point) for box in boxes[b]]
+        for k in range(scores.shape[1]):
+            s = scores[b, k]
+            order = [i for i in np.argsort(-s, kind="stable") if floor is None or s[i] > floor]
+            kept: list[int] = []
+            for i in order:
+                if len(kept) >= limit:
+                    break
+                if not any(_overlaps(corners[i], corners[j], iou) for j in kept):
+                    kept.append(int(i))
+            chosen += [(b, k, i) for i in kept]
+    return np.array(chosen, dtype=np.int64).reshape(-1, 3)

@@ -1,0 +1,153 @@
+"""ONNX's reductions (ReduceSum ... ReduceLogSumExp, ArgMax/ArgMin), running sums and products, TopK and
+Einsum as tiny tensor ops."""
+
+from __future__ import annotations
+
+import math
+
+from tiny.ir.dtypes import dtypes
+from tiny.onnx.model import NodeCall, normalize_axis, register
+from tiny.tensor import Tensor
+
+# ---------------------------------------------------------------- reductions
+
+
+def _reduce_axes(c: NodeCall, x: Tensor, input_from: int) -> tuple[int, ...] | None:
+    """The axes to reduce (None: all). From `input_from` on (13 for ReduceSum, 18 for the others) they are an
+    optional input, and empty axes with noop_with_empty_axes=1 reduce nothing (an empty tuple here)."""
+    axes = c.attr("axes") if c.opset < input_from else c.ints(1)
+    if not axes:
+        return () if c.opset >= input_from and c.attr("noop_with_empty_axes", 0) else None
+    return tuple(sorted({normalize_axis(a, x.ndim, c) for a in axes}))
+
+
+def _reduction(fn, input_from: int = 18):
+    def op(c: NodeCall) -> Tensor:
+        x = c.tensor(0)
+        axes = _reduce_axes(c, x, input_from)
+        if axes == ():
+            return fn(x, None, True, identity=True)
+        axes = axes if axes is not None else tuple(range(x.ndim))
+        return fn(x, axes, bool(c.attr("keepdims", 1)), identity=False)
+
+    return op
+
+
+def _sum(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
+    return x if identity else x.sum(axis=axes, keepdim=keep, dtype=x.dtype)
+
+
+def _extreme(method: str):
+    def fn(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
+        if identity:
+            return x
+        if any(x.shape[a] == 0 for a in axes):  # an empty set: the identity of max (-inf) or min (+inf)
+            bound = x.dtype.min if method == "max" else x.dtype.max
+            if x.dtype.is_float:
+                bound = -math.inf if method == "max" else math.inf
+            dims = (
+                [1 if i in axes else d for i, d in enumerate(x.shape)]
+                if keep
+                else [d for i, d in enumerate(x.shape) if i not in axes]
+            )
+            return Tensor.full(tuple(dims), bound, dtype=x.dtype, device=x.device)
+        return getattr(x, method)(axis=axes, keepdim=keep)
+
+    return fn
+
+
+def _mean(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
+    return x if identity else x.mean(axis=axes, keepdim=keep)
+
+
+def _prod(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
+    return x if identity else x.prod(axis=axes, keepdim=keep, dtype=x.dtype)
+
+
+def _l1(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
+    return x.abs() if identity else x.abs().sum(axis=axes, keepdim=keep, dtype=x.dtype)
+
+
+def _l2(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
+    sq = x * x
+    s = sq if identity else sq.sum(axis=axes, keepdim=keep, dtype=x.dtype)
+    return s.cast(dtypes.float32).sqrt().cast(x.dtype) if not x.dtype.is_float else s.sqrt()
+
+
+def _sum_square(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
+    return x * x if identity else (x * x).sum(axis=axes, keepdim=keep, dtype=x.dtype)
+
+
+def _log_sum(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
+    return x.log() if identity else x.sum(axis=axes, keepdim=keep).log()
+
+
+def _log_sum_exp(x: Tensor, axes, keep: bool, identity: bool) -> Tensor:
+    if identity:
+        return x
+    if any(x.shape[a] == 0 for a in axes):
+        return _log_sum(x.exp(), axes, keep, identity)
+    return x.logsumexp(axis=axes, keepdim=keep)
+
+
+register("ReduceSum")(_reduction(_sum, input_from=13))
+register("ReduceMax")(_reduction(_extreme("max")))
+register("ReduceMin")(_reduction(_extreme("min")))
+register("ReduceMean")(_reduction(_mean))
+register("ReduceProd")(_reduction(_prod))
+register("ReduceL1")(_reduction(_l1))
+register("ReduceL2")(_reduction(_l2))
+register("ReduceSumSquare")(_reduction(_sum_square))
+register("ReduceLogSum")(_reduction(_log_sum))
+register("ReduceLogSumExp")(_reduction(_log_sum_exp))
+
+
+def _arg(method: str):
+    def op(c: NodeCall) -> Tensor:
+        x = c.tensor(0)
+        axis = normalize_axis(c.attr("axis", 0), x.ndim, c)
+        keep = bool(c.attr("keepdims", 1))
+        if c.attr("select_last_index", 0):  # the last of equal extremes: the first one of the flipped dim
+            i = getattr(x.flip(axis), method)(axis=axis, keepdim=keep)
+            return (x.shape[axis] - 1 - i).cast(dtypes.int64)
+        return getattr(x, method)(axis=axis, keepdim=keep).cast(dtypes.int64)
+
+    return op
+
+
+register("ArgMax")(_arg("argmax"))
+register("ArgMin")(_arg("argmin"))
+
+
+def _cumulative(method: str, identity: int):
+    def op(c: NodeCall) -> Tensor:
+        x = c.tensor(0)
+        axis = normalize_axis(int(c.scalar(1)), x.ndim, c)
+        if c.attr("reverse", 0):
+            x = x.flip(axis)
+        if c.attr("exclusive", 0):  # shifted one along: each element sees only the ones before it
+            pairs = [(0, 0)] * x.ndim
+            pairs[axis] = (1, -1)
+            x = x.pad(pairs, value=identity)
+        y = getattr(x, method)(axis).cast(x.dtype)
+        return y.flip(axis) if c.attr("reverse", 0) else y
+
+    return op
+
+
+register("CumSum")(_cumulative("cumsum", 0))
+register("CumProd")(_cumulative("cumprod", 1))
+
+
+@register("TopK")
+def topk(c: NodeCall) -> tuple[Tensor, Tensor]:
+    x = c.tensor(0)
+    k = int(c.attr("k")) if c.opset < 10 else int(c.scalar(1))
+    axis = normalize_axis(c.attr("axis", -1), x.ndim, c)
+    values, indices = x.topk(k, axis=axis, largest=bool(c.attr("largest", 1)), sorted=True)
+    return values, indices.cast(dtypes.int64)
+
+
+@register("Einsum")
+def einsum(c: NodeCall) -> Tensor:
+    return Tensor.einsum(c.attr("equation"), *[c.tensor(i) for i in range(len(c.inputs))])
