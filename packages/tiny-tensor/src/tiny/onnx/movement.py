@@ -519,3 +519,22 @@ def non_max_suppression(c: NodeCall) -> np.ndarray:
                     kept.append(int(i))
             chosen += [(b, k, i) for i in kept]
     return np.array(chosen, dtype=np.int64).reshape(-1, 3)
+
+
+@register("TensorScatter")
+def tensor_scatter(c: NodeCall) -> Tensor:
+    cache, update = c.tensor(0), c.tensor(1)
+    axis = normalize_axis(c.attr("axis", -2), cache.ndim, c)
+    if axis == 0:
+        raise ValueError(f"{c.where}: axis must not be 0 (the batch dimension)")
+    mode = c.attr("mode", "linear")
+    if mode not in ("linear", "circular"):
+        raise ValueError(f"{c.where}: mode must be linear or circular, got {mode!r}")
+    batch, length, steps = cache.shape[0], cache.shape[axis], update.shape[axis]
+    starts = c.tensor(2).cast(dtypes.int64) if c.has(2) else Tensor.zeros(batch, dtype=dtypes.int64, device=c.device)
+    step = [1] * cache.ndim
+    step[axis] = steps
+    where = starts.reshape(batch, *([1] * (cache.ndim - 1))) + Tensor.arange(steps, device=c.device).reshape(step)
+    if mode == "circular":
+        where = where % length
+    return cache.scatter(axis, where.expand(update.shape), update)
