@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 from onnx import TensorProto, helper  # noqa: E402
 
 import tiny.onnx  # noqa: E402
+from tiny.onnx.model import HOST_LIMIT, HOST_OPS  # noqa: E402
 from tiny.onnx.node_tests import node_tests, run_node_test, skip_reason  # noqa: E402
 from tiny.tensor import Tensor  # noqa: E402
 
@@ -68,6 +69,22 @@ def test_node(name: str) -> None:
             run_node_test(test)
         pytest.xfail(KNOWN_FAILURES[name])
     run_node_test(test)
+
+
+HOST_TESTS = sorted(
+    t.name
+    for t in NODE_TESTS.values()
+    if skip_reason(t) is None
+    and all(n.op_type in HOST_OPS for n in t.model.graph.node)
+    and all(a.size <= HOST_LIMIT and a.dtype.name != "bfloat16" for a in t.inputs)
+)
+
+
+@pytest.mark.parametrize("name", HOST_TESTS)
+def test_node_on_the_host(name: str) -> None:
+    """The node tests of ops with a NumPy form for shape computations, with their inputs made constants: the
+    host forms give what the tensor forms give."""
+    run_node_test(NODE_TESTS[name], as_constants=True)
 
 
 def test_default_subset_covers_every_runnable_op() -> None:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from tiny.ir.dtypes import dtypes
-from tiny.onnx.model import NodeCall, normalize_axis, onnx_dtype, register, wrapped_index
+from tiny.onnx.model import HOST_LIMIT, NodeCall, normalize_axis, onnx_dtype, register, wrapped_index
 from tiny.tensor import Tensor
 from tiny.tensor.shapes import broadcast_shape
 
@@ -52,6 +52,15 @@ def constant_of_shape(c: NodeCall) -> Tensor:
     value = c.attr("value", np.zeros(1, np.float32))
     fill = Tensor(value.reshape(-1)[:1].copy(), device=c.device)  # (its dtype is the output's)
     return fill.reshape(()).expand(tuple(c.ints(0)))
+
+
+@register("ConstantOfShape", host=True)
+def constant_of_shape_host(c: NodeCall) -> np.ndarray | Tensor:
+    dims = tuple(c.ints(0))
+    if math.prod(dims) > HOST_LIMIT:  # a tensor, not a shape computation's value
+        return constant_of_shape(c)
+    value = c.attr("value", np.zeros(1, np.float32))
+    return np.full(dims, value.reshape(-1)[0], dtype=value.dtype)
 
 
 @register("Range", host=True)
@@ -287,6 +296,13 @@ def scatter_elements(c: NodeCall) -> Tensor:
 def expand(c: NodeCall) -> Tensor:
     x = c.tensor(0)
     return x.expand(broadcast_shape(x.shape, tuple(c.ints(1))))
+
+
+@register("Expand", host=True)
+def expand_host(c: NodeCall) -> np.ndarray | Tensor:
+    x = c.host(0)
+    shape = broadcast_shape(x.shape, tuple(c.ints(1)))
+    return np.broadcast_to(x, shape).copy() if math.prod(shape) <= HOST_LIMIT else expand(c)
 
 
 @register("Tile")

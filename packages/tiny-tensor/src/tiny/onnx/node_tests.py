@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 import onnx
+from onnx import numpy_helper
 from onnx.backend.test.case import node as node_cases
 from tiny.onnx import load
 from tiny.onnx.model import DEFAULT_DOMAINS, MAX_OPSET, ONNX_DTYPES, OPS
@@ -91,9 +92,23 @@ def skip_reason(test: NodeTest) -> str | None:
 HALF_RTOL = {"float16": 2e-3, "bfloat16": 1.6e-2}
 
 
-def run_node_test(test: NodeTest, device: str | None = None) -> None:
-    """Run one test through tiny.onnx; AssertionError where an output differs (value, shape or dtype)."""
-    model = load(test.model, device=device)
+def run_node_test(test: NodeTest, device: str | None = None, as_constants: bool = False) -> None:
+    """Run one test through tiny.onnx; AssertionError where an output differs (value, shape or dtype).
+    as_constants: the inputs become Constant nodes, so ops with a host form (shape computations) run on the host."""
+    proto = test.model
+    if as_constants:
+        proto = onnx.ModelProto()
+        proto.CopyFrom(test.model)
+        names = [vi.name for vi in proto.graph.input]
+        del proto.graph.input[:]
+        constants = [
+            onnx.helper.make_node("Constant", [], [n], value=numpy_helper.from_array(a, n))
+            for n, a in zip(names, test.inputs)
+        ]
+        nodes = [*constants, *proto.graph.node]
+        del proto.graph.node[:]
+        proto.graph.node.extend(nodes)
+    model = load(proto, device=device)
     feed = dict(zip(model.input_names, test.inputs))
     results = model(feed)
     for name, want in zip(model.output_names, test.outputs):
