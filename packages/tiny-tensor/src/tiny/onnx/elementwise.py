@@ -197,3 +197,12 @@ def div_host(c: NodeCall) -> np.ndarray:
     if a.dtype.kind == "f":
         return (a / b).astype(a.dtype)
     return (np.trunc(a / b)).astype(a.dtype)
+
+
+@register("BitCast")
+def bitcast(c: NodeCall) -> Tensor:
+    x = c.tensor(0)
+    to = onnx_dtype(c.attr("to"), c.where)
+    if to.itemsize != x.dtype.itemsize:
+        raise ValueError(f"{c.where}: BitCast needs types of one size, got {x.dtype.name} to {to.name}")
+    return x.bitcast(to)

@@ -468,3 +468,20 @@ def _window(terms: tuple[float, ...]):
 register("HannWindow")(_window((0.5, 0.5)))
 register("HammingWindow")(_window((25 / 46, 21 / 46)))
 register("BlackmanWindow")(_window((0.42, 0.5, 0.08)))
+
+
+@register("CausalConvWithState")
+def causal_conv_with_state(c: NodeCall) -> tuple[Tensor, Tensor]:
+    x, w, b = c.tensor(0), c.tensor(1), c.opt(2)
+    batch, channels, _ = x.shape
+    k = w.shape[-1]
+    past = c.tensor(3) if c.has(3) else Tensor.zeros(batch, channels, k - 1, dtype=x.dtype, device=c.device)
+    full = past.cat(x, dim=2) if k > 1 else x  # the last k - 1 positions before the input, then the input
+    y = full.conv1d(w, b, groups=channels)
+    activation = c.attr("activation", "none")
+    if activation in ("silu", "swish"):
+        y = y * y.sigmoid()
+    elif activation != "none":
+        raise ValueError(f"{c.where}: activation must be silu, swish or none, got {activation!r}")
+    state = full[:, :, full.shape[2] - (k - 1) :] if k > 1 else past
+    return y, state
