@@ -140,3 +140,42 @@ def rotary_embedding(c: NodeCall) -> Tensor:
         rotated = real.cat(imag, dim=-1)
     out = rotated.cat(kept, dim=-1) if kept.shape[-1] else rotated
     return out.reshape(shape) if len(shape) == 3 else out.transpose(1, 2)
+
+
+@register("LinearAttention")
+def linear_attention(c: NodeCall) -> tuple[Tensor, Tensor]:
+    hq, hkv = c.attr("q_num_heads"), c.attr("kv_num_heads")
+    if not hq or not hkv or hq % hkv:
+        raise ValueError(f"{c.where}: q_num_heads ({hq}) must be a positive multiple of kv_num_heads ({hkv})")
+    rule = c.attr("update_rule", "gated_delta")
+    if rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise ValueError(f"{c.where}: update_rule must be linear, gated, delta or gated_delta, got {rule!r}")
+    given = c.tensor(0).dtype
+    wide = dtypes.float64 if given == dtypes.float64 else dtypes.float32  # (the recurrence of halves in float32)
+    q, k, v = (_heads(c.tensor(i).cast(wide), h) for i, h in ((0, hq), (1, hkv), (2, hkv)))
+    batch, _, steps, dk = q.shape
+    dv = v.shape[-1]
+    state = c.tensor(3).cast(wide) if c.has(3) else Tensor.zeros(batch, hkv, dk, dv, dtype=wide, device=c.device)
+    gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if gated and not c.has(4) or delta and not c.has(5):
+        raise ValueError(f"{c.where}: update_rule {rule!r} needs {'decay' if gated else 'beta'}")
+    # decay per key dim (B, H, T, dk, 1) or per head (B, H, T, 1, 1); beta per head (B, H or 1, T, 1)
+    decay = c.tensor(4).cast(wide).exp() if gated else None
+    if decay is not None:
+        per_dim = decay.shape[-1] == hkv * dk
+        decay = _heads(decay, hkv).unsqueeze(-1) if per_dim else decay.transpose(1, 2).reshape(batch, hkv, steps, 1, 1)
+    beta = c.tensor(5).cast(wide).transpose(1, 2).unsqueeze(-1) if delta else None
+    scale = c.attr("scale", 0.0) or 1 / math.sqrt(dk)
+    outs = []
+    for t in range(steps):
+        kt, vt = k[:, :, t], v[:, :, t]  # (B, H, dk), (B, H, dv)
+        if decay is not None:
+            state = state * decay[:, :, t]
+        if delta:  # move the value stored under k_t toward v_t by beta
+            stored = (state * kt.unsqueeze(-1)).sum(axis=2)
+            vt = beta[:, :, t] * (vt - stored)
+        state = state + kt.unsqueeze(-1) * vt.unsqueeze(-2)
+        shared = state.repeat_interleave(hq // hkv, dim=1) if hq != hkv else state
+        outs.append((q[:, :, t].unsqueeze(-1) * shared).sum(axis=2) * scale)  # (B, Hq, dv)
+    y = Tensor.stack(*outs, dim=1).reshape(batch, steps, hq * dv)
+    return y.cast(given), state.cast(given)
