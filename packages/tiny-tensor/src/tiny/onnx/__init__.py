@@ -7,6 +7,7 @@ name=file.npy` prints the outputs.
 
 from tiny.onnx import (  # noqa: F401  (they fill the table of operators)
     attention,
+    control,
     elementwise,
     losses,
     movement,

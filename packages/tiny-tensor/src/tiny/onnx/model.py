@@ -73,6 +73,8 @@ class NodeCall:
     opset: int
     device: str
     n_outputs: int
+    # runs a subgraph (If's branches, Loop's body) with the values of the enclosing scope and given ones bound
+    run_graph: Callable[[onnx.GraphProto, dict[str, Value]], list[Value]] | None = None
 
     @property
     def where(self) -> str:
@@ -135,6 +137,7 @@ def wrapped_index(index: Tensor, n: int) -> Tensor:
 OpFn = Callable[[NodeCall], "Tensor | np.ndarray | tuple | list"]
 OPS: dict[str, OpFn] = {}  # ONNX op type -> its tiny implementation (filled by tiny.onnx.ops and tiny.onnx.nn_ops)
 HOST_OPS: dict[str, OpFn] = {}  # ops computed on the host with NumPy when every input is a small host array
+SUBGRAPH_OPS = frozenset({"If", "Loop"})  # the ops whose attributes hold graphs they run
 HOST_LIMIT = 1024  # elements: a host input larger than this is no shape computation, and runs as a tensor op
 
 
@@ -164,8 +167,10 @@ def contiguous(array: np.ndarray) -> np.ndarray:
 
 
 def _attribute(attr: onnx.AttributeProto, where: str) -> Any:
-    if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        raise NotImplementedError(f"{where}: attribute {attr.name!r} is a subgraph, which tiny.onnx does not run")
+    if attr.type == onnx.AttributeProto.GRAPH:
+        return attr.g
+    if attr.type == onnx.AttributeProto.GRAPHS:
+        raise NotImplementedError(f"{where}: attribute {attr.name!r} is a list of subgraphs")
     if attr.ref_attr_name:
         raise NotImplementedError(f"{where}: attribute {attr.name!r} refers to a function's attribute")
     value = onnx.helper.get_attribute_value(attr)
@@ -229,6 +234,15 @@ class OnnxModel:
                 raise ValueError(f"input {vi.name!r} must have shape {shown}, got {tuple(t.shape)}")
         return Value(tensor=t)
 
+    def _run_graph(self, graph: onnx.GraphProto, env: dict[str, Value]) -> list[Value]:
+        """A subgraph's outputs, its nodes run in a scope of their own over `env` (the enclosing values and the
+        ones the caller binds); its initializers are host arrays like the model's."""
+        scope = dict(env)
+        scope.update({init.name: Value(host=numpy_helper.to_array(init)) for init in graph.initializer})
+        for node in graph.node:
+            self._run_node(node, scope)
+        return [scope[vi.name] for vi in graph.output]
+
     def _run_node(self, node: onnx.NodeProto, env: dict[str, Value]) -> None:
         where = f"{node.op_type} node {node.name!r}"
         inputs: list[Value | None] = []
@@ -237,7 +251,10 @@ class OnnxModel:
                 raise ValueError(f"{where}: input {name!r} is not computed by any earlier node")
             inputs.append(env[name] if name else None)
         attrs = {a.name: _attribute(a, where) for a in node.attribute}
-        call = NodeCall(node, attrs, inputs, self.opset, self.device, len(node.output))
+        run_graph = (
+            (lambda graph, bound: self._run_graph(graph, {**env, **bound})) if node.op_type in SUBGRAPH_OPS else None
+        )
+        call = NodeCall(node, attrs, inputs, self.opset, self.device, len(node.output), run_graph)
         host_fn = HOST_OPS.get(node.op_type)
         given = [v for v in inputs if v is not None]
         if host_fn is not None and all(v.host is not None and v.host.size <= HOST_LIMIT for v in given):
@@ -270,7 +287,7 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, device: str | None 
         )
     if opset == 0:
         raise ValueError("the model imports no ai.onnx opset (opset_import names no default domain)")
-    for node in proto.graph.node:
+    for node in _all_nodes(proto.graph):
         where = f"{node.op_type} node {node.name!r}"
         if node.domain not in DEFAULT_DOMAINS:
             raise NotImplementedError(f"{where}: operator domain {node.domain!r} is not implemented (only ai.onnx)")
@@ -294,6 +311,17 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, device: str | None 
     inputs = [vi.name for vi in proto.graph.input if vi.name not in initializers]
     outputs = [vi.name for vi in proto.graph.output]
     return OnnxModel(proto, dev, opset, initializers, inputs, outputs)
+
+
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The graph's nodes and those of every subgraph inside them."""
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                nodes += _all_nodes(attr.g)
+    return nodes
 
 
 def _parse(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:

@@ -53,11 +53,18 @@ def node_tests() -> list[NodeTest]:
             op = f"{op_of.get(base, base)} (expanded)"
         else:
             op = op_of[case.name]
-        inputs, outputs = (
-            [np.asarray(a) if isinstance(a, np.generic) else a for a in arrays] for arrays in case.data_sets[0]
-        )
+        inputs, outputs = ([_array(a) for a in arrays] for arrays in case.data_sets[0])
         tests.append(NodeTest(case.name, op, case.model, inputs, outputs, case.rtol, case.atol))
     return sorted(tests, key=lambda t: t.name)
+
+
+def _array(a: Any) -> Any:
+    """A test's input or output as a NumPy array where it is a tensor (a NumPy scalar, a TensorProto)."""
+    if isinstance(a, np.generic):
+        return np.asarray(a)
+    if isinstance(a, onnx.TensorProto):
+        return numpy_helper.to_array(a)
+    return a
 
 
 _NUMPY_NAMES = {dt.name for dt in ONNX_DTYPES.values()}  # NumPy's names for them (bfloat16: ml_dtypes')
