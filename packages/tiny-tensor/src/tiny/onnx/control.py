@@ -33,7 +33,7 @@ def loop(c: NodeCall) -> list[Tensor | np.ndarray]:
         bound = {names[0]: Value(host=np.array(i, dtype=np.int64)), names[1]: Value(host=np.array(keep_going))}
         bound.update(dict(zip(names[2:], carried)))
         outs = c.run_graph(body, bound)
-        keep_going = bool(NodeCall(c.node, {}, [outs[0]], c.opset, c.device, 1).host(0).reshape(-1)[0])
+        keep_going = bool(outs[0].numpy().reshape(-1)[0])
         carried = outs[1 : 1 + n_carried]
         scans.append([_out(v) for v in outs[1 + n_carried :]])
         i += 1

@@ -62,6 +62,12 @@ class Value:
     def shape(self) -> tuple[int, ...]:
         return tuple(self.host.shape) if self.host is not None else tuple(self.tensor.shape)
 
+    def numpy(self) -> np.ndarray:
+        """The values on the host: the array known there, else the tensor realized and read (kept)."""
+        if self.host is None:
+            self.host = self.tensor.numpy()
+        return self.host
+
 
 @dataclass
 class NodeCall:
@@ -103,10 +109,7 @@ class NodeCall:
 
     def host(self, i: int) -> np.ndarray:
         """Input i's values on the host: an array already known there, else the tensor is realized and read."""
-        v = self.value(i)
-        if v.host is None:
-            v.host = v.tensor.numpy()
-        return v.host
+        return self.value(i).numpy()
 
     def ints(self, i: int) -> list[int] | None:
         """An optional input of integers (axes, pads, a shape) as a list; None when it is absent."""
