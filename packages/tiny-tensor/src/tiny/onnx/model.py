@@ -140,7 +140,7 @@ def wrapped_index(index: Tensor, n: int) -> Tensor:
 OpFn = Callable[[NodeCall], "Tensor | np.ndarray | tuple | list"]
 OPS: dict[str, OpFn] = {}  # ONNX op type -> its tiny implementation (filled by tiny.onnx.ops and tiny.onnx.nn_ops)
 HOST_OPS: dict[str, OpFn] = {}  # ops computed on the host with NumPy when every input is a small host array
-SUBGRAPH_OPS = frozenset({"If", "Loop"})  # the ops whose attributes hold graphs they run
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan"})  # the ops whose attributes hold graphs they run
 HOST_LIMIT = 1024  # elements: a host input larger than this is no shape computation, and runs as a tensor op
 
 
