@@ -65,9 +65,8 @@ def scan(c: NodeCall) -> list[Tensor | np.ndarray]:
         raise NotImplementedError(f"{c.where}: sequences of different lengths (sequence_lens {c.ints(0)})")
     c.attrs.setdefault("scan_input_directions", c.attr("directions", [0] * len(xs)))
     rows = [_scan(c, [Value(tensor=s[b]) for s in states], [x[b] for x in xs]) for b in range(states[0].shape[0])]
-    return [
-        Tensor.stack(*(r[k] if isinstance(r[k], Tensor) else Tensor(r[k]) for r in rows)) for k in range(len(rows[0]))
-    ]
+    as_tensors = [[r if isinstance(r, Tensor) else Tensor(r, device=c.device) for r in row] for row in rows]
+    return [Tensor.stack(*column) for column in zip(*as_tensors)]  # (the batch axis first again)
 
 
 def _scan(c: NodeCall, states: list[Value], xs: list[Tensor]) -> list[Tensor | np.ndarray]:
