@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from tiny.ir.dtypes import dtypes
 from tiny.onnx.model import NodeCall, normalize_axis, register
 from tiny.tensor import Tensor
@@ -151,3 +153,54 @@ def topk(c: NodeCall) -> tuple[Tensor, Tensor]:
 @register("Einsum")
 def einsum(c: NodeCall) -> Tensor:
     return Tensor.einsum(c.attr("equation"), *[c.tensor(i) for i in range(len(c.inputs))])
+
+
+@register("DFT")
+def dft(c: NodeCall) -> Tensor:
+    x = c.tensor(0)
+    if x.shape[-1] not in (1, 2):
+        raise ValueError(f"{c.where}: the last dim must be 1 (real) or 2 (complex), got shape {x.shape}")
+    axis = c.attr("axis", 1) if c.opset < 20 else int(c.scalar(2, -2))
+    if not -x.ndim <= axis <= x.ndim - 2 or axis == -1:
+        raise ValueError(f"{c.where}: axis {axis} is not a signal axis of shape {x.shape}")
+    axis = axis % x.ndim
+    inverse, onesided = c.attr("inverse", 0), c.attr("onesided", 0)
+    if onesided and not inverse and x.shape[-1] != 1 or onesided and inverse and x.shape[-1] != 2:
+        raise ValueError(
+            f"{c.where}: a one-sided {'inverse ' if inverse else ''}DFT needs "
+            f"{'complex' if inverse else 'real'} input, got shape {x.shape}"
+        )
+    sig = x.transpose(axis, -2) if axis != x.ndim - 2 else x  # (..., L, 1 or 2), the transformed axis second last
+    length = sig.shape[-2]
+    n = int(c.scalar(1)) if c.has(1) else (2 * (length - 1) if onesided and inverse else length)
+    re = sig[..., 0]
+    im = sig[..., 1] if sig.shape[-1] == 2 else None
+    wide = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32
+    re, im = re.cast(wide), im.cast(wide) if im is not None else None
+    kept = n // 2 + 1 if onesided and inverse else n  # the entries of the signal the transform reads
+
+    def fitted(t: Tensor) -> Tensor:  # zero-padded or truncated to `kept` along the last axis
+        return t.pad([(0, 0)] * (t.ndim - 1) + [(0, kept - length)]) if kept > length else t[..., :kept]
+
+    re, im = fitted(re), fitted(im) if im is not None else None
+    if onesided and inverse:  # the full spectrum from its half: X[k] = conj(X[n - k]) past the middle
+        mirror = np.array([k if k < kept else n - k for k in range(n)], dtype=np.int64)
+        sign = np.where(np.arange(n) < kept, 1.0, -1.0)
+        index = Tensor(mirror, device=c.device)
+        re, im = re[..., index], im[..., index] * Tensor(sign, device=c.device).cast(wide)
+    angle = 2 * np.pi * np.outer(np.arange(n), np.arange(n)) / n  # (signal position, frequency)
+    cos = Tensor(np.cos(angle), device=c.device).cast(wide)
+    sin = Tensor(np.sin(angle), device=c.device).cast(wide)
+    turn = 1.0 if inverse else -1.0  # e^{turn * 2 pi i k n / N}
+    out_re = re @ cos - (im @ sin) * turn if im is not None else re @ cos
+    out_im = (im @ cos if im is not None else 0.0) + (re @ sin) * turn
+    if inverse:
+        out_re, out_im = out_re / n, out_im / n
+    if onesided and inverse:
+        y = out_re.unsqueeze(-1)  # a real signal
+    else:
+        if onesided:
+            out_re, out_im = out_re[..., : n // 2 + 1], out_im[..., : n // 2 + 1]
+        y = out_re.unsqueeze(-1).cat(out_im.unsqueeze(-1), dim=-1)
+    y = y.cast(x.dtype)
+    return y.transpose(axis, -2) if axis != x.ndim - 2 else y
