@@ -33,7 +33,6 @@ NODE_TESTS = {t.name: t for t in node_tests()}
 NODE_STRIDE = 12
 FULL_SWEEP = os.environ.get("TINY_ONNX_NODE_TESTS", "") == "all"
 
-# node tests of implemented ops that fail, and why (xfail strict: one that starts passing must leave this list)
 # node tests of implemented ops that fail, how and why (each must still fail that way: one that starts passing must
 # leave the list)
 _RANDOM_DROPOUT = (
