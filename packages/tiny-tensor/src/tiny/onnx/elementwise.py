@@ -187,8 +187,13 @@ register("Abs", host=True)(lambda c: np.abs(c.host(0)))
 register("Not", host=True)(lambda c: np.logical_not(c.host(0)))
 register("Neg", host=True)(lambda c: -c.host(0))
 register("Where", host=True)(lambda c: np.where(c.host(0), c.host(1), c.host(2)))
-register("Cast", host=True)(lambda c: c.host(0).astype(_NP[onnx_dtype(c.attr("to"), c.where)]))
 _NP = {dt: np.dtype(dt.fmt) for dt in dtypes.all() if dt.fmt is not None}
+
+
+@register("Cast", host=True)
+def cast_host(c: NodeCall) -> np.ndarray | Tensor:
+    to = onnx_dtype(c.attr("to"), c.where)
+    return c.host(0).astype(_NP[to]) if to in _NP else cast(c)  # (bfloat16 has no NumPy dtype: a tensor)
 
 
 @register("Div", host=True)
