@@ -3,6 +3,7 @@ activations and softmax."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -112,19 +113,24 @@ def conv_transpose(c: NodeCall) -> Tensor:
     return y + b.reshape(1, -1, *([1] * nd)) if b is not None else y
 
 
+def _spread(x: Tensor, dim: int, stride: int) -> Tensor:
+    """x with stride - 1 zeros between neighbours along dim (a length n becomes (n - 1) * stride + 1)."""
+    if stride == 1:
+        return x
+    n = x.shape[dim]
+    x = x.unsqueeze(dim + 1).pad([(0, 0)] * (dim + 1) + [(0, stride - 1)] + [(0, 0)] * (x.ndim - dim - 1))
+    x = x.reshape(*x.shape[:dim], n * stride, *x.shape[dim + 2 :])
+    return x[(slice(None),) * dim + (slice(0, (n - 1) * stride + 1),)]
+
+
 def _conv_transpose_as_conv(x: Tensor, w: Tensor, strides: list[int], dils: list[int], groups: int) -> Tensor:
     """The full transposed convolution as a convolution: the input spread out by the strides (zeros between) and
     padded by the dilated kernel's reach, the weight with its channels swapped per group and its kernel flipped."""
-    n, cin, *spatial = x.shape
+    cin = x.shape[1]
     kernel = w.shape[2:]
     nd = len(kernel)
-    for i, (size, st) in enumerate(zip(spatial, strides)):
-        if st > 1:
-            dim = 2 + i
-            x = x.unsqueeze(dim + 1).pad([(0, 0)] * (dim + 1) + [(0, st - 1)] + [(0, 0)] * (x.ndim - dim - 1))
-            x = x.reshape(*x.shape[:dim], size * st, *x.shape[dim + 2 :])[
-                (slice(None),) * dim + (slice(0, (size - 1) * st + 1),)
-            ]
+    for i, st in enumerate(strides):
+        x = _spread(x, 2 + i, st)
     reach = [(k - 1) * d for k, d in zip(kernel, dils)]
     x = x.pad([(0, 0), (0, 0), *((r, r) for r in reach)])
     cout_g = w.shape[1]
@@ -485,3 +491,29 @@ def causal_conv_with_state(c: NodeCall) -> tuple[Tensor, Tensor]:
         raise ValueError(f"{c.where}: activation must be silu, swish or none, got {activation!r}")
     state = full[:, :, full.shape[2] - (k - 1) :] if k > 1 else past
     return y, state
+
+
+@register("Col2Im")
+def col2im(c: NodeCall) -> Tensor:
+    cols = c.tensor(0)
+    image, block = c.ints(1), c.ints(2)
+    nd = len(image)
+    dils, strides = c.attr("dilations", [1] * nd), c.attr("strides", [1] * nd)
+    pads = c.attr("pads", [0] * (2 * nd))
+    padded = [s + pads[i] + pads[i + nd] for i, s in enumerate(image)]
+    outs = [(p - (k - 1) * d - 1) // s + 1 for p, k, d, s in zip(padded, block, dils, strides)]
+    n, rows, length = cols.shape
+    k_total = math.prod(block)
+    if rows % k_total or length != math.prod(outs):
+        raise ValueError(f"{c.where}: input {cols.shape} does not fit blocks {block} over image {image}")
+    ch = rows // k_total
+    cols = cols.reshape(n, ch, k_total, *outs)
+    total = None
+    for j, offset in enumerate(itertools.product(*(range(k) for k in block))):
+        part = cols[:, :, j]  # (N, C, *outs): what each block puts at this kernel position
+        for i in range(nd):
+            part = _spread(part, 2 + i, strides[i])
+        start = [o * d for o, d in zip(offset, dils)]
+        part = part.pad([(0, 0), (0, 0), *((b, p - b - s) for b, p, s in zip(start, padded, part.shape[2:]))])
+        total = part if total is None else total + part
+    return total[(slice(None), slice(None), *(slice(pads[i], pads[i] + image[i]) for i in range(nd)))]
