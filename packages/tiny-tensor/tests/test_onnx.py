@@ -191,6 +191,61 @@ def test_torch_export_matches_onnxruntime_and_torch(make: type) -> None:
     np.testing.assert_allclose(got.numpy(), want_torch, rtol=1e-4, atol=1e-5)
 
 
+def test_hugging_face_bert_matches_onnxruntime_and_transformers() -> None:
+    """A small random BERT (transformers' BertModel, eager attention) with a padding mask, exported by torch, run at
+    the batch and sequence length it was traced with and at others."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
+    bert = transformers.BertModel(config).eval()
+
+    class Hidden(torch.nn.Module):  # (the last hidden state alone)
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.bert(input_ids=ids, attention_mask=mask)[0]
+
+    hidden = Hidden().eval()  # (a module in training mode would be put back into it, with its BERT, after export)
+
+    def batch(n: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = torch.ones(n, length, dtype=torch.long)
+        mask[-1, length // 2 :] = 0  # the last sequence is padded
+        return torch.randint(0, 100, (n, length)), mask
+
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            hidden,
+            batch(2, 9),
+            f,
+            dynamo=False,
+            input_names=["ids", "mask"],
+            output_names=["out"],
+            dynamic_axes={"ids": {0: "b", 1: "s"}, "mask": {0: "b", 1: "s"}, "out": {0: "b", 1: "s"}},
+            opset_version=17,
+        )
+    model = tiny.onnx.load(f.getvalue())
+    session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+    for n, length in ((2, 9), (3, 6)):
+        ids, mask = batch(n, length)
+        feed = {"ids": ids.numpy(), "mask": mask.numpy()}
+        got = model(feed)["out"].numpy()
+        np.testing.assert_allclose(got, session.run(None, feed)[0], rtol=1e-4, atol=1e-5)
+        with torch.no_grad():
+            np.testing.assert_allclose(got, hidden(ids, mask).numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_shape_subgraph_is_computed_on_the_host() -> None:
     """Shape -> Gather -> Unsqueeze -> Concat -> Reshape: the reshape's target is known without running a kernel,
     and the output stays lazy (nothing computed until it is read)."""
