@@ -1,10 +1,11 @@
 """tiny.onnx: ONNX's own backend node tests, models exported by torch.onnx.export against onnxruntime and torch,
 the errors for what tiny.onnx cannot run, and the command line.
 
-The node tests run on the default device. By default a fixed subset runs (the first runnable test of each op, by
-name, and every NODE_STRIDE-th of the rest); TINY_ONNX_NODE_TESTS=all runs every one
-(`TINY_ONNX_NODE_TESTS=all pytest packages/tiny-tensor/tests/test_onnx.py`, about three minutes on two cores), and
-`python -m tiny.onnx.node_tests` prints passed / failed / skipped per op.
+The node tests run on the default device. By default a fixed subset runs: the first runnable test of each op (by
+name) and every NODE_STRIDE-th of the rest, and every 4th of the host-form tests (about a minute on two cores with
+no compiled kernels cached). TINY_ONNX_NODE_TESTS=all runs every one
+(`TINY_ONNX_NODE_TESTS=all pytest packages/tiny-tensor/tests/test_onnx.py`: about six minutes on two cores with no
+cache, two with the kernels cached), and `python -m tiny.onnx.node_tests` prints passed / failed / skipped per op.
 """
 
 from __future__ import annotations
