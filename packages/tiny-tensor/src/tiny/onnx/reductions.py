@@ -204,3 +204,32 @@ def dft(c: NodeCall) -> Tensor:
         y = out_re.unsqueeze(-1).cat(out_im.unsqueeze(-1), dim=-1)
     y = y.cast(x.dtype)
     return y.transpose(axis, -2) if axis != x.ndim - 2 else y
+
+
+@register("STFT")
+def stft(c: NodeCall) -> Tensor:
+    x = c.tensor(0)  # (batch, length, 1 or 2)
+    step = int(c.scalar(1))
+    window = c.opt(2)
+    size = int(c.scalar(3)) if c.has(3) else (window.shape[0] if window is not None else None)
+    if size is None:
+        raise ValueError(f"{c.where}: the frame length comes from frame_length or the window; neither was given")
+    onesided = c.attr("onesided", 1)
+    if onesided and x.shape[-1] != 1:
+        raise ValueError(f"{c.where}: a one-sided STFT needs a real signal (last dim 1), got shape {x.shape}")
+    frames = (x.shape[1] - size) // step + 1
+    starts = np.arange(frames)[:, None] * step + np.arange(size)[None, :]  # (frames, frame_length) positions
+    wide = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32
+    framed = x.cast(wide)[:, Tensor(starts, device=c.device)]  # (batch, frames, frame_length, 1 or 2)
+    if window is not None:
+        framed = framed * window.cast(wide).reshape(1, 1, size, 1)
+    bins = size // 2 + 1 if onesided else size
+    angle = 2 * np.pi * np.outer(np.arange(size), np.arange(bins)) / size
+    cos = Tensor(np.cos(angle), device=c.device).cast(wide)
+    sin = Tensor(np.sin(angle), device=c.device).cast(wide)
+    re = framed[..., 0]
+    out_re, out_im = re @ cos, -(re @ sin)
+    if x.shape[-1] == 2:  # (re + i im)(cos - i sin)
+        im = framed[..., 1]
+        out_re, out_im = out_re + im @ sin, out_im + im @ cos
+    return out_re.unsqueeze(-1).cat(out_im.unsqueeze(-1), dim=-1).cast(x.dtype)
