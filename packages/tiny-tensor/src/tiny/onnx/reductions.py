@@ -233,3 +233,27 @@ def stft(c: NodeCall) -> Tensor:
         im = framed[..., 1]
         out_re, out_im = out_re + im @ sin, out_im + im @ cos
     return out_re.unsqueeze(-1).cat(out_im.unsqueeze(-1), dim=-1).cast(x.dtype)
+
+
+@register("Det")
+def det(c: NodeCall) -> Tensor:
+    a = c.tensor(0)
+    n = a.shape[-1]
+    if a.ndim < 2 or a.shape[-2] != n:
+        raise ValueError(f"{c.where}: the input must be (..., n, n), got shape {a.shape}")
+    batch = a.shape[:-2]
+    rows = Tensor.arange(n, device=c.device).reshape(*([1] * len(batch)), n)
+    result = Tensor.ones(*batch, dtype=a.dtype, device=c.device)
+    for k in range(n):  # Gaussian elimination with partial pivoting: the product of the pivots, a sign per swap
+        p = a[..., k:, k].abs().argmax(axis=-1) + k  # (...,)
+        pk = p.unsqueeze(-1)
+        order = (rows == k).where(pk, (rows == pk).where(k, rows))
+        a = a.gather(-2, order.unsqueeze(-1).expand(*batch, n, n))
+        pivot = a[..., k, k]
+        result = result * (p != k).where(-pivot, pivot)
+        if k + 1 < n:
+            safe = (pivot == 0).where(1.0, pivot).cast(a.dtype)
+            factors = a[..., k + 1 :, k] / safe.unsqueeze(-1)
+            below = a[..., k + 1 :, :] - factors.unsqueeze(-1) * a[..., k : k + 1, :]
+            a = a[..., : k + 1, :].cat(below, dim=-2)
+    return result
