@@ -1,4 +1,4 @@
-"""ONNX's Resize (and the older Upsample), GridSample and AffineGrid as tiny tensor ops.
+"""ONNX's Resize (and the older Upsample), GridSample, AffineGrid and RoiAlign as tiny tensor ops.
 
 Resizing is separable: each resized axis is done on its own. Where each output position reads from is worked out on
 the host (a coordinate transform, then neighbours and their weights). Nearest-neighbour resizing gathers along the
@@ -271,3 +271,58 @@ def affine_grid(c: NodeCall) -> Tensor:
     base = np.stack([*(a.reshape(-1) for a in reversed(axes)), np.ones(axes[0].size)], axis=-1)
     grid = Tensor(base.astype(np.float32), device=c.device).cast(theta.dtype) @ theta.transpose(1, 2)
     return grid.reshape(size[0], *spatial, len(spatial))
+
+
+def _roi_samples(box: np.ndarray, size: tuple[int, int], out: tuple[int, int], ratio: int, half: bool) -> tuple:
+    """Each output bin's bilinear samples of one region: (positions, weights), both (bins, samples * 4), the four
+    corners of each sample with their weights (a sample outside the map: weight 0), and the samples per bin."""
+    (height, width), (out_h, out_w) = size, out
+    offset = 0.5 if half else 0.0
+    x0, y0, x1, y1 = (float(v) - offset for v in box)
+    roi_w, roi_h = x1 - x0, y1 - y0
+    if not half:
+        roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
+    bin_h, bin_w = roi_h / out_h, roi_w / out_w
+    grid_h = ratio if ratio > 0 else math.ceil(roi_h / out_h)
+    grid_w = ratio if ratio > 0 else math.ceil(roi_w / out_w)
+    positions = np.zeros((out_h * out_w, grid_h * grid_w * 4), dtype=np.int64)
+    weights = np.zeros((out_h * out_w, grid_h * grid_w * 4))
+    for ph, pw, iy, ix in itertools.product(range(out_h), range(out_w), range(grid_h), range(grid_w)):
+        y = y0 + ph * bin_h + (iy + 0.5) * bin_h / grid_h
+        x = x0 + pw * bin_w + (ix + 0.5) * bin_w / grid_w
+        if y < -1.0 or y > height or x < -1.0 or x > width:  # a sample outside the map: weights 0
+            continue
+        y, x = max(y, 0.0), max(x, 0.0)
+        y_lo, x_lo = min(int(y), height - 1), min(int(x), width - 1)
+        y_hi, x_hi = min(y_lo + 1, height - 1), min(x_lo + 1, width - 1)
+        ly, lx = (y - y_lo if y_lo < height - 1 else 0.0), (x - x_lo if x_lo < width - 1 else 0.0)
+        corners = [(y_lo, x_lo, (1 - ly) * (1 - lx)), (y_lo, x_hi, (1 - ly) * lx)]
+        corners += [(y_hi, x_lo, ly * (1 - lx)), (y_hi, x_hi, ly * lx)]
+        row, col = ph * out_w + pw, (iy * grid_w + ix) * 4
+        for j, (yy, xx, w) in enumerate(corners):
+            positions[row, col + j], weights[row, col + j] = yy * width + xx, w
+    return positions, weights, max(grid_h * grid_w, 1)
+
+
+@register("RoiAlign")
+def roi_align(c: NodeCall) -> Tensor:
+    x = c.tensor(0)
+    rois, batch_of = c.host(1), c.host(2)  # (how many samples a region takes depends on its size: on the host)
+    mode = c.attr("mode", "avg")
+    if mode not in ("avg", "max"):
+        raise ValueError(f"{c.where}: mode must be avg or max, got {mode!r}")
+    half = c.attr("coordinate_transformation_mode", "half_pixel" if c.opset >= 16 else "output_half_pixel")
+    if half not in ("half_pixel", "output_half_pixel"):
+        raise ValueError(f"{c.where}: coordinate_transformation_mode must be half_pixel or output_half_pixel")
+    n, ch, height, width = x.shape
+    out = (c.attr("output_height", 1), c.attr("output_width", 1))
+    scale, ratio = c.attr("spatial_scale", 1.0), c.attr("sampling_ratio", 0)
+    wide = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32
+    planes = x.cast(wide).reshape(n, ch, height * width)
+    results = []
+    for box, b in zip(rois, batch_of.reshape(-1)):
+        pos, w, count = _roi_samples(box * scale, (height, width), out, ratio, half == "half_pixel")
+        weighted = planes[int(b)][:, Tensor(pos, device=c.device)] * Tensor(w, device=c.device).cast(wide)
+        # avg: the samples' bilinear values averaged; max: the largest weighted corner of any sample (as ONNX's)
+        results.append(weighted.sum(axis=-1) / count if mode == "avg" else weighted.max(axis=-1))
+    return Tensor.stack(*results).reshape(len(results), ch, *out).cast(x.dtype)
