@@ -233,6 +233,8 @@ def tensor(session: nox.Session) -> None:
         DEV["sentencepiece"],
         DEV["openai"],
         DEV["selenium"],
+        DEV["onnx"],
+        DEV["onnxruntime"],
     )
     _install_local(session, "tiny-tensor", extras=("llm",), tools=tools)
     _pytest(session, "tiny-tensor")
