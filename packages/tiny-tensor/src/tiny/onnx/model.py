@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from google.protobuf.message import DecodeError
-
 import onnx
+from google.protobuf.message import DecodeError
 from onnx import numpy_helper
+
 from tiny.ir.device import Device
 from tiny.ir.dtypes import DType, dtypes
 from tiny.tensor import Tensor

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 import onnx
 from onnx import numpy_helper
 from onnx.backend.test.case import node as node_cases
+
 from tiny.onnx import load
 from tiny.onnx.model import DEFAULT_DOMAINS, MAX_OPSET, ONNX_DTYPES, OPS
 
