@@ -81,8 +81,12 @@ def test_the_trace_holds_every_schedule_and_kernel_pass_by_pass(saved: dict[str,
     assert len(spans) >= 3 * 5  # the training steps' kernels, replays included
 
 
-def test_viz_1_serves_while_running_and_after_until_ctrl_c(tmp_path: Path) -> None:
-    proc = _run(tmp_path, "1", stderr=subprocess.STDOUT)
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_viz_1_serves_while_running_and_after_until_ctrl_c(tmp_path: Path, sigint: str) -> None:
+    """Ctrl-C (SIGINT) stops the page, also where the process started ignoring SIGINT, as a shell's background job
+    does (nox run in the background: the test hung there)."""
+    ignore = signal.SIG_IGN if sigint == "ignored" else signal.SIG_DFL
+    proc = _run(tmp_path, "1", stderr=subprocess.STDOUT, preexec_fn=lambda: signal.signal(signal.SIGINT, ignore))
     try:
         lines: list[str] = []
         while not any("until Ctrl-C" in line for line in lines):

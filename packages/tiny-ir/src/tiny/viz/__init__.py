@@ -11,6 +11,7 @@ The page reads JSON from: /api/groups (a summary of each group), /api/group/N (o
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -111,6 +112,9 @@ def serve_until_interrupted() -> None:
     if _live is None:
         return
     print(f"VIZ: the script has ended; still serving at {url_of(_live)} until Ctrl-C", flush=True)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        # (started as a shell's background job, which ignores SIGINT: kill -INT must still stop the page)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
             time.sleep(3600)
