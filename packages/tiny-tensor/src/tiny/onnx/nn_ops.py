@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -142,12 +143,31 @@ def _conv_transpose_as_conv(x: Tensor, w: Tensor, strides: list[int], dils: list
     return _CONVS[nd](x, wt.flip(*range(2, 2 + nd)), None, 1, 0, dils, groups)
 
 
-def _pool_setup(c: NodeCall, x: Tensor) -> tuple[list[int], list[int], list[int], list[tuple[int, int]]]:
-    kernel = c.attr("kernel_shape")
-    if kernel is None:
-        raise ValueError(f"{c.where}: kernel_shape is required")
-    strides, dils, pads = _spatial_args(c, x, kernel)
-    return kernel, strides, dils, pads
+@dataclass(frozen=True)
+class _Pool:
+    """A pooling node's windows: kernel, strides, dilations and pads per spatial dim, the output's spatial sizes
+    (ceil_mode rounding up), and the axes of the window elements in _windows' result."""
+
+    kernel: list[int]
+    strides: list[int]
+    dils: list[int]
+    pads: list[tuple[int, int]]
+    out: list[int]
+    axes: tuple[int, ...]
+
+    @staticmethod
+    def of(c: NodeCall, x: Tensor) -> _Pool:
+        kernel = c.attr("kernel_shape")
+        if kernel is None:
+            raise ValueError(f"{c.where}: kernel_shape is required")
+        strides, dils, pads = _spatial_args(c, x, kernel)
+        ceil, nd = bool(c.attr("ceil_mode", 0)), len(kernel)
+        dims = zip(x.shape[2:], kernel, strides, dils, pads)
+        out = [_pool_out(s, k, st, d, lo, hi, ceil) for s, k, st, d, (lo, hi) in dims]
+        return _Pool(kernel, strides, dils, pads, out, tuple(range(2 + nd, 2 + 2 * nd)))
+
+    def windows(self, t: Tensor, fill: float, pads: list[tuple[int, int]] | None = None) -> Tensor:
+        return _windows(t, self.kernel, self.strides, self.dils, self.pads if pads is None else pads, self.out, fill)
 
 
 def _pool_out(size: int, k: int, s: int, d: int, lo: int, hi: int, ceil: bool) -> int:
@@ -182,15 +202,9 @@ def _product(ranges: list[range]) -> list[tuple[int, ...]]:
 @register("MaxPool")
 def max_pool(c: NodeCall) -> Tensor | tuple[Tensor, Tensor]:
     x = c.tensor(0)
-    kernel, strides, dils, pads = _pool_setup(c, x)
-    ceil = bool(c.attr("ceil_mode", 0))
-    out = [
-        _pool_out(s, k, st, d, lo, hi, ceil) for s, k, st, d, (lo, hi) in zip(x.shape[2:], kernel, strides, dils, pads)
-    ]
-    nd = len(kernel)
-    low = -math.inf if x.dtype.is_float else x.dtype.min
-    win = _windows(x, kernel, strides, dils, pads, out, low)
-    axes = tuple(range(2 + nd, 2 + 2 * nd))
+    pool = _Pool.of(c, x)
+    nd, axes = len(pool.kernel), pool.axes
+    win = pool.windows(x, -math.inf if x.dtype.is_float else x.dtype.min)
     y = win.max(axis=axes)
     if c.n_outputs < 2:
         return y
@@ -202,7 +216,7 @@ def max_pool(c: NodeCall) -> Tensor | tuple[Tensor, Tensor]:
         flat = flat.permute(0, 1, *range(x.ndim - 1, 1, -1))
     else:
         flat = Tensor.arange(math.prod(x.shape), device=c.device).reshape(x.shape)
-    where = _windows(flat, kernel, strides, dils, pads, out, -1)
+    where = pool.windows(flat, -1)
     big = math.prod(x.shape)
     at_max = win == y.reshape(*y.shape, *([1] * nd))
     idx = (at_max & (where >= 0)).where(where, big).min(axis=axes)
@@ -212,23 +226,17 @@ def max_pool(c: NodeCall) -> Tensor | tuple[Tensor, Tensor]:
 @register("AveragePool")
 def average_pool(c: NodeCall) -> Tensor:
     x = c.tensor(0)
-    kernel, strides, dils, pads = _pool_setup(c, x)
-    ceil = bool(c.attr("ceil_mode", 0))
-    out = [
-        _pool_out(s, k, st, d, lo, hi, ceil) for s, k, st, d, (lo, hi) in zip(x.shape[2:], kernel, strides, dils, pads)
-    ]
-    nd = len(kernel)
-    axes = tuple(range(2 + nd, 2 + 2 * nd))
-    total = _windows(x, kernel, strides, dils, pads, out, 0.0).sum(axis=axes)
+    pool = _Pool.of(c, x)
+    total = pool.windows(x, 0.0).sum(axis=pool.axes)
     # what each window divides by: the elements inside the input (count_include_pad=0) or inside input and
     # explicit padding (count_include_pad=1); never the positions past the padding that ceil_mode adds
     inside = Tensor.ones(1, 1, *x.shape[2:], device=c.device, dtype=x.dtype)
     if c.attr("count_include_pad", 0):
-        inside = inside.pad([(0, 0), (0, 0), *pads], value=1.0)
-        counted = _windows(inside, kernel, strides, dils, [(0, 0)] * nd, out, 0.0)
+        inside = inside.pad([(0, 0), (0, 0), *pool.pads], value=1.0)
+        counted = pool.windows(inside, 0.0, [(0, 0)] * len(pool.kernel))
     else:
-        counted = _windows(inside, kernel, strides, dils, pads, out, 0.0)
-    return total / counted.sum(axis=axes)
+        counted = pool.windows(inside, 0.0)
+    return total / counted.sum(axis=pool.axes)
 
 
 @register("GlobalAveragePool")
@@ -246,14 +254,8 @@ def global_max_pool(c: NodeCall) -> Tensor:
 @register("LpPool")
 def lp_pool(c: NodeCall) -> Tensor:
     x = c.tensor(0)
-    kernel, strides, dils, pads = _pool_setup(c, x)
-    p = c.attr("p", 2)
-    ceil = bool(c.attr("ceil_mode", 0))
-    out = [
-        _pool_out(s, k, st, d, lo, hi, ceil) for s, k, st, d, (lo, hi) in zip(x.shape[2:], kernel, strides, dils, pads)
-    ]
-    axes = tuple(range(2 + len(kernel), 2 + 2 * len(kernel)))
-    return (_windows(x.abs(), kernel, strides, dils, pads, out, 0.0) ** p).sum(axis=axes) ** (1.0 / p)
+    pool, p = _Pool.of(c, x), c.attr("p", 2)
+    return (pool.windows(x.abs(), 0.0) ** p).sum(axis=pool.axes) ** (1.0 / p)
 
 
 # ---------------------------------------------------------------- normalizations
