@@ -111,11 +111,11 @@ def serve_until_interrupted() -> None:
     """At the end of a VIZ=1 script: keep the page up until Ctrl-C."""
     if _live is None:
         return
-    print(f"VIZ: the script has ended; still serving at {url_of(_live)} until Ctrl-C", flush=True)
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
         # (started as a shell's background job, which ignores SIGINT: kill -INT must still stop the page)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
+    try:  # (from the line on: a Ctrl-C that comes as soon as it is read stops the page too)
+        print(f"VIZ: the script has ended; still serving at {url_of(_live)} until Ctrl-C", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
