@@ -128,13 +128,16 @@ def runtime_misc(session: nox.Session) -> None:
     _pytest(session, "tiny-runtime-misc")
 
 
-NV_PROBE = """
-from tiny.ir.device import Device
-try:
-    print("CUDA ok:", Device["CUDA"].gpu)
-except Exception as e:
-    print("CUDA missing:", type(e).__name__, e)
-"""
+def _unopened(session: nox.Session, device: str, shown: str, env: dict[str, str] | None = None) -> str | None:
+    """Why `device` does not open in the session's environment (its error, in a line), or None where it opens;
+    `shown`: what of the opened device the log shows."""
+    code = (
+        "from tiny.ir.device import Device\n"
+        f"try:\n    print({device!r}, 'ok:', {shown})\n"
+        f"except Exception as e:\n    print({device!r}, 'missing:', type(e).__name__, e)\n"
+    )
+    probe = session.run("python", "-c", code, silent=True, env=env or {})
+    return None if probe is None or f"{device} ok:" in probe else probe.strip()
 
 
 @nox.session
@@ -149,9 +152,8 @@ def nv(session: nox.Session) -> None:
     tools = (DEV["torch"], DEV["safetensors"], DEV["gguf"], *nvrtc, ptxas)
     _install_local(session, "tiny-runtime-nv", tools=tools, test_with=("tiny-tensor",))
     _pytest(session, "tiny-runtime-nv")
-    probe = session.run("python", "-c", NV_PROBE, silent=True)
-    if probe is not None and "CUDA ok:" not in probe:
-        session.log(f"SKIPPED the GPU suite (DEVICE=CUDA and DEVICE=CUDA:PTX): no GPU opens here: {probe.strip()}")
+    if (why := _unopened(session, "CUDA", 'Device["CUDA"].gpu')) is not None:
+        session.log(f"SKIPPED the GPU suite (DEVICE=CUDA and DEVICE=CUDA:PTX): no GPU opens here: {why}")
         return
     own = PACKAGES / "tiny-runtime-nv" / "tests" / "test_cuda_device.py"
     for device in ("CUDA", "CUDA:PTX"):
@@ -175,13 +177,6 @@ AMD_SUBSET = [
     "test_symbolic.py",
 ]
 AMD_MOCK_TARGET = "gfx1100"
-AMD_PROBE = """
-from tiny.ir.device import Device
-try:
-    print("AMD ok:", Device["AMD"].name)
-except Exception as e:
-    print("AMD missing:", type(e).__name__, e)
-"""
 
 
 @nox.session
@@ -214,9 +209,8 @@ def amd(session: nox.Session) -> None:
     mock = {"DEVICE": "AMD", "AMD_MOCK": AMD_MOCK_TARGET}
     # the mock's kernels are compiled as a GPU's: without an AMDGPU toolchain (clang and ld.lld, or COMGR) the device
     # does not open, and tiny-tensor's tests on it are skipped, saying why (its own tests above skip one by one)
-    probe = session.run("python", "-c", AMD_PROBE, silent=True, env=mock)
-    if probe is not None and "AMD ok:" not in probe:
-        session.log(f"SKIPPED tiny-tensor's tests on the AMD mock: the device does not open here: {probe.strip()}")
+    if (why := _unopened(session, "AMD", 'Device["AMD"].name', env=mock)) is not None:
+        session.log(f"SKIPPED tiny-tensor's tests on the AMD mock: the device does not open here: {why}")
         return
     session.run("pytest", *PARALLEL, *paths, *mock_args, *args, env=mock)
 
@@ -283,13 +277,6 @@ CL_SUBSET = [
     "test_ops.py::test_matmul_shapes",
     "test_symbolic.py",
 ]
-CL_PROBE = """
-from tiny.ir.device import Device
-try:
-    print("CL ok:", Device["CL"].info)
-except Exception as e:
-    print("CL missing:", type(e).__name__, e)
-"""
 
 
 @nox.session
@@ -301,9 +288,8 @@ def cl(session: nox.Session) -> None:
     if ctypes.util.find_library("OpenCL") is None:
         session.skip("no libOpenCL here (apt install ocl-icd-libopencl1 pocl-opencl-icd)")
     _install_local(session, "tiny-tensor", tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"]))
-    probe = session.run("python", "-c", CL_PROBE, silent=True)
-    if probe is not None and "CL ok:" not in probe:
-        session.skip(f"no OpenCL device opens here: {probe.strip()}")
+    if (why := _unopened(session, "CL", 'Device["CL"].info')) is not None:
+        session.skip(f"no OpenCL device opens here: {why}")
     _device_suite(session, "CL", [PACKAGES / "tiny-runtime-misc" / "tests" / "test_cl_device.py"], CL_SUBSET)
 
 
@@ -359,13 +345,6 @@ WEBGPU_SUBSET = [
     "test_beam_search.py",
     "test_symbolic.py",
 ]
-WEBGPU_PROBE = """
-from tiny.ir.device import Device
-try:
-    print("WEBGPU ok:", Device["WEBGPU"].gpu.adapter.info["device"])
-except Exception as e:
-    print("WEBGPU missing:", type(e).__name__, e)
-"""
 
 
 @nox.session
@@ -378,9 +357,8 @@ def webgpu(session: nox.Session) -> None:
     is found."""
     wgpu = LOCAL["tiny-runtime-misc"]["optional-dependencies"]["webgpu"]  # an extra of a local dependency
     _install_local(session, "tiny-tensor", tools=(DEV["torch"], DEV["safetensors"], DEV["gguf"], *wgpu))
-    probe = session.run("python", "-c", WEBGPU_PROBE, silent=True)
-    if probe is not None and "WEBGPU ok:" not in probe:
-        session.skip(f"no WebGPU adapter here: {probe.strip()}")
+    if (why := _unopened(session, "WEBGPU", 'Device["WEBGPU"].gpu.adapter.info["device"]')) is not None:
+        session.skip(f"no WebGPU adapter here: {why}")
     own = [
         PACKAGES / "tiny-runtime-misc" / "tests" / "test_webgpu_device.py",
         PACKAGES / "tiny-codegen" / "tests" / "test_wgsl_render.py",

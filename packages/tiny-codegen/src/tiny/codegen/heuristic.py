@@ -20,8 +20,8 @@ SMALL_DIM = 7  # dims this small are written out whole where that lets masks fol
 MASKED_LANES = 64  # ... up to this many values per thread
 TILE_LANES = 64  # register tiles of a matrix product or convolution grow up to this many outputs (8 AVX2 vectors)
 # ... or this many where vectors are 16 lanes: AVX-512's 32 registers hold 16 of them (64 lanes, 4 vectors, left half
-# the registers idle: 64 x 64 x 3 x 3 over 8 x 56 x 56 on 2 cores 8.6-8.9 -> 5.2-5.8 ms, matmul1024 8.1-8.3 -> 4.4-5.0
-# ms, the MNIST step 47.6 -> 29.7-32.1 ms)
+# the registers idle; the suite on 2 cores: conv2d 211 -> 356 GFLOPS, matmul1024 262 -> 491, the MNIST step 48.8 ->
+# 33.9 ms)
 WIDE_TILE_LANES = 256
 WIDE_TILE_NODES = 96  # ... in kernels of at most this many AST nodes: a product with a fused epilogue of 150 nodes
 # (a convolution's input gradient and a max pool's) took 1.6 s to render with the wide tile, 0.7 s with the narrow
