@@ -27,6 +27,7 @@ class Ops(enum.Enum):
     PAD = enum.auto()
     SHRINK = enum.auto()
     FLIP = enum.auto()
+    MULTI = enum.auto()  # one tensor on several devices: src = a node per device, arg = the axis they split, or None
     # kernel level
     VIEW = enum.auto()  # arg = View; how a kernel indexes a buffer or a constant
     DEFINE_GLOBAL = enum.auto()  # arg = argument index; dtype is a pointer
@@ -509,12 +510,15 @@ class UOp(_Fields):
             return tuple(1 if i in self.arg[1] else s for i, s in enumerate(src))
         if op is Ops.SINK or op is Ops.DEVICE:
             return ()
+        if op is Ops.MULTI and self.arg is not None:  # the shards side by side along the axis
+            axis = self.arg
+            return (*src[:axis], sum(s.shape[axis] for s in self.src), *src[axis + 1 :])
         return src
 
     @cached_property
     def device(self) -> str:
         """The device a tensor-level node lives on: its first source's, down to a DEVICE, a COPY (to its DEVICE), or
-        a BUFFER or CONST (on theirs)."""
+        a BUFFER or CONST (on theirs); a MULTI's is the tuple of its sources' devices."""
         if (found := _own_device(self)) is not None:
             return found
         below: list[UOp] = []  # first sources that do not know theirs yet, walked without recursion
@@ -563,6 +567,8 @@ def _own_device(u: UOp) -> str | None:
         return u.arg
     if op is Ops.COPY:
         return u.src[1].arg
+    if op is Ops.MULTI:
+        return tuple(s.device for s in u.src)  # type: ignore[return-value]
     if not u.src:
         return ""
     if op is Ops.BUFFER or op is Ops.CONST:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 
+from tiny.ir.multi import expand_multi
 from tiny.ir.schedule import memory_of
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor import Tensor, dtypes
+from tiny.tensor.checks import shards_of
 
 __all__ = [
     "Optimizer",
@@ -83,7 +85,7 @@ class Optimizer:
         raise NotImplementedError
 
     def _pending_readers(self) -> list[Tensor]:
-        memory = {memory_of(p.uop)[0] for p in self.params}
+        memory = {memory_of(part)[0] for p in self.params for part in shards_of(p.uop)}
         params = {id(p) for p in self.params}
         return [t for t in Tensor._pending.alive() if id(t) not in params and any(u in memory for u in t.uop.toposort)]
 
@@ -92,13 +94,15 @@ class Optimizer:
         if value.shape != target.shape:
             raise ValueError(f"internal: update of shape {value.shape} for a tensor of shape {target.shape}")
         node = UOp(Ops.ASSIGN, target.dtype, (target.uop, value.cast(target.dtype).uop))
+        if target.uop.op is Ops.MULTI:  # a write on each device (the value laid out as the target is)
+            node = expand_multi(node)
         written = Tensor(node)
         written.uop = node  # no_grad would wrap it in a DETACH, which realize would copy into a new buffer
         self._writes.append(written)
         return written
 
     def _state(self, like: Tensor) -> Tensor:
-        return Tensor.zeros(*like.shape, device=like.device, dtype=like.dtype).contiguous().realize()
+        return like.zeros_like().contiguous().realize()  # (on several devices: laid out as `like` is)
 
 
 class SGD(Optimizer):

@@ -6,10 +6,13 @@ import contextlib
 import itertools
 from typing import TYPE_CHECKING, NamedTuple
 
+from tiny.ir.device import collective_for
+from tiny.ir.multi import devices_of, multi, relayout, shard_bounds
 from tiny.ir.schedule import copied_value, memory_of, read_through
 from tiny.ir.uop import Ops, UOp, substitute
 from tiny.tensor.base import TensorBase
-from tiny.tensor.gradient import compute_gradient, substitute_keeping_rules
+from tiny.tensor.checks import shards_of
+from tiny.tensor.gradient import compute_gradient, full_like, substitute_keeping_rules
 from tiny.tensor.live import LiveSet
 
 if TYPE_CHECKING:
@@ -130,12 +133,10 @@ class AutogradOps(TensorBase):
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor | None]:
         """d(self)/d(target) for each target, as new tensors (None where self does not depend on it)."""
         seed = self._seed_gradient(gradient)
-        became: dict[UOp, UOp] = {}
-        root = _through_realized(self.uop, {t.uop for t in targets}, became)
-        grads = compute_gradient(root, seed.uop, [t.uop for t in targets])
-        if any(g is not None for g in grads):  # what the forward pass computed is read from its buffers, not recomputed
-            together = iter(_read_computed(UOp(Ops.SINK, src=tuple(g for g in grads if g is not None)), became).src)
-            grads = [None if g is None else next(together) for g in grads]
+        if self.uop.op is not Ops.MULTI and all(t.uop.op is not Ops.MULTI for t in targets):
+            grads = _gradients(self.uop, seed.uop, [t.uop for t in targets])
+        else:
+            grads = _multi_gradients(self.uop, seed.uop, [t.uop for t in targets])
         return [None if g is None else self._new(g) for g in grads]
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
@@ -160,6 +161,48 @@ class AutogradOps(TensorBase):
         if gradient.shape != self.shape:
             raise ValueError(f"gradient has shape {gradient.shape}, expected the tensor's shape {self.shape}")
         return gradient.cast(self.dtype)
+
+
+def _gradients(root: UOp, seed: UOp, targets: list[UOp]) -> list[UOp | None]:
+    """d(root)/d(target) for each target, root's gradient being `seed` (nodes of one device each)."""
+    became: dict[UOp, UOp] = {}
+    grads = compute_gradient(_through_realized(root, set(targets), became), seed, targets)
+    if any(g is not None for g in grads):  # what the forward pass computed is read from its buffers, not recomputed
+        together = iter(_read_computed(UOp(Ops.SINK, src=tuple(g for g in grads if g is not None)), became).src)
+        grads = [None if g is None else next(together) for g in grads]
+    return grads
+
+
+def _multi_gradients(root: UOp, seed: UOp, targets: list[UOp]) -> list[UOp | None]:
+    """Gradients where the root or a target is on several devices, worked out on each device's graph. A replicated
+    root is one value: its gradient flows from one copy (the first). A sharded root is its shards, each seeded with
+    its part of `seed`. A sharded target's gradient is its shards' (a shard is a variable of its own); a replicated
+    target is every copy at once, so its gradient is the sum of its copies' (an all-reduce: what data-parallel
+    training does with its gradients)."""
+    if root.op is not Ops.MULTI:
+        roots = [(root, seed)]
+    elif root.arg is None:
+        roots = [(root.src[0], seed.src[0] if seed.op is Ops.MULTI else seed)]
+    else:
+        roots = list(zip(root.src, relayout(seed, root.arg, shard_bounds(root))))
+    flat = [part for t in targets for part in shards_of(t)]
+    total: list[UOp | None] = [None] * len(flat)
+    for r, g in roots:
+        for i, part in enumerate(_gradients(r, g, flat)):
+            if part is not None:
+                total[i] = part if total[i] is None else UOp(Ops.ADD, part.dtype, (total[i], part))
+    out: list[UOp | None] = []
+    parts = iter(total)
+    for t in targets:
+        mine = [next(parts) for _ in shards_of(t)]
+        if t.op is not Ops.MULTI or all(g is None for g in mine):
+            out.append(mine[0] if t.op is not Ops.MULTI else None)
+            continue
+        whole = [g if g is not None else full_like(s, 0) for g, s in zip(mine, t.src)]
+        if t.arg is None:
+            whole = collective_for(devices_of(t)).all_reduce(Ops.ADD, whole)
+        out.append(multi(whole, t.arg))
+    return out
 
 
 def _through_realized(root: UOp, keep: set[UOp], became: dict[UOp, UOp]) -> UOp:
@@ -241,8 +284,10 @@ def record_origins(becomes: dict[UOp, UOp], reads: tuple[UOp, ...]) -> None:
 
 
 def mark_gradient_path(view: UOp) -> None:
-    """Put a view's memory on a gradient's path: graphs that read it remember what they computed."""
-    memory_of(view)[0].__dict__[_GRAD_PATH] = True
+    """Put a view's memory on a gradient's path (each device's, for a tensor on several): graphs that read it remember
+    what they computed."""
+    for part in view.src if view.op is Ops.MULTI else (view,):
+        memory_of(part)[0].__dict__[_GRAD_PATH] = True
 
 
 def no_grad_wrap(uop: UOp) -> UOp:

@@ -9,7 +9,21 @@ from tiny.ir.uop import Ops, UOp
 Scalar = int | float | bool
 
 
-def check_dtype(device: str, dtype: DType) -> None:
+def shards_of(u: UOp) -> tuple[UOp, ...]:
+    """A MULTI's node per device; any other node alone."""
+    return u.src if u.op is Ops.MULTI else (u,)
+
+
+def first_device(device: str | tuple[str, ...]) -> str:
+    """A device that stands for several (the first: they are checked to agree where it matters)."""
+    return device[0] if type(device) is tuple else device
+
+
+def check_dtype(device: str | tuple[str, ...], dtype: DType) -> None:
+    if type(device) is tuple:
+        for d in device:
+            check_dtype(d, dtype)
+        return
     if not device_supports(device, dtype):
         raise TypeError(
             f"device {device} cannot compute in {dtype.name} (its renderer supports "
@@ -17,9 +31,11 @@ def check_dtype(device: str, dtype: DType) -> None:
         )
 
 
-def default_int(device: str) -> DType:
+def default_int(device: str | tuple[str, ...]) -> DType:
     """The integer dtype a device gives Python ints, indices and integer sums: int64 as in PyTorch, or int32
-    where the device has no 64-bit integers (WebGPU)."""
+    where the device has no 64-bit integers (WebGPU); on several devices, int32 unless all have int64."""
+    if type(device) is tuple:
+        return dtypes.int64 if all(default_int(d) == dtypes.int64 for d in device) else dtypes.int32
     return dtypes.int64 if device_supports(device, dtypes.int64) else dtypes.int32
 
 

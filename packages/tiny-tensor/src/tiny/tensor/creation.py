@@ -12,8 +12,9 @@ import numpy as np
 
 from tiny.ir.device import Device, device_supports
 from tiny.ir.dtypes import DType, dtypes, to_dtype, truncate
+from tiny.ir.multi import multi, relayout, shard_bounds
 from tiny.ir.sint import check_size, highest, lowest, ssub
-from tiny.ir.uop import UOp
+from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import check_dtype, default_int, on_device, wide_ints
 from tiny.tensor.shapes import prod, shape_arg
@@ -194,12 +195,16 @@ class CreationOps(TensorBase):
 
     @_leaf_option
     def full_like(self, fill: Scalar, dtype: DType | str | None = None) -> Tensor:
-        """A tensor of one value with this one's shape, device and (unless given) dtype.
+        """A tensor of one value with this one's shape, device and (unless given) dtype; on several devices, split
+        along the same axis as this one.
 
         >>> Tensor([1, 2]).full_like(9).tolist()
         [9, 9]
         """
-        return type(self).full(self.shape, fill, dtype or self.dtype, self.device)
+        out = type(self).full(self.shape, fill, dtype or self.dtype, self.device)
+        if self.uop.op is Ops.MULTI and self.uop.arg is not None:  # (slices of the one value on each device)
+            out = self._new(multi(relayout(out.uop, self.uop.arg, shard_bounds(self.uop)), self.uop.arg))
+        return out
 
     @_leaf_option
     def zeros_like(self, dtype: DType | str | None = None) -> Tensor:

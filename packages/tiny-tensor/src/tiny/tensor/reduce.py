@@ -551,14 +551,17 @@ def _std_of(var: Tensor) -> Tensor:
     return zero.where(0, zero.where(1, var).sqrt())
 
 
-def _panel_width(device: str, dtype: DType, rows: int, m: int, k: int) -> int:
+def _panel_width(device: str | tuple[str, ...], dtype: DType, rows: int, m: int, k: int) -> int:
     """Columns per panel of B where a matrix product on a loop device (CPU) reads B from panels, else 0.
 
     A register tile of C reads B `width` columns at a time down all k rows. Where B's rows are long, those reads
     are a page or more apart: they evict each other from the cache and defeat the prefetcher, so the product waits
     on memory. A copy of B in panels (each width x k block contiguous) costs one pass over B and lets a panel stay
     in cache while every row block of A passes it. Only where B is too big for the cache anyway and enough rows
-    of A share the copy; width is two hardware vectors, the tile's width."""
+    of A share the copy; width is two hardware vectors, the tile's width. Not on several devices: the panels'
+    reshape would cut through the shards of a weight split along its columns."""
+    if type(device) is tuple:
+        return 0
     caps = Device[device].renderer.caps
     if caps.has_local or dtype not in PANEL_DTYPES or not all(type(x) is int for x in (rows, m, k)):
         return 0  # (nor where a size is symbolic)

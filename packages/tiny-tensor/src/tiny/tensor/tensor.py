@@ -10,14 +10,16 @@ from typing import Any
 import numpy as np
 
 from tiny.ir.device import Device, buffer_of, device_computes, new_buffer
+from tiny.ir.device.collective import concat, copy_to
 from tiny.ir.dtypes import DType, dtypes, to_dtype
+from tiny.ir.multi import devices_of, expand_multi, multi, relayout, shard
 from tiny.ir.schedule import ScheduleItem, create_schedule, is_memory, is_realized
 from tiny.ir.sint import check_size, is_size_expr, sym_eval, variables
 from tiny.ir.uop import GroupOp, Ops, UOp, substitute
 from tiny.tensor.activations import ActivationOps
 from tiny.tensor.autograd import NO_GRAD, AutogradOps, no_grad_wrap, record_origins
 from tiny.tensor.binaryfns import BinaryFnOps
-from tiny.tensor.checks import check_dtype, const, default_int, on_device, wide_ints
+from tiny.tensor.checks import check_dtype, const, default_int, on_device, shards_of, wide_ints
 from tiny.tensor.conversions import ConversionOps
 from tiny.tensor.creation import CreationOps
 from tiny.tensor.elementwise import ElementwiseOps
@@ -76,7 +78,7 @@ class Tensor(
     def __init__(
         self,
         data: Scalar | Sequence | np.ndarray | UOp | Tensor | os.PathLike,
-        device: str | None = None,
+        device: str | tuple[str, ...] | None = None,
         dtype: DType | str | None = None,
         requires_grad: bool | None = None,
     ) -> None:
@@ -89,8 +91,19 @@ class Tensor(
             self._track()
             return
         if isinstance(data, UOp):  # made by an op: device and dtype are the graph's
-            self.uop = no_grad_wrap(data)
+            self.uop = _expanded(no_grad_wrap(data))
             self._track()
+            return
+        if isinstance(device, (tuple, list)):  # the same values on each of several devices
+            devices = Device.canonicalize_many(device)
+            if isinstance(data, Tensor):
+                self.uop = data.to(devices).cast(to_dtype(dtype) if dtype is not None else data.dtype).uop
+            else:
+                parts = [Tensor(data, d, dtype).uop for d in devices]  # (each uploaded where it lives: no copies)
+                self.uop = multi(parts, None)
+            self._track()
+            if requires_grad is not None:
+                self.requires_grad = requires_grad
             return
         if isinstance(data, os.PathLike):  # a file's bytes on DISK, mapped lazily
             self.uop = _map_file(data, dtype, device).uop
@@ -123,7 +136,7 @@ class Tensor(
         """The tensor of an op's result: what Tensor(uop) makes, without dispatching on the argument's type."""
         if type(self) is not Tensor:  # (a subclass: its own constructor)
             return type(self)(uop)
-        t = self._operand(no_grad_wrap(uop) if NO_GRAD.value else uop)
+        t = self._operand(_expanded(no_grad_wrap(uop) if NO_GRAD.value else uop))
         t._track()
         return t
 
@@ -155,13 +168,13 @@ class Tensor(
 
     def schedule(self, *others: Tensor) -> list[ScheduleItem]:
         """The kernels and copies realize() would run, without running them."""
-        targets = [t.uop for t in (self, *others) if not is_realized(t.uop)]
+        targets = [u for t in (self, *others) for u in shards_of(t.uop) if not is_realized(u)]
         return create_schedule(targets).items if targets else []
 
     def realize(self, *others: Tensor) -> Tensor:
         """Compute this tensor (and others) now; the result lives in a buffer on the device."""
-        if others:
-            targets = [t.uop for t in (self, *others) if not is_realized(t.uop)]
+        if others or self.uop.op is Ops.MULTI:  # (a tensor on several devices: each device's part)
+            targets = [u for t in (self, *others) for u in shards_of(t.uop) if not is_realized(u)]
         else:  # (the usual call: one tensor)
             targets = [] if is_realized(self.uop) else [self.uop]
         if not targets:
@@ -181,8 +194,15 @@ class Tensor(
 
     def _buffer(self):  # noqa: ANN202
         self.realize()
+        if self.uop.op is Ops.MULTI:
+            raise ValueError(f"a tensor on several devices {self.device} has a buffer on each: see _buffers()")
         base = self.uop if self.uop.op is Ops.BUFFER else self.uop.src[0]
         return buffer_of(base)
+
+    def _buffers(self) -> list:
+        """The buffer of each device's part (one for a tensor on one device)."""
+        self.realize()
+        return [buffer_of(u if u.op is Ops.BUFFER else u.src[0]) for u in shards_of(self.uop)]
 
     def numpy(self) -> np.ndarray:
         """The values as a NumPy array (bfloat16 comes back as float32)."""
@@ -192,6 +212,10 @@ class Tensor(
                 "TinyJit captures: a replay would not read them again, and Python code that depends on them would "
                 "not run again. Return the tensor from the function and read it outside."
             )
+        if self.uop.op is Ops.MULTI:  # each device's part read, and put side by side along the axis
+            self.realize()
+            parts = [self._operand(u).numpy() for u in self.uop.src]
+            return parts[0] if self.uop.arg is None else np.concatenate(parts, axis=self.uop.arg)
         shape = self.shape
         if symbolic := any(type(s) is not int for s in shape):  # the values the bound Variables give now
             try:
@@ -235,19 +259,75 @@ class Tensor(
     def __int__(self) -> int:
         return int(self.item())
 
-    def to(self, device: str) -> Tensor:
-        """This tensor on another device."""
+    def to(self, device: str | tuple[str, ...]) -> Tensor:
+        """This tensor on another device; on a tuple of devices, the whole tensor on each (replicated). A tensor on
+        several devices comes to one device gathered.
+
+        >>> Tensor([1.0, 2.0]).to(("CPU:0", "CPU:1")).device
+        ('CPU', 'CPU:1')
+        """
+        if isinstance(device, (tuple, list)):
+            devices = Device.canonicalize_many(device)
+            for d in devices:
+                check_dtype(d, self.dtype)
+            if self.uop.op is Ops.MULTI and devices_of(self.uop) == devices:
+                return self if self.uop.arg is None else self._new(multi(relayout(self.uop, None, None), None))
+            source = self if self.uop.op is not Ops.MULTI else self.to(devices[0])
+            return self._new(shard(source.uop, devices, None))
         dev = Device.canonicalize(device)
         if dev == self.device:
             return self
         check_dtype(dev, self.dtype)
+        if self.uop.op is Ops.MULTI:  # gathered: each part copied to `dev` (one copy, where replicated), side by side
+            if self.uop.arg is None:
+                return self._new(copy_to(next((u for u in self.uop.src if u.device == dev), self.uop.src[0]), dev))
+            return self._new(concat([copy_to(u, dev) for u in self.uop.src], self.uop.arg))
         return Tensor(UOp(Ops.COPY, self.dtype, (self.uop, UOp(Ops.DEVICE, arg=dev))))
+
+    def shard(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
+        """This tensor split along `axis` over several devices, each holding a slice (sizes as torch.tensor_split
+        cuts them: the first ones one longer where the size does not divide); with axis=None the whole tensor on
+        each (as .to(devices)). Ops run per device; a reduction along the split axis ends in an all-reduce.
+
+        >>> t = Tensor([[1.0, 2.0], [3.0, 4.0]]).shard(("CPU:0", "CPU:1"), axis=0)
+        >>> t.device, t.sum(0).tolist()
+        (('CPU', 'CPU:1'), [4.0, 6.0])
+        """
+        devices = Device.canonicalize_many(devices)
+        if axis is None:
+            return self.to(devices)
+        if not isinstance(axis, int) or isinstance(axis, bool) or not -self.ndim <= axis < self.ndim:
+            raise ValueError(
+                f"shard axis must be an int in [{-self.ndim}, {self.ndim}) for shape {self.shape}, got {axis!r}"
+            )
+        axis %= self.ndim
+        for d in devices:
+            check_dtype(d, self.dtype)
+        if self.uop.op is Ops.MULTI and devices_of(self.uop) != devices:
+            return self.to(devices[0]).shard(devices, axis)
+        return self._new(shard(self.uop, devices, axis))
+
+    def shard_(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
+        """shard() in place: this tensor becomes the sharded one (a model's parameters, before training).
+
+        >>> w = Tensor.ones(4, 2).shard_(("CPU:0", "CPU:1"), axis=0); w.device
+        ('CPU', 'CPU:1')
+        """
+        self.uop = self.shard(devices, axis).uop
+        if self.requires_grad:  # its new memory on each device is a leaf's, as the old was
+            self.requires_grad = True
+        return self
 
     def contiguous(self) -> Tensor:
         return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _expanded(uop: UOp) -> UOp:
+    """An op recorded on tensors on several devices (its node on a tuple of devices), as the op on each device."""
+    return expand_multi(uop) if type(uop.device) is tuple else uop
 
 
 def _is_size(u: UOp) -> bool:

@@ -21,7 +21,7 @@ from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import is_realized
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
-from tiny.tensor.checks import default_int
+from tiny.tensor.checks import default_int, first_device
 from tiny.tensor.gradient import Grads, primitive_gradient, set_composite_rule
 
 if TYPE_CHECKING:
@@ -696,7 +696,7 @@ def _channels_last(x: Tensor, weight: Tensor, out: Sequence[int]) -> bool:
     8 badly or not at all. Output channels come in multiples of 8: each lane an output channel, each loaded input
     value broadcast to all lanes, the weights read as vectors from a copy with C_out innermost (one pass over a
     small tensor)."""
-    caps = Device[x.device].renderer.caps
+    caps = Device[first_device(x.device)].renderer.caps
     if caps.has_local or x.dtype not in CHANNELS_LAST_DTYPES or x.dtype != weight.dtype:
         return False
     lanes, cout = caps.vector_lanes(x.dtype), weight.shape[0]

@@ -1,4 +1,4 @@
-"""tiny.ir.device: the device contract and the devices present, in three files.
+"""tiny.ir.device: the device contract and the devices present, in four files.
 
 - `interface`: the contract a runtime implements and a renderer provides (versioned by INTERFACE_VERSION): Renderer
   and RendererCaps, Compiler, Program, Allocator, Compiled, CompiledProgram, and the entry-point groups
@@ -6,11 +6,14 @@
 - `registry`: device names, `Device[name]` (each device opened once), the default device, the listing of
   `python -m tiny.ir.device`.
 - `buffer`: Buffer (memory on a device) and the BUFFER nodes of the graph that stand for buffers.
+- `collective`: all-reduce and all-gather of a tensor on several devices, as copies and ops in the graph (Collective,
+  and RingCollective, the default a device class may replace with its own).
 
 Everything is imported from here (`from tiny.ir.device import Compiled, Device, Buffer`).
 """
 
 from tiny.ir.device.buffer import Buffer, buffer_of, device_node, new_buffer, new_buffer_view, new_foreign_buffer
+from tiny.ir.device.collective import Collective, RingCollective
 from tiny.ir.device.interface import (
     INTERFACE_VERSION,
     LIST_HINT,
@@ -42,6 +45,7 @@ from tiny.ir.device.registry import (
     DeviceName,
     DeviceStatus,
     available,
+    collective_for,
     device_computes,
     device_supports,
     opened_caps,
@@ -53,6 +57,7 @@ __all__ = [
     "Allocator",
     "AllocatorCaps",
     "Buffer",
+    "Collective",
     "Compiled",
     "CompiledProgram",
     "CompileError",
@@ -66,11 +71,13 @@ __all__ = [
     "Program",
     "Renderer",
     "RendererCaps",
+    "RingCollective",
     "TensorCore",
     "UnknownDevice",
     "VECTOR_DTYPES",
     "available",
     "buffer_of",
+    "collective_for",
     "device_computes",
     "device_entry_points",
     "device_node",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
+from tiny.ir.device.collective import Collective
 from tiny.ir.diskcache import cache_get, cache_put
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.sint import sym_eval
@@ -28,8 +29,8 @@ from tiny.ir.uop import UOp
 # AllocatorCaps.foreign with Allocator.wrap and Allocator.address; 1.5: Compiled.default_renderer and describe; 1.6:
 # CompiledProgram.grid, a workgroup count over a Variable, and a kernel's fewer workgroups than its gidx ranges;
 # Compiler.compile_many and Compiled.compile_many, several kernels in one compiler run; 1.7:
-# RendererCaps.narrow_vectors)
-INTERFACE_VERSION = (1, 7)
+# RendererCaps.narrow_vectors; 1.8: Compiled.collective, a device's own all-reduce and all-gather)
+INTERFACE_VERSION = (1, 8)
 
 
 # the dtypes kernels compute on in hardware vectors (RendererCaps.vector_lanes; the code generator's vector ops)
@@ -315,6 +316,8 @@ class Compiled:
     renderers: ClassVar[tuple[str, ...]] = ()  # names in the tiny.renderers group, default first
     computes: ClassVar[bool] = True  # False: a device that only holds data (DISK): no kernels run on it
     file_backed: ClassVar[bool] = False  # its names are BASE:<file path> (DISK:/data/model.safetensors)
+    # how tensors on several devices of this class are combined; None: copies around a ring (RingCollective)
+    collective: ClassVar[Collective | None] = None
 
     def __init__(self, name: str, allocator: Allocator, program: type[Program], renderer: str) -> None:
         self.name = name

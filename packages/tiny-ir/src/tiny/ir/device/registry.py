@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from tiny.ir.config import DEBUG, DEVICE
+from tiny.ir.device.collective import RING, Collective
 from tiny.ir.device.interface import (
     LIST_HINT,
     Compiled,
@@ -58,6 +59,8 @@ class _Registry:
         device's path is made absolute ('disk:w.bin' -> 'DISK:/home/me/w.bin')."""
         if isinstance(name, str) and name in self._open:  # an opened device's name is canonical (each op asks again)
             return name
+        if isinstance(name, (tuple, list)):  # several devices (of a tensor on several)
+            return self.canonicalize_many(name)  # type: ignore[return-value]
         if (path := _file_path(name)) is not None:
             return path
         parsed = DeviceName.parse(name)
@@ -105,6 +108,18 @@ class _Registry:
     def set_default(self, name: str | None) -> None:
         self._default = None if name is None else self.canonicalize(name)
 
+    def canonicalize_many(self, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+        """Several devices for one tensor ('CPU:0', 'CPU:1' -> 'CPU', 'CPU:1'): each canonical, each once, each one
+        that starts here (a missing one says why, as Device[name] does)."""
+        if not isinstance(names, (tuple, list)) or not names or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"devices must be a tuple of device names such as ('CPU:0', 'CPU:1'), got {names!r}")
+        canon = tuple(self.canonicalize(n) for n in names)
+        if len(set(canon)) != len(canon):
+            raise ValueError(f"devices must differ, got {names!r} (canonically {canon})")
+        for name in canon:
+            self[name]  # (opened now: a device that cannot start fails here, named)
+        return canon
+
 
 Device = _Registry()
 
@@ -126,6 +141,8 @@ def _file_path(name: str) -> str | None:
 def device_computes(name: str) -> bool:
     """Whether kernels run on the device (False for DISK, which only holds data); a name no runtime provides
     is taken to compute (the scheduler plans for devices it cannot open)."""
+    if type(name) is tuple:
+        return all(map(device_computes, name))
     return _class_computes(name.split(":", 1)[0].upper())
 
 
@@ -187,6 +204,16 @@ def available() -> list[DeviceStatus]:
     return out
 
 
-def device_supports(device: str, dtype: DType) -> bool:
+def collective_for(devices: tuple[str, ...]) -> Collective:
+    """The collective that combines tensors on these devices: their class's own where they are all of one class that
+    brings one, else copies around a ring."""
+    classes = {type(Device[d]) for d in devices}
+    own = classes.pop().collective if len(classes) == 1 else None
+    return own if own is not None else RING
+
+
+def device_supports(device: str | tuple[str, ...], dtype: DType) -> bool:
+    if type(device) is tuple:
+        return all(device_supports(d, dtype) for d in device)
     dev = Device[device]
     return not dev.computes or dtype.scalar in dev.renderer.caps.dtypes  # memory of a data-only device holds any

@@ -28,10 +28,12 @@ from tiny.ir.views import View, strides_for_shape
 
 
 def is_realized(u: UOp) -> bool:
-    """A node that already is memory: a BUFFER, or a reshape of a whole BUFFER."""
+    """A node that already is memory: a BUFFER, or a reshape of a whole BUFFER (a MULTI: each device's part is)."""
     op = u.op  # (asked of every live tensor at every realize: the members as globals, see _BUFFER; the reshape's
     # source as src[0], without the call of the `source` property)
-    return op is _BUFFER or (op is _RESHAPE and u.src[0].op is _BUFFER)
+    if op is _BUFFER or (op is _RESHAPE and u.src[0].op is _BUFFER):
+        return True
+    return op is _MULTI and all(map(is_realized, u.src))
 
 
 def is_memory(u: UOp) -> bool:
@@ -43,7 +45,7 @@ def is_memory(u: UOp) -> bool:
 
 # Python 3.11 finds an Enum's member through EnumType's __getattr__ hook, ten times a global's cost: the members the
 # hottest tests compare with, once
-_BUFFER, _RESHAPE = Ops.BUFFER, Ops.RESHAPE
+_BUFFER, _RESHAPE, _MULTI = Ops.BUFFER, Ops.RESHAPE, Ops.MULTI
 
 
 # ---------------------------------------------------------------- which nodes become buffers

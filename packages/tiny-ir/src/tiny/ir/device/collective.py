@@ -1,0 +1,112 @@
+"""Collectives: how the values of a tensor on several devices are combined (all-reduce) or put together (all-gather).
+
+A collective is written as graph nodes: copies between devices (COPY) and the ops that combine what they bring, so
+autograd derives it by its rules, the scheduler fuses the combining into the kernels around it, and TinyJit replays it
+as the copies and kernels it ran. `RingCollective` is the default for any devices; a runtime with a faster transport
+(an NCCL-like library) subclasses `Collective` and names it in its device class's `collective`."""
+
+from __future__ import annotations
+
+import math
+
+from tiny.ir.uop import Ops, UOp
+
+_COMBINE = {Ops.ADD: "sum", Ops.MAX: "max", Ops.MUL: "product"}
+
+
+def split_sizes(size: int, parts: int) -> tuple[int, ...]:
+    """`size` elements in `parts` pieces as torch.tensor_split cuts them: the first size % parts one longer."""
+    base, extra = divmod(size, parts)
+    return tuple(base + (i < extra) for i in range(parts))
+
+
+def bounds(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """The [start, end) of each piece laid end to end."""
+    starts = [0]
+    for s in sizes:
+        starts.append(starts[-1] + s)
+    return tuple(zip(starts[:-1], starts[1:]))
+
+
+def copy_to(u: UOp, device: str) -> UOp:
+    """u on `device` (u itself where it is there already)."""
+    return u if u.device == device else UOp(Ops.COPY, u.dtype, (u, UOp(Ops.DEVICE, arg=device)))
+
+
+def concat(parts: list[UOp], axis: int) -> UOp:
+    """Nodes on one device side by side along `axis`: each padded with zeros to the whole and the padded ones added
+    (or-ed for bools), which the scheduler fuses into one kernel."""
+    if len(parts) == 1:
+        return parts[0]
+    total = sum(p.shape[axis] for p in parts)
+    combine = Ops.OR if parts[0].dtype.scalar.name == "bool" else Ops.ADD
+    out, start = None, 0
+    for p in parts:
+        size = p.shape[axis]
+        pads = tuple((start, total - start - size) if i == axis else (0, 0) for i in range(len(p.shape)))
+        padded = UOp(Ops.PAD, p.dtype, (p,), pads)
+        out = padded if out is None else UOp(combine, p.dtype, (out, padded))
+        start += size
+    assert out is not None
+    return out
+
+
+class Collective:
+    """How the values of one tensor on several devices (a node per device, in the order of the devices) are combined.
+    Both methods return a node per device, in the same order."""
+
+    def all_reduce(self, op: Ops, parts: list[UOp]) -> list[UOp]:
+        """On every device, the elementwise `op` (ADD, MAX or MUL) of the parts (of one shape), equal bits on each."""
+        raise NotImplementedError
+
+    def all_gather(self, parts: list[UOp], axis: int) -> list[UOp]:
+        """On every device, the parts side by side along `axis` (their sizes there may differ)."""
+        raise NotImplementedError
+
+
+class RingCollective(Collective):
+    """Copies around the ring of devices. All-reduce: the values, flattened, are cut into one chunk per device; each
+    chunk travels the ring once, combined with each device's own chunk as it passes (reduce-scatter), and its total
+    then goes to every device (all-gather); each device sends and receives 2 (n - 1) / n of the bytes, whatever n.
+    A value with fewer elements than there are devices is copied whole to every device and combined there, in the
+    order of the devices on each."""
+
+    def all_reduce(self, op: Ops, parts: list[UOp]) -> list[UOp]:
+        if op not in _COMBINE:
+            raise ValueError(f"all-reduce combines by {', '.join(o.name for o in _COMBINE)}, not {op.name}")
+        if len({p.shape for p in parts}) != 1:
+            raise ValueError(f"all-reduce needs parts of one shape, got {[p.shape for p in parts]}")
+        n, shape = len(parts), parts[0].shape
+        if n == 1:
+            return list(parts)
+        size = math.prod(shape)
+        devices = [p.device for p in parts]
+        if size < n:
+            return [self._combined(op, [copy_to(p, d) for p in parts]) for d in devices]
+        flat = [UOp(Ops.RESHAPE, p.dtype, (p,), (size,)) for p in parts]
+        cuts = bounds(split_sizes(size, n))
+        totals: list[UOp] = []
+        for c, (lo, hi) in enumerate(cuts):  # chunk c starts on device c and ends, summed, on device c - 1
+            acc = UOp(Ops.SHRINK, flat[c].dtype, (flat[c],), ((lo, hi),))
+            for step in range(1, n):
+                d = (c + step) % n
+                own = UOp(Ops.SHRINK, flat[d].dtype, (flat[d],), ((lo, hi),))
+                acc = UOp(op, acc.dtype, (copy_to(acc, devices[d]), own))
+            totals.append(acc)
+        return [
+            UOp(Ops.RESHAPE, p.dtype, (concat([copy_to(t, d) for t in totals], 0),), shape)
+            for p, d in zip(parts, devices)
+        ]
+
+    def all_gather(self, parts: list[UOp], axis: int) -> list[UOp]:
+        return [concat([copy_to(p, d) for p in parts], axis) for d in (p.device for p in parts)]
+
+    @staticmethod
+    def _combined(op: Ops, values: list[UOp]) -> UOp:
+        out = values[0]
+        for v in values[1:]:
+            out = UOp(op, out.dtype, (out, v))
+        return out
+
+
+RING = RingCollective()
