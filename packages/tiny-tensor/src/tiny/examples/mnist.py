@@ -1,7 +1,7 @@
 """Train the classic small MNIST CNN with Adam, save a safetensors checkpoint, and evaluate checkpoints.
 
-Train (on the CPU by default, on any device with DEVICE=...):
-    python -m tiny.examples.mnist [--epochs 3] [--batch 128] [--save mnist.safetensors]
+Train (on the CPU by default, on any device with DEVICE=...; data-parallel over several with --devices):
+    python -m tiny.examples.mnist [--epochs 3] [--batch 128] [--save mnist.safetensors] [--devices CPU:0,CPU:1]
 Evaluate a checkpoint on the test set:
     python -m tiny.examples.mnist --eval mnist.safetensors
 
@@ -82,13 +82,20 @@ def describe(data: MnistData) -> str:
     return f"{data.name}{kind} from {data.folder}: {len(data.x_train)} train / {len(data.x_test)} test images"
 
 
-def evaluate(model: MnistCNN, images: np.ndarray, labels: np.ndarray, batch: int = 1000) -> float:
-    """Accuracy over the whole set, in eval mode (batch norm uses its running statistics)."""
+def evaluate(
+    model: MnistCNN, images: np.ndarray, labels: np.ndarray, batch: int = 1000, devices: tuple[str, ...] = ()
+) -> float:
+    """Accuracy over the whole set, in eval mode (batch norm uses its running statistics); with `devices`, each batch
+    split over them."""
     predict = TinyJit(lambda x: model(x).argmax(1).realize())
     correct = 0
     for start in range(0, len(images), batch):
         x = normalize(images[start : start + batch])
-        pred = predict(Tensor(x)).numpy() if len(x) == batch else model(Tensor(x)).argmax(1).numpy()
+        if devices and len(x) < len(devices):  # (too few images left to split: the model gathered to one device)
+            x_t = Tensor(x, device=devices)
+        else:
+            x_t = Tensor(x).shard(devices, axis=0) if devices else Tensor(x)
+        pred = predict(x_t).numpy() if len(x) == batch else model(x_t).argmax(1).numpy()
         correct += int((pred == labels[start : start + batch]).sum())
     return correct / len(images)
 
@@ -101,6 +108,12 @@ def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
     x_train, y_train = data.x_train[:, None], data.y_train.astype(np.int32)
     Tensor.manual_seed(args.seed)
     model = MnistCNN()
+    devices = args.devices
+    if devices:  # data-parallel: the whole model on each device, each batch split over them
+        if args.batch < len(devices):
+            sys.exit(f"mnist: --batch {args.batch} is too small to split over the {len(devices)} devices {devices}")
+        for p in get_state_dict(model).values():
+            p.shard_(devices)
     params = [p for p in get_parameters(model) if p.requires_grad]
     opt = nn.optim.Adam(params, lr=args.lr)
 
@@ -121,11 +134,12 @@ def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
     epochs = math.ceil(total / steps_per_epoch)
     schedule = nn.optim.CosineAnnealingLR(opt, T_max=total)  # the lr falls to 0 over the run
     print(f"training on {describe(data)}")
+    where = ", ".join(devices) if devices else Device.DEFAULT
     if args.steps:
-        print(f"on {Device.DEFAULT}: {total} steps of {args.batch} images ({steps_per_epoch} steps make an epoch)")
+        print(f"on {where}: {total} steps of {args.batch} images ({steps_per_epoch} steps make an epoch)")
     else:
         plural = "s" if epochs > 1 else ""
-        print(f"on {Device.DEFAULT}: {epochs} epoch{plural} of {steps_per_epoch} steps of {args.batch} images")
+        print(f"on {where}: {epochs} epoch{plural} of {steps_per_epoch} steps of {args.batch} images")
     start = time.perf_counter()
     losses: list[float] = []
     for i in range(total):
@@ -133,7 +147,8 @@ def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
         if at == 0:
             order = rng.permutation(len(x_train))
         idx = order[at * args.batch : (at + 1) * args.batch]
-        loss, acc = step(Tensor(normalize(x_train[idx])), Tensor(y_train[idx]))
+        x, y = Tensor(normalize(x_train[idx])), Tensor(y_train[idx])
+        loss, acc = step(x.shard(devices, axis=0), y.shard(devices, axis=0)) if devices else step(x, y)
         losses.append(loss.item())
         schedule.step()
         in_epoch = min(steps_per_epoch, total - epoch * steps_per_epoch)  # the last epoch of --steps may be short
@@ -147,7 +162,7 @@ def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
                 flush=True,
             )
     limit = args.eval_limit or len(data.x_test)
-    test_acc = evaluate(model, data.x_test[:limit, None], data.y_test[:limit].astype(np.int32))
+    test_acc = evaluate(model, data.x_test[:limit, None], data.y_test[:limit].astype(np.int32), devices=devices)
     print(f"test accuracy {test_acc:.2%} on {limit} {data.name} test images")
     try:
         safe_save(get_state_dict(model), args.save)
@@ -228,6 +243,14 @@ def learning_rate(text: str) -> float:
     return value
 
 
+def device_list(text: str) -> tuple[str, ...]:
+    """An argparse type: devices separated by commas, each one that starts here."""
+    try:
+        return Device.canonicalize_many(tuple(d.strip() for d in text.split(",")))
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 WHERE = f"""where the data is looked for, in order (the first folder with the four IDX files is used):
   DIR                                         (with --data DIR: there only)
   $TINY_DATA/mnist, $TINY_DATA/fashion-mnist  (where TINY_DATA is set)
@@ -237,7 +260,9 @@ WHERE = f"""where the data is looked for, in order (the first folder with the fo
 into $TINY_DATA/<name>, or <cache>/<name> where TINY_DATA is unset. The four files (each .gz or not):
   {" ".join(IDX_FILES)}
 
-the device: the fastest present, or the one DEVICE names (DEVICE=CPU, DEVICE=CUDA, ...)."""
+the device: the fastest present, or the one DEVICE names (DEVICE=CPU, DEVICE=CUDA, ...); --devices CPU:0,CPU:1 trains
+data-parallel: the model on each device, each batch split among them, batch norm over the whole batch, the gradients
+all-reduced (the same losses as one device, within float rounding)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -267,6 +292,13 @@ def parser() -> argparse.ArgumentParser:
         help="a folder with the four IDX files (default: the first folder found, as listed below, else a download)",
     )
     p.add_argument("--fashion", action="store_true", help="Fashion-MNIST even where digit MNIST is found")
+    p.add_argument(
+        "--devices",
+        type=device_list,
+        default=(),
+        metavar="D0,D1,...",
+        help="train data-parallel over these devices, comma-separated (CPU:0,CPU:1; default: one device)",
+    )
     p.add_argument(
         "--save",
         "--checkpoint",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tiny.ir.multi import multi, relayout, shard_bounds
 from tiny.ir.schedule import is_memory, is_realized, memory_of
 from tiny.ir.uop import GroupOp, Ops, UOp, substitute
 from tiny.tensor.autograd import NO_GRAD
@@ -39,6 +40,8 @@ class InplaceOps(TensorBase):
         if v.device != self.device:
             raise ValueError(f"assign() of a tensor on {v.device} into one on {self.device}; use .to()")
         v = _fitted(v, self.shape, "the tensor").cast(self.dtype)
+        if self.uop.op is Ops.MULTI:
+            return self._assign_parts(v)
         target = _undetached(self.uop)  # (under no_grad a slice of memory is still a view of it: t[i:j] = x writes t)
         if target is not self.uop and is_memory(target):
             self.uop = target
@@ -50,6 +53,21 @@ class InplaceOps(TensorBase):
             raise RuntimeError("cannot write through an expanded or padded view: several elements share memory")
         _settle_readers(self, v)
         type(self)(UOp(Ops.ASSIGN, self.dtype, (self.uop, v.uop))).realize()
+        return self  # type: ignore[return-value]
+
+    def _assign_parts(self, v: TensorBase) -> Tensor:
+        """assign() into a tensor on several devices: each device's part written where it lies, all in one realize
+        (the value laid out as this tensor is: sliced where it is replicated, gathered where it is split otherwise)."""
+        if not all(is_memory(part) for part in self.uop.src):
+            self.realize()
+        for part in self.uop.src:
+            if any(m.op in (Ops.EXPAND, Ops.PAD) for m in memory_of(part)[1]):
+                raise RuntimeError("cannot write through an expanded or padded view: several elements share memory")
+        values = relayout(v.uop, self.uop.arg, shard_bounds(self.uop))
+        for part, value in zip(self.uop.src, values):
+            _settle_readers(self._operand(part), self._operand(value))
+        writes = [UOp(Ops.ASSIGN, self.dtype, (part, value)) for part, value in zip(self.uop.src, values)]
+        type(self)(multi(writes, self.uop.arg)).realize()
         return self  # type: ignore[return-value]
 
     def __setitem__(self, index: Any, value: Tensor | Scalar) -> None:

@@ -31,6 +31,7 @@ from tiny.ir.device import Buffer, Device, GraphLaunch, buffer_of
 from tiny.ir.schedule import is_realized, rebind_graph
 from tiny.ir.sint import highest, unbind_size
 from tiny.ir.uop import Ops, UOp
+from tiny.tensor.checks import shards_of
 from tiny.tensor.creation import RNG
 from tiny.tensor.realize import JitError, Launch, capture, report_copy, report_kernel
 from tiny.tensor.shapes import prod
@@ -126,9 +127,12 @@ def _prepare(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Tensor]]:
         if not isinstance(x, Tensor):
             return x
         x.realize()
-        if not _is_whole_buffer(x.uop):
+        if not all(map(_is_whole_buffer, shards_of(x.uop))):
             x = x.contiguous().realize()
-        tensors.append(x)
+        if x.uop.op is Ops.MULTI:  # each device's part is an input of its own
+            tensors.extend(x._operand(part) for part in x.uop.src)
+        else:
+            tensors.append(x)
         return x
 
     new_args = tuple(whole(a) for a in args)
@@ -203,6 +207,8 @@ def _leaves(x: Any) -> list[Any]:
 def _rebuild(x: Any, inputs: dict[Buffer, Tensor]) -> Any:
     """The function's result with each tensor a new Tensor on the recorded (now overwritten) buffer, or the new
     input where the function returned an input."""
+    if isinstance(x, Tensor) and x.uop.op is Ops.MULTI:  # (a tensor on several devices: on the recorded buffers)
+        return Tensor(x.uop)
     if isinstance(x, Tensor):
         given = inputs.get(x._buffer())
         return given if given is not None else Tensor(x.uop)
@@ -221,7 +227,7 @@ def _record(launches: list[Launch], inputs: list[Buffer], out: Any, given: froze
             f"the function's kernels take Variable(s) {', '.join(missing)}, bound outside it: a replay could not "
             "know their next values. Pass the bound Variable as an argument (or in an argument's shape)."
         )
-    kept = {t._buffer() for t in Tensor._live if is_realized(t.uop)}  # buffers a live tensor holds stay as they are
+    kept = {b for t in Tensor._live if is_realized(t.uop) for b in t._buffers()}  # what live tensors hold stays
     internal = _internal(launches, set(inputs) | kept)
     before = sum(b.nbytes for b in internal)
     plan = _plan(launches, internal)

@@ -314,6 +314,8 @@ class Tensor(
         ('CPU', 'CPU:1')
         """
         self.uop = self.shard(devices, axis).uop
+        if not is_realized(self.uop):  # (listed with the pending tensors, so that realize() updates it)
+            Tensor._pending.add(self)
         if self.requires_grad:  # its new memory on each device is a leaf's, as the old was
             self.requires_grad = True
         return self
