@@ -13,10 +13,22 @@ def main() -> None:
         others = [f"{s.name}:{r}" for r in s.renderers if r != s.renderer] if s.ok else []
         also = f"; also {', '.join(others)}" if others else ""
         print(f"  {s.name:<{width}}  {'yes' if s.ok else 'no '}  {s.reason}{also}")
+    several = [s.name for s in statuses if s.ok and s.renderer and _opens(f"{s.name}:1")]  # (not DISK: one per file)
+    if several:
+        names = ", ".join(f"{n}:1" for n in several)
+        print(f"more than one of a device: {names} ... (each a device of its own; Tensor.shard splits over several)")
     try:
         print(f"default device: {Device.DEFAULT}")
     except Exception as e:  # noqa: BLE001
         print(f"default device: none ({e})")
+
+
+def _opens(name: str) -> bool:
+    try:
+        Device[name]
+        return True
+    except Exception:  # noqa: BLE001  (any failure to start means "not this one")
+        return False
 
 
 if __name__ == "__main__":
