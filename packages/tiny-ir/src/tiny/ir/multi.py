@@ -82,6 +82,9 @@ def gather(u: UOp) -> list[UOp]:
 def _slice(u: UOp, axis: int, lo: int, hi: int) -> UOp:
     if (lo, hi) == (0, u.shape[axis]):
         return u
+    if u.op is Ops.EXPAND and u.source.shape[axis] == 1:  # a broadcast: expanded to the slice (its gradient sums the
+        # slice, not the whole padded with zeros)
+        return UOp(Ops.EXPAND, u.dtype, (u.source,), (*u.arg[:axis], hi - lo, *u.arg[axis + 1 :]))
     arg = tuple((lo, hi) if i == axis else (0, s) for i, s in enumerate(u.shape))
     return UOp(Ops.SHRINK, u.dtype, (u,), arg)
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from tiny.ir.device import Device
 from tiny.ir.dtypes import dtypes
+from tiny.ir.multi import multi
 from tiny.ir.schedule import is_realized
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
@@ -100,6 +101,9 @@ class WindowOps(TensorBase):
         nd: int,
         name: str,
     ) -> Tensor:
+        if (parts := _per_device(self, weight, bias, nd)) is not None:  # a convolution on each device, its own
+            convs = [x._conv(w, b, stride, padding, dilation, groups, nd, name) for x, w, b in parts]  # derivative too
+            return self._new(multi([y.uop for y in convs], self.uop.arg))
         x, batched = self._with_batch(nd, name)
         if weight.ndim != nd + 2:
             raise ValueError(
@@ -686,6 +690,19 @@ def _split_region(size: int, starts: Sequence[int], stride: int, out: int) -> tu
         if first + rows * stride <= size:
             return first, rows
     return None
+
+
+def _per_device(x: Tensor, weight: Tensor, bias: Tensor | None, nd: int) -> list[tuple] | None:
+    """Each device's input, weight and bias, where a convolution on several devices is one on each: the input split
+    along the batch (or whole on each), the weight and bias whole on each; else None (the op is then rewritten per
+    device like any other, and derived through its primitives)."""
+    if x.uop.op is not Ops.MULTI or x.uop.arg not in (None, 0) or (x.uop.arg == 0 and x.ndim != nd + 2):
+        return None
+    others = [t for t in (weight, bias) if t is not None]
+    if any(t.uop.op is not Ops.MULTI or t.uop.arg is not None or t.device != x.device for t in others):
+        return None
+    parts = [list(map(x._operand, t.uop.src)) if t is not None else [None] * len(x.uop.src) for t in (x, weight, bias)]
+    return list(zip(*parts))
 
 
 def _channels_last(x: Tensor, weight: Tensor, out: Sequence[int]) -> bool:
