@@ -12,6 +12,7 @@ import math
 from tiny.ir.uop import Ops, UOp
 
 _COMBINE = {Ops.ADD: "sum", Ops.MAX: "max", Ops.MUL: "product"}
+RING_LEAST = 1 << 14  # elements a device below which the ring copies whole values instead (see RingCollective)
 
 
 def split_sizes(size: int, parts: int) -> tuple[int, ...]:
@@ -68,8 +69,10 @@ class RingCollective(Collective):
     """Copies around the ring of devices. All-reduce: the values, flattened, are cut into one chunk per device; each
     chunk travels the ring once, combined with each device's own chunk as it passes (reduce-scatter), and its total
     then goes to every device (all-gather); each device sends and receives 2 (n - 1) / n of the bytes, whatever n.
-    A value with fewer elements than there are devices is copied whole to every device and combined there, in the
-    order of the devices on each."""
+    Two devices, or values of fewer than RING_LEAST elements a device, are copied whole to every device and combined
+    there, in the order of the devices on each: for two devices the same bytes as the ring, in 1 copy and 1 kernel a
+    device where the ring takes 2 and 3 (the kernel fuses into what reads it), and a few small tensors (a batch
+    norm's statistics, a bias's gradient) are not cut into pieces smaller than a kernel's launch."""
 
     def all_reduce(self, op: Ops, parts: list[UOp]) -> list[UOp]:
         if op not in _COMBINE:
@@ -81,7 +84,7 @@ class RingCollective(Collective):
             return list(parts)
         size = math.prod(shape)
         devices = [p.device for p in parts]
-        if size < n:
+        if n == 2 or size < n * RING_LEAST:
             return [self._combined(op, [copy_to(p, d) for p in parts]) for d in devices]
         flat = [UOp(Ops.RESHAPE, p.dtype, (p,), (size,)) for p in parts]
         cuts = bounds(split_sizes(size, n))
