@@ -173,6 +173,19 @@ def test_gradients_match_torch(x_axis: int | None, w_axis: int | None) -> None:
         np.testing.assert_allclose(mine.grad.numpy(), theirs.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_mixed_devices_and_a_split_root_seeded_by_its_gradient() -> None:
+    a, w0 = rand(6, 5), rand(5, 4, seed=1)
+    mixed = ("CPU", "PYTHON")
+    x = Tensor(a).shard(mixed, 0)
+    np.testing.assert_allclose((x * 2).sum(0).numpy(), (a * 2).sum(0), rtol=1e-5)
+    np.testing.assert_allclose((x @ Tensor(w0).to(mixed)).relu().numpy(), np.maximum(a @ w0, 0), rtol=1e-5, atol=1e-6)
+    w = Tensor(w0).to(TWO).requires_grad_()
+    y = Tensor(a).shard(TWO, 0) @ w  # split along the batch: each device's rows seeded by their part of `gradient`
+    seed = rand(6, 4, seed=2)
+    (grad,) = y.gradient(w, gradient=Tensor(seed).to(TWO))
+    np.testing.assert_allclose(grad.numpy(), a.T @ seed, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("make", [lambda p: optim.SGD(p, lr=0.1, momentum=0.9), lambda p: optim.Adam(p, lr=0.05)])
 def test_optimizers_update_sharded_and_replicated_parameters_in_place(make) -> None:  # noqa: ANN001
     w0, b0 = rand(8, 6, seed=3), rand(6, seed=4)
