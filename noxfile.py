@@ -229,6 +229,8 @@ def tensor(session: nox.Session) -> None:
         DEV["selenium"],
         DEV["onnx"],
         DEV["onnxruntime"],
+        DEV["torchvision"],
+        DEV["pillow"],
     )
     _install_local(session, "tiny-tensor", extras=("llm",), tools=tools)
     _pytest(session, "tiny-tensor")
