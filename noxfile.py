@@ -98,12 +98,12 @@ def _install_local(
     session.install("--no-index", "--no-build-isolation", *editables, env=offline)
 
 
-def _pytest(session: nox.Session, dist: str) -> None:
+def _pytest(session: nox.Session, dist: str, env: dict[str, str] | None = None) -> None:
     # `nox -s ir -- packages/tiny-ir/tests/test_x.py` runs what it names; otherwise the package's tests folder
     names_paths = any(Path(arg.split("::")[0]).exists() for arg in session.posargs if not arg.startswith("-"))
     paths = [] if names_paths else [str(PACKAGES / dist / "tests")]
     # pytest exits 5 when it collects no test; that fails the session like any other non-zero exit
-    session.run("pytest", *PARALLEL, *paths, *session.posargs)
+    session.run("pytest", *PARALLEL, *paths, *session.posargs, env=env)
 
 
 @nox.session
@@ -229,11 +229,19 @@ def tensor(session: nox.Session) -> None:
         DEV["selenium"],
         DEV["onnx"],
         DEV["onnxruntime"],
-        DEV["torchvision"],
         DEV["pillow"],
     )
     _install_local(session, "tiny-tensor", extras=("llm",), tools=tools)
-    _pytest(session, "tiny-tensor")
+    torchvision = Path(session.create_tmp()) / "torchvision"
+    session.install("--no-deps", "--upgrade", "--target", str(torchvision), TORCHVISION)
+    _pytest(session, "tiny-tensor", env={"TINY_TORCHVISION": str(torchvision)})
+
+
+# torchvision, the reference tiny.models.resnet is checked against (the release for torch 2.13), in a folder of its
+# own that tests/test_resnet.py imports its pure-Python models and transforms from (TINY_TORCHVISION). PyPI's wheel
+# is the CUDA build: its compiled ops do not load beside the CPU torch, so `import torchvision` fails, and
+# transformers, which imports torchvision wherever it is installed, would fail with it
+TORCHVISION = "torchvision==0.28.0"
 
 
 # llama.cpp's Python binding, built from source (about 25 minutes on a 2-core machine): the llm session's reference

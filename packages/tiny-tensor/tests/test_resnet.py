@@ -3,13 +3,14 @@ running statistics (eval mode), saved with torch.save or as safetensors and load
 float32, gradients of the images equal to torch's; a torch.onnx.export of ResNet-18 through tiny.onnx against
 onnxruntime; the example command's preprocessing against torchvision's transforms, and its errors.
 
-torchvision 0.28.0 (the release for torch 2.13) is the CUDA build on PyPI: its compiled ops do not load beside the
-CPU torch, and `import torchvision` fails registering them. Its models and transforms are pure Python, so they are
-imported without the package's __init__ (see _torchvision)."""
+torchvision is the reference: where `import torchvision` works, as it is; else from the folder TINY_TORCHVISION
+names (nox's tensor session installs torchvision 0.28.0 there, see TORCHVISION in noxfile.py), its pure-Python
+models and transforms imported without the package's __init__ (see _torchvision); else these tests skip."""
 
 from __future__ import annotations
 
-import importlib.util
+import functools
+import importlib
 import io
 import os
 import subprocess
@@ -30,30 +31,34 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 
 
-def _torchvision() -> types.ModuleType:
-    """torchvision's package, imported as usual where its compiled ops load, else as a bare package whose
-    submodules (models.resnet, transforms) import without torchvision/__init__.py."""
+@functools.cache
+def _torchvision(module: str) -> types.ModuleType:
+    """torchvision.<module>, imported as usual where torchvision imports, else from TINY_TORCHVISION's folder as a
+    bare package: PyPI's torchvision 0.28.0 is the CUDA build, whose `import torchvision` fails registering its
+    compiled ops beside the CPU torch. The bare package is taken out of sys.modules afterwards, so that
+    transformers, which imports torchvision where it finds one, does not find it."""
+    folder = os.environ.get("TINY_TORCHVISION")
+    if not folder:
+        try:
+            return importlib.import_module(f"torchvision.{module}")
+        except ImportError:
+            pytest.skip("torchvision is not installed and TINY_TORCHVISION is unset (nox's tensor session sets it)")
+    if not (Path(folder) / "torchvision" / "models" / "resnet.py").is_file():
+        pytest.fail(f"TINY_TORCHVISION={folder} is not a folder holding torchvision (pip install --target)")
+    package = types.ModuleType("torchvision")
+    package.__path__ = [str(Path(folder) / "torchvision")]
+    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "torchvision" or k.startswith("torchvision.")}
+    sys.modules["torchvision"] = package
     try:
-        import torchvision
-    except ImportError:
-        pytest.skip("torchvision is not installed")
-    except (RuntimeError, OSError):  # (its ops' registration: "operator torchvision::nms does not exist")
-        for name in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
-            del sys.modules[name]
-        spec = importlib.util.find_spec("torchvision")
-        assert spec is not None and spec.submodule_search_locations is not None
-        torchvision = types.ModuleType("torchvision")
-        torchvision.__path__ = list(spec.submodule_search_locations)
-        torchvision.__spec__ = spec
-        sys.modules["torchvision"] = torchvision
-    return torchvision
+        return importlib.import_module(f"torchvision.{module}")
+    finally:
+        for k in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
 
 
 def _tv_resnet() -> types.ModuleType:
-    _torchvision()
-    import torchvision.models.resnet
-
-    return torchvision.models.resnet
+    return _torchvision("models.resnet")
 
 
 def _randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -199,9 +204,7 @@ def _photo(path: Path, size: tuple[int, int], seed: int = 0) -> Path:
 def test_preprocessing_equals_torchvisions_transforms(size: tuple[int, int], tmp_path: Path) -> None:
     from tiny.examples import resnet as example
 
-    _torchvision()
-    from torchvision import transforms
-
+    transforms = _torchvision("transforms")
     path = _photo(tmp_path / "photo.png", size)
     Image = pytest.importorskip("PIL.Image")
     steps = [transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor()]
