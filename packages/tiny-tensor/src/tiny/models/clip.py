@@ -95,7 +95,9 @@ class Attention:
 
     def __call__(self, x: Tensor, mask: Tensor) -> Tensor:
         batch, length, hidden = x.shape
-        q, k, v = (p(x).reshape(batch, length, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            p(x).reshape(batch, length, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         out = q.scaled_dot_product_attention(k, v, attn_mask=mask)
         return self.out_proj(out.transpose(1, 2).reshape(batch, length, hidden))
 

@@ -8,8 +8,10 @@ each with its config; weights are read lazily from each folder's safetensors fil
 
 >>> from tiny.models import stable_diffusion  # doctest: +SKIP
 >>> pipe = stable_diffusion.load("path/to/stable-diffusion-v1-5")  # doctest: +SKIP
->>> pipe("a photo of an astronaut", steps=20, seed=0).shape  # (batch, height, width, 3), floats in [0, 1]  # doctest: +SKIP
+>>> pipe("a photo of an astronaut", steps=20, seed=0).shape  # doctest: +SKIP
 (1, 512, 512, 3)
+
+The images are (batch, height, width, 3), floats in [0, 1].
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tiny.models import clip
 from tiny.models.hf import load_weights
 from tiny.nn import Conv2d, GroupNorm, LayerNorm, Linear, skip_init
 from tiny.nn.state import safe_load
-from tiny.tensor import Tensor, dtypes
+from tiny.tensor import Tensor
 
 __all__ = [
     "AutoencoderKL",
@@ -45,6 +47,14 @@ __all__ = [
 
 _DOWN = ("CrossAttnDownBlock2D", "DownBlock2D")
 _UP = ("CrossAttnUpBlock2D", "UpBlock2D")
+_UNET_FIXED = (  # settings of UNet2DConditionModel that Stable Diffusion keeps at these values, and this UNet too
+    ("class_embed_type", None),
+    ("addition_embed_type", None),
+    ("time_embedding_type", "positional"),
+    ("resnet_time_scale_shift", "default"),
+    ("act_fn", "silu"),
+    ("center_input_sample", False),
+)
 
 
 def _per_block(v: Any, n: int, what: str) -> tuple[int, ...]:
@@ -86,8 +96,7 @@ class UNetConfig:
                 f"UNet: blocks {list(down)} / {mid} / {list(up)} are not Stable Diffusion's "
                 f"(down: {_DOWN}, mid: UNetMidBlock2DCrossAttn, up: {_UP}, as many up as down)"
             )
-        for key, want in (("class_embed_type", None), ("addition_embed_type", None), ("time_embedding_type", "positional"),
-                          ("resnet_time_scale_shift", "default"), ("act_fn", "silu"), ("center_input_sample", False)):  # fmt: skip
+        for key, want in _UNET_FIXED:
             if cfg.get(key, want) != want:
                 raise ValueError(f"UNet: {key}={cfg[key]!r} is not supported (Stable Diffusion's is {want!r})")
         channels = tuple(int(c) for c in cfg["block_out_channels"])
@@ -107,7 +116,9 @@ class UNetConfig:
             norm_eps=float(cfg.get("norm_eps", 1e-5)),
             cross_attention_dim=int(cfg.get("cross_attention_dim", 768)),
             heads=_per_block(heads, n, "attention_head_dim"),
-            transformer_layers=_per_block(cfg.get("transformer_layers_per_block", 1), n, "transformer_layers_per_block"),
+            transformer_layers=_per_block(
+                cfg.get("transformer_layers_per_block", 1), n, "transformer_layers_per_block"
+            ),
             use_linear_projection=bool(cfg.get("use_linear_projection", False)),
         )
 
@@ -440,7 +451,9 @@ class Decoder:
         self.mid_block = _VAEMid(top, groups, device)
         reverse = channels[::-1]
         self.up_blocks = [
-            _UpDecoderBlock(reverse[max(i - 1, 0)], reverse[i], cfg.layers_per_block + 1, groups, i == len(reverse) - 1, device)
+            _UpDecoderBlock(
+                reverse[max(i - 1, 0)], reverse[i], cfg.layers_per_block + 1, groups, i == len(reverse) - 1, device
+            )
             for i in range(len(reverse))
         ]
         self.conv_norm_out = GroupNorm(groups, channels[0], eps=1e-6, device=device)
@@ -490,3 +503,316 @@ class AutoencoderKL:
             )
         z = latents if self.post_quant_conv is None else self.post_quant_conv(latents)
         return self.decoder(z.contiguous())
+
+
+# ---------------------------------------------------------------- schedulers
+
+
+def _alphas_cumprod(cfg: dict[str, Any]) -> np.ndarray:
+    """The products of (1 - beta) over the training steps, float32 as diffusers computes them."""
+    n, start, end = int(cfg.get("num_train_timesteps", 1000)), cfg.get("beta_start", 0.0001), cfg.get("beta_end", 0.02)
+    schedule = cfg.get("beta_schedule", "linear")
+    if cfg.get("trained_betas") is not None:
+        betas = np.asarray(cfg["trained_betas"], dtype=np.float32)
+    elif schedule == "linear":
+        betas = np.linspace(start, end, n, dtype=np.float32)
+    elif schedule == "scaled_linear":
+        betas = np.linspace(start**0.5, end**0.5, n, dtype=np.float32) ** 2
+    else:
+        raise ValueError(f"scheduler: beta_schedule {schedule!r} is not supported (linear, scaled_linear)")
+    if cfg.get("rescale_betas_zero_snr"):
+        raise ValueError("scheduler: rescale_betas_zero_snr is not supported")
+    return np.cumprod(1.0 - betas.astype(np.float32), dtype=np.float32)
+
+
+def _spaced(cfg: dict[str, Any], steps: int, integers: bool) -> np.ndarray:
+    """The timesteps of `steps` inference steps, from the noisiest, by the config's timestep_spacing."""
+    n, spacing = int(cfg.get("num_train_timesteps", 1000)), cfg.get("timestep_spacing", "leading")
+    if not 0 < steps <= n:
+        raise ValueError(f"scheduler: steps must be 1 to num_train_timesteps={n}, got {steps}")
+    if spacing == "linspace":
+        t = np.linspace(0, n - 1, steps, dtype=np.float32 if not integers else np.float64)[::-1]
+        return t.round().astype(np.int64) if integers else t.copy()
+    if spacing == "leading":
+        return (np.arange(steps) * (n // steps)).round()[::-1].astype(np.int64) + int(cfg.get("steps_offset", 0))
+    if spacing == "trailing":
+        return np.round(np.arange(n, 0, -n / steps)).astype(np.int64) - 1
+    raise ValueError(f"scheduler: timestep_spacing {spacing!r} is not supported (linspace, leading, trailing)")
+
+
+class DDIMScheduler:
+    """diffusers' DDIMScheduler with eta 0 (deterministic): each step estimates the clean latent from the predicted
+    noise and moves to the previous timestep's noise level along it."""
+
+    def __init__(self, cfg: dict[str, Any] | None = None) -> None:
+        self.cfg = cfg = dict(cfg or {})
+        self.alphas_cumprod = _alphas_cumprod(cfg)
+        self.final = 1.0 if cfg.get("set_alpha_to_one", True) else float(self.alphas_cumprod[0])
+        self.prediction = cfg.get("prediction_type", "epsilon")
+        if self.prediction not in ("epsilon", "v_prediction", "sample") or cfg.get("thresholding"):
+            raise ValueError(f"DDIM: prediction_type {self.prediction!r} / thresholding are not supported")
+        self.timesteps = np.zeros(0, dtype=np.int64)
+        self.init_noise_sigma = 1.0
+
+    def set_timesteps(self, steps: int) -> None:
+        self.steps, self.timesteps = steps, _spaced(self.cfg, steps, integers=True)
+
+    def scale_model_input(self, x: Tensor, i: int) -> Tensor:
+        return x
+
+    def step(self, output: Tensor, i: int, x: Tensor) -> Tensor:
+        """The latent at step i + 1 from the latent x at step i and the UNet's output there."""
+        t = int(self.timesteps[i])
+        prev = t - int(self.cfg.get("num_train_timesteps", 1000)) // self.steps
+        a = float(self.alphas_cumprod[t])
+        a_prev = float(self.alphas_cumprod[prev]) if prev >= 0 else self.final
+        if self.prediction == "epsilon":
+            x0, eps = (x - output * (1 - a) ** 0.5) / a**0.5, output
+        elif self.prediction == "v_prediction":
+            x0, eps = x * a**0.5 - output * (1 - a) ** 0.5, output * a**0.5 + x * (1 - a) ** 0.5
+        else:
+            x0 = output
+            eps = (x - x0 * a**0.5) / (1 - a) ** 0.5
+        if self.cfg.get("clip_sample"):
+            bound = float(self.cfg.get("clip_sample_range", 1.0))
+            x0 = x0.clip(-bound, bound)
+        return (x0 * a_prev**0.5 + eps * (1 - a_prev) ** 0.5).contiguous()
+
+
+class EulerDiscreteScheduler:
+    """diffusers' EulerDiscreteScheduler (no churn): noise levels sigma = sqrt((1 - a) / a) at the timesteps, the
+    input scaled by 1 / sqrt(sigma^2 + 1), and one Euler step of the probability-flow ODE to the next sigma."""
+
+    def __init__(self, cfg: dict[str, Any] | None = None) -> None:
+        self.cfg = cfg = dict(cfg or {})
+        self.alphas_cumprod = _alphas_cumprod(cfg)
+        self.prediction = cfg.get("prediction_type", "epsilon")
+        for key, want in (("interpolation_type", "linear"), ("use_karras_sigmas", False),
+                          ("use_exponential_sigmas", False), ("use_beta_sigmas", False), ("final_sigmas_type", "zero"),
+                          ("timestep_type", "discrete")):  # fmt: skip
+            if cfg.get(key, want) not in (want, None):
+                raise ValueError(f"Euler: {key}={cfg[key]!r} is not supported (only {want!r})")
+        if self.prediction not in ("epsilon", "v_prediction"):
+            raise ValueError(f"Euler: prediction_type {self.prediction!r} is not supported (epsilon, v_prediction)")
+        self.timesteps = np.zeros(0, dtype=np.float32)
+        self.sigmas = np.zeros(1, dtype=np.float32)
+        self.init_noise_sigma = 1.0
+
+    def set_timesteps(self, steps: int) -> None:
+        t = _spaced({"timestep_spacing": "linspace", **self.cfg}, steps, integers=False).astype(np.float32)
+        levels = ((1 - self.alphas_cumprod) / self.alphas_cumprod) ** 0.5
+        sigmas = np.interp(t, np.arange(len(levels)), levels)
+        self.timesteps, self.sigmas = t, np.concatenate([sigmas, [0.0]]).astype(np.float32)
+        top = float(self.sigmas.max())
+        spacing = self.cfg.get("timestep_spacing", "linspace")
+        self.init_noise_sigma = top if spacing in ("linspace", "trailing") else (top**2 + 1) ** 0.5
+
+    def scale_model_input(self, x: Tensor, i: int) -> Tensor:
+        return x / float((self.sigmas[i] ** 2 + 1) ** 0.5)
+
+    def step(self, output: Tensor, i: int, x: Tensor) -> Tensor:
+        sigma, following = float(self.sigmas[i]), float(self.sigmas[i + 1])
+        if self.prediction == "epsilon":
+            x0 = x - output * sigma
+        else:
+            x0 = output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1)
+        return (x + (x - x0) / sigma * (following - sigma)).contiguous()
+
+
+SCHEDULERS = {"DDIMScheduler": DDIMScheduler, "EulerDiscreteScheduler": EulerDiscreteScheduler}
+
+
+# ---------------------------------------------------------------- the tokenizer and the pipeline
+
+# CLIP's split of lowercased text before byte-pair encoding: the two special tokens, English contractions, runs of
+# letters, single digits, runs of other non-space characters
+_CLIP_SPLIT = r"<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"
+
+
+class CLIPTokenizer:
+    """CLIP's byte-pair tokenizer from a tokenizer folder (vocab.json and merges.txt, or tokenizer.json), through
+    Hugging Face's `tokenizers`: each prompt lowercased, split, encoded, between the start and end tokens, and padded
+    (or cut) to model_max_length, as CLIPTokenizer(..., padding="max_length", truncation=True) gives the ids."""
+
+    def __init__(self, folder: Path) -> None:
+        try:
+            from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+        except ImportError:
+            raise ImportError(
+                "the CLIP tokenizer uses the `tokenizers` library: pip install 'tiny-tensor[llm]'"
+            ) from None
+        config = folder / "tokenizer_config.json"
+        settings = _read_json(config) if config.is_file() else {}
+        vocab, merges = folder / "vocab.json", folder / "merges.txt"
+        if (folder / "tokenizer.json").is_file():
+            self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            self.tokenizer.no_padding(), self.tokenizer.no_truncation()
+            self.tokenizer.post_processor = None
+        elif vocab.is_file() and merges.is_file():
+            bpe = models.BPE.from_file(str(vocab), str(merges), end_of_word_suffix="</w>", unk_token="<|endoftext|>")
+            tok = Tokenizer(bpe)
+            tok.normalizer = normalizers.Sequence(
+                [normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()]
+            )
+            tok.pre_tokenizer = pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(Regex(_CLIP_SPLIT), behavior="removed", invert=True),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                ]
+            )
+            tok.decoder = decoders.ByteLevel()
+            self.tokenizer = tok
+        else:
+            raise FileNotFoundError(f"{folder} has neither tokenizer.json nor vocab.json and merges.txt")
+        ids = self.tokenizer.get_vocab()
+
+        def token(key: str, default: str) -> int:
+            name = settings.get(key) or default
+            name = name["content"] if isinstance(name, dict) else name
+            if name not in ids:
+                raise ValueError(f"{folder}: the {key} {name!r} is not in the vocabulary")
+            return ids[name]
+
+        self.bos, self.eos = token("bos_token", "<|startoftext|>"), token("eos_token", "<|endoftext|>")
+        self.pad = token("pad_token", "<|endoftext|>")
+        self.length = int(settings.get("model_max_length", 77))
+
+    def __call__(self, prompts: Sequence[str]) -> np.ndarray:
+        """(len(prompts), model_max_length) token ids."""
+        out = np.full((len(prompts), self.length), self.pad, dtype=np.int64)
+        for row, prompt in enumerate(prompts):
+            ids = [self.bos, *self.tokenizer.encode(prompt, add_special_tokens=False).ids][: self.length - 1]
+            ids.append(self.eos)
+            out[row, : len(ids)] = ids
+        return out
+
+
+@dataclass
+class StableDiffusion:
+    """The text encoder, the tokenizer (a function from prompts to ids), the UNet, the VAE and a scheduler, as
+    diffusers' StableDiffusionPipeline joins them."""
+
+    text_encoder: clip.CLIPTextModel
+    tokenizer: Callable[[Sequence[str]], np.ndarray]
+    unet: UNet2DConditionModel
+    vae: AutoencoderKL
+    scheduler: DDIMScheduler | EulerDiscreteScheduler
+    random_weights: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def encode(self, prompts: Sequence[str]) -> Tensor:
+        """The text's hidden states (len(prompts), tokens, hidden) that the UNet attends to."""
+        ids = Tensor(self.tokenizer(prompts), device=self.unet.device)
+        return self.text_encoder(ids).last_hidden_state
+
+    def __call__(
+        self,
+        prompt: str | Sequence[str],
+        negative_prompt: str | Sequence[str] = "",
+        steps: int = 50,
+        guidance_scale: float = 7.5,
+        height: int | None = None,
+        width: int | None = None,
+        seed: int | None = None,
+        latents: Tensor | np.ndarray | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> np.ndarray:
+        """Images (batch, height, width, 3), floats in [0, 1], of the prompts after `steps` denoising steps with
+        classifier-free guidance (guidance_scale > 1: the negative prompt's prediction pushed away from). The start
+        is Gaussian noise (of `seed`), or `latents` (batch, 4, height / 8, width / 8) as diffusers takes them."""
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)
+        if not prompts or len(negatives) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts and {len(negatives)} negative prompts: give one of each")
+        scale = 2 ** (len(self.vae.cfg.block_out_channels) - 1)
+        height = height or self.unet.cfg.sample_size * scale
+        width = width or self.unet.cfg.sample_size * scale
+        levels = scale * 2 ** (len(self.unet.cfg.block_out_channels) - 1)
+        if height % levels or width % levels:
+            raise ValueError(f"height and width must be multiples of {levels}, got {height} x {width}")
+        shape = (len(prompts), self.unet.cfg.in_channels, height // scale, width // scale)
+        if latents is None:
+            latents = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+        x = latents if isinstance(latents, Tensor) else Tensor(np.asarray(latents, np.float32), device=self.unet.device)
+        if tuple(x.shape) != shape:
+            raise ValueError(f"latents must be {shape} for {len(prompts)} prompts at {height} x {width}, got {x.shape}")
+        guided = guidance_scale > 1
+        context = self.encode([*negatives, *prompts] if guided else prompts).contiguous().realize()
+        self.scheduler.set_timesteps(steps)
+        x = (x * float(self.scheduler.init_noise_sigma)).contiguous()
+        for i, t in enumerate(self.scheduler.timesteps):
+            model_in = self.scheduler.scale_model_input(x.cat(x, dim=0) if guided else x, i)
+            noise = self.unet(model_in, float(t), context)
+            if guided:
+                uncond, text = noise.chunk(2, dim=0)
+                noise = uncond + (text - uncond) * guidance_scale
+            x = self.scheduler.step(noise, i, x).realize()
+            if progress is not None:
+                progress(i + 1, steps)
+        image = self.vae.decode(x / self.vae.cfg.scaling_factor)
+        return ((image / 2 + 0.5).clip(0, 1)).permute(0, 2, 3, 1).numpy()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path.parent} has no {path.name}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} should hold a JSON object, it holds a {type(data).__name__}")
+    return data
+
+
+def _weights(folder: Path, device: str | None) -> dict[str, Tensor]:
+    for name in ("diffusion_pytorch_model.safetensors", "model.safetensors"):
+        if (folder / name).is_file():
+            return safe_load(folder / name, device)
+    raise FileNotFoundError(f"{folder} has no diffusion_pytorch_model.safetensors (.bin checkpoints are not read)")
+
+
+def load_unet(path: str | os.PathLike, device: str | None = None) -> UNet2DConditionModel:
+    """The UNet of a diffusers unet/ folder (config.json and diffusion_pytorch_model.safetensors), read lazily."""
+    folder = Path(path)
+    cfg = UNetConfig.from_diffusers(_read_json(folder / "config.json"))
+    with skip_init():
+        model = UNet2DConditionModel(cfg, device)
+    load_weights(model, _weights(folder, device), folder, base="unet")
+    return model
+
+
+def load_vae(path: str | os.PathLike, device: str | None = None) -> AutoencoderKL:
+    """The decoder of a diffusers vae/ folder (the encoder's weights are left unread)."""
+    folder = Path(path)
+    cfg = VAEConfig.from_diffusers(_read_json(folder / "config.json"))
+    with skip_init():
+        model = AutoencoderKL(cfg, device)
+    weights = {k: t for k, t in _weights(folder, device).items() if not k.startswith(("encoder.", "quant_conv."))}
+    load_weights(model, weights, folder, base="vae")
+    return model
+
+
+def load(path: str | os.PathLike, device: str | None = None, scheduler: str | None = None) -> StableDiffusion:
+    """The pipeline of a diffusers folder (model_index.json, text_encoder/, tokenizer/, unet/, vae/, scheduler/).
+    scheduler: "DDIMScheduler" or "EulerDiscreteScheduler" with the folder's scheduler config (its own class where
+    that is one of them, else DDIM; the settings the chosen class does not have are left, as its from_pretrained
+    leaves them)."""
+    folder = Path(path)
+    if not (folder / "model_index.json").is_file():
+        raise FileNotFoundError(
+            f"expected a diffusers pipeline folder (model_index.json, unet/, vae/, ...); {folder} has none"
+        )
+    index = _read_json(folder / "model_index.json")
+    settings = _read_json(folder / "scheduler" / "scheduler_config.json")
+    name = scheduler or (settings.get("_class_name") if settings.get("_class_name") in SCHEDULERS else "DDIMScheduler")
+    if name not in SCHEDULERS:
+        raise ValueError(f"scheduler {name!r} is not one of {', '.join(SCHEDULERS)}")
+    del index  # (its entries name the components' classes; the folders are what is read)
+    return StableDiffusion(
+        text_encoder=clip.load(folder / "text_encoder", device),
+        tokenizer=CLIPTokenizer(folder / "tokenizer"),
+        unet=load_unet(folder / "unet", device),
+        vae=load_vae(folder / "vae", device),
+        scheduler=SCHEDULERS[name](settings),
+    )
