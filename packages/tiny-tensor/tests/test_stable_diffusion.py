@@ -275,3 +275,71 @@ def test_pipeline_bad_input(pipeline_folder, tmp_path):
         sd.load(tmp_path)
     with pytest.raises(ValueError, match="scheduler 'PNDM' is not one of"):
         sd.load(folder, scheduler="PNDM")
+
+
+# ---------------------------------------------------------------- the example
+
+
+def _read_png(path) -> np.ndarray:
+    """The pixels of an 8-bit RGB PNG with one IDAT and filter 0 rows (what the example writes)."""
+    import struct
+    import zlib
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks, at = {}, 8
+    while at < len(data):
+        (size,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + size]
+        assert struct.unpack(">I", data[at + 8 + size : at + 12 + size])[0] == zlib.crc32(kind + body)
+        chunks[kind] = body
+        at += 12 + size
+    width, height, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, color) == (8, 2)
+    rows = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), np.uint8).reshape(height, 1 + width * 3)
+    assert (rows[:, 0] == 0).all()
+    return rows[:, 1:].reshape(height, width, 3)
+
+
+def test_example_with_model(pipeline_folder, tmp_path, capsys):
+    from tiny.examples import stable_diffusion as example
+
+    folder, _ = pipeline_folder
+    out = tmp_path / "cat.png"
+    example.main(["--model", str(folder), "--prompt", "a cat", "--steps", "2", "--seed", "5", "--out", str(out)])
+    pipe = sd.load(folder)
+    want = pipe("a cat", steps=2, seed=5)[0]
+    np.testing.assert_array_equal(_read_png(out), (want * 255).round().clip(0, 255).astype(np.uint8))
+    captured = capsys.readouterr()
+    assert "step 2/2" in captured.err and f"wrote {out} (16 x 16)" in captured.out
+
+
+def test_example_random_weights(tmp_path, capsys):
+    from tiny.examples import stable_diffusion as example
+
+    out = tmp_path / "noise.png"
+    example.main(
+        ["--random", "small", "--prompt", "x", "--steps", "1", "--height", "32", "--width", "64", "--out", str(out)]
+    )
+    assert _read_png(out).shape == (32, 64, 3)
+    assert "random weights (small's shape, no --model): the picture will be noise" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", "/nonexistent", "--out", "x.png"], "expected a diffusers pipeline folder"),
+        (["--out", "x.jpg"], "--out must name a .png file"),
+        (["--out", "/nonexistent/x.png"], "the folder of --out, /nonexistent, does not exist"),
+        (["--out", "x.png", "--steps", "0"], "argument --steps: 0 is not positive"),
+    ],
+)
+def test_example_bad_input(args, message):
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, "-m", "tiny.examples.stable_diffusion", "--prompt", "a", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert message in run.stderr and "Traceback" not in run.stderr, run.stderr
