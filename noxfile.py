@@ -229,6 +229,7 @@ def tensor(session: nox.Session) -> None:
         DEV["selenium"],
         DEV["onnx"],
         DEV["onnxruntime"],
+        DEV["diffusers"],
     )
     _install_local(session, "tiny-tensor", extras=("llm",), tools=tools)
     _pytest(session, "tiny-tensor")
