@@ -230,6 +230,7 @@ def tensor(session: nox.Session) -> None:
         DEV["onnx"],
         DEV["onnxruntime"],
         DEV["pillow"],
+        DEV["diffusers"],
     )
     _install_local(session, "tiny-tensor", extras=("llm",), tools=tools)
     torchvision = Path(session.create_tmp()) / "torchvision"

@@ -134,6 +134,7 @@ _ACTIVATIONS = {
     "gelu": lambda x: x.gelu(),
     "gelu_new": lambda x: x.gelu(approximate="tanh"),
     "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"),
+    "quick_gelu": lambda x: x * (x * 1.702).sigmoid(),
     "relu": lambda x: x.relu(),
     "silu": lambda x: x.silu(),
     "swish": lambda x: x.silu(),
