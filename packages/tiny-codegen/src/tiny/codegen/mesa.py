@@ -148,6 +148,17 @@ class Blob(ctypes.Structure):
     ]
 
 
+class BlobReader(ctypes.Structure):
+    """util/blob.h's reader (what nir_deserialize reads from)."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("end", ctypes.c_void_p),
+        ("current", ctypes.c_void_p),
+        ("overrun", ctypes.c_bool),
+    ]
+
+
 class _OpInfo(ctypes.Structure):
     """nir_op_info's first field, and its size (the rest is not read)."""
 
@@ -197,6 +208,8 @@ _FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
     "nir_print_shader": (None, [_P, _P]),
     "blob_init": (None, [ctypes.POINTER(Blob)]),
     "nir_serialize": (None, [ctypes.POINTER(Blob), _P, ctypes.c_bool]),
+    "blob_reader_init": (None, [ctypes.POINTER(BlobReader), _P, ctypes.c_size_t]),
+    "nir_deserialize": (_P, [_P, _P, ctypes.POINTER(BlobReader)]),
     "ralloc_free": (None, [_P]),
 }
 
@@ -337,3 +350,15 @@ def serialize(shader: int) -> bytes:
     libc.free.argtypes = [ctypes.c_void_p]
     libc.free(blob.data)
     return data
+
+
+def deserialize(blob: bytes, options: int | None) -> int:
+    """A shader from what nir_serialize wrote, with a back end's NIR options (a compiler's own): free it with
+    ralloc_free."""
+    reader = BlobReader()
+    data = ctypes.create_string_buffer(blob, len(blob))
+    mesa().blob_reader_init(ctypes.byref(reader), data, len(blob))
+    shader = mesa().nir_deserialize(None, options, ctypes.byref(reader))
+    if not shader or reader.overrun:
+        raise ValueError(f"nir_deserialize could not read the {len(blob)}-byte shader")
+    return shader
