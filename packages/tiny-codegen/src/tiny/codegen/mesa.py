@@ -47,6 +47,7 @@ ACCESS_CAN_REORDER = 1 << 6  # gl_access_qualifier: a load that may move (nothin
 
 # shader_info inside nir_shader: gctx (8) + the variables' exec_list (32) + options (8), then shader_info
 SHADER_INFO = 48
+INFO_NUM_UBOS = 54  # uint8_t num_ubos
 INFO_SHARED_SIZE = 268  # unsigned shared_size
 INFO_WORKGROUP_SIZE = 280  # uint16_t workgroup_size[3]
 

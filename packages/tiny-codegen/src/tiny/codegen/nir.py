@@ -30,6 +30,7 @@ from typing import Any
 
 from tiny.codegen.mesa import (
     ACCESS_CAN_REORDER,
+    INFO_NUM_UBOS,
     INFO_SHARED_SIZE,
     INFO_WORKGROUP_SIZE,
     MESA_SHADER_COMPUTE,
@@ -105,7 +106,8 @@ class NIRRenderer(Renderer):
         return f"{text}{SERIALIZED}{base64.b64encode(blob).decode()}\n"
 
     def param(self, b: _Build, offset: int, bits: int) -> Any:
-        """An argument: `bits` wide at byte `offset` of uniform block 0."""
+        """An argument: `bits` wide at byte `offset` of uniform block 0 (the shader's one uniform block)."""
+        b.set_info(INFO_NUM_UBOS, ctypes.c_uint8, 1)
         zero = b.const(0, dtypes.uint32)
         at = b.const(offset, dtypes.uint32)
         return b.intrinsic(
