@@ -18,6 +18,8 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import os
+import tempfile
+import threading
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -323,8 +325,25 @@ def llvmpipe_problem() -> str | None:
     return None
 
 
-def print_shader(shader: int) -> str:
-    """The shader as nir_print_shader writes it."""
+_stderr_lock = threading.Lock()
+
+
+def captured_stderr(fn: Any) -> tuple[Any, str]:
+    """fn()'s result and what it wrote to the process's stderr (where Mesa's compilers say why they failed)."""
+    with _stderr_lock, tempfile.TemporaryFile() as f:
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            result = fn()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        return result, f.read().decode(errors="replace")
+
+
+def print_to_string(write: Any) -> str:
+    """What write(stream) writes to a C stdio stream (an open_memstream), as text."""
     libc = ctypes.CDLL(None)
     libc.open_memstream.restype = ctypes.c_void_p
     libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_size_t)]
@@ -332,11 +351,16 @@ def print_shader(shader: int) -> str:
     libc.free.argtypes = [ctypes.c_void_p]
     buf, size = ctypes.c_char_p(), ctypes.c_size_t()
     stream = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
-    mesa().nir_print_shader(shader, stream)
+    write(stream)
     libc.fclose(stream)
-    text = ctypes.string_at(buf, size.value).decode()
+    text = ctypes.string_at(buf, size.value).decode(errors="replace")
     libc.free(ctypes.cast(buf, ctypes.c_void_p))
     return text
+
+
+def print_shader(shader: int) -> str:
+    """The shader as nir_print_shader writes it."""
+    return print_to_string(lambda stream: mesa().nir_print_shader(shader, stream))
 
 
 def serialize(shader: int) -> bytes:

@@ -17,16 +17,13 @@ reason and the source.
 from __future__ import annotations
 
 import ctypes
-import os
 import re
-import tempfile
-import threading
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from tiny.codegen.cstyle import target_fields
-from tiny.codegen.mesa import ACCESS_CAN_REORDER, MESA_SHADER_COMPUTE, MESA_VERSION, deserialize, mesa
+from tiny.codegen.mesa import ACCESS_CAN_REORDER, MESA_SHADER_COMPUTE, MESA_VERSION, captured_stderr, deserialize, mesa
 from tiny.codegen.nir import NIR_DTYPES, NIRRenderer, _Build, serialized
 from tiny.ir.device import CompileError, Compiler, RendererCaps
 from tiny.ir.dtypes import dtypes
@@ -166,23 +163,6 @@ def nak_compiler(sm: int) -> int:
     return nak
 
 
-_stderr_lock = threading.Lock()
-
-
-def _with_stderr(fn: Any) -> tuple[Any, str]:
-    """fn()'s result and what it wrote to the process's stderr (NAK prints the reason of a failure there)."""
-    with _stderr_lock, tempfile.TemporaryFile() as f:
-        saved = os.dup(2)
-        os.dup2(f.fileno(), 2)
-        try:
-            result = fn()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        f.seek(0)
-        return result, f.read().decode(errors="replace")
-
-
 @dataclass(frozen=True)
 class NAKShader:
     """What NAK made of a kernel: its code and the shader info a launch descriptor (QMD) is filled from."""
@@ -243,7 +223,7 @@ class NAKCompiler(Compiler):
         lib, nak = mesa().lib, nak_compiler(self.sm)
         shader = deserialize(serialized(src), lib.nak_nir_options(nak))
         lib.nak_preprocess_nir(shader, nak)
-        out, errors = _with_stderr(lambda: lib.nak_compile_shader(shader, listing, nak, 0, None))
+        out, errors = captured_stderr(lambda: lib.nak_compile_shader(shader, listing, nak, 0, None))
         lib.ralloc_free(shader)
         if not out:
             reason = "\n".join(line for line in errors.splitlines() if not line.startswith(" ")) or "no reason given"
