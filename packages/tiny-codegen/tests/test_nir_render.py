@@ -15,6 +15,7 @@ from tiny.codegen import mesa
 from tiny.codegen.nir import SERIALIZED, NIRRenderer, serialized
 from tiny.codegen.opt import Opt, OptOps
 from tiny.ir.device import DeviceUnavailable, RendererCaps
+from tiny.ir.device import __main__ as listing
 from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import create_schedule
 
@@ -151,3 +152,18 @@ def test_llvmpipe_says_why_it_cannot_load() -> None:
     if problem is None:
         pytest.skip("libLLVM.so.20.1 is installed here: llvmpipe's library loads")
     assert "libLLVM.so.20.1" in problem
+
+
+def test_the_device_listing_says_why_nir_cannot_be_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m tiny.ir.device` names each installed renderer that cannot be used here, with the reason."""
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    nir = importlib.metadata.EntryPoint("NIR", "tiny.codegen.nir:NIRRenderer", "tiny.renderers")
+    c = importlib.metadata.EntryPoint("C", "tiny.codegen.cstyle:CRenderer", "tiny.renderers")
+    monkeypatch.setattr(listing, "renderer_entry_points", lambda: {"NIR": nir, "C": c})
+    (line,) = listing.unavailable_renderers()
+    assert line.startswith("  renderer NIR: no, Mesa's compilers come from the tinymesa wheel, which is not installed")
+    assert "pip install 'tiny-tensor[mesa]'" in line

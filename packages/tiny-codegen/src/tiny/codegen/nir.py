@@ -41,11 +41,13 @@ from tiny.codegen.mesa import (
     SHADER_INFO,
     Mesa,
     Scalar,
+    check_version,
     mesa,
     print_shader,
     serialize,
+    wheel_version,
 )
-from tiny.ir.device import Renderer, RendererCaps
+from tiny.ir.device import DeviceUnavailable, Renderer, RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes
 from tiny.ir.uop import GroupOp, Ops, UOp
 
@@ -86,6 +88,16 @@ class NIRRenderer(Renderer):
     """A kernel as a NIR compute shader: loops for the CPU (llvmpipe) by default; a GPU target overrides `caps`."""
 
     caps = RendererCaps(language="NIR", vector_width=4, dtypes=NIR_DTYPES)
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why the tinymesa wheel cannot be used (not installed, another Mesa); with it, llvmpipe's library may still
+        be missing (`tiny.codegen.mesa.llvmpipe_problem`), which NAK and ir3 do not need."""
+        try:
+            check_version(wheel_version())
+        except DeviceUnavailable as e:
+            return str(e)
+        return None
 
     def render(self, name: str, uops: list[UOp]) -> str:
         for u in uops:
