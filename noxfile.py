@@ -27,7 +27,19 @@ PACKAGES = ROOT / "packages"
 nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["ir", "codegen", "runtime_misc", "nv", "amd", "tensor", "cl", "llvm", "webgpu", "lint"]
+nox.options.sessions = [
+    "ir",
+    "codegen",
+    "runtime_misc",
+    "nv",
+    "amd",
+    "tensor",
+    "cl",
+    "llvm",
+    "webgpu",
+    "mesa",
+    "lint",
+]
 
 
 def _project(pyproject: Path) -> dict:
@@ -98,12 +110,12 @@ def _install_local(
     session.install("--no-index", "--no-build-isolation", *editables, env=offline)
 
 
-def _pytest(session: nox.Session, dist: str) -> None:
+def _pytest(session: nox.Session, dist: str, env: dict[str, str] | None = None) -> None:
     # `nox -s ir -- packages/tiny-ir/tests/test_x.py` runs what it names; otherwise the package's tests folder
     names_paths = any(Path(arg.split("::")[0]).exists() for arg in session.posargs if not arg.startswith("-"))
     paths = [] if names_paths else [str(PACKAGES / dist / "tests")]
     # pytest exits 5 when it collects no test; that fails the session like any other non-zero exit
-    session.run("pytest", *PARALLEL, *paths, *session.posargs)
+    session.run("pytest", *PARALLEL, *paths, *session.posargs, env=env)
 
 
 @nox.session
@@ -229,9 +241,20 @@ def tensor(session: nox.Session) -> None:
         DEV["selenium"],
         DEV["onnx"],
         DEV["onnxruntime"],
+        DEV["pillow"],
+        DEV["diffusers"],
     )
     _install_local(session, "tiny-tensor", extras=("llm",), tools=tools)
-    _pytest(session, "tiny-tensor")
+    torchvision = Path(session.create_tmp()) / "torchvision"
+    session.install("--no-deps", "--upgrade", "--target", str(torchvision), TORCHVISION)
+    _pytest(session, "tiny-tensor", env={"TINY_TORCHVISION": str(torchvision)})
+
+
+# torchvision, the reference tiny.models.resnet is checked against (the release for torch 2.13), in a folder of its
+# own that tests/test_resnet.py imports its pure-Python models and transforms from (TINY_TORCHVISION). PyPI's wheel
+# is the CUDA build: its compiled ops do not load beside the CPU torch, so `import torchvision` fails, and
+# transformers, which imports torchvision wherever it is installed, would fail with it
+TORCHVISION = "torchvision==0.28.0"
 
 
 # llama.cpp's Python binding, built from source (about 25 minutes on a 2-core machine): the llm session's reference
@@ -322,6 +345,19 @@ def llvm(session: nox.Session) -> None:
         PACKAGES / "tiny-runtime-misc" / "tests" / "test_cpu_llvm.py",
     ]
     _device_suite(session, "CPU:LLVM", own, LLVM_SUBSET)
+
+
+@nox.session
+def mesa(session: nox.Session) -> None:
+    """Mesa NIR with the tinymesa wheel (tiny-tensor's [mesa] extra): the NIR renderer's tests (its shaders through
+    Mesa's nir_validate), the sweep of tensor ops rendered as NIR, and the compile sweeps of NAK (every kernel of the
+    CUDA compile sweep's ops for sm_75, sm_86, sm_89 and sm_90) and ir3 (the same kernels for the Adreno a630, a660
+    and a730). Compile-only; under a minute."""
+    _install_local(session, "tiny-tensor", extras=("mesa",), test_with=("tiny-runtime-nv",))
+    tests = ("tiny-codegen/tests/test_nir_render.py", "tiny-tensor/tests/test_nir_sweep.py")
+    session.run("pytest", *PARALLEL, *(str(PACKAGES / t) for t in tests), *session.posargs)
+    sweeps = ("test_nak_compile.py", "test_ir3_compile.py")
+    session.run("pytest", *PARALLEL, *(str(PACKAGES / "tiny-runtime-nv/tests" / t) for t in sweeps), *session.posargs)
 
 
 # the tiny-tensor tests the webgpu session runs by default: every op and dtype against NumPy and PyTorch, reductions,

@@ -17,7 +17,7 @@ from typing import Any
 from tiny.nn.state import get_state_dict, safe_load
 from tiny.tensor import Tensor, dtypes
 
-__all__ = ["activation", "load_weights", "read_config", "read_weights"]
+__all__ = ["activation", "load_weights", "read_config", "read_json", "read_weights"]
 
 
 def read_config(path: str | os.PathLike, architectures: Sequence[str]) -> tuple[Path, dict[str, Any], str]:
@@ -31,12 +31,7 @@ def read_config(path: str | os.PathLike, architectures: Sequence[str]) -> tuple[
     if not config_path.is_file():
         found = sorted(p.name for p in folder.iterdir())[:10]
         raise FileNotFoundError(f"{folder} has no config.json: not a Hugging Face model folder (it holds {found})")
-    try:
-        cfg = json.loads(config_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{config_path} is not valid JSON: {e}") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{config_path} should hold a JSON object, it holds a {type(cfg).__name__}")
+    cfg = read_json(config_path)
     found_archs = cfg.get("architectures") or []
     arch = found_archs[0] if found_archs else None
     if arch not in architectures:
@@ -45,6 +40,21 @@ def read_config(path: str | os.PathLike, architectures: Sequence[str]) -> tuple[
             f"{arch!r} (model_type {cfg.get('model_type')!r})"
         )
     return folder, cfg, arch
+
+
+def read_json(path: Path, missing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON object a file holds (a config); `missing` where the file does not exist, if given, else an error."""
+    if not path.is_file():
+        if missing is not None:
+            return missing
+        raise FileNotFoundError(f"{path.parent} has no {path.name}")
+    try:
+        found = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(found, dict):
+        raise ValueError(f"{path} should hold a JSON object, it holds a {type(found).__name__}")
+    return found
 
 
 def read_weights(folder: Path, device: str | None) -> dict[str, Tensor]:
@@ -134,6 +144,7 @@ _ACTIVATIONS = {
     "gelu": lambda x: x.gelu(),
     "gelu_new": lambda x: x.gelu(approximate="tanh"),
     "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"),
+    "quick_gelu": lambda x: x * (x * 1.702).sigmoid(),
     "relu": lambda x: x.relu(),
     "silu": lambda x: x.silu(),
     "swish": lambda x: x.silu(),
