@@ -442,7 +442,7 @@ class CStyleRenderer(WalkingRenderer):
         w.line(self.barrier())
 
     def write_expression(self, w: _CWalk, u: UOp) -> str:
-        """An op whose value is an expression: inlined into its reader or named (Walk.value)."""
+        """An op whose value is an expression: inlined into its reader or named (Walk.expression)."""
         op, src = u.op, w.operands(u)
         if op is Ops.WMMA:
             expr = self.wmma(u, src)
@@ -458,7 +458,7 @@ class CStyleRenderer(WalkingRenderer):
         else:
             expr = self.alu(u, src)
         expr = self.rounded(u, expr)
-        return w.value(u, expr, lambda name: f"{self.value_type(u)} {name} = {expr};")
+        return w.expression(u, expr, lambda name: f"{self.value_type(u)} {name} = {expr};")
 
     def _steps(self, w: _CWalk, acc: UOp, value: UOp) -> list[str] | None:
         """value = ((acc op t0) op t1) ... with every op inlined: 'acc op t' for each term, in order."""

@@ -75,7 +75,7 @@ class Walk:
         """The values of u's sources ('' for a source that has none: a RANGE's end marker ...)."""
         return [self.names.get(s, "") for s in u.src]
 
-    def value(self, u: UOp, expr: str, declare: Callable[[str], str]) -> str:
+    def expression(self, u: UOp, expr: str, declare: Callable[[str], str]) -> str:
         """u's value written as `expr`: the expression itself where u is read once and nests shallow enough (its
         reader writes it in place), else a fresh name given by the line declare(name)."""
         self._nest[u] = 1 + max((self._nest.get(s, 0) for s in u.src), default=0)

@@ -477,7 +477,7 @@ class WGSLRenderer(WalkingRenderer):
             expr = self.from_bits(self.bits_of(src[0], u.src[0].dtype), u.dtype)
         else:
             expr = self.finish(u, self.alu(u, src))
-        return w.value(u, expr, lambda name: f"let {name} = {expr};")
+        return w.expression(u, expr, lambda name: f"let {name} = {expr};")
 
     def special(self, name: str, grid: tuple[int, int, int], folded: bool) -> str:
         dim = int(name[4:])
