@@ -68,6 +68,25 @@ _MEMORY = {  # the type of loads and stores of each dtype
     "float64": "f64",
 }
 _EXACT = frozenset({Ops.WHERE, Ops.MAX, Ops.NEG, Ops.TRUNC, Ops.BITCAST})  # no bfloat16 rounding after these
+# The ALU ops that are one instruction, as (float, integer, bool) forms: {t} the instruction type (_ARITH), {b} the
+# register's bits, {rn} .rn on float32/64 sums and products (ptxas never fuses those into an fma, so a value computed
+# again in another kernel rounds the same: x * x - y is exactly 0 where y holds x * x). None: written out (_arith).
+_INSTRUCTIONS: dict[Ops, tuple[str | None, str | None, str | None]] = {
+    Ops.ADD: ("add{rn}.{t}", "add.{t}", "or.pred"),
+    Ops.MUL: ("mul{rn}.{t}", "mul.lo.{t}", "and.pred"),
+    Ops.NEG: ("neg.{t}", "neg.s{b}", "not.pred"),
+    Ops.FDIV: ("div.rn.{t}", None, None),
+    Ops.RECIP: ("rcp.rn.{t}", None, None),
+    Ops.SQRT: ("sqrt.rn.{t}", None, None),
+    Ops.TRUNC: ("cvt.rzi.{t}.{t}", None, None),
+    Ops.MAX: (None, "max.{t}", "or.pred"),
+    Ops.AND: (None, "and.b{b}", "and.pred"),
+    Ops.OR: (None, "or.b{b}", "or.pred"),
+    Ops.XOR: (None, "xor.b{b}", "xor.pred"),
+}
+_WRAPS = frozenset({Ops.ADD, Ops.MUL, Ops.NEG})  # integer instructions whose result can leave an 8- or 16-bit range
+# float16 math that PTX has no f16 instruction for: computed in float32
+_F16_VIA_F32 = frozenset({Ops.FDIV, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.MOD})
 _NARROW = {dtypes.int8: "s8", dtypes.int16: "s16", dtypes.uint8: "u8", dtypes.uint16: "u16"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -503,19 +522,15 @@ class PTXRenderer(WalkingRenderer):
 
     def _alu(self, k: _Kernel, u: UOp, xs: list[str]) -> str:
         op, dt = u.op, u.dtype.scalar
-        if dt == dtypes.float16 and op in (Ops.FDIV, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.MOD):
+        if dt == dtypes.float16 and op in _F16_VIA_F32:
             wide = [self._f32(k, x, dtypes.float16) for x in xs]
-            return self._to_half(k, self._float_alu(k, op, dtypes.float32, wide))
+            return self._to_half(k, self._arith(k, u, dtypes.float32, wide))
         if op in GroupOp.Comparison:
             return self._compare(k, op, u.src[0].dtype.scalar, xs)
         if op is Ops.WHERE:
             return self._where(k, dt, *xs)
-        if dt == dtypes.bool:
-            return self._bool_alu(k, op, xs)
-        if dt.is_float:
-            r = self._float_alu(k, op, dt, xs)
-            return self._bf16_round(k, r) if dt == dtypes.bfloat16 and op not in _EXACT else r
-        return self._int_alu(k, u, dt, xs)
+        r = self._arith(k, u, dt, xs)
+        return self._bf16_round(k, r) if dt == dtypes.bfloat16 and op not in _EXACT else r
 
     def _compare(self, k: _Kernel, op: Ops, src: DType, xs: list[str]) -> str:
         p = k.new(dtypes.bool)
@@ -547,55 +562,38 @@ class PTXRenderer(WalkingRenderer):
             k.emit(f"selp.{reg_class(dt)} {r}, {a}, {b}, {c}")
         return r
 
-    def _bool_alu(self, k: _Kernel, op: Ops, xs: list[str]) -> str:
-        r = k.reg("pred")
-        if op is Ops.NEG:
-            k.emit(f"not.pred {r}, {xs[0]}")
-            return r
-        name = {Ops.ADD: "or", Ops.MUL: "and", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor", Ops.MAX: "or"}.get(op)
-        if name is None:
-            raise NotImplementedError(f"{type(self).__name__} has no {op.name} of bools")
-        k.emit(f"{name}.pred {r}, {xs[0]}, {xs[1]}")
-        return r
-
-    def _float_alu(self, k: _Kernel, op: Ops, dt: DType, xs: list[str]) -> str:
-        t = _ARITH[dt.name]
+    def _arith(self, k: _Kernel, u: UOp, dt: DType, xs: list[str]) -> str:
+        """An ALU op (not a comparison or WHERE) on registers of dt: one instruction where _INSTRUCTIONS has its form
+        for dt's kind, written out otherwise."""
+        op, kind = u.op, 2 if dt == dtypes.bool else 0 if dt.is_float else 1
         r = k.new(dt)
-        # .rn on float32/64 sums and products: ptxas never fuses them into an fma, so a value computed again in
-        # another kernel rounds the same (x * x - y is exactly 0 where y holds x * x)
-        rn = ".rn" if dt.name in ("float32", "float64") else ""
-        if op is Ops.ADD:
-            k.emit(f"add{rn}.{t} {r}, {xs[0]}, {xs[1]}")
-        elif op is Ops.MUL:
-            k.emit(f"mul{rn}.{t} {r}, {xs[0]}, {xs[1]}")
-        elif op is Ops.NEG:
-            k.emit(f"neg.{t} {r}, {xs[0]}")
-        elif op is Ops.FDIV:
-            k.emit(f"div.rn.{t} {r}, {xs[0]}, {xs[1]}")
-        elif op is Ops.RECIP:
-            k.emit(f"rcp.rn.{t} {r}, {xs[0]}")
-        elif op is Ops.SQRT:
-            k.emit(f"sqrt.rn.{t} {r}, {xs[0]}")
-        elif op is Ops.TRUNC:
-            k.emit(f"cvt.rzi.{t}.{t} {r}, {xs[0]}")
-        elif op is Ops.MAX:  # NaN wins, as torch.maximum: a where a is NaN or a >= b, else b
-            nan, ge = k.reg("pred"), k.reg("pred")
+        form = _INSTRUCTIONS.get(op, (None, None, None))[kind]
+        if form is not None:
+            rn = ".rn" if dt.name in ("float32", "float64") else ""
+            k.emit(f"{form.format(t=_ARITH.get(dt.name), b=reg_class(dt)[1:], rn=rn)} {r}, {', '.join(xs)}")
+            return self._narrow(k, r, dt) if kind == 1 and op in _WRAPS else r
+        if kind == 0 and op is Ops.MAX:  # NaN wins, as torch.maximum: a where a is NaN or a >= b, else b
+            t, nan, ge = _ARITH[dt.name], k.reg("pred"), k.reg("pred")
             k.emit(f"setp.nan.{t} {nan}, {xs[0]}, {xs[0]}")
             k.emit(f"setp.ge.{t} {ge}, {xs[0]}, {xs[1]}")
             k.emit(f"or.pred {nan}, {nan}, {ge}")
             k.emit(f"selp.{reg_class(dt)} {r}, {xs[0]}, {xs[1]}, {nan}")
-        elif op is Ops.MOD:  # fmod, exactly, in float64 (where every float32 remainder is exact too)
+            return r
+        if kind == 0 and op is Ops.MOD:  # fmod, exactly, in float64 (where every float32 remainder is exact too)
             if dt == dtypes.float64:
                 return fmod_f64(k, xs[0], xs[1])
             wide = [k.reg("b64"), k.reg("b64")]
             for w, x in zip(wide, xs):
                 k.emit(f"cvt.f64.f32 {w}, {x}")
             k.emit(f"cvt.rn.f32.f64 {r}, {fmod_f64(k, *wide)}")
-        elif op in (Ops.EXP2, Ops.LOG2, Ops.SIN):
+            return r
+        if kind == 0 and op in (Ops.EXP2, Ops.LOG2, Ops.SIN):
             return self._transcendental(k, op, dt, xs[0])
-        else:
-            raise NotImplementedError(f"{type(self).__name__} has no {op.name} of {dt.name}")
-        return r
+        if kind == 1 and op in (Ops.SHL, Ops.SHR):
+            return self._shift(k, u, dt, xs, r)
+        if kind == 1 and op in (Ops.IDIV, Ops.MOD):
+            return self._int_div(k, u, dt, xs, r)
+        raise NotImplementedError(f"{type(self).__name__} has no {op.name} of {dt.name}")
 
     def _transcendental(self, k: _Kernel, op: Ops, dt: DType, x: str) -> str:
         """float32: exp2 and log2 by the approximate instructions (about 2 ulp); sin by sin.approx after reducing the
@@ -615,30 +613,6 @@ class PTXRenderer(WalkingRenderer):
         else:
             k.emit(f"{'ex2' if op is Ops.EXP2 else 'lg2'}.approx.f32 {r}, {x}")
         return r
-
-    def _int_alu(self, k: _Kernel, u: UOp, dt: DType, xs: list[str]) -> str:
-        op, t = u.op, _ARITH[dt.name]
-        bits = reg_class(dt)[1:]
-        r = k.new(dt)
-        if op is Ops.ADD:
-            k.emit(f"add.{t} {r}, {xs[0]}, {xs[1]}")
-        elif op is Ops.MUL:
-            k.emit(f"mul.lo.{t} {r}, {xs[0]}, {xs[1]}")
-        elif op is Ops.NEG:
-            k.emit(f"neg.s{bits} {r}, {xs[0]}")
-        elif op is Ops.MAX:
-            k.emit(f"max.{t} {r}, {xs[0]}, {xs[1]}")
-            return r
-        elif op in (Ops.AND, Ops.OR, Ops.XOR):
-            k.emit(f"{op.name.lower()}.b{bits} {r}, {xs[0]}, {xs[1]}")
-            return r
-        elif op in (Ops.SHL, Ops.SHR):
-            return self._shift(k, u, dt, xs, r)
-        elif op in (Ops.IDIV, Ops.MOD):
-            return self._int_div(k, u, dt, xs, r)
-        else:
-            raise NotImplementedError(f"{type(self).__name__} has no {op.name} of {dt.name}")
-        return self._narrow(k, r, dt)
 
     def _shift(self, k: _Kernel, u: UOp, dt: DType, xs: list[str], r: str) -> str:
         """PTX clamps shift amounts to the register's width: a shift by the width or more gives 0 (or the sign in
