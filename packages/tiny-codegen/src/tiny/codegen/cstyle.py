@@ -27,7 +27,7 @@ _CODE: dict[Ops, Callable[..., str]] = {
 }
 
 
-class _CWalk(Walk):
+class CWalk(Walk):
     """A C-like kernel being written: the walk, and the accumulator updates held back to be interleaved (an unrolled
     tile's accumulators take their terms in turns) and the dtypes of the updates written as one multiply-add."""
 
@@ -89,7 +89,7 @@ class CStyleRenderer(WalkingRenderer):
     special_params = False  # hardware indices arrive as arguments after the variables (a CPU thread's number)
     repeats_operands = frozenset({Ops.MAX, Ops.IDIV, Ops.MOD, Ops.CAST})  # their C text names an operand twice
     max_inline_depth = 32  # deeper expressions go through a variable: compilers limit nesting
-    interleave_updates = True  # an unrolled tile's accumulators take their terms in turns (see _CWalk.flush)
+    interleave_updates = True  # an unrolled tile's accumulators take their terms in turns (see CWalk.flush)
 
     emulate_bf16 = True  # the language has no bfloat16 arithmetic: store 16 bits, compute in float
     bf16_prelude = (
@@ -127,15 +127,15 @@ class CStyleRenderer(WalkingRenderer):
     def vector_literal(self, dt: DType, lanes: list[str]) -> str:
         return f"(({self.vector_type_name(dt)}){{{', '.join(lanes)}}})"
 
-    def value_type(self, u: UOp) -> str:
+    def value_type(self, w: CWalk, u: UOp) -> str:
         """The C type of the variable holding u's value (a dialect may hold some values in another form)."""
         return self.type_name(u.dtype)
 
-    def vectorize(self, u: UOp, lanes: list[str], names: dict[UOp, str]) -> str:
-        """A VECTORIZE of these lanes' values (names: what every op rendered so far is called)."""
+    def vectorize(self, w: CWalk, u: UOp, lanes: list[str]) -> str:
+        """A VECTORIZE of these lanes' values."""
         return self.vector_literal(u.dtype, lanes)
 
-    def elided(self, u: UOp) -> bool:
+    def elided(self, w: CWalk, u: UOp) -> bool:
         """Whether a load is left out of the source (a dialect that reads its value some other way)."""
         return False
 
@@ -153,11 +153,11 @@ class CStyleRenderer(WalkingRenderer):
     def _bf16(self, dt: DType) -> bool:
         return self.emulate_bf16 and dt.scalar == dtypes.bfloat16
 
-    def loaded(self, u: UOp, raw: str) -> str:
+    def loaded(self, w: CWalk, u: UOp, raw: str) -> str:
         """The value read from memory, as a register value."""
         return f"tiny_bf16_to_f32({raw})" if self._bf16(u.dtype) else raw
 
-    def stored(self, value: UOp, expr: str) -> str:
+    def stored(self, w: CWalk, value: UOp, expr: str) -> str:
         """A register value, as written to memory."""
         return f"tiny_f32_to_bf16({expr})" if self._bf16(value.dtype) else expr
 
@@ -321,8 +321,9 @@ class CStyleRenderer(WalkingRenderer):
         """The address of element `offset` of a buffer."""
         return f"({pointer}+{names[offset]})"
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
-        return f"{self.kernel_prefix} {name}({', '.join(params)}) {{\n" + "\n".join(body) + "\n}\n"
+    def render_kernel(self, w: CWalk, name: str) -> str:
+        """The kernel's function: its signature and the body the walk wrote."""
+        return f"{self.kernel_prefix} {name}({', '.join(w.params())}) {{\n" + "\n".join(w.lines) + "\n}\n"
 
     # ---------------------------------------------------------------- the walk: a method per op (rules)
 
@@ -345,11 +346,15 @@ class CStyleRenderer(WalkingRenderer):
         **dict.fromkeys((Ops.CAST, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP, Ops.WMMA, *GroupOp.ALU), "write_expression"),
     }
 
+    def start(self, uops: list[UOp]) -> CWalk:
+        """The walk of one kernel (a dialect that keeps more per kernel starts its own kind)."""
+        return CWalk(uops, self.max_inline_depth, self.repeats_operands)
+
     def render(self, name: str, uops: list[UOp]) -> str:
-        w = self.walk(_CWalk(uops, self.max_inline_depth, self.repeats_operands))
+        w = self.walk(self.start(uops))
         if w.held:
             w.flush()
-        kernel = self.render_kernel(name, w.params(), w.lines)
+        kernel = self.render_kernel(w, name)
         values = [u.dtype for u in uops if not isinstance(u.dtype, PtrDType)]
         scalar_math = {(u.op, u.dtype.scalar) for u in uops if u.op in self.math_fns and u.dtype.count == 1}
         scalar_math = sorted(((op, s) for op, s in scalar_math if self.lane_math(op, s) is not None), key=repr)
@@ -360,73 +365,73 @@ class CStyleRenderer(WalkingRenderer):
         kernel = types + "".join(self.vector_prelude(dt) for dt in vectors) + helpers + kernel
         scalars = {_element(u.dtype).scalar for u in uops}
         uses_bf16 = self.emulate_bf16 and dtypes.bfloat16 in scalars
-        return self.preamble(scalars) + (self.bf16_prelude if uses_bf16 else "") + kernel
+        return self.preamble(w, scalars) + (self.bf16_prelude if uses_bf16 else "") + kernel
 
-    def write_buffer(self, w: _CWalk, u: UOp) -> str:
+    def write_buffer(self, w: CWalk, u: UOp) -> str:
         name = f"data{u.arg}"
         qual = "" if u in w.written else "const "
         w.buffers.append((u.arg, f"{self.buffer_prefix}{qual}{self.type_name(u.dtype)} restrict {name}"))
         return name
 
-    def write_variable(self, w: _CWalk, u: UOp) -> str:
+    def write_variable(self, w: CWalk, u: UOp) -> str:
         w.variables.append(f"{self.arg_int} {u.arg[0]}")
         return u.arg[0]
 
-    def write_const(self, w: _CWalk, u: UOp) -> str:
+    def write_const(self, w: CWalk, u: UOp) -> str:
         return self.const(u.arg, u.dtype)
 
-    def write_special(self, w: _CWalk, u: UOp) -> str:
+    def write_special(self, w: CWalk, u: UOp) -> str:
         if self.special_params:  # (after every variable: the CPU passes the thread's number last)
             w.specials.append(f"{self.arg_int} {u.arg[0]}")
         else:
-            w.line(f"{self.type_name(u.dtype)} {u.arg[0]} = {self.special(u.arg[0])}; /* {u.arg[1]} */")
+            w.line(f"{self.type_name(u.dtype)} {u.arg[0]} = {self.special(w, u.arg[0])}; /* {u.arg[1]} */")
         return u.arg[0]
 
-    def write_local(self, w: _CWalk, u: UOp) -> str:
+    def write_local(self, w: CWalk, u: UOp) -> str:
         assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
         w.line(self.define_local(u.arg[0], u.dtype.base, u.arg[1]))
         return u.arg[0]
 
-    def write_range(self, w: _CWalk, u: UOp) -> str:
+    def write_range(self, w: CWalk, u: UOp) -> str:
         name = w.fresh("ridx")
         w.line(f"for ({self.type_name(u.dtype)} {name} = 0; {name} < {w.names[u.end]}; {name}++) {{")
         return name
 
-    def write_if(self, w: _CWalk, u: UOp) -> None:
+    def write_if(self, w: CWalk, u: UOp) -> None:
         w.line(f"if ({w.names[u.condition]}) {{")
 
-    def write_end(self, w: _CWalk, u: UOp) -> None:
+    def write_end(self, w: CWalk, u: UOp) -> None:
         w.line("}")
 
-    def write_index(self, w: _CWalk, u: UOp) -> str:
+    def write_index(self, w: CWalk, u: UOp) -> str:
         return self.index(w.names[u.pointer], u.offset, w.names)
 
-    def write_load(self, w: _CWalk, u: UOp) -> str | None:
-        if self.elided(u):
+    def write_load(self, w: CWalk, u: UOp) -> str | None:
+        if self.elided(w, u):
             return None
         addr = u.address
         through_scalars = u.dtype.count > 1 and _element(addr.pointer.dtype).count == 1
-        raw = self.vector_load(u.dtype, w.names[addr]) if through_scalars else self.loaded(u, f"*{w.names[addr]}")
+        raw = self.vector_load(u.dtype, w.names[addr]) if through_scalars else self.loaded(w, u, f"*{w.names[addr]}")
         alt = u.alternative
         val = raw if addr.gate is None or alt is None else f"({w.names[addr.gate]}?{raw}:{w.names[alt]})"
         name = w.fresh("val")
-        w.line(f"{self.value_type(u)} {name} = {val};")
+        w.line(f"{self.value_type(w, u)} {name} = {val};")
         return name
 
-    def write_store(self, w: _CWalk, u: UOp) -> None:
+    def write_store(self, w: CWalk, u: UOp) -> None:
         addr, value = u.address, w.names[u.value]
         if u.value.dtype.count > 1 and _element(addr.pointer.dtype).count == 1:
             store = self.vector_store(u.value.dtype, w.names[addr], value)
         else:
-            store = f"*{w.names[addr]} = {self.stored(u.value, value)};"
+            store = f"*{w.names[addr]} = {self.stored(w, u.value, value)};"
         w.line(store if addr.gate is None else f"if ({w.names[addr.gate]}) {store}")
 
-    def write_acc(self, w: _CWalk, u: UOp) -> str:
+    def write_acc(self, w: CWalk, u: UOp) -> str:
         name = w.fresh("acc")
         w.line(f"{self.type_name(u.dtype)} {name} = {w.operands(u)[0]};")
         return name
 
-    def write_assign(self, w: _CWalk, u: UOp) -> str:
+    def write_assign(self, w: CWalk, u: UOp) -> str:
         acc, value = u.src
         terms = self._steps(w, acc, value) if self.interleave_updates else None
         if terms is None:
@@ -438,17 +443,17 @@ class CStyleRenderer(WalkingRenderer):
             w.held_indent = "  " * (1 + w.depth)
         return w.names[acc]
 
-    def write_barrier(self, w: _CWalk, u: UOp) -> None:
+    def write_barrier(self, w: CWalk, u: UOp) -> None:
         w.line(self.barrier())
 
-    def write_expression(self, w: _CWalk, u: UOp) -> str:
+    def write_expression(self, w: CWalk, u: UOp) -> str:
         """An op whose value is an expression: inlined into its reader or named (Walk.expression)."""
         op, src = u.op, w.operands(u)
         if op is Ops.WMMA:
             expr = self.wmma(u, src)
         elif op is Ops.VECTORIZE:
             lanes = [f"-({x})" for x in src] if u.dtype.is_bool else src  # a true lane is all ones
-            expr = self.vectorize(u, lanes, w.names)
+            expr = self.vectorize(w, u, lanes)
         elif op is Ops.GEP:
             expr = f"({self.gep(src[0], u.arg)} != 0)" if u.dtype.is_bool else self.gep(src[0], u.arg)
         elif op is Ops.CAST:
@@ -458,9 +463,9 @@ class CStyleRenderer(WalkingRenderer):
         else:
             expr = self.alu(u, src)
         expr = self.rounded(u, expr)
-        return w.expression(u, expr, lambda name: f"{self.value_type(u)} {name} = {expr};")
+        return w.expression(u, expr, lambda name: f"{self.value_type(w, u)} {name} = {expr};")
 
-    def _steps(self, w: _CWalk, acc: UOp, value: UOp) -> list[str] | None:
+    def _steps(self, w: CWalk, acc: UOp, value: UOp) -> list[str] | None:
         """value = ((acc op t0) op t1) ... with every op inlined: 'acc op t' for each term, in order."""
         ops: list[tuple[UOp, UOp]] = []
         while value is not acc:
@@ -470,7 +475,7 @@ class CStyleRenderer(WalkingRenderer):
             value = value.src[0]
         return [self._step(w, v, w.names[acc], term) for v, term in reversed(ops)] or None
 
-    def _step(self, w: _CWalk, v: UOp, acc: str, term: UOp) -> str:
+    def _step(self, w: CWalk, v: UOp, acc: str, term: UOp) -> str:
         """'acc op term'; a product added to the accumulator as one fused multiply-add where the target has one."""
         if v.op is Ops.ADD and term.op is Ops.MUL and term in w.inlined:
             text = self.multiply_add(v.dtype, w.names[term.src[0]], w.names[term.src[1]], acc)
@@ -479,11 +484,11 @@ class CStyleRenderer(WalkingRenderer):
                 return text
         return self.rounded(v, self.alu(v, [acc, w.names[term]]))
 
-    def preamble(self, scalars: set[DType]) -> str:
+    def preamble(self, w: CWalk, scalars: set[DType]) -> str:
         """What the source starts with, given the scalar dtypes the kernel uses (extensions to enable ...)."""
         return ""
 
-    def special(self, name: str) -> str:
+    def special(self, w: CWalk, name: str) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no hardware indices")
 
     def wmma(self, u: UOp, args: list[str]) -> str:
@@ -557,7 +562,7 @@ class GPUCStyleRenderer(CStyleRenderer):
             dtypes=frozenset(dtypes.all()) - {dt for f, dt in self.optional_dtypes.items() if f not in features},
         )
 
-    def special(self, name: str) -> str:
+    def special(self, w: CWalk, name: str) -> str:
         return (self.local_id if name.startswith("lidx") else self.group_id).format(dim=int(name[4:]))
 
     def define_local(self, name: str, dt: DType, size: int) -> str:
@@ -779,5 +784,5 @@ class CRenderer(CStyleRenderer):
                 return f"({pointer}+((long long){names[rest]}+{names[last]}))"
         return super().index(pointer, offset, names)
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
-        return f"void {name}({', '.join(params)}) {{\n" + "\n".join(body) + "\n}\n"
+    def render_kernel(self, w: CWalk, name: str) -> str:
+        return f"void {name}({', '.join(w.params())}) {{\n" + "\n".join(w.lines) + "\n}\n"

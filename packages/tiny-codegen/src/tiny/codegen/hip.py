@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from tiny.codegen import amdmath
 from tiny.codegen.amdgpu import amd_target
-from tiny.codegen.cstyle import CRenderer, GPUCStyleRenderer
+from tiny.codegen.cstyle import CRenderer, CWalk, GPUCStyleRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
@@ -59,7 +59,7 @@ class HIPRenderer(GPUCStyleRenderer):
         cores = tuple(tc for tc in tensor_cores_for(amd.name) if tc.dtype_in == dtypes.float16)
         self.caps = replace(self.caps, tensor_cores=cores)
 
-    def special(self, name: str) -> str:
+    def special(self, w: CWalk, name: str) -> str:
         kind = "workitem" if name.startswith("lidx") else "workgroup"
         return f"__builtin_amdgcn_{kind}_id_{_DIMS[int(name[4:])]}()"
 
@@ -81,21 +81,16 @@ class HIPRenderer(GPUCStyleRenderer):
     def bit_cast(self, to: str, frm: str, x: str) -> str:
         return f"__builtin_bit_cast({to}, ({frm})({x}))"
 
-    def preamble(self, scalars: set[DType]) -> str:
-        # helpers (bfloat16, vectors) are device functions; `restrict` is C's, C++ spells it __restrict__
-        return "#define restrict __restrict__\n#pragma clang force_cuda_host_device begin\n"
-
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
-        return "#pragma clang force_cuda_host_device end\n" + super().render_kernel(name, params, body)
-
-    def render(self, name: str, uops: list[UOp]) -> str:
-        """The kernel, declared with the workgroup size it is launched with so that clang budgets registers for it."""
-        local = math.prod(u.arg[1] for u in uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
-        head = f"{self.kernel_prefix} {name}("
-        bounded = f"{self.kernel_prefix} __attribute__((amdgpu_flat_work_group_size(1, {local}))) {name}("
-        src = super().render(name, uops).replace(head, bounded, 1)
-        # with any float64 (a double vector's helpers call all three); clang drops those a kernel does not call
-        uses_f64 = any(u.dtype.scalar == dtypes.float64 for u in uops)
+    def preamble(self, w: CWalk, scalars: set[DType]) -> str:
+        # helpers (bfloat16, vectors) are device functions; `restrict` is C's, C++ spells it __restrict__. The float64
+        # math with any float64 (a double vector's helpers call all three); clang drops what a kernel does not call
+        uses_f64 = any(u.dtype.scalar == dtypes.float64 for u in w.uops)
         helpers = "".join(amdmath.c_function(fn) for fn in amdmath.FUNCTIONS) if uses_f64 else ""
-        begin = "#pragma clang force_cuda_host_device begin\n"
-        return src.replace(begin, begin + helpers, 1)
+        return "#define restrict __restrict__\n#pragma clang force_cuda_host_device begin\n" + helpers
+
+    def render_kernel(self, w: CWalk, name: str) -> str:
+        """The kernel, declared with the workgroup size it is launched with so that clang budgets registers for it."""
+        local = math.prod(u.arg[1] for u in w.uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
+        head = f"{self.kernel_prefix} __attribute__((amdgpu_flat_work_group_size(1, {local}))) {name}"
+        body = "\n".join(w.lines)
+        return f"#pragma clang force_cuda_host_device end\n{head}({', '.join(w.params())}) {{\n{body}\n}}\n"
