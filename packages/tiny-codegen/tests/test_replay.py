@@ -3,6 +3,7 @@ planted in a renderer or in the rules is found and shown as a diff, and recordin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import re
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tiny.codegen import cstyle, heuristic, program
-from tiny.replay import FORMAT, PREFIX, RecordingError, load
+from tiny.codegen.cstyle import CRenderer
+from tiny.replay import FORMAT, PREFIX, RecordingError, check, load, renderer_class
 from tiny.replay.__main__ import main
 
 TESTS = Path(__file__).resolve().parent
@@ -79,6 +81,15 @@ def test_an_unchanged_tree_renders_every_kernel_the_same(recording: Path) -> Non
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4 the same, 0 changed, 0 failed" in done.stdout
+
+
+def test_a_renderer_moved_since_the_recording_is_found_by_its_class_name(recording: Path) -> None:
+    record = next(r for r in load(recording) if r.renderer[1] == "CRenderer")
+    moved = dataclasses.replace(record, renderer=("tiny.codegen.moved_away", *record.renderer[1:]))
+    assert renderer_class("tiny.codegen.moved_away", "CRenderer") is CRenderer
+    assert check(moved).status == "same"
+    gone = dataclasses.replace(record, renderer=("tiny.codegen.moved_away", "NoSuchRenderer", ""))
+    assert check(gone).status == "error" and "ModuleNotFoundError" in check(gone).detail
 
 
 def test_a_change_planted_in_a_renderer_is_found_with_its_diff(
