@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tiny.codegen import cstyle, heuristic, program
-from tiny.codegen.cstyle import CRenderer
+from tiny.codegen import program
+from tiny.codegen.opt import heuristic
+from tiny.codegen.renderer import cstyle
+from tiny.codegen.renderer.cstyle import CRenderer
 from tiny.replay import FORMAT, PREFIX, RecordingError, check, load, renderer_class
 from tiny.replay.__main__ import main
 
@@ -26,11 +28,11 @@ RECORDED_TESTS = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
 from test_tc_action import matmul
-from tiny.codegen.cstyle import CRenderer
-from tiny.codegen.cuda import CUDARenderer
+from tiny.codegen.renderer.cstyle import CRenderer
+from tiny.codegen.renderer.cuda import CUDARenderer
 from tiny.codegen.opt import Opt, OptOps
 from tiny.codegen.program import render_for
-from tiny.codegen.ptx import PTXRenderer
+from tiny.codegen.renderer.ptx import PTXRenderer
 from tiny.ir.config import Context
 from tiny.ir.dtypes import dtypes
 
@@ -67,7 +69,7 @@ def test_the_recording_holds_each_kernel_with_its_renderer_actions_and_flags(rec
     assert len(records) == 4
     by_test = {r.test.rsplit("::", 1)[-1]: r for r in records}
     assert set(by_test) == {"test_c_rules", "test_c_given", "test_ptx_rules", "test_cuda_staged_without_ldmatrix"}
-    assert by_test["test_c_rules"].renderer[:2] == ("tiny.codegen.cstyle", "CRenderer")
+    assert by_test["test_c_rules"].renderer[:2] == ("tiny.codegen.renderer.cstyle", "CRenderer")
     assert by_test["test_c_rules"].opts is None and by_test["test_c_rules"].chosen  # the rules chose some actions
     assert by_test["test_c_given"].opts == by_test["test_c_given"].chosen == (("UPCAST", 0, 4),)
     assert by_test["test_ptx_rules"].renderer[1:] == ("PTXRenderer", "arch=sm_80")

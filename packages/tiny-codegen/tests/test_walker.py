@@ -1,19 +1,19 @@
-"""The render walker (tiny.codegen.walker): fresh names, the blocks open, inlining, and every renderer's table of
-rules against the device op set."""
+"""The render walker (tiny.codegen.renderer.walker): fresh names, the blocks open, inlining, and every renderer's table
+of rules against the device op set."""
 
 from __future__ import annotations
 
 import pytest
 
-from tiny.codegen.amdgpu import AMDGPURenderer
-from tiny.codegen.cstyle import CRenderer
-from tiny.codegen.cuda import CUDARenderer
-from tiny.codegen.hip import HIPRenderer
-from tiny.codegen.llvmir import LLVMRenderer
-from tiny.codegen.opencl import OpenCLRenderer
-from tiny.codegen.ptx import PTXRenderer
-from tiny.codegen.walker import Walk, WalkingRenderer, use_counts
-from tiny.codegen.wgsl import WGSLRenderer
+from tiny.codegen.renderer.amdgpu import AMDGPURenderer
+from tiny.codegen.renderer.cstyle import CRenderer
+from tiny.codegen.renderer.cuda import CUDARenderer
+from tiny.codegen.renderer.hip import HIPRenderer
+from tiny.codegen.renderer.llvmir import LLVMRenderer
+from tiny.codegen.renderer.opencl import OpenCLRenderer
+from tiny.codegen.renderer.ptx import PTXRenderer
+from tiny.codegen.renderer.walker import Walk, WalkingRenderer, use_counts
+from tiny.codegen.renderer.wgsl import WGSLRenderer
 from tiny.ir.dtypes import dtypes
 from tiny.ir.spec import DEVICE_OPS
 from tiny.ir.uop import Ops, UOp

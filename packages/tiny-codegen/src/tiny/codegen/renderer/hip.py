@@ -4,9 +4,9 @@ The source needs no HIP header and no ROCm device library (clang -x hip -nogpuin
 work-item ids are clang's __builtin_amdgcn_workgroup_id_x / workitem_id_x, a barrier is a workgroup release fence,
 __builtin_amdgcn_s_barrier and an acquire fence, local memory is `__attribute__((shared))`, math is clang's
 builtins (which become LLVM intrinsics). Vectors are clang's GNU vectors with the helpers the C renderer uses
-(tiny.codegen.cstyle.CRenderer); every helper is made a device function by `#pragma clang force_cuda_host_device`.
-float16 is _Float16; bfloat16 is emulated, as in C; float64 exp2, log2 and sin are tiny.codegen.amdmath's. The
-target is the GPU, as for the AMDGPU renderer ('gfx1100').
+(tiny.codegen.renderer.cstyle.CRenderer); every helper is made a device function by
+`#pragma clang force_cuda_host_device`. float16 is _Float16; bfloat16 is emulated, as in C; float64 exp2, log2 and
+sin are tiny.codegen.renderer.amdmath's. The target is the GPU, as for the AMDGPU renderer ('gfx1100').
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from tiny.codegen import amdmath
-from tiny.codegen.amdgpu import amd_target
-from tiny.codegen.cstyle import CRenderer, CWalk, GPUCStyleRenderer
+from tiny.codegen.renderer import amdmath
+from tiny.codegen.renderer.amdgpu import amd_target
+from tiny.codegen.renderer.cstyle import CRenderer, CWalk, GPUCStyleRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
@@ -64,7 +64,7 @@ class HIPRenderer(GPUCStyleRenderer):
         return f"__builtin_amdgcn_{kind}_id_{_DIMS[int(name[4:])]}()"
 
     def float_math(self, fn: str, args: list[str], dt: DType) -> str:
-        if dt.scalar == dtypes.float64 and fn in amdmath.FUNCTIONS:  # no instruction: tiny.codegen.amdmath's
+        if dt.scalar == dtypes.float64 and fn in amdmath.FUNCTIONS:  # no instruction: tiny.codegen.renderer.amdmath's
             return f"{amdmath.ir_name(fn)}({args[0]})"
         return super().float_math(fn, args, dt)
 

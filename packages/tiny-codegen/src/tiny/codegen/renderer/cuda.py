@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from tiny.codegen.cstyle import CWalk, GPUCStyleRenderer, target_fields
-from tiny.codegen.ldmatrix import MatrixLoad, matrix_loads
-from tiny.codegen.walker import use_counts
+from tiny.codegen.renderer.cstyle import CWalk, GPUCStyleRenderer, target_fields
+from tiny.codegen.renderer.ldmatrix import MatrixLoad, matrix_loads
+from tiny.codegen.renderer.walker import use_counts
 from tiny.ir.config import flag
 from tiny.ir.device import RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, dtypes
@@ -103,8 +103,8 @@ template <typename T, int N> TINY_F void tiny_vstore(T* p, tiny_vec<T, N> x) {
 """
 
 
-# fragments of 16-bit values read from shared memory as whole 8 x 8 matrices (tiny.codegen.ldmatrix): each register
-# holds two values, the lower in its lower half
+# fragments of 16-bit values read from shared memory as whole 8 x 8 matrices (tiny.codegen.renderer.ldmatrix): each
+# register holds two values, the lower in its lower half
 _LDMATRIX = r"""TINY_F unsigned int tiny_shared_address(const void* p) {
   unsigned int a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a; }
 TINY_F tiny_vec<unsigned short, 8> tiny_ldmatrix_x4(const unsigned short* p) {
@@ -209,7 +209,7 @@ class CUDARenderer(GPUCStyleRenderer):
         return super().value_type(w, u)
 
     def vectorize(self, w: _CUDAWalk, u: UOp, lanes: list[str]) -> str:
-        if (m := w.matrices.get(u)) is not None:  # the whole fragment by one ldmatrix (tiny.codegen.ldmatrix)
+        if (m := w.matrices.get(u)) is not None:  # the whole fragment by one ldmatrix (tiny.codegen.renderer.ldmatrix)
             table = w.tables.setdefault(m.shift, len(w.tables))
             kind = f"x{m.matrices}{'_trans' if m.trans else ''}"
             return f"tiny_ldmatrix_{kind}({w.names[m.first]} + tiny_rows{table}[lidx0])"

@@ -21,7 +21,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tiny.codegen.walker import Walk, WalkingRenderer
+from tiny.codegen.renderer.walker import Walk, WalkingRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
 from tiny.ir.uop import GroupOp, Ops, UOp

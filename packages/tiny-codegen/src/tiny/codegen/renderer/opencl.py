@@ -6,7 +6,7 @@ bfloat16 is emulated (16 bits in memory, float in registers), as in C."""
 
 from __future__ import annotations
 
-from tiny.codegen.cstyle import CWalk, GPUCStyleRenderer
+from tiny.codegen.renderer.cstyle import CWalk, GPUCStyleRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.uop import Ops, UOp

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from tiny.codegen.walker import Walk, WalkingRenderer
+from tiny.codegen.renderer.walker import Walk, WalkingRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes
 from tiny.ir.uop import GroupOp, Ops, UOp
