@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from kernel_helpers import make_cases, reduce, renders_with, tensor
 
-from tiny.codegen import mesa
-from tiny.codegen.nir import SERIALIZED, NIRRenderer, serialized
 from tiny.codegen.opt import Opt, OptOps
+from tiny.codegen.renderer import mesa
+from tiny.codegen.renderer.nir import SERIALIZED, NIRRenderer, serialized
 from tiny.ir.device import DeviceUnavailable, RendererCaps
 from tiny.ir.device import __main__ as listing
 from tiny.ir.dtypes import dtypes
@@ -161,8 +161,8 @@ def test_the_device_listing_says_why_nir_cannot_be_used(monkeypatch: pytest.Monk
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
-    nir = importlib.metadata.EntryPoint("NIR", "tiny.codegen.nir:NIRRenderer", "tiny.renderers")
-    c = importlib.metadata.EntryPoint("C", "tiny.codegen.cstyle:CRenderer", "tiny.renderers")
+    nir = importlib.metadata.EntryPoint("NIR", "tiny.codegen.renderer.nir:NIRRenderer", "tiny.renderers")
+    c = importlib.metadata.EntryPoint("C", "tiny.codegen.renderer.cstyle:CRenderer", "tiny.renderers")
     monkeypatch.setattr(listing, "renderer_entry_points", lambda: {"NIR": nir, "C": c})
     (line,) = listing.unavailable_renderers()
     assert line.startswith("  renderer NIR: no, Mesa's compilers come from the tinymesa wheel, which is not installed")

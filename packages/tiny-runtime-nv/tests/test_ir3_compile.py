@@ -1,4 +1,4 @@
-"""Compile-only tests of ir3, Mesa's Adreno compiler (tiny.codegen.ir3): every kernel of the GPU compile sweep's
+"""Compile-only tests of ir3, Mesa's Adreno compiler: every kernel of the GPU compile sweep's
 ops (nv_kernels.py, the kernels the CUDA and NAK sweeps compile), planned for IR3Renderer's limits, rendered as NIR
 and compiled by ir3 for the Adreno a630, a660 and a730; the code read back through freedreno's disassembler. They
 live beside NAK's sweep for its kernel set until tiny has a QCOM device, whose tests they become. Skipped without the
@@ -11,9 +11,9 @@ import re
 import pytest
 from nv_kernels import _t, ops, render_schedule
 
-from tiny.codegen import mesa
-from tiny.codegen.ir3 import GPUS, IR3Compiler, IR3Renderer
 from tiny.codegen.opt import Opt, OptOps
+from tiny.codegen.renderer import mesa
+from tiny.codegen.renderer.ir3 import GPUS, IR3Compiler, IR3Renderer
 from tiny.ir.device import DeviceUnavailable
 
 try:

@@ -1,4 +1,4 @@
-"""Compile-only tests of NAK, Mesa's NVIDIA compiler (tiny.codegen.nak): every kernel of the CUDA compile sweep's
+"""Compile-only tests of NAK, Mesa's NVIDIA compiler: every kernel of the CUDA compile sweep's
 ops (nv_kernels.py), planned for an H100's limits, rendered as NIR by NAKRenderer and compiled by NAK for sm_75,
 sm_86, sm_89 and sm_90; the binary read back (shader model, workgroup size, instruction count against the code's
 size, registers, shared memory and barriers) and NAK's listing of it. Nothing runs: tiny has no device that loads
@@ -11,10 +11,10 @@ import re
 import pytest
 from nv_kernels import _t, ops, render_schedule, target
 
-from tiny.codegen import mesa
-from tiny.codegen.nak import NAKCompiler, NAKRenderer, read_nak_binary
-from tiny.codegen.nir import NIRRenderer
 from tiny.codegen.opt import Opt, OptOps
+from tiny.codegen.renderer import mesa
+from tiny.codegen.renderer.nak import NAKCompiler, NAKRenderer, read_nak_binary
+from tiny.codegen.renderer.nir import NIRRenderer
 from tiny.ir.device import CompileError, DeviceUnavailable
 from tiny.ir.uop import Ops
 

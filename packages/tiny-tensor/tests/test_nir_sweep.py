@@ -1,4 +1,4 @@
-"""Every kernel of a sweep of tensor ops rendered as a NIR compute shader (tiny.codegen.nir), after the hand-written
+"""Every kernel of a sweep of tensor ops rendered as a NIR compute shader, after the hand-written
 rules' actions and after none; each passes Mesa's nir_validate (which aborts the process, printing what is wrong,
 where a shader is malformed). Compile-only: no back end runs them here. Skipped without the tinymesa wheel."""
 
@@ -9,9 +9,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from tiny.codegen import mesa
-from tiny.codegen.nir import NIRRenderer, serialized
 from tiny.codegen.program import render_for
+from tiny.codegen.renderer import mesa
+from tiny.codegen.renderer.nir import NIRRenderer, serialized
 from tiny.ir.device import DeviceUnavailable
 from tiny.tensor import Tensor
 

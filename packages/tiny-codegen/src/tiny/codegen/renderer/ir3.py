@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from functools import cache, partial
 from typing import Any
 
-from tiny.codegen.mesa import MESA_VERSION, captured_stderr, deserialize, mesa, print_to_string
-from tiny.codegen.nir import NIR_DTYPES, NIRRenderer, serialized
+from tiny.codegen.renderer.mesa import MESA_VERSION, captured_stderr, deserialize, mesa, print_to_string
+from tiny.codegen.renderer.nir import NIR_DTYPES, NIRRenderer, serialized
 from tiny.ir.device import CompileError, Compiler, RendererCaps
 from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import UOp

@@ -28,7 +28,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from tiny.codegen.mesa import (
+from tiny.codegen.renderer.mesa import (
     ACCESS_CAN_REORDER,
     INFO_NUM_UBOS,
     INFO_SHARED_SIZE,
@@ -92,7 +92,7 @@ class NIRRenderer(Renderer):
     @classmethod
     def unavailable(cls) -> str | None:
         """Why the tinymesa wheel cannot be used (not installed, another Mesa); with it, llvmpipe's library may still
-        be missing (`tiny.codegen.mesa.llvmpipe_problem`), which NAK and ir3 do not need."""
+        be missing (`tiny.codegen.renderer.mesa.llvmpipe_problem`), which NAK and ir3 do not need."""
         try:
             check_version(wheel_version())
         except DeviceUnavailable as e:

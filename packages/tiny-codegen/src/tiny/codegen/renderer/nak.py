@@ -22,9 +22,16 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from tiny.codegen.cstyle import target_fields
-from tiny.codegen.mesa import ACCESS_CAN_REORDER, MESA_SHADER_COMPUTE, MESA_VERSION, captured_stderr, deserialize, mesa
-from tiny.codegen.nir import NIR_DTYPES, NIRRenderer, _Build, serialized
+from tiny.codegen.renderer.cstyle import target_fields
+from tiny.codegen.renderer.mesa import (
+    ACCESS_CAN_REORDER,
+    MESA_SHADER_COMPUTE,
+    MESA_VERSION,
+    captured_stderr,
+    deserialize,
+    mesa,
+)
+from tiny.codegen.renderer.nir import NIR_DTYPES, NIRRenderer, _Build, serialized
 from tiny.ir.device import CompileError, Compiler, RendererCaps
 from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import Ops, UOp
