@@ -128,6 +128,31 @@ def test_movement_ops_keep_the_axis(axis: int) -> None:
     assert x.permute(2, 0, 1).uop.arg == (2, 0, 1).index(axis)
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_composite_ops_on_either_axis(axis: int) -> None:
+    a = rand(6, 8)
+    x = Tensor(a).shard(TWO, axis)
+    index = Tensor(np.array([0, 3, 5])).to(TWO)
+    np.testing.assert_allclose(x.cumsum(1).numpy(), a.cumsum(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(x.sort(1)[0].numpy(), np.sort(a, 1))
+    np.testing.assert_array_equal(x[index].numpy(), a[[0, 3, 5]])
+    np.testing.assert_array_equal(x.topk(2, 0)[0].numpy(), -np.sort(-a, 0)[:2])
+    want = torch.nn.functional.layer_norm(torch.tensor(a), (8,)).numpy()
+    np.testing.assert_allclose(x.layernorm().numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_vocab_parallel_embedding_and_a_convolution_split_by_channels() -> None:
+    table = rand(10, 4)
+    ids = np.array([[1, 7, 9]])
+    emb = Tensor(table).shard(TWO, 0)  # rows 0-4 on one device, 5-9 on the other
+    picked = emb[Tensor(ids).to(TWO)]
+    np.testing.assert_array_equal(picked.numpy(), table[ids])
+    x, w = rand(4, 6, 5, 5), rand(3, 6, 3, 3, seed=1)
+    y = Tensor(x).shard(TWO, 1).conv2d(Tensor(w).shard(TWO, 1))  # the partial sums over channels all-reduced
+    want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w)).numpy()
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_reshape_that_cuts_through_shards_is_refused_and_reshard_is_explicit() -> None:
     a = rand(6, 4)
     x = Tensor(a).shard(TWO, 1)  # columns 0-1 and 2-3: flattened, each row's values alternate between the devices
