@@ -211,6 +211,19 @@ def test_mixed_devices_and_a_split_root_seeded_by_its_gradient() -> None:
     np.testing.assert_allclose(grad.numpy(), a.T @ seed, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["replicated", "split"])
+def test_a_power_keeps_its_own_derivative_on_each_device(layout: str) -> None:
+    a = np.array([[0.0, 1.0, 2.0, -1.0], [4.0, 0.5, 0.0, 3.0]], np.float32)
+    for exponent in (1.5, np.full((2, 4), 0.5, np.float32)):
+        x = Tensor(a).to(TWO) if layout == "replicated" else Tensor(a).shard(TWO, 1)
+        x.requires_grad_()
+        e = exponent if isinstance(exponent, float) else Tensor(exponent).to(TWO)
+        (x**e).sum().backward()
+        xt = torch.tensor(a, requires_grad=True)
+        (xt ** (exponent if isinstance(exponent, float) else torch.tensor(exponent))).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-6)  # (inf and nan where torch has them)
+
+
 @pytest.mark.parametrize("make", [lambda p: optim.SGD(p, lr=0.1, momentum=0.9), lambda p: optim.Adam(p, lr=0.05)])
 def test_optimizers_update_sharded_and_replicated_parameters_in_place(make) -> None:  # noqa: ANN001
     w0, b0 = rand(8, 6, seed=3), rand(6, seed=4)

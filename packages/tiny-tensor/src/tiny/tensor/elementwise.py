@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tiny.ir.device import device_computes, new_buffer_view
 from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
+from tiny.ir.multi import relayout, shard_bounds
 from tiny.ir.schedule import data_view
 from tiny.ir.uop import GroupOp, Ops, UOp, arg_key, make_node
 from tiny.tensor.autograd import NO_GRAD, no_grad_wrap
@@ -77,6 +78,16 @@ def _pow_grads(
     if needed[1]:
         db = ((a == 0) & (b >= 0)).where(0.0, grad * (tensor(node) * a.log()))
     return (None if da is None else da.uop, None if db is None else db.uop)
+
+
+def _per_device_inputs(node: UOp, inputs: tuple[UOp, ...]) -> list[tuple[UOp, ...]] | None:
+    """The inputs of an elementwise composite op on several devices as each device's node was computed from them:
+    where each input is replicated (sliced as the node is split: the very slices the op's rules made) or laid out as
+    the node is; None where one was resharded (its parts then are not what the device computed from)."""
+    cuts = shard_bounds(node)
+    if any(i.arg is not None and (i.arg, shard_bounds(i)) != (node.arg, cuts) for i in inputs):
+        return None
+    return list(zip(*(relayout(i, node.arg, cuts) for i in inputs)))
 
 
 class ElementwiseOps(TensorBase):
@@ -270,7 +281,12 @@ class ElementwiseOps(TensorBase):
             return a._int_pow(b, x if not reverse and isinstance(x, int) else None)
         exponent = x if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool) else None
         out = a._float_pow(b, exponent)
-        set_composite_rule(out.uop, (a.uop, b.uop), functools.partial(_pow_grads, type(self), exponent))
+        rule = functools.partial(_pow_grads, type(self), exponent)
+        if out.uop.op is not Ops.MULTI:
+            set_composite_rule(out.uop, (a.uop, b.uop), rule)
+        elif (parts := _per_device_inputs(out.uop, (a.uop, b.uop))) is not None:  # each device's power, its own rule
+            for node, inputs in zip(out.uop.src, parts):
+                set_composite_rule(node, inputs, rule)
         return out
 
     def _float_pow(self, b: Tensor, exponent: float | None) -> Tensor:
