@@ -165,5 +165,5 @@ def test_the_device_listing_says_why_nir_cannot_be_used(monkeypatch: pytest.Monk
     c = importlib.metadata.EntryPoint("C", "tiny.codegen.renderer.cstyle:CRenderer", "tiny.renderers")
     monkeypatch.setattr(listing, "renderer_entry_points", lambda: {"NIR": nir, "C": c})
     (line,) = listing.unavailable_renderers()
-    assert line.startswith("  renderer NIR: no, Mesa's compilers come from the tinymesa wheel, which is not installed")
+    assert line.startswith("renderer NIR: no, Mesa's compilers come from the tinymesa wheel, which is not installed")
     assert "pip install 'tiny-tensor[mesa]'" in line

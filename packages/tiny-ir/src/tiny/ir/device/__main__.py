@@ -43,7 +43,7 @@ def unavailable_renderers() -> list[str]:
         except Exception as e:  # noqa: BLE001  (a renderer whose module does not import says so)
             reason = f"{type(e).__name__}: {e}"
         if reason is not None:
-            lines.append(f"  renderer {name}: no, {reason}")
+            lines.append(f"renderer {name}: no, {reason}")
     return lines
 
 
