@@ -194,6 +194,26 @@ def test_toposort_of_a_deep_chain_does_not_recurse() -> None:
     assert len(topo) == 20_002 and topo[0] is x and topo[-1] is n
 
 
+def test_a_dropped_graph_is_freed_without_the_cycle_collector() -> None:
+    """A node whose toposort was asked for is freed as soon as nothing holds it: its cached walk holds no
+    reference back to it (one that did kept every walked graph, and the buffers it holds, until a collection)."""
+    import weakref
+
+    n = var("x", 0, 10)
+    for i in range(50):
+        n = n * 3 + i
+    assert len(n.toposort) > 100 and n.toposort[-1] is n
+    gone = weakref.ref(n)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del n
+        assert gone() is None
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_toposort_of_a_wide_diamond_lattice_is_linear() -> None:
     # each level uses the previous level twice: 2**60 paths, 121 nodes
     n = var("x", 0, 10)

@@ -214,7 +214,7 @@ def test_backward_reads_a_value_realized_only_as_a_permuted_copy(device: str) ->
     xv = np.random.default_rng(0).standard_normal((4, 6, 8)).astype(np.float32)
     x = Tensor(xv, device=device, requires_grad=True)
     h = x.max(axis=2)  # (4, 6)
-    h.permute(1, 0).contiguous().realize()  # the only buffer with the max in it
+    copy = h.permute(1, 0).contiguous().realize()  # the only buffer with the max in it (alive, as a model's is)
     (h * h).sum().backward()
     assert x.grad is not None
     items = [i for i in x.grad.schedule() if i.ast.op is Ops.SINK]
@@ -223,6 +223,7 @@ def test_backward_reads_a_value_realized_only_as_a_permuted_copy(device: str) ->
     m = xv.max(axis=2, keepdims=True)
     hit = (xv == m).astype(np.float32)
     np.testing.assert_allclose(x.grad.numpy(), 2 * m * hit / hit.sum(axis=2, keepdims=True), rtol=1e-6)
+    np.testing.assert_array_equal(copy.numpy(), xv.max(axis=2).T)
 
 
 def test_backward_never_reads_a_value_computed_before_its_inputs_changed(device: str) -> None:

@@ -250,9 +250,16 @@ class UOp(_Fields):
 
     # ---- graph walks
 
-    @cached_property
+    @property
     def toposort(self) -> tuple[UOp, ...]:
-        """Every node reachable from this one, each after its sources."""
+        """Every node reachable from this one, each after its sources (this one last)."""
+        return (*self._ancestors, self)
+
+    @cached_property
+    def _ancestors(self) -> tuple[UOp, ...]:
+        """toposort without this node, cached: a cached tuple holding the node itself would make each node a cycle
+        of references, which only Python's cycle collector frees, so a dropped graph (and the buffers it holds)
+        would stay in memory until the collector ran."""
         out: list[UOp] = []
         seen: set[UOp] = set()
         stack: list[tuple[UOp, bool]] = [(self, False)]
@@ -266,7 +273,7 @@ class UOp(_Fields):
                 continue
             stack.append((node, True))
             stack.extend((s, False) for s in reversed(node.src) if s not in seen)
-        return tuple(out)
+        return tuple(out[:-1])
 
     # ---- constructors
 
