@@ -27,7 +27,19 @@ PACKAGES = ROOT / "packages"
 nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["ir", "codegen", "runtime_misc", "nv", "amd", "tensor", "cl", "llvm", "webgpu", "lint"]
+nox.options.sessions = [
+    "ir",
+    "codegen",
+    "runtime_misc",
+    "nv",
+    "amd",
+    "tensor",
+    "cl",
+    "llvm",
+    "webgpu",
+    "mesa",
+    "lint",
+]
 
 
 def _project(pyproject: Path) -> dict:
@@ -333,6 +345,19 @@ def llvm(session: nox.Session) -> None:
         PACKAGES / "tiny-runtime-misc" / "tests" / "test_cpu_llvm.py",
     ]
     _device_suite(session, "CPU:LLVM", own, LLVM_SUBSET)
+
+
+@nox.session
+def mesa(session: nox.Session) -> None:
+    """Mesa NIR with the tinymesa wheel (tiny-tensor's [mesa] extra): the NIR renderer's tests (its shaders through
+    Mesa's nir_validate), the sweep of tensor ops rendered as NIR, and the compile sweeps of NAK (every kernel of the
+    CUDA compile sweep's ops for sm_75, sm_86, sm_89 and sm_90) and ir3 (the same kernels for the Adreno a630, a660
+    and a730). Compile-only; under a minute."""
+    _install_local(session, "tiny-tensor", extras=("mesa",), test_with=("tiny-runtime-nv",))
+    tests = ("tiny-codegen/tests/test_nir_render.py", "tiny-tensor/tests/test_nir_sweep.py")
+    session.run("pytest", *PARALLEL, *(str(PACKAGES / t) for t in tests), *session.posargs)
+    sweeps = ("test_nak_compile.py", "test_ir3_compile.py")
+    session.run("pytest", *PARALLEL, *(str(PACKAGES / "tiny-runtime-nv/tests" / t) for t in sweeps), *session.posargs)
 
 
 # the tiny-tensor tests the webgpu session runs by default: every op and dtype against NumPy and PyTorch, reductions,

@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from tiny.codegen.beam import beam_search
-from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.opt import Kernel, KernelOptError, Opt
+from tiny.codegen.opt.beam import beam_search
+from tiny.codegen.opt.heuristic import hand_opts
 from tiny.codegen.program import build_program
 from tiny.ir.device import CompileError, Device
 from tiny.ir.dtypes import PtrDType, dtypes

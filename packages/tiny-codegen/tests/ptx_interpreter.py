@@ -1,6 +1,6 @@
-"""A small interpreter of the PTX that tiny.codegen.ptx writes, to check its numerics without a GPU (no PTX emulator
-is packaged on PyPI or Debian). It runs each thread of each block, registers as raw bits of their declared size,
-and follows the PTX ISA's definition of each instruction the renderer emits: typed reads of bit-size registers,
+"""A small interpreter of the PTX that tiny.codegen.renderer.ptx writes, to check its numerics without a GPU (no PTX
+emulator is packaged on PyPI or Debian). It runs each thread of each block, registers as raw bits of their declared
+size, and follows the PTX ISA's definition of each instruction the renderer emits: typed reads of bit-size registers,
 clamped shifts, saturating float -> integer cvt (NaN -> 0), sub-word loads that sign- or zero-extend, predicated
 instructions, bar.sync across the threads of a block, and misaligned vector accesses as errors. Anything else is
 a NotImplementedError: the renderer emitting an instruction this file does not know fails the test.

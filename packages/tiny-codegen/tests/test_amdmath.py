@@ -1,4 +1,4 @@
-"""float64 exp2, log2 and sin for AMD GPUs (tiny.codegen.amdmath), checked on this host: the LLVM IR and the C
+"""float64 exp2, log2 and sin for AMD GPUs (tiny.codegen.renderer.amdmath), checked on this host: the LLVM IR and the C
 versions are compiled for the CPU with clang, called through ctypes and compared with NumPy, in ulps, over wide
 ranges and the special values (the same IR and C go to the GPU). Skips where no clang is on PATH."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tiny.codegen import amdmath
+from tiny.codegen.renderer import amdmath
 
 rng = np.random.default_rng(0)
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from kernel_helpers import EXP2_INPUTS, NUMPY, Case, const, kernel_uops, make_cases, run_case, tensor
 
-from tiny.codegen.cstyle import CRenderer
+from tiny.codegen.renderer.cstyle import CRenderer
 from tiny.ir.alu import exec_alu
 from tiny.ir.dtypes import DType, bf16_to_float, dtypes, float_to_bf16, truncate
 from tiny.ir.schedule import create_schedule

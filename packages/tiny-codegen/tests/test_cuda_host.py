@@ -15,10 +15,10 @@ from alu_cases import ALL, EDGE, loop_uops, np_dtype, read, same, to_memory, val
 from cuda_host import Job, compiler, run, run_all
 from kernel_helpers import GPU_TARGET, NUMPY, make_cases, reduce, renders_with, run_case, tensor
 
-from tiny.codegen.cuda import CUDARenderer
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower_kernel
 from tiny.codegen.opt import Kernel, Opt, OptOps
+from tiny.codegen.renderer.cuda import CUDARenderer
 from tiny.ir.alu import exec_alu
 from tiny.ir.device import fold_grid
 from tiny.ir.dtypes import dtypes, truncate

@@ -11,8 +11,8 @@ from amd_clang import compile_amd
 from kernel_helpers import make_cases, reduce, tensor
 
 from tiny.codegen import render_for
-from tiny.codegen.hip import HIPRenderer
 from tiny.codegen.opt import Opt, OptOps
+from tiny.codegen.renderer.hip import HIPRenderer
 from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import create_schedule
 from tiny.ir.uop import Ops, UOp

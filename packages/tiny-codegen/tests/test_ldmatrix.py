@@ -1,6 +1,6 @@
-"""Fragments read by ldmatrix (tiny.codegen.ldmatrix): checked against the scalar loads they stand for by running
-both on numbers. Local memory holds its own addresses; the other indices (loop counters, workgroup ids) take random
-values; every lane's fragment as ldmatrix delivers it (the PTX ISA's rule: lane 8j + r gives row r of matrix j,
+"""Fragments read by ldmatrix (tiny.codegen.renderer.ldmatrix): checked against the scalar loads they stand for by
+running both on numbers. Local memory holds its own addresses; the other indices (loop counters, workgroup ids) take
+random values; every lane's fragment as ldmatrix delivers it (the PTX ISA's rule: lane 8j + r gives row r of matrix j,
 lane l receives row l/4 at columns 2(l%4), 2(l%4)+1 of each, or with .trans rows 2(l%4), 2(l%4)+1 of column l/4)
 must equal what its scalar loads read, and every row must start on 16 bytes."""
 
@@ -11,11 +11,11 @@ import random
 import pytest
 from test_tc_action import matmul
 
-from tiny.codegen.cuda import CUDARenderer
-from tiny.codegen.heuristic import hand_opts
-from tiny.codegen.ldmatrix import LANES, MatrixLoad, matrix_loads
 from tiny.codegen.opt import Kernel, Opt, OptOps
+from tiny.codegen.opt.heuristic import hand_opts
 from tiny.codegen.program import render_for
+from tiny.codegen.renderer.cuda import CUDARenderer
+from tiny.codegen.renderer.ldmatrix import LANES, MatrixLoad, matrix_loads
 from tiny.ir.config import Context
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite

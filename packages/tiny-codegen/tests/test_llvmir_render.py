@@ -14,9 +14,9 @@ import pytest
 from kernel_helpers import EXP2_INPUTS, NUMPY, Case, const, kernel_uops, make_cases, run_case, tensor
 
 from tiny.codegen.linearize import linearize
-from tiny.codegen.llvmir import LLVMRenderer
 from tiny.codegen.lower import lower
 from tiny.codegen.opt import Opt, OptOps
+from tiny.codegen.renderer.llvmir import LLVMRenderer
 from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.alu import exec_alu
 from tiny.ir.device import RendererCaps

@@ -14,9 +14,9 @@ from kernel_helpers import LOOPS, expand, interpret, move, reduce, tensor, vecto
 from test_cstyle import compilers
 
 from tiny.codegen import Kernel, Opt, OptOps
-from tiny.codegen.cstyle import CRenderer
-from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.opt import Kind
+from tiny.codegen.opt.heuristic import hand_opts
+from tiny.codegen.renderer.cstyle import CRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import create_schedule

@@ -1,5 +1,5 @@
 """Sums that skip the padding they would read (tiny.codegen.narrow), and windows over an input padded along the dim
-they slide over, read as one banded view (tiny.codegen.opt.merge_windows)."""
+they slide over, read as one banded view (tiny.codegen.opt.actions.merge_windows)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from test_cstyle import compilers
 from test_opt_actions import ast_of, loads_of
 
 from tiny.codegen import Opt, OptOps
-from tiny.codegen.cstyle import CRenderer
-from tiny.codegen.opt import merge_windows
+from tiny.codegen.opt.actions import merge_windows
 from tiny.codegen.program import render_for
+from tiny.codegen.renderer.cstyle import CRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.uop import Ops, UOp
 from tiny.ir.views import View

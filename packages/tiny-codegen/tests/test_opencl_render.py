@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from kernel_helpers import const, make_cases, reduce, tensor
 
-from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower_kernel
-from tiny.codegen.opencl import OpenCLRenderer
 from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
+from tiny.codegen.opt.heuristic import hand_opts
+from tiny.codegen.renderer.opencl import OpenCLRenderer
 from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite

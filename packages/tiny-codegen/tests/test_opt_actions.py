@@ -13,10 +13,10 @@ from kernel_helpers import const, expand, interpret_ast, move, reduce, tensor, v
 from test_cstyle import build, compilers
 
 from tiny.codegen import Kernel, KernelOptError, Opt, OptOps, program
-from tiny.codegen.beam import actions
-from tiny.codegen.cstyle import CRenderer
-from tiny.codegen.heuristic import TILE_NODES, hand_opts
-from tiny.codegen.opt import Kind, merge_windows
+from tiny.codegen.opt.actions import Kind, merge_windows
+from tiny.codegen.opt.beam import actions
+from tiny.codegen.opt.heuristic import TILE_NODES, hand_opts
+from tiny.codegen.renderer.cstyle import CRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import create_schedule

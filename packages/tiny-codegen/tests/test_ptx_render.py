@@ -18,7 +18,7 @@ from ptx_interpreter import PTXError, run
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower_kernel
 from tiny.codegen.opt import Kernel, Opt, OptOps
-from tiny.codegen.ptx import PTXRenderer
+from tiny.codegen.renderer.ptx import PTXRenderer
 from tiny.ir.alu import exec_alu
 from tiny.ir.device import fold_grid
 from tiny.ir.dtypes import DType, bf16_to_float, dtypes, float_to_bf16, truncate

@@ -3,6 +3,7 @@ planted in a renderer or in the rules is found and shown as a diff, and recordin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import re
@@ -12,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tiny.codegen import cstyle, heuristic, program
-from tiny.replay import FORMAT, PREFIX, RecordingError, load
+from tiny.codegen import program
+from tiny.codegen.opt import heuristic
+from tiny.codegen.renderer import cstyle
+from tiny.codegen.renderer.cstyle import CRenderer
+from tiny.replay import FORMAT, PREFIX, RecordingError, check, load, renderer_class
 from tiny.replay.__main__ import main
 
 TESTS = Path(__file__).resolve().parent
@@ -24,11 +28,11 @@ RECORDED_TESTS = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
 from test_tc_action import matmul
-from tiny.codegen.cstyle import CRenderer
-from tiny.codegen.cuda import CUDARenderer
+from tiny.codegen.renderer.cstyle import CRenderer
+from tiny.codegen.renderer.cuda import CUDARenderer
 from tiny.codegen.opt import Opt, OptOps
 from tiny.codegen.program import render_for
-from tiny.codegen.ptx import PTXRenderer
+from tiny.codegen.renderer.ptx import PTXRenderer
 from tiny.ir.config import Context
 from tiny.ir.dtypes import dtypes
 
@@ -65,7 +69,7 @@ def test_the_recording_holds_each_kernel_with_its_renderer_actions_and_flags(rec
     assert len(records) == 4
     by_test = {r.test.rsplit("::", 1)[-1]: r for r in records}
     assert set(by_test) == {"test_c_rules", "test_c_given", "test_ptx_rules", "test_cuda_staged_without_ldmatrix"}
-    assert by_test["test_c_rules"].renderer[:2] == ("tiny.codegen.cstyle", "CRenderer")
+    assert by_test["test_c_rules"].renderer[:2] == ("tiny.codegen.renderer.cstyle", "CRenderer")
     assert by_test["test_c_rules"].opts is None and by_test["test_c_rules"].chosen  # the rules chose some actions
     assert by_test["test_c_given"].opts == by_test["test_c_given"].chosen == (("UPCAST", 0, 4),)
     assert by_test["test_ptx_rules"].renderer[1:] == ("PTXRenderer", "arch=sm_80")
@@ -79,6 +83,15 @@ def test_an_unchanged_tree_renders_every_kernel_the_same(recording: Path) -> Non
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4 the same, 0 changed, 0 failed" in done.stdout
+
+
+def test_a_renderer_moved_since_the_recording_is_found_by_its_class_name(recording: Path) -> None:
+    record = next(r for r in load(recording) if r.renderer[1] == "CRenderer")
+    moved = dataclasses.replace(record, renderer=("tiny.codegen.moved_away", *record.renderer[1:]))
+    assert renderer_class("tiny.codegen.moved_away", "CRenderer") is CRenderer
+    assert check(moved).status == "same"
+    gone = dataclasses.replace(record, renderer=("tiny.codegen.moved_away", "NoSuchRenderer", ""))
+    assert check(gone).status == "error" and "ModuleNotFoundError" in check(gone).detail
 
 
 def test_a_change_planted_in_a_renderer_is_found_with_its_diff(

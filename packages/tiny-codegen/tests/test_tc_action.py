@@ -10,9 +10,9 @@ import pytest
 from kernel_helpers import expand, move, reduce, tensor, vector_uops
 
 from tiny.codegen import Kernel, KernelOptError, Opt, OptOps
-from tiny.codegen.beam import actions
-from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.opt import Kind
+from tiny.codegen.opt.beam import actions
+from tiny.codegen.opt.heuristic import hand_opts
 from tiny.codegen.program import estimate
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes

@@ -18,7 +18,7 @@ from kernel_helpers import NUMPY, Case, kernel_uops, make_cases, run_case, tenso
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, lower
 from tiny.codegen.opt import Opt, OptOps
-from tiny.codegen.wgsl import WGSLRenderer, parse_target
+from tiny.codegen.renderer.wgsl import WGSLRenderer, parse_target
 from tiny.ir.alu import exec_alu
 from tiny.ir.device import fold_grid
 from tiny.ir.dtypes import DType, dtypes, truncate

@@ -143,7 +143,7 @@ def test_imports_point_down_the_dependency_graph(dist):
 def test_import_check_sees_every_form_of_import():
     source = """
 import os
-import tiny.codegen.cstyle
+import tiny.codegen.renderer.cstyle
 from tiny.tensor import Tensor
 from tiny import nn, ir
 from tiny.runtime import cuda
@@ -154,7 +154,7 @@ if TYPE_CHECKING:
 """
     found = {name for _, name in _tiny_imports(source, "tiny.ir.schedule")}
     assert found == {
-        "tiny.codegen.cstyle",
+        "tiny.codegen.renderer.cstyle",
         "tiny.tensor",
         "tiny.nn",
         "tiny.ir",

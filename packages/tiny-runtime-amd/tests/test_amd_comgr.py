@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tiny.codegen import render_for
-from tiny.codegen.amdgpu import AMDGPURenderer
 from tiny.codegen.opt import Opt, OptOps
+from tiny.codegen.renderer.amdgpu import AMDGPURenderer
 from tiny.ir.device import CompileError, DeviceUnavailable
 from tiny.ir.uop import Ops
 from tiny.runtime.amd import compiler as amd_compiler

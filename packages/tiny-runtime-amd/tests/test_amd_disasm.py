@@ -17,9 +17,9 @@ from amd_helpers import TARGETS, compiler
 pytest.importorskip("tiny.tensor", reason="the kernels come from tiny-tensor ops (pip install tiny-tensor)")
 
 from tiny.codegen import render_for  # noqa: E402
-from tiny.codegen.amdgpu import AMDGPURenderer  # noqa: E402
-from tiny.codegen.hip import HIPRenderer  # noqa: E402
 from tiny.codegen.opt import Opt, OptOps  # noqa: E402
+from tiny.codegen.renderer.amdgpu import AMDGPURenderer  # noqa: E402
+from tiny.codegen.renderer.hip import HIPRenderer  # noqa: E402
 from tiny.ir.uop import Ops  # noqa: E402
 from tiny.runtime.amd.discovery import find_toolchain  # noqa: E402
 from tiny.tensor import Tensor  # noqa: E402

@@ -14,9 +14,9 @@ from amd_helpers import TARGETS, WAVE, compiler
 pytest.importorskip("tiny.tensor", reason="the sweep schedules tiny-tensor ops (pip install tiny-tensor)")
 
 from tiny.codegen import render_for  # noqa: E402
-from tiny.codegen.amdgpu import AMDGPURenderer  # noqa: E402
-from tiny.codegen.hip import HIPRenderer  # noqa: E402
 from tiny.codegen.opt import Opt, OptOps  # noqa: E402
+from tiny.codegen.renderer.amdgpu import AMDGPURenderer  # noqa: E402
+from tiny.codegen.renderer.hip import HIPRenderer  # noqa: E402
 from tiny.ir.dtypes import dtypes  # noqa: E402
 from tiny.ir.uop import Ops, UOp  # noqa: E402
 from tiny.runtime.amd.elf import read_code_object  # noqa: E402

@@ -12,10 +12,10 @@ import pytest
 from amd_helpers import TARGETS, compiler
 from test_amd_disasm import disassemble, mnemonics
 
-from tiny.codegen.amdgpu import AMDGPURenderer
-from tiny.codegen.heuristic import hand_opts
-from tiny.codegen.hip import HIPRenderer
 from tiny.codegen.opt import Kernel, OptOps
+from tiny.codegen.opt.heuristic import hand_opts
+from tiny.codegen.renderer.amdgpu import AMDGPURenderer
+from tiny.codegen.renderer.hip import HIPRenderer
 from tiny.ir.device import Device
 from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import Ops

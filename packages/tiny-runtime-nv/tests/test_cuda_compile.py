@@ -17,9 +17,9 @@ import tempfile
 import pytest
 from nv_kernels import ops, render_schedule, target
 
-from tiny.codegen.cuda import CUDARenderer
 from tiny.codegen.opt import Opt, OptOps
-from tiny.codegen.ptx import PTXRenderer
+from tiny.codegen.renderer.cuda import CUDARenderer
+from tiny.codegen.renderer.ptx import PTXRenderer
 from tiny.ir.device import CompileError, DeviceUnavailable
 from tiny.ir.dtypes import dtypes
 from tiny.ir.tensorcore import TENSOR_CORES

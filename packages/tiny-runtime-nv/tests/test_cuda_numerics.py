@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from nv_kernels import RenderedKernel, ops, render_schedule, target
 
-from tiny.codegen.cuda import CUDARenderer
-from tiny.codegen.ptx import PTXRenderer
+from tiny.codegen.renderer.cuda import CUDARenderer
+from tiny.codegen.renderer.ptx import PTXRenderer
 from tiny.ir.device import Buffer
 from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import create_schedule

@@ -10,9 +10,9 @@ import pytest
 from nv_kernels import render_schedule, target
 from test_cuda_compile import _ptxas_release, nvrtc, nvrtc_ptx, ptxas
 
-from tiny.codegen.cuda import CUDARenderer
 from tiny.codegen.opt import Opt, OptOps
-from tiny.codegen.ptx import PTXRenderer
+from tiny.codegen.renderer.cuda import CUDARenderer
+from tiny.codegen.renderer.ptx import PTXRenderer
 from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import Ops
 from tiny.runtime.nv.nvrtc import compile_cuda, installed

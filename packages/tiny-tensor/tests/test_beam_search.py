@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tiny.codegen import Kernel
-from tiny.codegen.beam import beam_search
-from tiny.codegen.heuristic import hand_opts
+from tiny.codegen.opt.beam import beam_search
+from tiny.codegen.opt.heuristic import hand_opts
 from tiny.ir.config import Context
 from tiny.ir.device import Device
 from tiny.tensor import Tensor
@@ -43,7 +43,7 @@ def test_beam_finds_a_correct_faster_matmul_and_caches_it(fresh_cache, capsys) -
 def test_a_winner_cached_by_another_code_generator_is_searched_again(fresh_cache, monkeypatch, capsys) -> None:  # noqa: ANN001
     """A cached action list is the winner only for the code generator that timed it: the digest of the codegen
     package's source is part of the key."""
-    from tiny.codegen import beam
+    from tiny.codegen.opt import beam
 
     ta = Tensor(np.ones((32, 24), np.float32), device="CPU").realize()
     tb = Tensor(np.ones((24, 16), np.float32), device="CPU").realize()

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from tiny.codegen.cstyle import CRenderer
-from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.opt import Kernel, Kind
+from tiny.codegen.opt.heuristic import hand_opts
 from tiny.codegen.program import render_for
+from tiny.codegen.renderer.cstyle import CRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.schedule.cache import ScheduleItem
 from tiny.ir.uop import Ops
@@ -148,7 +148,7 @@ def test_a_big_bodied_kernel_that_is_no_tile_is_held_to_a_lowering_size() -> Non
     6 x 6 plane, which the rules wrote out whole for a vector of channels (288 values a thread with 8-lane vectors,
     576 with 16: 130k nodes lowered to simplify to 1.8k, 2 s of a cold MNIST step). A kernel that is not a register
     tile is held to LOWERED_NODES nodes (AST nodes x values per thread)."""
-    from tiny.codegen.heuristic import LOWERED_NODES, TILE_NODES
+    from tiny.codegen.opt.heuristic import LOWERED_NODES, TILE_NODES
     from tiny.examples.mnist import MnistCNN
     from tiny.nn.state import get_parameters
 

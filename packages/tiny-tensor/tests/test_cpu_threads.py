@@ -12,7 +12,7 @@ import numpy as np
 from tensor_helpers import poison
 
 from tiny.codegen import Opt, OptOps, get_program
-from tiny.codegen.opt import MAX_THREADS
+from tiny.codegen.opt.actions import MAX_THREADS
 from tiny.ir.device import Device
 from tiny.runtime.cpu import _pool
 from tiny.tensor import Tensor

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from tiny import nn
-from tiny.codegen.cuda import CUDARenderer
-from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.lower import kernel_name
 from tiny.codegen.opt import Kernel, Kind
+from tiny.codegen.opt.heuristic import hand_opts
+from tiny.codegen.renderer.cuda import CUDARenderer
 from tiny.tensor import Tensor
 
 CAPS = CUDARenderer("arch=sm_90").caps

@@ -19,8 +19,8 @@ import pytest
 from tensor_helpers import poison
 
 from tiny.codegen import Kernel, KernelOptError, Opt, OptOps, get_program
-from tiny.codegen.beam import actions
-from tiny.codegen.heuristic import hand_opts
+from tiny.codegen.opt.beam import actions
+from tiny.codegen.opt.heuristic import hand_opts
 from tiny.ir.device import Device
 from tiny.runtime.python import PythonDevice
 from tiny.tensor import Tensor, dtypes

@@ -268,7 +268,7 @@ def test_the_variable_is_a_kernel_parameter(
 
 
 def test_beam_times_a_symbolic_kernel_at_the_largest_value(tmp_path, capsys) -> None:  # noqa: ANN001
-    from tiny.codegen.beam import beam_search
+    from tiny.codegen.opt.beam import beam_search
     from tiny.ir.config import Context
 
     x = Tensor(RNG.standard_normal((16, 200)).astype(np.float32), device="CPU").realize()
@@ -309,8 +309,8 @@ def test_a_symbolic_size_is_a_grid_dim_on_gpus() -> None:
 def test_a_reduction_over_a_symbolic_size_is_shared_by_a_workgroup() -> None:
     """GROUP pads a symbolic reduce dim to a multiple of its threads (the padding adds the identity): the rules
     choose it on a GPU for a long reduction, and every length is right, a multiple of the threads or not."""
-    from tiny.codegen.heuristic import hand_opts
     from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
+    from tiny.codegen.opt.heuristic import hand_opts
 
     a = RNG.standard_normal((4, 600)).astype(np.float32)
     x = Tensor(a, device="PYTHON").realize()
@@ -330,8 +330,8 @@ def test_a_dot_product_over_a_symbolic_cache_reads_whole_vectors_on_the_cpu() ->
     the rules take a whole hardware vector of the head dim a step (4 lanes of a 16-float vector stayed scalars)."""
     from dataclasses import replace
 
-    from tiny.codegen.heuristic import hand_opts
     from tiny.codegen.opt import Kernel, OptOps
+    from tiny.codegen.opt.heuristic import hand_opts
 
     keys = Tensor(RNG.standard_normal((1, 4, 64, 64)).astype(np.float32), device="CPU").realize()
     q = Tensor(RNG.standard_normal((1, 4, 1, 64)).astype(np.float32), device="CPU").realize()

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from tiny.codegen.beam import beam_search
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, kernel_name, lower
 from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
+from tiny.codegen.opt.beam import beam_search
 from tiny.codegen.program import Rendered, render_for, render_kernel, to_program
 from tiny.ir import profile, viz
 from tiny.ir.config import BEAM, DEBUG, NOOPT

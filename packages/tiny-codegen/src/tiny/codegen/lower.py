@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from tiny.codegen.opt import IN_BLOCK, STAGE_BUFFERS, Kernel, Kind, Opt, stage_layout
+from tiny.codegen.opt.actions import IN_BLOCK, STAGE_BUFFERS, Kernel, Kind, Opt, stage_layout
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
@@ -576,7 +576,7 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     out_vec = None if k.tc is not None else _vector_part(lw, upcasts, address, lanes)
     unrolls = [i for i, p in enumerate(k.parts) if p.kind is Kind.UNROLL]
     if out_vec is not None and unrolls and _along_reduction(k, k.parts[unrolls[-1]].dim, k.parts[out_vec[0]].dim):
-        out_vec = None  # (each output a vector accumulator along the rows: a tile of rows, tiny.codegen.heuristic)
+        out_vec = None  # (each output a vector accumulator along the rows: a tile of rows, tiny.codegen.opt.heuristic)
     if out_vec is None and unrolls and k.reductions and k.tc is None:
         # (every reduction of the kernel accumulates in vectors of the same lanes: gate and up projections of a
         # feed-forward read in one kernel)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, kernel_name, lower_kernel
 from tiny.codegen.narrow import narrow_loops
 from tiny.codegen.opt import Kernel, Opt
+from tiny.codegen.opt.heuristic import hand_opts
 from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir import viz
 from tiny.ir.config import DEBUG, flag

@@ -26,7 +26,7 @@ from typing import Any
 
 from tiny.codegen.program import REPLAY_RECORD
 from tiny.ir.config import FLAGS, Context
-from tiny.ir.device import Renderer
+from tiny.ir.device import Renderer, renderer_entry_points
 from tiny.ir.uop import UOp
 
 FORMAT = 1  # the recording format: raise it when KernelRecord or what it holds changes meaning
@@ -160,14 +160,27 @@ def rebuild_renderer(record: KernelRecord) -> Renderer:
     """The record's renderer class built again for its target, with the recorded caps (a renderer reads the host it
     runs on: threads, vector width) on the fields the class still has."""
     module, qualname, target = record.renderer
-    cls: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        cls = getattr(cls, part)
-    renderer = cls(target)
+    renderer = renderer_class(module, qualname)(target)
     caps = pickle.loads(record.caps)
     known = {f.name for f in dataclasses.fields(renderer.caps)}
     renderer.caps = dataclasses.replace(renderer.caps, **{k: v for k, v in caps.items() if k in known})
     return renderer
+
+
+def renderer_class(module: str, qualname: str) -> Any:
+    """The renderer class a record names. One that has moved to another module since it was recorded is found by
+    its class name among the installed renderers (the `tiny.renderers` entry points), so that a recording made
+    before a move compares after it."""
+    try:
+        cls: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        return cls
+    except (ImportError, AttributeError):
+        moved = [ep for ep in renderer_entry_points().values() if ep.attr == qualname]
+        if len(moved) != 1:
+            raise
+        return moved[0].load()
 
 
 def render_again(record: KernelRecord) -> str:

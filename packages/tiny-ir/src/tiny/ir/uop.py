@@ -466,6 +466,18 @@ class UOp(_Fields):
         assert self.op is Ops.RANGE, self.op
         return self.src[0]
 
+    @property
+    def condition(self) -> UOp:
+        """IF: the bool under which its block runs."""
+        assert self.op is Ops.IF, self.op
+        return self.src[0]
+
+    @property
+    def opened(self) -> UOp:
+        """ENDRANGE/ENDIF: the RANGE or IF whose block it closes."""
+        assert self.op in (Ops.ENDRANGE, Ops.ENDIF), self.op
+        return self.src[0]
+
     # ---- tensor-level graph: shape and device
 
     def _sources_know(self, name: str) -> None:

@@ -1,7 +1,7 @@
 """The CL device: OpenCL through ctypes to the system's ICD loader (libOpenCL.so.1), no Python bindings needed.
 
 `CL` is the first OpenCL device of the machine, `CL:1` the second (devices of every platform, in the order the
-loader lists them; `clinfo -l` shows it). Kernels are OpenCL C from tiny.codegen.opencl, built by the driver;
+loader lists them; `clinfo -l` shows it). Kernels are OpenCL C from tiny.codegen.renderer.opencl, built by the driver;
 the compiled program binary is what the disk cache keeps. One in-order command queue per device with
 profiling on: launches do not wait, and `wait=True` returns the kernel's time from its event.
 """
@@ -431,7 +431,7 @@ class CLDevice(Compiled):
         return CLCompiler(self)
 
     def renderer_target(self) -> str:
-        """The device's limits and features, as tiny.codegen.cstyle.GPUCStyleRenderer reads them."""
+        """The device's limits and features, as tiny.codegen.renderer.cstyle.GPUCStyleRenderer reads them."""
         i = self.info
         features = [f for f, ext in (("fp16", "cl_khr_fp16"), ("fp64", "cl_khr_fp64")) if ext in i.extensions]
         vector_width = min(max(i.float_vector, 4), 16)  # floats per vector load: at least 128 bits

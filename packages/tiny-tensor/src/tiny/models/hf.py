@@ -18,7 +18,7 @@ from tiny.ir.dtypes import to_dtype
 from tiny.nn.state import get_state_dict, safe_load
 from tiny.tensor import DType, Tensor, dtypes
 
-__all__ = ["LOWEST", "activation", "compute_dtype", "load_weights", "read_config", "read_weights"]
+__all__ = ["LOWEST", "activation", "compute_dtype", "load_weights", "read_config", "read_json", "read_weights"]
 
 LOWEST = {  # what Hugging Face adds to a masked key's score: the lowest value of the dtype the model computes in
     dtypes.float32: -3.4028234663852886e38,
@@ -51,12 +51,7 @@ def read_config(path: str | os.PathLike, architectures: Sequence[str]) -> tuple[
     if not config_path.is_file():
         found = sorted(p.name for p in folder.iterdir())[:10]
         raise FileNotFoundError(f"{folder} has no config.json: not a Hugging Face model folder (it holds {found})")
-    try:
-        cfg = json.loads(config_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{config_path} is not valid JSON: {e}") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{config_path} should hold a JSON object, it holds a {type(cfg).__name__}")
+    cfg = read_json(config_path)
     found_archs = cfg.get("architectures") or []
     arch = found_archs[0] if found_archs else None
     if arch not in architectures:
@@ -65,6 +60,21 @@ def read_config(path: str | os.PathLike, architectures: Sequence[str]) -> tuple[
             f"{arch!r} (model_type {cfg.get('model_type')!r})"
         )
     return folder, cfg, arch
+
+
+def read_json(path: Path, missing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON object a file holds (a config); `missing` where the file does not exist, if given, else an error."""
+    if not path.is_file():
+        if missing is not None:
+            return missing
+        raise FileNotFoundError(f"{path.parent} has no {path.name}")
+    try:
+        found = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(found, dict):
+        raise ValueError(f"{path} should hold a JSON object, it holds a {type(found).__name__}")
+    return found
 
 
 def read_weights(folder: Path, device: str | None) -> dict[str, Tensor]:

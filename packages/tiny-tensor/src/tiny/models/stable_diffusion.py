@@ -18,7 +18,6 @@ the scheduler's arithmetic in float32.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from tiny.models import clip
-from tiny.models.hf import compute_dtype, load_weights
+from tiny.models.hf import compute_dtype, load_weights, read_json
 from tiny.nn import Conv2d, GroupNorm, LayerNorm, Linear, skip_init
 from tiny.nn.state import safe_load
 from tiny.tensor import DType, Tensor, dtypes
@@ -647,7 +646,7 @@ class CLIPTokenizer:
                 "the CLIP tokenizer uses the `tokenizers` library: pip install 'tiny-tensor[llm]'"
             ) from None
         config = folder / "tokenizer_config.json"
-        settings = _read_json(config) if config.is_file() else {}
+        settings = read_json(config) if config.is_file() else {}
         vocab, merges = folder / "vocab.json", folder / "merges.txt"
         if (folder / "tokenizer.json").is_file():
             self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -758,18 +757,6 @@ class StableDiffusion:
         return ((image.cast(dtypes.float32) / 2 + 0.5).clip(0, 1)).permute(0, 2, 3, 1).numpy()
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path.parent} has no {path.name}")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} should hold a JSON object, it holds a {type(data).__name__}")
-    return data
-
-
 def _weights(folder: Path, device: str | None) -> dict[str, Tensor]:
     for name in ("diffusion_pytorch_model.safetensors", "model.safetensors"):
         if (folder / name).is_file():
@@ -785,7 +772,7 @@ def load_unet(
     variant, is widened; dtypes.float16 computes in half)."""
     dtype = compute_dtype(dtype, "UNet")
     folder = Path(path)
-    cfg = UNetConfig.from_diffusers(_read_json(folder / "config.json"))
+    cfg = UNetConfig.from_diffusers(read_json(folder / "config.json"))
     with skip_init():
         model = UNet2DConditionModel(cfg, device)
     load_weights(model, _weights(folder, device), folder, base="unet", dtype=dtype)
@@ -796,7 +783,7 @@ def load_vae(path: str | os.PathLike, device: str | None = None, dtype: DType | 
     """The decoder of a diffusers vae/ folder (the encoder's weights are left unread), computing in dtype."""
     dtype = compute_dtype(dtype, "VAE")
     folder = Path(path)
-    cfg = VAEConfig.from_diffusers(_read_json(folder / "config.json"))
+    cfg = VAEConfig.from_diffusers(read_json(folder / "config.json"))
     with skip_init():
         model = AutoencoderKL(cfg, device)
     weights = {k: t for k, t in _weights(folder, device).items() if not k.startswith(("encoder.", "quant_conv."))}
@@ -820,8 +807,8 @@ def load(
         raise FileNotFoundError(
             f"expected a diffusers pipeline folder (model_index.json, unet/, vae/, ...); {folder} has none"
         )
-    index = _read_json(folder / "model_index.json")
-    settings = _read_json(folder / "scheduler" / "scheduler_config.json")
+    index = read_json(folder / "model_index.json")
+    settings = read_json(folder / "scheduler" / "scheduler_config.json")
     name = scheduler or (settings.get("_class_name") if settings.get("_class_name") in SCHEDULERS else "DDIMScheduler")
     if name not in SCHEDULERS:
         raise ValueError(f"scheduler {name!r} is not one of {', '.join(SCHEDULERS)}")

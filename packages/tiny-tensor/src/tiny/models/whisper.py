@@ -20,7 +20,6 @@ the token embeddings (proj_out, tied) or proj_out's own weight.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tiny.models.hf import activation, load_weights, read_config, read_weights
+from tiny.models.hf import activation, load_weights, read_config, read_json, read_weights
 from tiny.models.kv_cache import KVCache
 from tiny.nn import Conv1d, Embedding, LayerNorm, Linear, skip_init
 from tiny.tensor import Tensor, Variable, dtypes
@@ -452,9 +451,9 @@ def load(path: str | os.PathLike, device: str | None = None) -> WhisperForCondit
     weights read lazily from model.safetensors (or its shards), its generation settings from generation_config.json
     and its feature extractor's from preprocessor_config.json where the folder has them."""
     folder, raw, _ = read_config(path, ARCHITECTURES)
-    generation = _json(folder / "generation_config.json")
+    generation = read_json(folder / "generation_config.json", {})
     cfg = WhisperConfig.from_hf(raw, generation)
-    preprocessor = _json(folder / "preprocessor_config.json")
+    preprocessor = read_json(folder / "preprocessor_config.json", {})
     features = FeatureConfig.from_hf(preprocessor) if preprocessor else _default_features(cfg)
     if features.feature_size != cfg.num_mel_bins or features.frames != 2 * cfg.max_source_positions:
         raise ValueError(
@@ -475,15 +474,3 @@ def _default_features(cfg: WhisperConfig) -> FeatureConfig:
     base = FeatureConfig(feature_size=cfg.num_mel_bins)
     seconds, rest = divmod(2 * cfg.max_source_positions * base.hop_length, base.sampling_rate)
     return FeatureConfig(feature_size=cfg.num_mel_bins, chunk_length=seconds if seconds and not rest else 30)
-
-
-def _json(path: Any) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        found = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(found, dict):
-        raise ValueError(f"{path} should hold a JSON object, it holds a {type(found).__name__}")
-    return found

@@ -28,8 +28,8 @@ from tiny.ir.uop import UOp
 # AllocatorCaps.foreign with Allocator.wrap and Allocator.address; 1.5: Compiled.default_renderer and describe; 1.6:
 # CompiledProgram.grid, a workgroup count over a Variable, and a kernel's fewer workgroups than its gidx ranges;
 # Compiler.compile_many and Compiled.compile_many, several kernels in one compiler run; 1.7:
-# RendererCaps.narrow_vectors)
-INTERFACE_VERSION = (1, 7)
+# RendererCaps.narrow_vectors; 1.8: Renderer.unavailable, why a renderer cannot be used here)
+INTERFACE_VERSION = (1, 8)
 
 
 # the dtypes kernels compute on in hardware vectors (RendererCaps.vector_lanes; the code generator's vector ops)
@@ -88,6 +88,11 @@ class Renderer:
 
     def __init__(self, target: str = "") -> None:
         self.target = target
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this renderer cannot be used on this machine (a library it builds kernels with is missing), or None."""
+        return None
 
     def render(self, name: str, uops: list[UOp]) -> str:
         raise NotImplementedError

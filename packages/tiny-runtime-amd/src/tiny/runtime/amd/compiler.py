@@ -1,8 +1,8 @@
 """Compiling kernels to AMDGPU code objects with the LLVM toolchain found on the system (discovery.find_toolchain).
 
-`AMDGPUCompiler` takes LLVM IR for amdgcn-amd-amdhsa (tiny.codegen.amdgpu) through `clang -c` for the target
+`AMDGPUCompiler` takes LLVM IR for amdgcn-amd-amdhsa (tiny.codegen.renderer.amdgpu) through `clang -c` for the target
 processor and links the object with `ld.lld -shared` into a code object; `HIPCompiler` takes HIP C
-(tiny.codegen.hip) and compiles it as device code only, without ROCm's headers or device libraries. Each checks
+(tiny.codegen.renderer.hip) and compiles it as device code only, without ROCm's headers or device libraries. Each checks
 the code object it made with tiny.runtime.amd.elf, so a runtime only ever loads what that reader understands.
 The compile cache key names the compiler, the target and the toolchain's version. `amdgpu_compiler` falls back to
 COMGR (tiny.runtime.amd.comgr) for LLVM IR where the toolchain is missing or does not know the target.

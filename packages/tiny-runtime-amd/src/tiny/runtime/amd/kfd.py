@@ -1,7 +1,7 @@
 """The AMD device, talking to the kernel driver (KFD) directly: no ROCm libraries.
 
-`AMD` is the first GPU of the KFD topology, `AMD:1` the second. Kernels are LLVM IR from tiny.codegen.amdgpu, built
-into code objects by clang and ld.lld (tiny.runtime.amd.compiler) for the GPU's gfx target, which the topology
+`AMD` is the first GPU of the KFD topology, `AMD:1` the second. Kernels are LLVM IR from tiny.codegen.renderer.amdgpu,
+built into code objects by clang and ld.lld (tiny.runtime.amd.compiler) for the GPU's gfx target, which the topology
 names. A program's code object is placed in GPU memory (its PT_LOAD segments at their addresses, relocations
 applied); a launch writes the kernel's arguments where the code object's metadata puts them, and a kernel dispatch
 packet into the device's AQL queue (tiny.runtime.amd.aql). Launches do not wait; `wait=True` and synchronize sleep

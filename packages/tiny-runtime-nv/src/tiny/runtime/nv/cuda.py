@@ -1,7 +1,7 @@
 """The CUDA device: the CUDA driver API (libcuda) through ctypes, kernels compiled by NVRTC.
 
-`CUDA` is the first GPU, `CUDA:1` the second; `CUDA:PTX` (or `CUDA:1:PTX`) renders PTX with tiny.codegen.ptx and
-lets the driver assemble it, instead of CUDA C compiled by NVRTC to the GPU's own cubin. Each device works in its
+`CUDA` is the first GPU, `CUDA:1` the second; `CUDA:PTX` (or `CUDA:1:PTX`) renders PTX with tiny.codegen.renderer.ptx
+and lets the driver assemble it, instead of CUDA C compiled by NVRTC to the GPU's own cubin. Each device works in its
 GPU's primary context on one stream of its own: launches do not wait, `wait=True` times a launch with two events,
 copies to and from the host go through a pinned staging buffer, and copies between two GPUs go straight across
 (cuMemcpyPeer) where the driver allows peer access, else through the host. TinyJit replays through a CUDA graph.

@@ -201,7 +201,7 @@ def _cuda(version: int) -> str:
 
 
 class PTXCompiler(Compiler):
-    """PTX from tiny.codegen.ptx -> what the driver loads: the PTX itself, NUL-terminated (cuModuleLoadData
+    """PTX from tiny.codegen.renderer.ptx -> what the driver loads: the PTX itself, NUL-terminated (cuModuleLoadData
     assembles it for the GPU). The renderer writes `.target` for the architecture and the lowest `.version` that
     has it; PTX for another architecture, or of a PTX ISA newer than the driver (`driver_version`, as
     cuDriverGetVersion gives it), is a CompileError here rather than an error from the driver."""

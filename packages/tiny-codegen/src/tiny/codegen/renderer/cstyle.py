@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from tiny.ir.device import VECTOR_DTYPES, Renderer, RendererCaps
+from tiny.codegen.renderer.walker import Walk, WalkingRenderer
+from tiny.ir.device import VECTOR_DTYPES, RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes
 from tiny.ir.uop import GroupOp, Ops, UOp
 
@@ -26,7 +27,31 @@ _CODE: dict[Ops, Callable[..., str]] = {
 }
 
 
-class CStyleRenderer(Renderer):
+class CWalk(Walk):
+    """A C-like kernel being written: the walk, and the accumulator updates held back to be interleaved (an unrolled
+    tile's accumulators take their terms in turns) and the dtypes of the updates written as one multiply-add."""
+
+    def __init__(self, uops: list[UOp], inline_depth: int, repeats: frozenset[Ops]) -> None:
+        super().__init__(uops, inline_depth=inline_depth, repeats=repeats)
+        self.held: list[tuple[UOp, list[str]]] = []  # (accumulator, its terms' updates)
+        self.held_indent = ""  # the indent they were written at
+        self.fused: set[DType] = set()
+
+    def line(self, text: str) -> None:
+        if self.held:
+            self.flush()
+        super().line(text)
+
+    def flush(self) -> None:
+        """The held accumulators' updates one term at a time across all of them, not one chain after another:
+        same arithmetic, but clang then keeps an unrolled register tile's operands in registers."""
+        updates = [(self.names[acc], terms) for acc, terms in self.held]
+        self.held.clear()
+        for t in range(max(len(terms) for _, terms in updates)):
+            self.lines.extend(f"{self.held_indent}{name} = {terms[t]};" for name, terms in updates if t < len(terms))
+
+
+class CStyleRenderer(WalkingRenderer):
     """The parts of C that every C-like language shares; subclasses name their types and intrinsics."""
 
     caps = RendererCaps(language="C")
@@ -64,7 +89,7 @@ class CStyleRenderer(Renderer):
     special_params = False  # hardware indices arrive as arguments after the variables (a CPU thread's number)
     repeats_operands = frozenset({Ops.MAX, Ops.IDIV, Ops.MOD, Ops.CAST})  # their C text names an operand twice
     max_inline_depth = 32  # deeper expressions go through a variable: compilers limit nesting
-    interleave_updates = True  # an unrolled tile's accumulators take their terms in turns (see render's flush)
+    interleave_updates = True  # an unrolled tile's accumulators take their terms in turns (see CWalk.flush)
 
     emulate_bf16 = True  # the language has no bfloat16 arithmetic: store 16 bits, compute in float
     bf16_prelude = (
@@ -102,15 +127,15 @@ class CStyleRenderer(Renderer):
     def vector_literal(self, dt: DType, lanes: list[str]) -> str:
         return f"(({self.vector_type_name(dt)}){{{', '.join(lanes)}}})"
 
-    def value_type(self, u: UOp) -> str:
+    def value_type(self, w: CWalk, u: UOp) -> str:
         """The C type of the variable holding u's value (a dialect may hold some values in another form)."""
         return self.type_name(u.dtype)
 
-    def vectorize(self, u: UOp, lanes: list[str], names: dict[UOp, str]) -> str:
-        """A VECTORIZE of these lanes' values (names: what every op rendered so far is called)."""
+    def vectorize(self, w: CWalk, u: UOp, lanes: list[str]) -> str:
+        """A VECTORIZE of these lanes' values."""
         return self.vector_literal(u.dtype, lanes)
 
-    def elided(self, u: UOp) -> bool:
+    def elided(self, w: CWalk, u: UOp) -> bool:
         """Whether a load is left out of the source (a dialect that reads its value some other way)."""
         return False
 
@@ -128,11 +153,11 @@ class CStyleRenderer(Renderer):
     def _bf16(self, dt: DType) -> bool:
         return self.emulate_bf16 and dt.scalar == dtypes.bfloat16
 
-    def loaded(self, u: UOp, raw: str) -> str:
+    def loaded(self, w: CWalk, u: UOp, raw: str) -> str:
         """The value read from memory, as a register value."""
         return f"tiny_bf16_to_f32({raw})" if self._bf16(u.dtype) else raw
 
-    def stored(self, value: UOp, expr: str) -> str:
+    def stored(self, w: CWalk, value: UOp, expr: str) -> str:
         """A register value, as written to memory."""
         return f"tiny_f32_to_bf16({expr})" if self._bf16(value.dtype) else expr
 
@@ -296,179 +321,174 @@ class CStyleRenderer(Renderer):
         """The address of element `offset` of a buffer."""
         return f"({pointer}+{names[offset]})"
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
-        return f"{self.kernel_prefix} {name}({', '.join(params)}) {{\n" + "\n".join(body) + "\n}\n"
+    def render_kernel(self, w: CWalk, name: str) -> str:
+        """The kernel's function: its signature and the body the walk wrote."""
+        return f"{self.kernel_prefix} {name}({', '.join(w.params())}) {{\n" + "\n".join(w.lines) + "\n}\n"
+
+    # ---------------------------------------------------------------- the walk: a method per op (rules)
+
+    rules = {
+        Ops.DEFINE_GLOBAL: "write_buffer",
+        Ops.DEFINE_VAR: "write_variable",
+        Ops.CONST: "write_const",
+        Ops.SPECIAL: "write_special",
+        Ops.DEFINE_LOCAL: "write_local",
+        Ops.RANGE: "write_range",
+        Ops.IF: "write_if",
+        Ops.ENDRANGE: "write_end",
+        Ops.ENDIF: "write_end",
+        Ops.INDEX: "write_index",
+        Ops.LOAD: "write_load",
+        Ops.STORE: "write_store",
+        Ops.DEFINE_ACC: "write_acc",
+        Ops.ASSIGN: "write_assign",
+        Ops.BARRIER: "write_barrier",
+        **dict.fromkeys((Ops.CAST, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP, Ops.WMMA, *GroupOp.ALU), "write_expression"),
+    }
+
+    def start(self, uops: list[UOp]) -> CWalk:
+        """The walk of one kernel (a dialect that keeps more per kernel starts its own kind)."""
+        return CWalk(uops, self.max_inline_depth, self.repeats_operands)
 
     def render(self, name: str, uops: list[UOp]) -> str:
-        names: dict[UOp, str] = {}
-        params: list[tuple[int, str]] = []
-        var_params: list[str] = []
-        special_params: list[str] = []
-        body: list[str] = []
-        depth = 1
-        uses: dict[UOp, int] = {}
-        for u in uops:
-            for s in u.src:  # an operand that the rendered expression repeats counts as used twice
-                uses[s] = uses.get(s, 0) + (2 if u.op in self.repeats_operands else 1)
-        counters: dict[str, int] = {}
-        nest: dict[UOp, int] = {}  # how deep an inlined expression nests
-        written = {u.address.pointer for u in uops if u.op is Ops.STORE}
-
-        def fresh(prefix: str) -> str:
-            counters[prefix] = counters.get(prefix, -1) + 1
-            return f"{prefix}{counters[prefix]}"
-
-        inlined: set[UOp] = set()  # ALU results written into their one user's text
-        fused: set[DType] = set()  # the dtypes of accumulator updates written as one multiply-add
-        held: list[tuple[UOp, list[str]]] = []  # accumulator updates held back to be interleaved
-        held_depth = 0  # the nesting they were written at
-
-        def line(text: str) -> None:
-            if held:
-                flush()
-            body.append("  " * depth + text)
-
-        def steps(acc: UOp, value: UOp) -> list[str] | None:
-            """value = ((acc op t0) op t1) ... with every op inlined: 'acc op t' for each term, in order."""
-            ops: list[tuple[UOp, UOp]] = []
-            while value is not acc:
-                if value not in inlined or value.op not in (Ops.ADD, Ops.MUL) or (ops and value.op is not ops[0][0].op):
-                    return None
-                ops.append((value, value.src[1]))
-                value = value.src[0]
-            return [step(v, names[acc], term) for v, term in reversed(ops)] or None
-
-        def step(v: UOp, acc: str, term: UOp) -> str:
-            """'acc op term'; a product added to the accumulator as one fused multiply-add where the target has one."""
-            if v.op is Ops.ADD and term.op is Ops.MUL and term in inlined:
-                text = self.multiply_add(v.dtype, names[term.src[0]], names[term.src[1]], acc)
-                if text is not None:
-                    fused.add(v.dtype)
-                    return text
-            return self.rounded(v, self.alu(v, [acc, names[term]]))
-
-        def flush() -> None:
-            """The held accumulators' updates one term at a time across all of them, not one chain after another:
-            same arithmetic, but clang then keeps an unrolled register tile's operands in registers."""
-            updates = [(names[acc], terms) for acc, terms in held]
-            held.clear()
-            for t in range(max(len(terms) for _, terms in updates)):
-                body.extend("  " * held_depth + f"{name} = {terms[t]};" for name, terms in updates if t < len(terms))
-
-        for u in uops:
-            src = [names.get(s, "") for s in u.src]
-            op = u.op
-            if op is Ops.DEFINE_GLOBAL:
-                names[u] = f"data{u.arg}"
-                qual = "" if u in written else "const "
-                params.append((u.arg, f"{self.buffer_prefix}{qual}{self.type_name(u.dtype)} restrict {names[u]}"))
-            elif op is Ops.DEFINE_VAR:
-                names[u] = u.arg[0]
-                var_params.append(f"{self.arg_int} {u.arg[0]}")
-            elif op is Ops.CONST:
-                names[u] = self.const(u.arg, u.dtype)
-            elif op is Ops.SPECIAL:
-                names[u] = u.arg[0]
-                if self.special_params:  # (after every variable: the CPU passes the thread's number last)
-                    special_params.append(f"{self.arg_int} {u.arg[0]}")
-                else:
-                    line(f"{self.type_name(u.dtype)} {u.arg[0]} = {self.special(u.arg[0])}; /* {u.arg[1]} */")
-            elif op is Ops.DEFINE_LOCAL:
-                assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
-                names[u] = u.arg[0]
-                line(self.define_local(u.arg[0], u.dtype.base, u.arg[1]))
-            elif op is Ops.RANGE:
-                names[u] = fresh("ridx")
-                t = self.type_name(u.dtype)
-                line(f"for ({t} {names[u]} = 0; {names[u]} < {src[0]}; {names[u]}++) {{")
-                depth += 1
-            elif op in (Ops.ENDRANGE, Ops.ENDIF):
-                depth -= 1
-                line("}")
-            elif op is Ops.IF:
-                line(f"if ({src[0]}) {{")
-                depth += 1
-            elif op is Ops.INDEX:
-                names[u] = self.index(src[0], u.offset, names)
-            elif op is Ops.LOAD and self.elided(u):
-                continue
-            elif op is Ops.LOAD:
-                addr = u.address
-                through_scalars = u.dtype.count > 1 and _element(addr.pointer.dtype).count == 1
-                raw = self.vector_load(u.dtype, names[addr]) if through_scalars else self.loaded(u, f"*{names[addr]}")
-                alt = u.alternative
-                val = raw if addr.gate is None or alt is None else f"({names[addr.gate]}?{raw}:{names[alt]})"
-                names[u] = fresh("val")
-                line(f"{self.value_type(u)} {names[u]} = {val};")
-            elif op is Ops.STORE:
-                addr = u.address
-                if u.value.dtype.count > 1 and _element(addr.pointer.dtype).count == 1:
-                    store = self.vector_store(u.value.dtype, names[addr], src[1])
-                else:
-                    store = f"*{names[addr]} = {self.stored(u.value, src[1])};"
-                line(store if addr.gate is None else f"if ({names[addr.gate]}) {store}")
-            elif op is Ops.DEFINE_ACC:
-                names[u] = fresh("acc")
-                line(f"{self.type_name(u.dtype)} {names[u]} = {src[0]};")
-            elif op is Ops.ASSIGN:
-                names[u] = src[0]
-                acc, value = u.src
-                terms = steps(acc, value) if self.interleave_updates else None
-                if terms is None:
-                    line(f"{src[0]} = {src[1]};")
-                else:
-                    if any(acc is a or any(names[a] in t for t in terms) for a, _ in held):
-                        flush()  # an update that reads a held accumulator waits for it
-                    held.append((acc, terms))
-                    held_depth = depth
-            elif op is Ops.BARRIER:
-                line(self.barrier())
-            elif op in (Ops.CAST, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP, Ops.WMMA) or op in GroupOp.ALU:
-                if op is Ops.WMMA:
-                    expr = self.wmma(u, src)
-                elif op is Ops.VECTORIZE:
-                    lanes = [f"-({x})" for x in src] if u.dtype.is_bool else src  # a true lane is all ones
-                    expr = self.vectorize(u, lanes, names)
-                elif op is Ops.GEP:
-                    expr = f"({self.gep(src[0], u.arg)} != 0)" if u.dtype.is_bool else self.gep(src[0], u.arg)
-                elif op is Ops.CAST:
-                    expr = self.cast(u, src[0])
-                elif op is Ops.BITCAST:
-                    expr = self.bitcast(u, src[0])
-                else:
-                    expr = self.alu(u, src)
-                expr = self.rounded(u, expr)
-                nest[u] = 1 + max((nest.get(s, 0) for s in u.src), default=0)
-                if uses.get(u, 0) == 1 and nest[u] < self.max_inline_depth:
-                    names[u] = expr  # used once: inline it
-                    inlined.add(u)
-                else:
-                    nest[u] = 0
-                    names[u] = fresh("alu")
-                    line(f"{self.value_type(u)} {names[u]} = {expr};")
-            else:
-                raise NotImplementedError(f"{type(self).__name__} cannot render {op}")
-        if held:
-            flush()
-        ordered = [p for _, p in sorted(params)] + var_params + special_params
-        kernel = self.render_kernel(name, ordered, body)
+        w = self.walk(self.start(uops))
+        if w.held:
+            w.flush()
+        kernel = self.render_kernel(w, name)
         values = [u.dtype for u in uops if not isinstance(u.dtype, PtrDType)]
         scalar_math = {(u.op, u.dtype.scalar) for u in uops if u.op in self.math_fns and u.dtype.count == 1}
         scalar_math = sorted(((op, s) for op, s in scalar_math if self.lane_math(op, s) is not None), key=repr)
         vectors = self._vector_types({dt for dt in values if dt.count > 1}, scalar_math)
         types = "".join(self.vector_typedef(dt) for dt in vectors)
         helpers = "".join(self.lane_math_helper(op, s) for op, s in scalar_math)
-        helpers += "".join(self.multiply_add_helper(dt) for dt in sorted(fused, key=repr))
+        helpers += "".join(self.multiply_add_helper(dt) for dt in sorted(w.fused, key=repr))
         kernel = types + "".join(self.vector_prelude(dt) for dt in vectors) + helpers + kernel
         scalars = {_element(u.dtype).scalar for u in uops}
         uses_bf16 = self.emulate_bf16 and dtypes.bfloat16 in scalars
-        return self.preamble(scalars) + (self.bf16_prelude if uses_bf16 else "") + kernel
+        return self.preamble(w, scalars) + (self.bf16_prelude if uses_bf16 else "") + kernel
 
-    def preamble(self, scalars: set[DType]) -> str:
+    def write_buffer(self, w: CWalk, u: UOp) -> str:
+        name = f"data{u.arg}"
+        qual = "" if u in w.written else "const "
+        w.buffers.append((u.arg, f"{self.buffer_prefix}{qual}{self.type_name(u.dtype)} restrict {name}"))
+        return name
+
+    def write_variable(self, w: CWalk, u: UOp) -> str:
+        w.variables.append(f"{self.arg_int} {u.arg[0]}")
+        return u.arg[0]
+
+    def write_const(self, w: CWalk, u: UOp) -> str:
+        return self.const(u.arg, u.dtype)
+
+    def write_special(self, w: CWalk, u: UOp) -> str:
+        if self.special_params:  # (after every variable: the CPU passes the thread's number last)
+            w.specials.append(f"{self.arg_int} {u.arg[0]}")
+        else:
+            w.line(f"{self.type_name(u.dtype)} {u.arg[0]} = {self.special(w, u.arg[0])}; /* {u.arg[1]} */")
+        return u.arg[0]
+
+    def write_local(self, w: CWalk, u: UOp) -> str:
+        assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
+        w.line(self.define_local(u.arg[0], u.dtype.base, u.arg[1]))
+        return u.arg[0]
+
+    def write_range(self, w: CWalk, u: UOp) -> str:
+        name = w.fresh("ridx")
+        w.line(f"for ({self.type_name(u.dtype)} {name} = 0; {name} < {w.names[u.end]}; {name}++) {{")
+        return name
+
+    def write_if(self, w: CWalk, u: UOp) -> None:
+        w.line(f"if ({w.names[u.condition]}) {{")
+
+    def write_end(self, w: CWalk, u: UOp) -> None:
+        w.line("}")
+
+    def write_index(self, w: CWalk, u: UOp) -> str:
+        return self.index(w.names[u.pointer], u.offset, w.names)
+
+    def write_load(self, w: CWalk, u: UOp) -> str | None:
+        if self.elided(w, u):
+            return None
+        addr = u.address
+        through_scalars = u.dtype.count > 1 and _element(addr.pointer.dtype).count == 1
+        raw = self.vector_load(u.dtype, w.names[addr]) if through_scalars else self.loaded(w, u, f"*{w.names[addr]}")
+        alt = u.alternative
+        val = raw if addr.gate is None or alt is None else f"({w.names[addr.gate]}?{raw}:{w.names[alt]})"
+        name = w.fresh("val")
+        w.line(f"{self.value_type(w, u)} {name} = {val};")
+        return name
+
+    def write_store(self, w: CWalk, u: UOp) -> None:
+        addr, value = u.address, w.names[u.value]
+        if u.value.dtype.count > 1 and _element(addr.pointer.dtype).count == 1:
+            store = self.vector_store(u.value.dtype, w.names[addr], value)
+        else:
+            store = f"*{w.names[addr]} = {self.stored(w, u.value, value)};"
+        w.line(store if addr.gate is None else f"if ({w.names[addr.gate]}) {store}")
+
+    def write_acc(self, w: CWalk, u: UOp) -> str:
+        name = w.fresh("acc")
+        w.line(f"{self.type_name(u.dtype)} {name} = {w.operands(u)[0]};")
+        return name
+
+    def write_assign(self, w: CWalk, u: UOp) -> str:
+        acc, value = u.src
+        terms = self._steps(w, acc, value) if self.interleave_updates else None
+        if terms is None:
+            w.line(f"{w.names[acc]} = {w.names[value]};")
+        else:
+            if any(acc is a or any(w.names[a] in t for t in terms) for a, _ in w.held):
+                w.flush()  # an update that reads a held accumulator waits for it
+            w.held.append((acc, terms))
+            w.held_indent = "  " * (1 + w.depth)
+        return w.names[acc]
+
+    def write_barrier(self, w: CWalk, u: UOp) -> None:
+        w.line(self.barrier())
+
+    def write_expression(self, w: CWalk, u: UOp) -> str:
+        """An op whose value is an expression: inlined into its reader or named (Walk.expression)."""
+        op, src = u.op, w.operands(u)
+        if op is Ops.WMMA:
+            expr = self.wmma(u, src)
+        elif op is Ops.VECTORIZE:
+            lanes = [f"-({x})" for x in src] if u.dtype.is_bool else src  # a true lane is all ones
+            expr = self.vectorize(w, u, lanes)
+        elif op is Ops.GEP:
+            expr = f"({self.gep(src[0], u.arg)} != 0)" if u.dtype.is_bool else self.gep(src[0], u.arg)
+        elif op is Ops.CAST:
+            expr = self.cast(u, src[0])
+        elif op is Ops.BITCAST:
+            expr = self.bitcast(u, src[0])
+        else:
+            expr = self.alu(u, src)
+        expr = self.rounded(u, expr)
+        return w.expression(u, expr, lambda name: f"{self.value_type(w, u)} {name} = {expr};")
+
+    def _steps(self, w: CWalk, acc: UOp, value: UOp) -> list[str] | None:
+        """value = ((acc op t0) op t1) ... with every op inlined: 'acc op t' for each term, in order."""
+        ops: list[tuple[UOp, UOp]] = []
+        while value is not acc:
+            if value not in w.inlined or value.op not in (Ops.ADD, Ops.MUL) or (ops and value.op is not ops[0][0].op):
+                return None
+            ops.append((value, value.src[1]))
+            value = value.src[0]
+        return [self._step(w, v, w.names[acc], term) for v, term in reversed(ops)] or None
+
+    def _step(self, w: CWalk, v: UOp, acc: str, term: UOp) -> str:
+        """'acc op term'; a product added to the accumulator as one fused multiply-add where the target has one."""
+        if v.op is Ops.ADD and term.op is Ops.MUL and term in w.inlined:
+            text = self.multiply_add(v.dtype, w.names[term.src[0]], w.names[term.src[1]], acc)
+            if text is not None:
+                w.fused.add(v.dtype)
+                return text
+        return self.rounded(v, self.alu(v, [acc, w.names[term]]))
+
+    def preamble(self, w: CWalk, scalars: set[DType]) -> str:
         """What the source starts with, given the scalar dtypes the kernel uses (extensions to enable ...)."""
         return ""
 
-    def special(self, name: str) -> str:
+    def special(self, w: CWalk, name: str) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no hardware indices")
 
     def wmma(self, u: UOp, args: list[str]) -> str:
@@ -542,7 +562,7 @@ class GPUCStyleRenderer(CStyleRenderer):
             dtypes=frozenset(dtypes.all()) - {dt for f, dt in self.optional_dtypes.items() if f not in features},
         )
 
-    def special(self, name: str) -> str:
+    def special(self, w: CWalk, name: str) -> str:
         return (self.local_id if name.startswith("lidx") else self.group_id).format(dim=int(name[4:]))
 
     def define_local(self, name: str, dt: DType, size: int) -> str:
@@ -764,5 +784,5 @@ class CRenderer(CStyleRenderer):
                 return f"({pointer}+((long long){names[rest]}+{names[last]}))"
         return super().index(pointer, offset, names)
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
-        return f"void {name}({', '.join(params)}) {{\n" + "\n".join(body) + "\n}\n"
+    def render_kernel(self, w: CWalk, name: str) -> str:
+        return f"void {name}({', '.join(w.params())}) {{\n" + "\n".join(w.lines) + "\n}\n"

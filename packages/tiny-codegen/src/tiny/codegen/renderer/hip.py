@@ -4,9 +4,9 @@ The source needs no HIP header and no ROCm device library (clang -x hip -nogpuin
 work-item ids are clang's __builtin_amdgcn_workgroup_id_x / workitem_id_x, a barrier is a workgroup release fence,
 __builtin_amdgcn_s_barrier and an acquire fence, local memory is `__attribute__((shared))`, math is clang's
 builtins (which become LLVM intrinsics). Vectors are clang's GNU vectors with the helpers the C renderer uses
-(tiny.codegen.cstyle.CRenderer); every helper is made a device function by `#pragma clang force_cuda_host_device`.
-float16 is _Float16; bfloat16 is emulated, as in C; float64 exp2, log2 and sin are tiny.codegen.amdmath's. The
-target is the GPU, as for the AMDGPU renderer ('gfx1100').
+(tiny.codegen.renderer.cstyle.CRenderer); every helper is made a device function by
+`#pragma clang force_cuda_host_device`. float16 is _Float16; bfloat16 is emulated, as in C; float64 exp2, log2 and
+sin are tiny.codegen.renderer.amdmath's. The target is the GPU, as for the AMDGPU renderer ('gfx1100').
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from tiny.codegen import amdmath
-from tiny.codegen.amdgpu import amd_target
-from tiny.codegen.cstyle import CRenderer, GPUCStyleRenderer
+from tiny.codegen.renderer import amdmath
+from tiny.codegen.renderer.amdgpu import amd_target
+from tiny.codegen.renderer.cstyle import CRenderer, CWalk, GPUCStyleRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
@@ -59,12 +59,12 @@ class HIPRenderer(GPUCStyleRenderer):
         cores = tuple(tc for tc in tensor_cores_for(amd.name) if tc.dtype_in == dtypes.float16)
         self.caps = replace(self.caps, tensor_cores=cores)
 
-    def special(self, name: str) -> str:
+    def special(self, w: CWalk, name: str) -> str:
         kind = "workitem" if name.startswith("lidx") else "workgroup"
         return f"__builtin_amdgcn_{kind}_id_{_DIMS[int(name[4:])]}()"
 
     def float_math(self, fn: str, args: list[str], dt: DType) -> str:
-        if dt.scalar == dtypes.float64 and fn in amdmath.FUNCTIONS:  # no instruction: tiny.codegen.amdmath's
+        if dt.scalar == dtypes.float64 and fn in amdmath.FUNCTIONS:  # no instruction: tiny.codegen.renderer.amdmath's
             return f"{amdmath.ir_name(fn)}({args[0]})"
         return super().float_math(fn, args, dt)
 
@@ -81,21 +81,16 @@ class HIPRenderer(GPUCStyleRenderer):
     def bit_cast(self, to: str, frm: str, x: str) -> str:
         return f"__builtin_bit_cast({to}, ({frm})({x}))"
 
-    def preamble(self, scalars: set[DType]) -> str:
-        # helpers (bfloat16, vectors) are device functions; `restrict` is C's, C++ spells it __restrict__
-        return "#define restrict __restrict__\n#pragma clang force_cuda_host_device begin\n"
-
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
-        return "#pragma clang force_cuda_host_device end\n" + super().render_kernel(name, params, body)
-
-    def render(self, name: str, uops: list[UOp]) -> str:
-        """The kernel, declared with the workgroup size it is launched with so that clang budgets registers for it."""
-        local = math.prod(u.arg[1] for u in uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
-        head = f"{self.kernel_prefix} {name}("
-        bounded = f"{self.kernel_prefix} __attribute__((amdgpu_flat_work_group_size(1, {local}))) {name}("
-        src = super().render(name, uops).replace(head, bounded, 1)
-        # with any float64 (a double vector's helpers call all three); clang drops those a kernel does not call
-        uses_f64 = any(u.dtype.scalar == dtypes.float64 for u in uops)
+    def preamble(self, w: CWalk, scalars: set[DType]) -> str:
+        # helpers (bfloat16, vectors) are device functions; `restrict` is C's, C++ spells it __restrict__. The float64
+        # math with any float64 (a double vector's helpers call all three); clang drops what a kernel does not call
+        uses_f64 = any(u.dtype.scalar == dtypes.float64 for u in w.uops)
         helpers = "".join(amdmath.c_function(fn) for fn in amdmath.FUNCTIONS) if uses_f64 else ""
-        begin = "#pragma clang force_cuda_host_device begin\n"
-        return src.replace(begin, begin + helpers, 1)
+        return "#define restrict __restrict__\n#pragma clang force_cuda_host_device begin\n" + helpers
+
+    def render_kernel(self, w: CWalk, name: str) -> str:
+        """The kernel, declared with the workgroup size it is launched with so that clang budgets registers for it."""
+        local = math.prod(u.arg[1] for u in w.uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
+        head = f"{self.kernel_prefix} __attribute__((amdgpu_flat_work_group_size(1, {local}))) {name}"
+        body = "\n".join(w.lines)
+        return f"#pragma clang force_cuda_host_device end\n{head}({', '.join(w.params())}) {{\n{body}\n}}\n"

@@ -1,11 +1,11 @@
 """The AMDGPU renderer: LLVM IR for the amdgcn-amd-amdhsa target, the AMD device's default language.
 
-It is the LLVM IR renderer (tiny.codegen.llvmir) with the target part replaced: each kernel is an `amdgpu_kernel`
-function whose buffers are global pointers (address space 1); workgroup and work-item ids come from the
+It is the LLVM IR renderer (tiny.codegen.renderer.llvmir) with the target part replaced: each kernel is an
+`amdgpu_kernel` function whose buffers are global pointers (address space 1); workgroup and work-item ids come from the
 llvm.amdgcn.workgroup.id.* and workitem.id.* intrinsics; local memory is an addrspace(3) global (LDS); a barrier
 is a workgroup release fence, s_barrier and an acquire fence. float16 is the hardware's half; bfloat16 is emulated
 as everywhere (16 bits in memory, float in registers); float64 exp2, log2 and sin, which have no instruction, are
-tiny.codegen.amdmath's functions.
+tiny.codegen.renderer.amdmath's functions.
 
 The renderer's target is the GPU: `gfx1100` (the default; RDNA3), `gfx1201` (RDNA4), `gfx942` (CDNA3, MI300),
 `gfx950` (CDNA4, MI350) or another gfx name, optionally with features (`gfx942:xnack-`). RDNA (gfx10 and later)
@@ -20,8 +20,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from tiny.codegen import amdmath
-from tiny.codegen.llvmir import LLVMRenderer, _Function
+from tiny.codegen.renderer import amdmath
+from tiny.codegen.renderer.llvmir import LLVMRenderer, _Function
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import TensorCore, tensor_core, tensor_cores_for
@@ -116,7 +116,7 @@ class AMDGPURenderer(LLVMRenderer):
         return super().helper_source(name)
 
     def _intrinsic(self, f: _Function, fn: str, dt: DType, args: list[str]) -> str:
-        """float64 exp2, log2 and sin have no instruction: tiny.codegen.amdmath's functions, lane by lane."""
+        """float64 exp2, log2 and sin have no instruction: tiny.codegen.renderer.amdmath's functions, lane by lane."""
         if dt.scalar != dtypes.float64 or fn not in amdmath.FUNCTIONS:
             return super()._intrinsic(f, fn, dt, args)
         f.declares.update(amdmath.IR_DECLARES)

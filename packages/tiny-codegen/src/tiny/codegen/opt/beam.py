@@ -18,9 +18,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tiny.codegen.heuristic import hand_opts
 from tiny.codegen.lower import kernel_name
-from tiny.codegen.opt import Kernel, KernelOptError, Kind, Opt, OptOps
+from tiny.codegen.opt.actions import Kernel, KernelOptError, Kind, Opt, OptOps
+from tiny.codegen.opt.heuristic import hand_opts
 from tiny.codegen.program import Rendered, render_kernel, to_program
 from tiny.ir.config import flag
 from tiny.ir.device import Compiled, CompiledProgram, CompileError, usable_cores

@@ -26,9 +26,10 @@ import re
 import struct
 from collections.abc import Callable
 
-from tiny.codegen.cstyle import target_fields
-from tiny.codegen.ptx_math import exp2_f64, fmod_f64, log2_f64, sin_f64
-from tiny.ir.device import Renderer, RendererCaps, fold_grid
+from tiny.codegen.renderer.cstyle import target_fields
+from tiny.codegen.renderer.ptx_math import exp2_f64, fmod_f64, log2_f64, sin_f64
+from tiny.codegen.renderer.walker import Walk, WalkingRenderer
+from tiny.ir.device import RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
 from tiny.ir.uop import GroupOp, Ops, UOp
@@ -67,6 +68,25 @@ _MEMORY = {  # the type of loads and stores of each dtype
     "float64": "f64",
 }
 _EXACT = frozenset({Ops.WHERE, Ops.MAX, Ops.NEG, Ops.TRUNC, Ops.BITCAST})  # no bfloat16 rounding after these
+# The ALU ops that are one instruction, as (float, integer, bool) forms: {t} the instruction type (_ARITH), {b} the
+# register's bits, {rn} .rn on float32/64 sums and products (ptxas never fuses those into an fma, so a value computed
+# again in another kernel rounds the same: x * x - y is exactly 0 where y holds x * x). None: written out (_arith).
+_INSTRUCTIONS: dict[Ops, tuple[str | None, str | None, str | None]] = {
+    Ops.ADD: ("add{rn}.{t}", "add.{t}", "or.pred"),
+    Ops.MUL: ("mul{rn}.{t}", "mul.lo.{t}", "and.pred"),
+    Ops.NEG: ("neg.{t}", "neg.s{b}", "not.pred"),
+    Ops.FDIV: ("div.rn.{t}", None, None),
+    Ops.RECIP: ("rcp.rn.{t}", None, None),
+    Ops.SQRT: ("sqrt.rn.{t}", None, None),
+    Ops.TRUNC: ("cvt.rzi.{t}.{t}", None, None),
+    Ops.MAX: (None, "max.{t}", "or.pred"),
+    Ops.AND: (None, "and.b{b}", "and.pred"),
+    Ops.OR: (None, "or.b{b}", "or.pred"),
+    Ops.XOR: (None, "xor.b{b}", "xor.pred"),
+}
+_WRAPS = frozenset({Ops.ADD, Ops.MUL, Ops.NEG})  # integer instructions whose result can leave an 8- or 16-bit range
+# float16 math that PTX has no f16 instruction for: computed in float32
+_F16_VIA_F32 = frozenset({Ops.FDIV, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.MOD})
 _NARROW = {dtypes.int8: "s8", dtypes.int16: "s16", dtypes.uint8: "u8", dtypes.uint16: "u16"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -86,26 +106,34 @@ def _bits(dt: DType) -> int:
     return {"pred": 1, "b16": 16, "b32": 32, "b64": 64}[reg_class(dt)]
 
 
-class _Kernel:
-    """The registers, labels and lines of one kernel under construction."""
+class _Kernel(Walk):
+    """One kernel being written: the walk (each value's registers in `names`), registers numbered per kind from 1,
+    labels by one count; the loops and ifs open, workgroup memory, and the grid it is launched on."""
 
     _PREFIX = {"pred": "%p", "b16": "%h", "b32": "%r", "b64": "%rd"}
 
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.count = {k: 0 for k in self._PREFIX}
-        self.labels = 0
+    def __init__(self, uops: list[UOp], max_grid: int) -> None:
+        super().__init__(uops, first=1)
+        self.shared: list[str] = []  # .shared declarations
+        self.loops: dict[UOp, tuple[str, str]] = {}  # each RANGE open: its head and exit labels
+        self.ifs: dict[UOp, str] = {}  # each IF open: its end label
+        self.block = [1, 1, 1]  # the workgroup's size, as the hardware indices say
+        self.grid = [1, 1, 1]
+        for u in uops:
+            if u.op is Ops.SPECIAL and u.arg[0].startswith("gidx"):
+                self.grid[int(u.arg[0][4:])] = u.arg[1]
+        grid = (self.grid[0], self.grid[1], self.grid[2])
+        self.fold = fold_grid(grid, max_grid) if max(grid) > max_grid else None
+        self.flat: str | None = None  # the folded grid's block number, once read
 
     def reg(self, kind: str) -> str:
-        self.count[kind] += 1
-        return f"{self._PREFIX[kind]}{self.count[kind]}"
+        return self.fresh(self._PREFIX[kind])
 
     def new(self, dt: DType) -> str:
         return self.reg(reg_class(dt))
 
     def label(self, prefix: str) -> str:
-        self.labels += 1
-        return f"$L_{prefix}{self.labels}"
+        return self.fresh(f"$L_{prefix}", "$L")
 
     def emit(self, text: str) -> None:
         self.lines.append("\t" + text + ";")
@@ -114,10 +142,10 @@ class _Kernel:
         self.lines.append(label + ":")
 
     def declarations(self) -> list[str]:
-        return [f"\t.reg .{k} {p}<{self.count[k] + 1}>;" for k, p in self._PREFIX.items() if self.count[k]]
+        return [f"\t.reg .{k} {p}<{self.given(p) + 1}>;" for k, p in self._PREFIX.items() if self.given(p)]
 
 
-class PTXRenderer(Renderer):
+class PTXRenderer(WalkingRenderer):
     """PTX for the CUDA driver to assemble; `target` is the device's 'arch=sm_XY;...' (sm_90 when empty)."""
 
     caps = RendererCaps(language="PTX")
@@ -156,136 +184,150 @@ class PTXRenderer(Renderer):
 
     # ---------------------------------------------------------------- the kernel
 
+    rules = {
+        Ops.DEFINE_GLOBAL: "write_buffer",
+        Ops.DEFINE_VAR: "write_variable",
+        Ops.DEFINE_LOCAL: "write_local",
+        Ops.SPECIAL: "write_special",
+        Ops.CONST: "write_const",
+        Ops.RANGE: "write_range",
+        Ops.ENDRANGE: "write_endrange",
+        Ops.IF: "write_if",
+        Ops.ENDIF: "write_endif",
+        Ops.INDEX: "write_index",
+        Ops.LOAD: "write_load",
+        Ops.STORE: "write_store",
+        Ops.DEFINE_ACC: "write_acc",
+        Ops.ASSIGN: "write_assign",
+        Ops.BARRIER: "write_barrier",
+        Ops.VECTORIZE: "write_vectorize",
+        Ops.GEP: "write_gep",
+        Ops.CAST: "write_cast",
+        Ops.BITCAST: "write_bitcast",
+        Ops.WMMA: "write_wmma",
+        **dict.fromkeys(GroupOp.ALU, "write_alu"),
+    }
+
     def render(self, name: str, uops: list[UOp]) -> str:
         if not _NAME.fullmatch(name):
             raise ValueError(f"{name!r} cannot name a PTX kernel; expected letters, digits and '_'")
-        k = _Kernel()
-        regs: dict[UOp, Reg] = {}
-        params: list[tuple[int, str]] = []
-        variables: list[str] = []
-        shared: list[str] = []
-        loops: list[tuple[UOp, str, str]] = []  # RANGE, its head label, its exit label
-        ifs: list[str] = []
-        block = [1, 1, 1]
-        grid = [1, 1, 1]
-        for u in uops:
-            if u.op is Ops.SPECIAL and u.arg[0].startswith("gidx"):
-                grid[int(u.arg[0][4:])] = u.arg[1]
-        fold = fold_grid((grid[0], grid[1], grid[2]), self.max_grid) if max(grid) > self.max_grid else None
-        flat: list[str] = []  # the folded grid's block number, once read
-        for u in uops:
-            op = u.op
-            if op is Ops.DEFINE_GLOBAL:
-                param = f"data{u.arg}"
-                params.append((u.arg, f"\t.param .u64 {param}"))
-                r = k.reg("b64")
-                k.emit(f"ld.param.u64 {r}, [{param}]")
-                k.emit(f"cvta.to.global.u64 {r}, {r}")
-                regs[u] = r
-            elif op is Ops.DEFINE_VAR:
-                var = _name(u.arg[0])
-                variables.append(f"\t.param .u32 var_{var}")
-                r = k.reg("b32")
-                k.emit(f"ld.param.u32 {r}, [var_{var}]")
-                regs[u] = self._int_from_s32(k, r, u.dtype)
-            elif op is Ops.DEFINE_LOCAL:
-                assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
-                size = u.arg[1] * u.dtype.base.count * _memory_bytes(u.dtype.base)
-                shared.append(f"\t.shared .align 16 .b8 {_name(u.arg[0])}[{max(size, 16)}];")
-                r = k.reg("b64")
-                k.emit(f"mov.u64 {r}, {_name(u.arg[0])}")
-                regs[u] = r
-            elif op is Ops.SPECIAL:
-                sname, size = u.arg
-                dim = int(sname[4:])
-                source = f"%tid.{'xyz'[dim]}" if sname.startswith("lidx") else f"%ctaid.{'xyz'[dim]}"
-                if sname.startswith("lidx"):
-                    block[dim] = size
-                r = k.reg("b32")
-                if fold is not None and sname.startswith("gidx"):
-                    if not flat:
-                        flat.append(self._folded_block(k, fold, math.prod(grid)))
-                    k.emit(f"div.u32 {r}, {flat[0]}, {math.prod(grid[:dim])}")
-                    k.emit(f"rem.u32 {r}, {r}, {size}")
-                else:
-                    k.emit(f"mov.u32 {r}, {source}")
-                regs[u] = self._int_from_s32(k, r, u.dtype)
-            elif op is Ops.CONST:
-                regs[u] = self._const(k, u.arg, u.dtype)
-            elif op is Ops.RANGE:
-                counter = k.new(u.dtype)
-                head, done = k.label("loop"), k.label("done")
-                t = _ARITH[u.dtype.scalar.name]
-                k.emit(f"mov.{t} {counter}, 0")
-                k.put(head)
-                stop = k.reg("pred")
-                k.emit(f"setp.ge.{t} {stop}, {counter}, {regs[u.end]}")
-                k.emit(f"@{stop} bra {done}")
-                loops.append((u, head, done))
-                regs[u] = counter
-            elif op is Ops.ENDRANGE:
-                rng, head, done = loops.pop()
-                counter = regs[rng]
-                assert isinstance(counter, str)
-                k.emit(f"add.{_ARITH[rng.dtype.scalar.name]} {counter}, {counter}, 1")
-                k.emit(f"bra {head}")
-                k.put(done)
-            elif op is Ops.IF:
-                end = k.label("endif")
-                k.emit(f"@!{regs[u.src[0]]} bra {end}")
-                ifs.append(end)
-            elif op is Ops.ENDIF:
-                k.put(ifs.pop())
-            elif op is Ops.INDEX:
-                regs[u] = self._address(k, u, regs)
-            elif op is Ops.LOAD:
-                regs[u] = self._load(k, u, regs)
-            elif op is Ops.STORE:
-                self._store(k, u, regs)
-            elif op is Ops.DEFINE_ACC:
-                init = regs[u.src[0]]
-                acc = _lanes(init, u.dtype, lambda x, dt=u.dtype.scalar: k.new(dt))
-                for a, x in zip(_as_list(acc), _as_list(init)):
-                    k.emit(f"mov.{reg_class(u.dtype)} {a}, {x}")
-                regs[u] = acc
-            elif op is Ops.ASSIGN:
-                acc, value = regs[u.src[0]], regs[u.value]
-                for a, x in zip(_as_list(acc), _as_list(value)):
-                    k.emit(f"mov.{reg_class(u.dtype)} {a}, {x}")
-                regs[u] = acc
-            elif op is Ops.BARRIER:
-                k.emit("bar.sync 0")
-            elif op is Ops.VECTORIZE:
-                regs[u] = [_scalar(regs[s]) for s in u.src]
-            elif op is Ops.GEP:
-                lanes = _as_list(regs[u.src[0]])
-                picks = u.arg if isinstance(u.arg, tuple) else (u.arg,)
-                regs[u] = lanes[picks[0]] if u.dtype.count == 1 else [lanes[i] for i in picks]
-            elif op is Ops.CAST:
-                frm, to = u.src[0].dtype.scalar, u.dtype.scalar
-                regs[u] = self._per_lane(u, regs, lambda xs, frm=frm, to=to: self._cast(k, frm, to, xs[0]))
-            elif op is Ops.BITCAST:
-                regs[u] = self._bitcast(k, u, regs[u.src[0]])
-            elif op in GroupOp.ALU:
-                regs[u] = self._per_lane(u, regs, lambda xs, u=u: self._alu(k, u, xs))
-            elif op is Ops.WMMA:
-                regs[u] = self._wmma(k, u, regs)
-            else:
-                raise NotImplementedError(f"{type(self).__name__} cannot render {op.name}")
+        k = self.walk(_Kernel(uops, self.max_grid))
         head = [
-            f"//\n// {name}: generated by tiny.codegen.ptx\n//",
+            f"//\n// {name}: generated by tiny.codegen.ptx\n//",  # (as before the move to renderer/)
             f".version {_PTX_VERSION[self.cc]}",
             f".target {self.arch}",
             ".address_size 64",
             "",
             f".visible .entry {name}(",
-            ",\n".join([p for _, p in sorted(params)] + variables),
-            f")\n.maxntid {block[0]}, {block[1]}, {block[2]}\n{{",
+            ",\n".join(k.params()),
+            f")\n.maxntid {k.block[0]}, {k.block[1]}, {k.block[2]}\n{{",
         ]
-        body = k.declarations() + shared + k.lines + ["\tret;", "}"]
+        body = k.declarations() + k.shared + k.lines + ["\tret;", "}"]
         return "\n".join(head + body) + "\n"
 
-    def _wmma(self, k: _Kernel, u: UOp, regs: dict[UOp, Reg]) -> Reg:
+    def write_buffer(self, k: _Kernel, u: UOp) -> str:
+        param = f"data{u.arg}"
+        k.buffers.append((u.arg, f"\t.param .u64 {param}"))
+        r = k.reg("b64")
+        k.emit(f"ld.param.u64 {r}, [{param}]")
+        k.emit(f"cvta.to.global.u64 {r}, {r}")
+        return r
+
+    def write_variable(self, k: _Kernel, u: UOp) -> str:
+        var = _name(u.arg[0])
+        k.variables.append(f"\t.param .u32 var_{var}")
+        r = k.reg("b32")
+        k.emit(f"ld.param.u32 {r}, [var_{var}]")
+        return self._int_from_s32(k, r, u.dtype)
+
+    def write_local(self, k: _Kernel, u: UOp) -> str:
+        assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
+        size = u.arg[1] * u.dtype.base.count * _memory_bytes(u.dtype.base)
+        k.shared.append(f"\t.shared .align 16 .b8 {_name(u.arg[0])}[{max(size, 16)}];")
+        r = k.reg("b64")
+        k.emit(f"mov.u64 {r}, {_name(u.arg[0])}")
+        return r
+
+    def write_special(self, k: _Kernel, u: UOp) -> str:
+        sname, size = u.arg
+        dim = int(sname[4:])
+        source = f"%tid.{'xyz'[dim]}" if sname.startswith("lidx") else f"%ctaid.{'xyz'[dim]}"
+        if sname.startswith("lidx"):
+            k.block[dim] = size
+        r = k.reg("b32")
+        if k.fold is not None and sname.startswith("gidx"):
+            if k.flat is None:
+                k.flat = self._folded_block(k, k.fold, math.prod(k.grid))
+            k.emit(f"div.u32 {r}, {k.flat}, {math.prod(k.grid[:dim])}")
+            k.emit(f"rem.u32 {r}, {r}, {size}")
+        else:
+            k.emit(f"mov.u32 {r}, {source}")
+        return self._int_from_s32(k, r, u.dtype)
+
+    def write_const(self, k: _Kernel, u: UOp) -> Reg:
+        return self._const(k, u.arg, u.dtype)
+
+    def write_range(self, k: _Kernel, u: UOp) -> str:
+        counter = k.new(u.dtype)
+        head, done = k.label("loop"), k.label("done")
+        t = _ARITH[u.dtype.scalar.name]
+        k.emit(f"mov.{t} {counter}, 0")
+        k.put(head)
+        stop = k.reg("pred")
+        k.emit(f"setp.ge.{t} {stop}, {counter}, {k.names[u.end]}")
+        k.emit(f"@{stop} bra {done}")
+        k.loops[u] = (head, done)
+        return counter
+
+    def write_endrange(self, k: _Kernel, u: UOp) -> None:
+        rng = u.opened
+        (head, done), counter = k.loops.pop(rng), k.names[rng]
+        k.emit(f"add.{_ARITH[rng.dtype.scalar.name]} {counter}, {counter}, 1")
+        k.emit(f"bra {head}")
+        k.put(done)
+
+    def write_if(self, k: _Kernel, u: UOp) -> None:
+        k.ifs[u] = end = k.label("endif")
+        k.emit(f"@!{k.names[u.condition]} bra {end}")
+
+    def write_endif(self, k: _Kernel, u: UOp) -> None:
+        k.put(k.ifs.pop(u.opened))
+
+    def write_acc(self, k: _Kernel, u: UOp) -> Reg:
+        init = k.names[u.src[0]]
+        acc = _lanes(init, u.dtype, lambda x, dt=u.dtype.scalar: k.new(dt))
+        for a, x in zip(_as_list(acc), _as_list(init)):
+            k.emit(f"mov.{reg_class(u.dtype)} {a}, {x}")
+        return acc
+
+    def write_assign(self, k: _Kernel, u: UOp) -> Reg:
+        acc, value = k.names[u.src[0]], k.names[u.value]
+        for a, x in zip(_as_list(acc), _as_list(value)):
+            k.emit(f"mov.{reg_class(u.dtype)} {a}, {x}")
+        return acc
+
+    def write_barrier(self, k: _Kernel, u: UOp) -> None:
+        k.emit("bar.sync 0")
+
+    def write_vectorize(self, k: _Kernel, u: UOp) -> Reg:
+        return [_scalar(k.names[s]) for s in u.src]
+
+    def write_gep(self, k: _Kernel, u: UOp) -> Reg:
+        lanes = _as_list(k.names[u.src[0]])
+        picks = u.arg if isinstance(u.arg, tuple) else (u.arg,)
+        return lanes[picks[0]] if u.dtype.count == 1 else [lanes[i] for i in picks]
+
+    def write_cast(self, k: _Kernel, u: UOp) -> Reg:
+        frm, to = u.source.dtype.scalar, u.dtype.scalar
+        return self._per_lane(k, u, lambda xs: self._cast(k, frm, to, xs[0]))
+
+    def write_bitcast(self, k: _Kernel, u: UOp) -> Reg:
+        return self._bitcast(k, u, k.names[u.source])
+
+    def write_alu(self, k: _Kernel, u: UOp) -> Reg:
+        return self._per_lane(k, u, lambda xs: self._alu(k, u, xs))
+
+    def write_wmma(self, k: _Kernel, u: UOp) -> Reg:
         """mma.sync.aligned.m16n8k16: the A and B fragments packed two to a b32 register (the lower element in the
         lower half; float16 lanes are f16 registers, bfloat16 lanes float32 ones whose upper half is the value)."""
         tc = tensor_core(u.arg)
@@ -294,7 +336,7 @@ class PTXRenderer(Renderer):
         tag = "f16" if tc.dtype_in == dtypes.float16 else "bf16"
 
         def packed(frag: UOp) -> list[str]:
-            lanes, out = _as_list(regs[frag]), []
+            lanes, out = _as_list(k.names[frag]), []
             for lo, hi in zip(lanes[::2], lanes[1::2]):
                 r = k.reg("b32")
                 k.emit(f"mov.b32 {r}, {{{lo}, {hi}}}" if tag == "f16" else f"prmt.b32 {r}, {lo}, {hi}, 0x7632")
@@ -302,7 +344,7 @@ class PTXRenderer(Renderer):
             return out
 
         a, b = packed(u.src[0]), packed(u.src[1])
-        c = _as_list(regs[u.src[2]])
+        c = _as_list(k.names[u.src[2]])
         d = [k.reg("b32") for _ in range(tc.c.elements)]
         operands = ", ".join("{" + ", ".join(x) + "}" for x in (d, a, b, c))
         k.emit(f"mma.sync.aligned.m16n8k16.row.col.f32.{tag}.{tag}.f32 {operands}")
@@ -322,11 +364,11 @@ class PTXRenderer(Renderer):
         k.emit(f"@{past} ret")
         return flat
 
-    def _per_lane(self, u: UOp, regs: dict[UOp, Reg], one: Callable[[list[str]], str]) -> Reg:
+    def _per_lane(self, k: _Kernel, u: UOp, one: Callable[[list[str]], str]) -> Reg:
         """Apply a scalar emitter to each lane of u's sources (a vector op is its lanes' ops)."""
         if u.dtype.count == 1:
-            return one([_scalar(regs[s]) for s in u.src])
-        srcs = [_as_list(regs[s]) if s.dtype.count > 1 else [_scalar(regs[s])] * u.dtype.count for s in u.src]
+            return one([_scalar(k.names[s]) for s in u.src])
+        srcs = [_as_list(k.names[s]) if s.dtype.count > 1 else [_scalar(k.names[s])] * u.dtype.count for s in u.src]
         return [one([lanes[i] for lanes in srcs]) for i in range(u.dtype.count)]
 
     # ---------------------------------------------------------------- constants and integer widths
@@ -363,37 +405,37 @@ class PTXRenderer(Renderer):
 
     # ---------------------------------------------------------------- memory
 
-    def _address(self, k: _Kernel, u: UOp, regs: dict[UOp, Reg]) -> str:
+    def write_index(self, k: _Kernel, u: UOp) -> str:
         ptr, off = u.pointer, u.offset
         assert isinstance(ptr.dtype, PtrDType) and ptr.dtype.base is not None
         size = _memory_bytes(ptr.dtype.base) * ptr.dtype.base.count
         wide = k.reg("b64")
         if reg_class(off.dtype) == "b64":
-            k.emit(f"mul.lo.s64 {wide}, {regs[off]}, {size}")
+            k.emit(f"mul.lo.s64 {wide}, {k.names[off]}, {size}")
         else:
-            k.emit(f"mul.wide.{_ARITH[off.dtype.scalar.name]} {wide}, {regs[off]}, {size}")
-        k.emit(f"add.s64 {wide}, {regs[ptr]}, {wide}")
+            k.emit(f"mul.wide.{_ARITH[off.dtype.scalar.name]} {wide}, {k.names[off]}, {size}")
+        k.emit(f"add.s64 {wide}, {k.names[ptr]}, {wide}")
         return wide
 
     def _space(self, u: UOp) -> str:
         ptr = u.address.pointer
         return "shared" if isinstance(ptr.dtype, PtrDType) and ptr.dtype.local else "global"
 
-    def _load(self, k: _Kernel, u: UOp, regs: dict[UOp, Reg]) -> Reg:
+    def write_load(self, k: _Kernel, u: UOp) -> Reg:
         addr = u.address
-        gate = regs[addr.gate] if addr.gate is not None else None
+        gate = k.names[addr.gate] if addr.gate is not None else None
         on = f"@{gate} " if gate is not None else ""
         space, dt = self._space(u), u.dtype.scalar
         n = u.dtype.count
         raw = [k.reg("b32") if dt in (dtypes.bool, dtypes.bfloat16) else k.new(dt) for _ in range(n)]
         mt = _MEMORY[dt.name]
         if n == 1:
-            k.emit(f"{on}ld.{space}.{mt} {raw[0]}, [{regs[addr]}]")
+            k.emit(f"{on}ld.{space}.{mt} {raw[0]}, [{k.names[addr]}]")
         else:
-            aligned, unaligned = self._alignment(k, _scalar(regs[addr]), n * dt.itemsize, gate)
-            k.emit(f"@{aligned} ld.{space}.v{n}.{mt} {{{', '.join(raw)}}}, [{regs[addr]}]")
+            aligned, unaligned = self._alignment(k, _scalar(k.names[addr]), n * dt.itemsize, gate)
+            k.emit(f"@{aligned} ld.{space}.v{n}.{mt} {{{', '.join(raw)}}}, [{k.names[addr]}]")
             for i, r in enumerate(raw):
-                k.emit(f"@{unaligned} ld.{space}.{mt} {r}, [{regs[addr]}+{i * dt.itemsize}]")
+                k.emit(f"@{unaligned} ld.{space}.{mt} {r}, [{k.names[addr]}+{i * dt.itemsize}]")
         out = []
         for r in raw:  # the loaded bits as a register value, where they were loaded
             if dt == dtypes.bool:
@@ -404,7 +446,7 @@ class PTXRenderer(Renderer):
                 k.emit(f"{on}shl.b32 {r}, {r}, 16")
             out.append(r)
         if gate is not None and u.alternative is not None:
-            for r, alt in zip(out, _as_list(regs[u.alternative]) if n > 1 else [_scalar(regs[u.alternative])]):
+            for r, alt in zip(out, _as_list(k.names[u.alternative]) if n > 1 else [_scalar(k.names[u.alternative])]):
                 k.emit(f"@!{gate} mov.{reg_class(dt)} {r}, {alt}")
         return out if n > 1 else out[0]
 
@@ -420,12 +462,12 @@ class PTXRenderer(Renderer):
             k.emit(f"and.pred {unaligned}, {unaligned}, {gate}")
         return aligned, unaligned
 
-    def _store(self, k: _Kernel, u: UOp, regs: dict[UOp, Reg]) -> None:
+    def write_store(self, k: _Kernel, u: UOp) -> None:
         addr, value = u.address, u.value
-        gate = regs[addr.gate] if addr.gate is not None else None
+        gate = k.names[addr.gate] if addr.gate is not None else None
         dt, n = value.dtype.scalar, value.dtype.count
         space, mt = self._space(u), _MEMORY[dt.name]
-        lanes = _as_list(regs[value]) if n > 1 else [_scalar(regs[value])]
+        lanes = _as_list(k.names[value]) if n > 1 else [_scalar(k.names[value])]
         out = []
         for x in lanes:
             if dt == dtypes.bool:
@@ -436,12 +478,12 @@ class PTXRenderer(Renderer):
                 x = self._bf16_bits(k, x)
             out.append(x)
         if n == 1:
-            k.emit(f"{f'@{gate} ' if gate else ''}st.{space}.{mt} [{regs[addr]}], {out[0]}")
+            k.emit(f"{f'@{gate} ' if gate else ''}st.{space}.{mt} [{k.names[addr]}], {out[0]}")
             return
-        aligned, unaligned = self._alignment(k, _scalar(regs[addr]), n * dt.itemsize, gate)
-        k.emit(f"@{aligned} st.{space}.v{n}.{mt} [{regs[addr]}], {{{', '.join(out)}}}")
+        aligned, unaligned = self._alignment(k, _scalar(k.names[addr]), n * dt.itemsize, gate)
+        k.emit(f"@{aligned} st.{space}.v{n}.{mt} [{k.names[addr]}], {{{', '.join(out)}}}")
         for i, x in enumerate(out):
-            k.emit(f"@{unaligned} st.{space}.{mt} [{regs[addr]}+{i * dt.itemsize}], {x}")
+            k.emit(f"@{unaligned} st.{space}.{mt} [{k.names[addr]}+{i * dt.itemsize}], {x}")
 
     # ---------------------------------------------------------------- bfloat16 and float16 helpers
 
@@ -480,19 +522,15 @@ class PTXRenderer(Renderer):
 
     def _alu(self, k: _Kernel, u: UOp, xs: list[str]) -> str:
         op, dt = u.op, u.dtype.scalar
-        if dt == dtypes.float16 and op in (Ops.FDIV, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.MOD):
+        if dt == dtypes.float16 and op in _F16_VIA_F32:
             wide = [self._f32(k, x, dtypes.float16) for x in xs]
-            return self._to_half(k, self._float_alu(k, op, dtypes.float32, wide))
+            return self._to_half(k, self._arith(k, u, dtypes.float32, wide))
         if op in GroupOp.Comparison:
             return self._compare(k, op, u.src[0].dtype.scalar, xs)
         if op is Ops.WHERE:
             return self._where(k, dt, *xs)
-        if dt == dtypes.bool:
-            return self._bool_alu(k, op, xs)
-        if dt.is_float:
-            r = self._float_alu(k, op, dt, xs)
-            return self._bf16_round(k, r) if dt == dtypes.bfloat16 and op not in _EXACT else r
-        return self._int_alu(k, u, dt, xs)
+        r = self._arith(k, u, dt, xs)
+        return self._bf16_round(k, r) if dt == dtypes.bfloat16 and op not in _EXACT else r
 
     def _compare(self, k: _Kernel, op: Ops, src: DType, xs: list[str]) -> str:
         p = k.new(dtypes.bool)
@@ -524,60 +562,43 @@ class PTXRenderer(Renderer):
             k.emit(f"selp.{reg_class(dt)} {r}, {a}, {b}, {c}")
         return r
 
-    def _bool_alu(self, k: _Kernel, op: Ops, xs: list[str]) -> str:
-        r = k.reg("pred")
-        if op is Ops.NEG:
-            k.emit(f"not.pred {r}, {xs[0]}")
-            return r
-        name = {Ops.ADD: "or", Ops.MUL: "and", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor", Ops.MAX: "or"}.get(op)
-        if name is None:
-            raise NotImplementedError(f"{type(self).__name__} has no {op.name} of bools")
-        k.emit(f"{name}.pred {r}, {xs[0]}, {xs[1]}")
-        return r
-
-    def _float_alu(self, k: _Kernel, op: Ops, dt: DType, xs: list[str]) -> str:
-        t = _ARITH[dt.name]
+    def _arith(self, k: _Kernel, u: UOp, dt: DType, xs: list[str]) -> str:
+        """An ALU op (not a comparison or WHERE) on registers of dt: one instruction where _INSTRUCTIONS has its form
+        for dt's kind, written out otherwise."""
+        op, kind = u.op, 2 if dt == dtypes.bool else 0 if dt.is_float else 1
         r = k.new(dt)
-        # .rn on float32/64 sums and products: ptxas never fuses them into an fma, so a value computed again in
-        # another kernel rounds the same (x * x - y is exactly 0 where y holds x * x)
-        rn = ".rn" if dt.name in ("float32", "float64") else ""
-        if op is Ops.ADD:
-            k.emit(f"add{rn}.{t} {r}, {xs[0]}, {xs[1]}")
-        elif op is Ops.MUL:
-            k.emit(f"mul{rn}.{t} {r}, {xs[0]}, {xs[1]}")
-        elif op is Ops.NEG:
-            k.emit(f"neg.{t} {r}, {xs[0]}")
-        elif op is Ops.FDIV:
-            k.emit(f"div.rn.{t} {r}, {xs[0]}, {xs[1]}")
-        elif op is Ops.RECIP:
-            k.emit(f"rcp.rn.{t} {r}, {xs[0]}")
-        elif op is Ops.SQRT:
-            k.emit(f"sqrt.rn.{t} {r}, {xs[0]}")
-        elif op is Ops.TRUNC:
-            k.emit(f"cvt.rzi.{t}.{t} {r}, {xs[0]}")
-        elif op is Ops.MAX:  # NaN wins, as torch.maximum: a where a is NaN or a >= b, else b
-            nan, ge = k.reg("pred"), k.reg("pred")
+        form = _INSTRUCTIONS.get(op, (None, None, None))[kind]
+        if form is not None:
+            rn = ".rn" if dt.name in ("float32", "float64") else ""
+            k.emit(f"{form.format(t=_ARITH.get(dt.name), b=reg_class(dt)[1:], rn=rn)} {r}, {', '.join(xs)}")
+            return self._narrow(k, r, dt) if kind == 1 and op in _WRAPS else r
+        if kind == 0 and op is Ops.MAX:  # NaN wins, as torch.maximum: a where a is NaN or a >= b, else b
+            t, nan, ge = _ARITH[dt.name], k.reg("pred"), k.reg("pred")
             k.emit(f"setp.nan.{t} {nan}, {xs[0]}, {xs[0]}")
             k.emit(f"setp.ge.{t} {ge}, {xs[0]}, {xs[1]}")
             k.emit(f"or.pred {nan}, {nan}, {ge}")
             k.emit(f"selp.{reg_class(dt)} {r}, {xs[0]}, {xs[1]}, {nan}")
-        elif op is Ops.MOD:  # fmod, exactly, in float64 (where every float32 remainder is exact too)
+            return r
+        if kind == 0 and op is Ops.MOD:  # fmod, exactly, in float64 (where every float32 remainder is exact too)
             if dt == dtypes.float64:
                 return fmod_f64(k, xs[0], xs[1])
             wide = [k.reg("b64"), k.reg("b64")]
             for w, x in zip(wide, xs):
                 k.emit(f"cvt.f64.f32 {w}, {x}")
             k.emit(f"cvt.rn.f32.f64 {r}, {fmod_f64(k, *wide)}")
-        elif op in (Ops.EXP2, Ops.LOG2, Ops.SIN):
+            return r
+        if kind == 0 and op in (Ops.EXP2, Ops.LOG2, Ops.SIN):
             return self._transcendental(k, op, dt, xs[0])
-        else:
-            raise NotImplementedError(f"{type(self).__name__} has no {op.name} of {dt.name}")
-        return r
+        if kind == 1 and op in (Ops.SHL, Ops.SHR):
+            return self._shift(k, u, dt, xs, r)
+        if kind == 1 and op in (Ops.IDIV, Ops.MOD):
+            return self._int_div(k, u, dt, xs, r)
+        raise NotImplementedError(f"{type(self).__name__} has no {op.name} of {dt.name}")
 
     def _transcendental(self, k: _Kernel, op: Ops, dt: DType, x: str) -> str:
         """float32: exp2 and log2 by the approximate instructions (about 2 ulp); sin by sin.approx after reducing the
         argument to [-pi, pi] in float64 (sin.approx is accurate to 2^-20.5 there, not beyond). float64: written out
-        in tiny.codegen.ptx_math, within a few ulp."""
+        in tiny.codegen.renderer.ptx_math, within a few ulp."""
         if dt == dtypes.float64:
             return {Ops.EXP2: exp2_f64, Ops.LOG2: log2_f64, Ops.SIN: sin_f64}[op](k, x)
         r = k.reg("b32")
@@ -592,30 +613,6 @@ class PTXRenderer(Renderer):
         else:
             k.emit(f"{'ex2' if op is Ops.EXP2 else 'lg2'}.approx.f32 {r}, {x}")
         return r
-
-    def _int_alu(self, k: _Kernel, u: UOp, dt: DType, xs: list[str]) -> str:
-        op, t = u.op, _ARITH[dt.name]
-        bits = reg_class(dt)[1:]
-        r = k.new(dt)
-        if op is Ops.ADD:
-            k.emit(f"add.{t} {r}, {xs[0]}, {xs[1]}")
-        elif op is Ops.MUL:
-            k.emit(f"mul.lo.{t} {r}, {xs[0]}, {xs[1]}")
-        elif op is Ops.NEG:
-            k.emit(f"neg.s{bits} {r}, {xs[0]}")
-        elif op is Ops.MAX:
-            k.emit(f"max.{t} {r}, {xs[0]}, {xs[1]}")
-            return r
-        elif op in (Ops.AND, Ops.OR, Ops.XOR):
-            k.emit(f"{op.name.lower()}.b{bits} {r}, {xs[0]}, {xs[1]}")
-            return r
-        elif op in (Ops.SHL, Ops.SHR):
-            return self._shift(k, u, dt, xs, r)
-        elif op in (Ops.IDIV, Ops.MOD):
-            return self._int_div(k, u, dt, xs, r)
-        else:
-            raise NotImplementedError(f"{type(self).__name__} has no {op.name} of {dt.name}")
-        return self._narrow(k, r, dt)
 
     def _shift(self, k: _Kernel, u: UOp, dt: DType, xs: list[str], r: str) -> str:
         """PTX clamps shift amounts to the register's width: a shift by the width or more gives 0 (or the sign in

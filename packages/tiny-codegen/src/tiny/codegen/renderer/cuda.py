@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from tiny.codegen.cstyle import GPUCStyleRenderer, target_fields
-from tiny.codegen.ldmatrix import MatrixLoad, matrix_loads
+from tiny.codegen.renderer.cstyle import CWalk, GPUCStyleRenderer, target_fields
+from tiny.codegen.renderer.ldmatrix import MatrixLoad, matrix_loads
+from tiny.codegen.renderer.walker import use_counts
 from tiny.ir.config import flag
 from tiny.ir.device import RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, dtypes
@@ -102,8 +103,8 @@ template <typename T, int N> TINY_F void tiny_vstore(T* p, tiny_vec<T, N> x) {
 """
 
 
-# fragments of 16-bit values read from shared memory as whole 8 x 8 matrices (tiny.codegen.ldmatrix): each register
-# holds two values, the lower in its lower half
+# fragments of 16-bit values read from shared memory as whole 8 x 8 matrices (tiny.codegen.renderer.ldmatrix): each
+# register holds two values, the lower in its lower half
 _LDMATRIX = r"""TINY_F unsigned int tiny_shared_address(const void* p) {
   unsigned int a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a; }
 TINY_F tiny_vec<unsigned short, 8> tiny_ldmatrix_x4(const unsigned short* p) {
@@ -123,6 +124,31 @@ TINY_F tiny_vec<unsigned short, 4> tiny_ldmatrix_x2_trans(const unsigned short* 
   return v;
 }
 """
+
+
+class _CUDAWalk(CWalk):
+    """A CUDA kernel being written: the C walk, and the block and grid it is launched with, the tensor cores it uses,
+    the 16-bit float values held as their bits and the fragments that ldmatrix reads."""
+
+    def __init__(self, uops: list[UOp], inline_depth: int, repeats: frozenset[Ops], max_grid: int) -> None:
+        super().__init__(uops, inline_depth, repeats)
+        self.block = 1
+        grid = [1, 1, 1]
+        for u in uops:
+            if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"):
+                self.block *= u.arg[1]
+            elif u.op is Ops.SPECIAL:
+                grid[int(u.arg[0][4:])] = u.arg[1]
+        self.grid = (grid[0], grid[1], grid[2])
+        self.fold = fold_grid(self.grid, max_grid) if max(grid) > max_grid else None  # launched folded
+        self.mma: list[str] = sorted({u.arg for u in uops if u.op is Ops.WMMA})  # the tensor cores used
+        self.bits = tensor_core_bits(uops)  # 16-bit float values held as their bits
+        loads = matrix_loads(uops) if LDMATRIX else {}
+        # fragments read by ldmatrix, the loads they stand for, and the loads no other op reads (left out)
+        self.matrices: dict[UOp, MatrixLoad] = {v: m for v, m in loads.items() if v in self.bits}
+        users = use_counts(uops)
+        self.read_by_matrices = {x for v in self.matrices for x in v.src if users[x] == 1}
+        self.tables: dict[tuple[int, ...], int] = {}  # ldmatrix's per-lane row shifts, one table each
 
 
 class CUDARenderer(GPUCStyleRenderer):
@@ -161,14 +187,7 @@ class CUDARenderer(GPUCStyleRenderer):
             raise ValueError(f"arch in the renderer target is a CUDA architecture like 'sm_90', got {arch!r}")
         self.arch = arch
         self.target = target
-        self._block = 1
         self.max_grid = int(target_fields(";".join(p for p in target.split(";") if p)).get("max_grid", "65535"))
-        self._grid, self._fold = (1, 1, 1), None  # the grid of the kernel being rendered, and how it is launched
-        self._mma: list[str] = []  # the tensor cores the kernel being rendered uses
-        self._bits: set[UOp] = set()  # 16-bit float values held as their bits (see tensor_core_bits)
-        self._matrices: dict[UOp, MatrixLoad] = {}  # fragments read by ldmatrix, and the loads they stand for
-        self._read_by_matrices: set[UOp] = set()
-        self._tables: dict[tuple[int, ...], int] = {}  # ldmatrix's per-lane row shifts, one table each
         self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch))  # mma.sync on sm_80 and newer
 
     # ---------------------------------------------------------------- 16-bit floats: memory bits, float registers
@@ -179,33 +198,33 @@ class CUDARenderer(GPUCStyleRenderer):
     def _tag(self, dt: DType) -> str:
         return "f16" if dt.scalar == dtypes.float16 else "bf16"
 
-    def loaded(self, u: UOp, raw: str) -> str:
-        if u in self._bits:
+    def loaded(self, w: _CUDAWalk, u: UOp, raw: str) -> str:
+        if u in w.bits:
             return raw
         return f"tiny_{self._tag(u.dtype)}_to_f32({raw})" if self._bf16(u.dtype) else raw
 
-    def value_type(self, u: UOp) -> str:
-        if u in self._bits:
+    def value_type(self, w: _CUDAWalk, u: UOp) -> str:
+        if u in w.bits:
             return "unsigned short" if u.dtype.count == 1 else f"tiny_vec<unsigned short, {u.dtype.count}>"
-        return super().value_type(u)
+        return super().value_type(w, u)
 
-    def vectorize(self, u: UOp, lanes: list[str], names: dict[UOp, str]) -> str:
-        if (m := self._matrices.get(u)) is not None:  # the whole fragment by one ldmatrix (tiny.codegen.ldmatrix)
-            table = self._tables.setdefault(m.shift, len(self._tables))
+    def vectorize(self, w: _CUDAWalk, u: UOp, lanes: list[str]) -> str:
+        if (m := w.matrices.get(u)) is not None:  # the whole fragment by one ldmatrix (tiny.codegen.renderer.ldmatrix)
+            table = w.tables.setdefault(m.shift, len(w.tables))
             kind = f"x{m.matrices}{'_trans' if m.trans else ''}"
-            return f"tiny_ldmatrix_{kind}({names[m.first]} + tiny_rows{table}[lidx0])"
-        if u in self._bits:
-            return f"{self.value_type(u)}{{{{{', '.join(lanes)}}}}}"
-        return super().vectorize(u, lanes, names)
+            return f"tiny_ldmatrix_{kind}({w.names[m.first]} + tiny_rows{table}[lidx0])"
+        if u in w.bits:
+            return f"{self.value_type(w, u)}{{{{{', '.join(lanes)}}}}}"
+        return super().vectorize(w, u, lanes)
 
-    def elided(self, u: UOp) -> bool:
-        return u in self._read_by_matrices
+    def elided(self, w: _CUDAWalk, u: UOp) -> bool:
+        return u in w.read_by_matrices
 
     def define_local(self, name: str, dt: DType, size: int) -> str:
         return f"__align__(16) __shared__ {self.memory_type(dt)} {name}[{size}];"  # (ldmatrix's rows: 16 bytes)
 
-    def stored(self, value: UOp, expr: str) -> str:
-        if value in self._bits:
+    def stored(self, w: _CUDAWalk, value: UOp, expr: str) -> str:
+        if value in w.bits:
             return expr
         return f"tiny_f32_to_{self._tag(value.dtype)}({expr})" if self._bf16(value.dtype) else expr
 
@@ -268,39 +287,17 @@ class CUDARenderer(GPUCStyleRenderer):
 
     # ---------------------------------------------------------------- the kernel
 
-    def special(self, name: str) -> str:
+    def special(self, w: _CUDAWalk, name: str) -> str:
         dim = int(name[4:])
         if name.startswith("lidx"):
             return f"threadIdx.{'xyz'[dim]}"
-        if self._fold is None:
+        if w.fold is None:
             return f"blockIdx.{'xyz'[dim]}"
-        stride = math.prod(self._grid[:dim])
-        return f"(int)((tiny_block / {stride}u) % {self._grid[dim]}u)"
+        stride = math.prod(w.grid[:dim])
+        return f"(int)((tiny_block / {stride}u) % {w.grid[dim]}u)"
 
-    def render(self, name: str, uops: list[UOp]) -> str:
-        """A grid with more blocks in a dimension than CUDA allows (65535 in y and z) is launched folded, as
-        tiny.ir.device.fold_grid folds it (the CUDA device does); the kernel unfolds its block's number and the
-        blocks past the grid's end return at once."""
-        self._block = 1
-        grid = [1, 1, 1]
-        for u in uops:
-            if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"):
-                self._block *= u.arg[1]
-            elif u.op is Ops.SPECIAL:
-                grid[int(u.arg[0][4:])] = u.arg[1]
-        self._grid = (grid[0], grid[1], grid[2])
-        self._fold = fold_grid(self._grid, self.max_grid) if max(grid) > self.max_grid else None
-        self._mma = sorted({u.arg for u in uops if u.op is Ops.WMMA})
-        self._bits = tensor_core_bits(uops)
-        users: dict[UOp, int] = {}
-        for u in uops:
-            for src in u.src:
-                users[src] = users.get(src, 0) + 1
-        loads = matrix_loads(uops) if LDMATRIX else {}
-        self._matrices = {v: m for v, m in loads.items() if v in self._bits}
-        self._read_by_matrices = {x for v in self._matrices for x in v.src if users[x] == 1}
-        self._tables = {}
-        return super().render(name, uops)
+    def start(self, uops: list[UOp]) -> CWalk:
+        return _CUDAWalk(uops, self.max_inline_depth, self.repeats_operands, self.max_grid)
 
     def multiply_add(self, dt: DType, a: str, b: str, acc: str) -> str | None:
         return f"tiny_fma({a}, {b}, {acc})" if dt.scalar in (dtypes.float32, dtypes.float64) else None
@@ -345,22 +342,26 @@ class CUDARenderer(GPUCStyleRenderer):
             f'  asm volatile("{ptx}"\n    : {outs}\n    : {ins});\n  return d;\n}}\n'
         )
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
-        head = f"{self.kernel_prefix} __launch_bounds__({self._block}) {name}({', '.join(params)})"
-        if self._fold is not None:
-            x, y, _ = self._fold
+    def render_kernel(self, w: _CUDAWalk, name: str) -> str:
+        """A grid with more blocks in a dimension than CUDA allows (65535 in y and z) is launched folded, as
+        tiny.ir.device.fold_grid folds it (the CUDA device does); the kernel unfolds its block's number and the
+        blocks past the grid's end return at once."""
+        head = f"{self.kernel_prefix} __launch_bounds__({w.block}) {name}({', '.join(w.params())})"
+        body = w.lines
+        if w.fold is not None:
+            x, y, _ = w.fold
             flat = f"blockIdx.x + blockIdx.y * {x}u + blockIdx.z * {x * y}u"
-            total = math.prod(self._grid)
+            total = math.prod(w.grid)
             body = [f"  unsigned int tiny_block = {flat};", f"  if (tiny_block >= {total}u) return;", *body]
         return head + " {\n" + "\n".join(body) + "\n}\n"
 
-    def preamble(self, scalars: set[DType]) -> str:
+    def preamble(self, w: _CUDAWalk, scalars: set[DType]) -> str:
         tables = "".join(
             f"__device__ const int tiny_rows{i}[32] = {{{', '.join(map(str, shift))}}};\n"
-            for shift, i in self._tables.items()
+            for shift, i in w.tables.items()
         )
-        matrices = _LDMATRIX if self._matrices else ""
-        return _PRELUDE + _VECTORS + "".join(self.mma_function(name) for name in self._mma) + matrices + tables
+        matrices = _LDMATRIX if w.matrices else ""
+        return _PRELUDE + _VECTORS + "".join(self.mma_function(name) for name in w.mma) + matrices + tables
 
 
 def tensor_core_bits(uops: list[UOp]) -> set[UOp]:

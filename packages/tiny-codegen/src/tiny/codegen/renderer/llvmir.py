@@ -21,7 +21,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tiny.ir.device import Renderer, RendererCaps
+from tiny.codegen.renderer.walker import Walk, WalkingRenderer
+from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
 from tiny.ir.uop import GroupOp, Ops, UOp
 
@@ -159,27 +160,43 @@ class _If:
     before: dict[UOp, str]
 
 
-class _Function:
-    """The lines of one function under construction, its fresh names and the block it is in."""
+class _Function(Walk):
+    """One function being written: the walk, the block it is in, the accumulators' SSA values, the loops and ifs
+    open, and what the module needs besides (helpers, declarations, workgroup memory). Values and labels share one
+    count (%v1, loop2, %acc3 ...)."""
 
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.counter = 0
+    def __init__(self, uops: list[UOp]) -> None:
+        super().__init__(uops, first=1)
         self.block = "entry"
         self.helpers: set[str] = set()
         self.declares: set[str] = set()
-        self.fusable: set[UOp] = set()  # accumulator updates acc + a*b and their products: marked contract
+        self.module: list[str] = []  # global definitions (workgroup memory)
+        self.fusable = _accumulator_updates(uops)  # accumulator updates acc + a*b and their products: contract
+        self.acc: dict[UOp, str] = {}  # DEFINE_ACC -> the SSA value it holds now
+        self.assigned = _assigned_inside(uops)
+        self.loops: dict[UOp, _Loop] = {}  # each RANGE open
+        self.ifs: dict[UOp, _If] = {}  # each IF open
 
-    def fresh(self, prefix: str = "v") -> str:
-        self.counter += 1
-        return f"%{prefix}{self.counter}"
+    def val(self, s: UOp) -> str:
+        """The SSA value an op stands for (an accumulator's: the value it holds now)."""
+        if s.op is Ops.ASSIGN:
+            return self.acc[s.src[0]]
+        if s.op is Ops.DEFINE_ACC:
+            return self.acc[s]
+        return self.names[s]
+
+    def fresh(self, prefix: str = "v", count: str | None = "") -> str:
+        return "%" + super().fresh(prefix, count)
 
     def label(self, prefix: str) -> str:
-        self.counter += 1
-        return f"{prefix}{self.counter}"
+        return super().fresh(prefix, "")
 
-    def line(self, text: str) -> int:
+    def line(self, text: str) -> None:
         self.lines.append("  " + text)
+
+    def placeholder(self) -> int:
+        """An empty line to write later (a phi whose value comes at the loop's end): its index."""
+        self.line("")
         return len(self.lines) - 1
 
     def value(self, rhs: str) -> str:
@@ -196,7 +213,7 @@ class _Function:
         return self.value(f"call {ret} @{helper}({args})")
 
 
-class LLVMRenderer(Renderer):
+class LLVMRenderer(WalkingRenderer):
     """LLVM IR for the CPU: one call per thread, its number (gidx0) an i32 argument after the variables."""
 
     caps = RendererCaps(language="LLVM", vector_width=8, narrow_vectors=True)
@@ -284,114 +301,128 @@ class LLVMRenderer(Renderer):
 
     # ---------------------------------------------------------------- the kernel
 
+    rules = {
+        Ops.DEFINE_GLOBAL: "write_buffer",
+        Ops.DEFINE_VAR: "write_variable",
+        Ops.DEFINE_LOCAL: "write_local",
+        Ops.SPECIAL: "write_special",
+        Ops.CONST: "write_const",
+        Ops.RANGE: "write_range",
+        Ops.ENDRANGE: "write_endrange",
+        Ops.IF: "write_if",
+        Ops.ENDIF: "write_endif",
+        Ops.INDEX: "write_index",
+        Ops.LOAD: "write_load",
+        Ops.STORE: "write_store",
+        Ops.DEFINE_ACC: "write_acc",
+        Ops.ASSIGN: "write_assign",
+        Ops.BARRIER: "write_barrier",
+        Ops.VECTORIZE: "write_vectorize",
+        Ops.GEP: "write_gep",
+        Ops.CAST: "write_cast",
+        Ops.BITCAST: "write_bitcast",
+        Ops.WMMA: "write_wmma",
+        **dict.fromkeys(GroupOp.ALU, "write_alu"),
+    }
+
     def render(self, name: str, uops: list[UOp]) -> str:
-        f = _Function()
-        f.fusable = _accumulator_updates(uops)
-        names: dict[UOp, str] = {}
-        acc: dict[UOp, str] = {}  # DEFINE_ACC -> the SSA value it holds now
-        assigned = _assigned_inside(uops)
-        loops: list[_Loop] = []
-        ifs: list[_If] = []
-        buffers: list[tuple[int, str]] = []
-        variables: list[str] = []
-        specials: list[str] = []
-        module: list[str] = []
-
-        def val(s: UOp) -> str:
-            if s.op is Ops.ASSIGN:
-                return acc[s.src[0]]
-            if s.op is Ops.DEFINE_ACC:
-                return acc[s]
-            return names[s]
-
-        for u in uops:
-            op = u.op
-            if op is Ops.DEFINE_GLOBAL:
-                names[u] = f"%data{u.arg}"
-                buffers.append((u.arg, f"{self.ltype(u.dtype)} noalias {names[u]}"))
-            elif op is Ops.DEFINE_VAR:
-                arg = "%" + _local_name(u.arg[0])
-                variables.append(f"{self.arg_int} {arg}")
-                names[u] = self._widened(f, arg, u.dtype)
-            elif op is Ops.DEFINE_LOCAL:
-                names[u] = f"@{_local_name(u.arg[0])}"
-                assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
-                n = u.arg[1] * u.dtype.count
-                module.append(
-                    f"{names[u]} = internal addrspace({self.local_addrspace})"
-                    f" global [{n} x {self.mtype(u.dtype.base.scalar)}] undef, align 16"
-                )
-            elif op is Ops.SPECIAL:
-                param = self.special_param(u)
-                if param is not None:
-                    specials.append(param)
-                    names[u] = self._widened(f, param.split()[-1], u.dtype)
-                else:
-                    names[u] = self.special(f, u)
-            elif op is Ops.CONST:
-                names[u] = self.const(u.arg, u.dtype)
-            elif op is Ops.RANGE:
-                loops.append(self._open_loop(f, u, val(u.end), assigned.get(u, ()), acc))
-                names[u] = loops[-1].counter
-            elif op is Ops.ENDRANGE:
-                self._close_loop(f, loops.pop(), self.ltype(u.src[0].dtype), acc)
-            elif op is Ops.IF:
-                then, end = f.label("then"), f.label("endif")
-                ifs.append(_If(f.block, end, {a: acc[a] for a in assigned.get(u, ()) if a in acc}))
-                f.line(f"br i1 {val(u.src[0])}, label %{then}, label %{end}")
-                f.start_block(then)
-            elif op is Ops.ENDIF:
-                self._close_if(f, ifs.pop(), acc)
-            elif op is Ops.INDEX:
-                ptr = u.pointer
-                assert isinstance(ptr.dtype, PtrDType) and ptr.dtype.base is not None
-                elem = self.mtype(ptr.dtype.base)
-                off = u.offset
-                where = f"{self.ltype(ptr.dtype)} {val(ptr)}, {self.ltype(off.dtype)} {val(off)}"
-                names[u] = f.value(f"getelementptr {elem}, {where}")
-            elif op is Ops.LOAD:
-                names[u] = self._load(f, u, val)
-            elif op is Ops.STORE:
-                self._store(f, u, val)
-            elif op is Ops.DEFINE_ACC:
-                acc[u] = val(u.src[0])
-            elif op is Ops.ASSIGN:
-                acc[u.src[0]] = val(u.value)
-            elif op is Ops.BARRIER:
-                self.barrier(f)
-            elif op is Ops.VECTORIZE:
-                vec, lane_type = "poison", self.ltype(u.dtype.scalar)
-                for i, s in enumerate(u.src):
-                    vec = f.value(f"insertelement {self.ltype(u.dtype)} {vec}, {lane_type} {val(s)}, i32 {i}")
-                names[u] = vec
-            elif op is Ops.GEP:
-                src = u.src[0]
-                lanes = u.arg if isinstance(u.arg, tuple) else (u.arg,)
-                if u.dtype.count == 1:
-                    names[u] = f.value(f"extractelement {self.ltype(src.dtype)} {val(src)}, i32 {lanes[0]}")
-                else:
-                    mask = ", ".join(f"i32 {i}" for i in lanes)
-                    t = self.ltype(src.dtype)
-                    names[u] = f.value(f"shufflevector {t} {val(src)}, {t} poison, <{len(lanes)} x i32> <{mask}>")
-            elif op is Ops.CAST:
-                names[u] = self._rounded(f, u, self._cast(f, u, val(u.src[0])))
-            elif op is Ops.BITCAST:
-                names[u] = self._bitcast(f, u, val(u.src[0]))
-            elif op in GroupOp.ALU:
-                names[u] = self._rounded(f, u, self._alu(f, u, [val(s) for s in u.src]))
-            elif op is Ops.WMMA:
-                names[u] = self.wmma(f, u, [val(s) for s in u.src])
-            else:
-                raise NotImplementedError(f"{type(self).__name__} cannot render {op.name}")
-        params = [p for _, p in sorted(buffers)] + variables + specials
+        f = self.walk(_Function(uops))
         header = [f'target triple = "{self.triple}"'] * bool(self.triple)
         header += [f'target datalayout = "{self.datalayout}"'] * bool(self.datalayout)
         helpers = _with_needs(f.helpers)
         declares = sorted(f.declares | {d for h in helpers for d in _HELPER_DECLARES.get(h, ())})
-        body = "\n".join([self.signature(name, params) + " {", "entry:", *f.lines, "  ret void", "}"])
+        body = "\n".join([self.signature(name, f.params()) + " {", "entry:", *f.lines, "  ret void", "}"])
         defined = "".join(self.helper_source(h) for h in helpers)
-        parts = ["\n".join(header), "\n".join(module), defined, body, "\n".join(declares)]
+        parts = ["\n".join(header), "\n".join(f.module), defined, body, "\n".join(declares)]
         return "\n\n".join(p for p in parts if p) + "\n"
+
+    def write_buffer(self, f: _Function, u: UOp) -> str:
+        name = f"%data{u.arg}"
+        f.buffers.append((u.arg, f"{self.ltype(u.dtype)} noalias {name}"))
+        return name
+
+    def write_variable(self, f: _Function, u: UOp) -> str:
+        arg = "%" + _local_name(u.arg[0])
+        f.variables.append(f"{self.arg_int} {arg}")
+        return self._widened(f, arg, u.dtype)
+
+    def write_local(self, f: _Function, u: UOp) -> str:
+        name = f"@{_local_name(u.arg[0])}"
+        assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
+        n = u.arg[1] * u.dtype.count
+        f.module.append(
+            f"{name} = internal addrspace({self.local_addrspace})"
+            f" global [{n} x {self.mtype(u.dtype.base.scalar)}] undef, align 16"
+        )
+        return name
+
+    def write_special(self, f: _Function, u: UOp) -> str:
+        param = self.special_param(u)
+        if param is None:
+            return self.special(f, u)
+        f.specials.append(param)
+        return self._widened(f, param.split()[-1], u.dtype)
+
+    def write_const(self, f: _Function, u: UOp) -> str:
+        return self.const(u.arg, u.dtype)
+
+    def write_range(self, f: _Function, u: UOp) -> str:
+        f.loops[u] = loop = self._open_loop(f, u, f.val(u.end), f.assigned.get(u, ()), f.acc)
+        return loop.counter
+
+    def write_endrange(self, f: _Function, u: UOp) -> None:
+        self._close_loop(f, f.loops.pop(u.opened), self.ltype(u.opened.dtype), f.acc)
+
+    def write_if(self, f: _Function, u: UOp) -> None:
+        then, end = f.label("then"), f.label("endif")
+        f.ifs[u] = _If(f.block, end, {a: f.acc[a] for a in f.assigned.get(u, ()) if a in f.acc})
+        f.line(f"br i1 {f.val(u.condition)}, label %{then}, label %{end}")
+        f.start_block(then)
+
+    def write_endif(self, f: _Function, u: UOp) -> None:
+        self._close_if(f, f.ifs.pop(u.opened), f.acc)
+
+    def write_index(self, f: _Function, u: UOp) -> str:
+        ptr, off = u.pointer, u.offset
+        assert isinstance(ptr.dtype, PtrDType) and ptr.dtype.base is not None
+        where = f"{self.ltype(ptr.dtype)} {f.val(ptr)}, {self.ltype(off.dtype)} {f.val(off)}"
+        return f.value(f"getelementptr {self.mtype(ptr.dtype.base)}, {where}")
+
+    def write_acc(self, f: _Function, u: UOp) -> None:
+        f.acc[u] = f.val(u.src[0])  # (an accumulator's value is the SSA value it holds now: Function.val)
+
+    def write_assign(self, f: _Function, u: UOp) -> None:
+        f.acc[u.src[0]] = f.val(u.value)
+
+    def write_barrier(self, f: _Function, u: UOp) -> None:
+        self.barrier(f)
+
+    def write_vectorize(self, f: _Function, u: UOp) -> str:
+        vec, lane_type = "poison", self.ltype(u.dtype.scalar)
+        for i, s in enumerate(u.src):
+            vec = f.value(f"insertelement {self.ltype(u.dtype)} {vec}, {lane_type} {f.val(s)}, i32 {i}")
+        return vec
+
+    def write_gep(self, f: _Function, u: UOp) -> str:
+        src = u.src[0]
+        lanes = u.arg if isinstance(u.arg, tuple) else (u.arg,)
+        t = self.ltype(src.dtype)
+        if u.dtype.count == 1:
+            return f.value(f"extractelement {t} {f.val(src)}, i32 {lanes[0]}")
+        mask = ", ".join(f"i32 {i}" for i in lanes)
+        return f.value(f"shufflevector {t} {f.val(src)}, {t} poison, <{len(lanes)} x i32> <{mask}>")
+
+    def write_cast(self, f: _Function, u: UOp) -> str:
+        return self._rounded(f, u, self._cast(f, u, f.val(u.source)))
+
+    def write_bitcast(self, f: _Function, u: UOp) -> str:
+        return self._bitcast(f, u, f.val(u.source))
+
+    def write_alu(self, f: _Function, u: UOp) -> str:
+        return self._rounded(f, u, self._alu(f, u, [f.val(s) for s in u.src]))
+
+    def write_wmma(self, f: _Function, u: UOp) -> str:
+        return self.wmma(f, u, [f.val(s) for s in u.src])
 
     def wmma(self, f: _Function, u: UOp, args: list[str]) -> str:
         """A tensor-core multiply-accumulate (a target with tensor cores renders its instruction)."""
@@ -414,7 +445,7 @@ class LLVMRenderer(Renderer):
         f.line(f"{loop.counter} = phi {t} [0, %{pred}], [{loop.next}, %{loop.latch}]")
         for a in (a for a in accs if a in acc):  # made before the loop; its phi is written at the loop's end
             phi = f.fresh("acc")
-            loop.phis.append((a, phi, acc[a], pred, f.line("")))
+            loop.phis.append((a, phi, acc[a], pred, f.placeholder()))
             acc[a] = phi
         body = f.label("body")
         go_on = f.value(f"icmp slt {t} {loop.counter}, {end}")
@@ -449,18 +480,18 @@ class LLVMRenderer(Renderer):
         f.start_block(inside)
         return before, inside, join
 
-    def _load(self, f: _Function, u: UOp, val: Callable[[UOp], str]) -> str:
+    def write_load(self, f: _Function, u: UOp) -> str:
         addr = u.address
-        load = f"load {self.mtype(u.dtype)}, {self.ltype(addr.pointer.dtype)} {val(addr)}, align {u.dtype.itemsize}"
+        load = f"load {self.mtype(u.dtype)}, {self.ltype(addr.pointer.dtype)} {f.val(addr)}, align {u.dtype.itemsize}"
         if addr.gate is None:
             return self._loaded(f, u.dtype, load)
         assert u.alternative is not None
-        before, _, join = self._guarded(f, val(addr.gate))
+        before, _, join = self._guarded(f, f.val(addr.gate))
         value = self._loaded(f, u.dtype, load)
         inside = f.block
         f.line(f"br label %{join}")
         f.start_block(join)
-        return f.value(f"phi {self.ltype(u.dtype)} [{value}, %{inside}], [{val(u.alternative)}, %{before}]")
+        return f.value(f"phi {self.ltype(u.dtype)} [{value}, %{inside}], [{f.val(u.alternative)}, %{before}]")
 
     def _loaded(self, f: _Function, dt: DType, load: str) -> str:
         raw = f.value(load)
@@ -470,18 +501,18 @@ class LLVMRenderer(Renderer):
             return f.call("tiny_bf16_to_f32", "float", f"i16 {raw}")
         return raw
 
-    def _store(self, f: _Function, u: UOp, val: Callable[[UOp], str]) -> None:
+    def write_store(self, f: _Function, u: UOp) -> None:
         addr, value = u.address, u.value
         ptr_type = self.ltype(addr.pointer.dtype)
         join = None
         if addr.gate is not None:
-            _, _, join = self._guarded(f, val(addr.gate))
-        x = val(value)
+            _, _, join = self._guarded(f, f.val(addr.gate))
+        x = f.val(value)
         if value.dtype.scalar == dtypes.bool:
             x = f.value(f"zext {self.ltype(value.dtype)} {x} to {self.mtype(value.dtype)}")
         elif value.dtype.scalar == dtypes.bfloat16:
             x = f.call("tiny_f32_to_bf16", "i16", f"float {x}")
-        f.line(f"store {self.mtype(value.dtype)} {x}, {ptr_type} {val(addr)}, align {value.dtype.itemsize}")
+        f.line(f"store {self.mtype(value.dtype)} {x}, {ptr_type} {f.val(addr)}, align {value.dtype.itemsize}")
         if join is not None:
             f.line(f"br label %{join}")
             f.start_block(join)

@@ -6,7 +6,7 @@ bfloat16 is emulated (16 bits in memory, float in registers), as in C."""
 
 from __future__ import annotations
 
-from tiny.codegen.cstyle import GPUCStyleRenderer
+from tiny.codegen.renderer.cstyle import CWalk, GPUCStyleRenderer
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.uop import Ops, UOp
@@ -121,7 +121,7 @@ class OpenCLRenderer(GPUCStyleRenderer):
         """Contraction is off (preamble): a reduction's accumulator asks for its fused multiply-add."""
         return f"fma({a}, {b}, {acc})" if dt.scalar in (dtypes.float32, dtypes.float64) else None
 
-    def preamble(self, scalars: set[DType]) -> str:
+    def preamble(self, w: CWalk, scalars: set[DType]) -> str:
         """No contraction (OpenCL C fuses a * b + c into one rounding by default: a value computed again in another
         kernel, fused there and not here, would differ), and the extensions the dtypes need."""
         enable = [f"#pragma OPENCL EXTENSION {ext} : enable\n" for dt, ext in _EXTENSIONS.items() if dt in scalars]

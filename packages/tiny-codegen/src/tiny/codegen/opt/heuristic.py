@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from tiny.codegen.opt import MAX_THREADS, Kernel, KernelOptError, Kind, Opt, OptOps
+from tiny.codegen.opt.actions import MAX_THREADS, Kernel, KernelOptError, Kind, Opt, OptOps
 from tiny.ir.sint import highest
 from tiny.ir.uop import Ops, UOp
 from tiny.ir.views import View

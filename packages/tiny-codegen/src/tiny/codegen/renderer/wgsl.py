@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import math
 
-from tiny.ir.device import Renderer, RendererCaps
+from tiny.codegen.renderer.walker import Walk, WalkingRenderer
+from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes
 from tiny.ir.uop import GroupOp, Ops, UOp
 
@@ -115,7 +116,19 @@ def _storage_type(dt: DType, written: bool) -> str:
     return _REGISTER[dt.name]
 
 
-class WGSLRenderer(Renderer):
+class _WGSLWalk(Walk):
+    """A shader being written: the walk, the module's declarations and the grid it is launched on."""
+
+    def __init__(self, uops: list[UOp], max_workgroups: int) -> None:
+        super().__init__(uops)
+        self.decls: list[str] = []  # bindings and workgroup memory
+        specials = {u.arg[0]: u.arg[1] for u in uops if u.op is Ops.SPECIAL}
+        self.grid = (specials.get("gidx0", 1), specials.get("gidx1", 1), specials.get("gidx2", 1))
+        self.local = (specials.get("lidx0", 1), specials.get("lidx1", 1), specials.get("lidx2", 1))
+        self.folded = max(self.grid) > max_workgroups  # launched folded (tiny.ir.device.fold_grid)
+
+
+class WGSLRenderer(WalkingRenderer):
     """WGSL for the WEBGPU device. target: 'f16;max_workgroups=N;local=X,Y,Z;local_total=N;shared=BYTES;buffers=N;
     loops=N', as the device reads them from its adapter (loops: llvmpipe ends a shader after that many loop iterations);
     without one, WebGPU's default limits and no float16."""
@@ -331,125 +344,140 @@ class WGSLRenderer(Renderer):
                 "come from elsewhere: reduce the size of the tensors (or use another device)"
             )
 
+    rules = {
+        Ops.DEFINE_GLOBAL: "write_buffer",
+        Ops.DEFINE_LOCAL: "write_local",
+        Ops.DEFINE_VAR: "write_variable",
+        Ops.CONST: "write_const",
+        Ops.SPECIAL: "write_special",
+        Ops.RANGE: "write_range",
+        Ops.IF: "write_if",
+        Ops.ENDRANGE: "write_end",
+        Ops.ENDIF: "write_end",
+        Ops.INDEX: "write_index",
+        Ops.LOAD: "write_load",
+        Ops.STORE: "write_store",
+        Ops.DEFINE_ACC: "write_acc",
+        Ops.ASSIGN: "write_assign",
+        Ops.BARRIER: "write_barrier",
+        **dict.fromkeys((Ops.CAST, Ops.BITCAST, *GroupOp.ALU), "write_expression"),
+    }
+
     def render(self, name: str, uops: list[UOp]) -> str:
         self.check_loops(name, uops)
-        names: dict[UOp, str] = {}
-        decls: list[str] = []
-        body: list[str] = []
-        depth = 1
-        counters: dict[str, int] = {}
-        written = {u.address.pointer for u in uops if u.op is Ops.STORE}
-        globals_ = sorted((u for u in uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
-        variables = [u for u in uops if u.op is Ops.DEFINE_VAR]
-        specials = {u.arg[0]: u.arg[1] for u in uops if u.op is Ops.SPECIAL}
-        grid = (specials.get("gidx0", 1), specials.get("gidx1", 1), specials.get("gidx2", 1))
-        local = (specials.get("lidx0", 1), specials.get("lidx1", 1), specials.get("lidx2", 1))
-        folded = max(grid) > self.max_workgroups
-
-        def fresh(prefix: str) -> str:
-            counters[prefix] = counters.get(prefix, -1) + 1
-            return f"{prefix}{counters[prefix]}"
-
-        def line(text: str) -> None:
-            body.append("  " * depth + text)
-
         for u in uops:
             if u.dtype.count > 1 or u.op is Ops.WMMA:
                 raise NotImplementedError(f"WGSL renderer: {u.op.name} of {u.dtype!r}: its caps declare no vectors")
             if u.op in (Ops.SPECIAL, Ops.DEFINE_VAR, Ops.RANGE) and u.dtype != dtypes.int32:
                 raise NotImplementedError(f"WGSL renderer: {u.op.name} of {u.dtype!r}: WGSL indexes with 32 bits")
-
-        n_bindings = 1 + max((u.arg for u in globals_), default=-1)
+        w = _WGSLWalk(uops, self.max_workgroups)
+        globals_ = sorted((u for u in uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
         for u in globals_:
             assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
-            access = "read_write" if u in written else "read"
-            element = _storage_type(u.dtype.base.scalar, u in written)
-            decls.append(f"@group(0) @binding({u.arg}) var<storage, {access}> data{u.arg}: array<{element}>;")
-        if variables:
-            decls.append(f"@group(0) @binding({n_bindings}) var<storage, read> tiny_vars: array<i32>;")
-        if folded:
-            line("let tiny_flat = wid.x + nwg.x * (wid.y + nwg.y * wid.z);")
-            line(f"if (tiny_flat >= {math.prod(grid)}u) {{ return; }}")
-
-        for u in uops:
-            src = [names.get(s, "") for s in u.src]
-            op = u.op
-            if op is Ops.DEFINE_GLOBAL:
-                names[u] = f"data{u.arg}"
-            elif op is Ops.DEFINE_LOCAL:
-                assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
-                names[u] = u.arg[0]
-                decls.append(f"var<workgroup> {u.arg[0]}: array<{_REGISTER[u.dtype.base.scalar.name]}, {u.arg[1]}>;")
-            elif op is Ops.DEFINE_VAR:
-                names[u] = f"var_{u.arg[0]}"
-                line(f"let {names[u]} = tiny_vars[{variables.index(u)}];")
-            elif op is Ops.CONST:
-                names[u] = self.const(u.arg, u.dtype)
-            elif op is Ops.SPECIAL:
-                names[u] = u.arg[0]
-                line(f"let {u.arg[0]} = {self.special(u.arg[0], grid, folded)};")
-            elif op is Ops.RANGE:
-                names[u] = fresh("ridx")
-                line(f"for (var {names[u]} = 0i; {names[u]} < {src[0]}; {names[u]}++) {{")
-                depth += 1
-            elif op in (Ops.ENDRANGE, Ops.ENDIF):
-                depth -= 1
-                line("}")
-            elif op is Ops.IF:
-                line(f"if ({src[0]}) {{")
-                depth += 1
-            elif op is Ops.INDEX:  # gated: element 0 where the gate is false, so no address is out of bounds
-                names[u] = src[1] if u.gate is None else f"select(0i, {src[1]}, {names[u.gate]})"
-            elif op is Ops.LOAD:
-                addr = u.address
-                ptr = addr.pointer
-                if ptr.op is Ops.DEFINE_LOCAL:  # local memory holds register types: nothing is packed
-                    raw = f"{names[ptr]}[{names[addr]}]"
-                else:
-                    raw = self.load(names[ptr], names[addr], u.dtype, ptr in written)
-                alt = u.alternative
-                value = raw if addr.gate is None or alt is None else f"select({names[alt]}, {raw}, {names[addr.gate]})"
-                names[u] = fresh("val")
-                line(f"let {names[u]} = {value};")
-            elif op is Ops.STORE:
-                addr = u.address
-                ptr = addr.pointer
-                if ptr.op is Ops.DEFINE_LOCAL:
-                    stmts = [f"{names[ptr]}[{names[addr]}] = {src[1]};"]
-                else:
-                    stmts = self.store(names[ptr], names[addr], src[1], u.value.dtype, fresh("st"))
-                if addr.gate is not None:
-                    line(f"if ({names[addr.gate]}) {{")
-                    body.extend("  " * (depth + 1) + s for s in stmts)
-                    line("}")
-                else:
-                    body.extend("  " * depth + s for s in stmts)
-            elif op is Ops.DEFINE_ACC:
-                names[u] = fresh("acc")
-                line(f"var {names[u]}: {_REGISTER[u.dtype.name]} = {src[0]};")
-            elif op is Ops.ASSIGN:
-                names[u] = src[0]
-                line(f"{src[0]} = {src[1]};")
-            elif op is Ops.BARRIER:
-                line("workgroupBarrier();")
-            elif op in (Ops.CAST, Ops.BITCAST) or op in GroupOp.ALU:
-                if op is Ops.CAST:
-                    expr = self.cast(src[0], u.src[0].dtype, u.dtype)
-                elif op is Ops.BITCAST:
-                    expr = self.from_bits(self.bits_of(src[0], u.src[0].dtype), u.dtype)
-                else:
-                    expr = self.finish(u, self.alu(u, src))
-                names[u] = fresh("alu")
-                line(f"let {names[u]} = {expr};")
-            else:
-                raise NotImplementedError(f"WGSL renderer cannot render {op.name}")
-
+            access = "read_write" if u in w.written else "read"
+            element = _storage_type(u.dtype.base.scalar, u in w.written)
+            w.decls.append(f"@group(0) @binding({u.arg}) var<storage, {access}> data{u.arg}: array<{element}>;")
+        if any(u.op is Ops.DEFINE_VAR for u in uops):
+            binding = 1 + max((u.arg for u in globals_), default=-1)
+            w.decls.append(f"@group(0) @binding({binding}) var<storage, read> tiny_vars: array<i32>;")
+        if w.folded:
+            w.line("let tiny_flat = wid.x + nwg.x * (wid.y + nwg.y * wid.z);")
+            w.line(f"if (tiny_flat >= {math.prod(w.grid)}u) {{ return; }}")
+        self.walk(w)
         uses_f16 = any(u.dtype.scalar == dtypes.float16 or _pointee(u) == dtypes.float16 for u in uops)
-        head = ("enable f16;\n" if uses_f16 else "") + _HELPERS + "\n".join(decls) + "\n"
+        head = ("enable f16;\n" if uses_f16 else "") + _HELPERS + "\n".join(w.decls) + "\n"
         builtins = "@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>"
         builtins += ", @builtin(num_workgroups) nwg: vec3<u32>"
-        size = ", ".join(str(s) for s in local)
-        return f"{head}@compute @workgroup_size({size})\nfn {name}({builtins}) {{\n" + "\n".join(body) + "\n}\n"
+        size = ", ".join(str(s) for s in w.local)
+        return f"{head}@compute @workgroup_size({size})\nfn {name}({builtins}) {{\n" + "\n".join(w.lines) + "\n}\n"
+
+    def write_buffer(self, w: _WGSLWalk, u: UOp) -> str:
+        return f"data{u.arg}"  # (declared as a binding before the walk)
+
+    def write_local(self, w: _WGSLWalk, u: UOp) -> str:
+        assert isinstance(u.dtype, PtrDType) and u.dtype.base is not None
+        w.decls.append(f"var<workgroup> {u.arg[0]}: array<{_REGISTER[u.dtype.base.scalar.name]}, {u.arg[1]}>;")
+        return u.arg[0]
+
+    def write_variable(self, w: _WGSLWalk, u: UOp) -> str:
+        name = f"var_{u.arg[0]}"
+        w.line(f"let {name} = tiny_vars[{len(w.variables)}];")
+        w.variables.append(name)
+        return name
+
+    def write_const(self, w: _WGSLWalk, u: UOp) -> str:
+        return self.const(u.arg, u.dtype)
+
+    def write_special(self, w: _WGSLWalk, u: UOp) -> str:
+        w.line(f"let {u.arg[0]} = {self.special(u.arg[0], w.grid, w.folded)};")
+        return u.arg[0]
+
+    def write_range(self, w: _WGSLWalk, u: UOp) -> str:
+        name = w.fresh("ridx")
+        w.line(f"for (var {name} = 0i; {name} < {w.names[u.end]}; {name}++) {{")
+        return name
+
+    def write_if(self, w: _WGSLWalk, u: UOp) -> None:
+        w.line(f"if ({w.names[u.condition]}) {{")
+
+    def write_end(self, w: _WGSLWalk, u: UOp) -> None:
+        w.line("}")
+
+    def write_index(self, w: _WGSLWalk, u: UOp) -> str:
+        """The element offset; gated: element 0 where the gate is false, so no address is out of bounds."""
+        offset = w.names[u.offset]
+        return offset if u.gate is None else f"select(0i, {offset}, {w.names[u.gate]})"
+
+    def write_load(self, w: _WGSLWalk, u: UOp) -> str:
+        addr = u.address
+        ptr = addr.pointer
+        if ptr.op is Ops.DEFINE_LOCAL:  # local memory holds register types: nothing is packed
+            raw = f"{w.names[ptr]}[{w.names[addr]}]"
+        else:
+            raw = self.load(w.names[ptr], w.names[addr], u.dtype, ptr in w.written)
+        alt = u.alternative
+        value = raw if addr.gate is None or alt is None else f"select({w.names[alt]}, {raw}, {w.names[addr.gate]})"
+        name = w.fresh("val")
+        w.line(f"let {name} = {value};")
+        return name
+
+    def write_store(self, w: _WGSLWalk, u: UOp) -> None:
+        addr = u.address
+        ptr, value = addr.pointer, w.names[u.value]
+        if ptr.op is Ops.DEFINE_LOCAL:
+            stmts = [f"{w.names[ptr]}[{w.names[addr]}] = {value};"]
+        else:
+            stmts = self.store(w.names[ptr], w.names[addr], value, u.value.dtype, w.fresh("st"))
+        if addr.gate is not None:
+            w.line(f"if ({w.names[addr.gate]}) {{")
+            w.lines.extend("  " * (w.depth + 2) + s for s in stmts)
+            w.line("}")
+        else:
+            w.lines.extend("  " * (w.depth + 1) + s for s in stmts)
+
+    def write_acc(self, w: _WGSLWalk, u: UOp) -> str:
+        name = w.fresh("acc")
+        w.line(f"var {name}: {_REGISTER[u.dtype.name]} = {w.operands(u)[0]};")
+        return name
+
+    def write_assign(self, w: _WGSLWalk, u: UOp) -> str:
+        acc, value = w.operands(u)
+        w.line(f"{acc} = {value};")
+        return acc
+
+    def write_barrier(self, w: _WGSLWalk, u: UOp) -> None:
+        w.line("workgroupBarrier();")
+
+    def write_expression(self, w: _WGSLWalk, u: UOp) -> str:
+        """CAST, BITCAST and the ALU ops: each named by a `let` (drivers fold what they see whole)."""
+        src = w.operands(u)
+        if u.op is Ops.CAST:
+            expr = self.cast(src[0], u.src[0].dtype, u.dtype)
+        elif u.op is Ops.BITCAST:
+            expr = self.from_bits(self.bits_of(src[0], u.src[0].dtype), u.dtype)
+        else:
+            expr = self.finish(u, self.alu(u, src))
+        return w.expression(u, expr, lambda name: f"let {name} = {expr};")
 
     def special(self, name: str, grid: tuple[int, int, int], folded: bool) -> str:
         dim = int(name[4:])
