@@ -252,3 +252,29 @@ def _installed(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def test_the_model_benchmark_runs(tmp_path: Path) -> None:
+    """`python -m bench.models --quick`: small models of each workload built by their libraries (ResNet-18 where
+    torchvision is found), tiny's side, PyTorch's and onnxruntime's timed; each figure finite and positive, a ratio
+    for each reference, and the workloads' target left unjudged at --quick (no time is checked)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("diffusers")
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "models.json"
+    cmd = [sys.executable, "-m", "bench.models", "--quick", "--json", str(out), "--markdown", str(tmp_path / "m.md")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"bench.models exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    report = json.loads(out.read_text())
+    assert report["machine"]["onnxruntime"] and report["machine"]["load_average"]
+    assert list(report["workloads"]) == ["resnet50", "bert_base", "sd_unet"]
+    for name, entry in report["workloads"].items():
+        sides = entry["results"]
+        if name == "resnet50" and sides["tiny"]["status"] == "n/a":  # (no torchvision here: every side says so)
+            assert "torchvision" in sides["tiny"]["note"]
+            continue
+        want = ("tiny", "torch", "onnxruntime") if name != "sd_unet" else ("tiny", "torch")
+        assert tuple(sides) == want and all(sides[s]["status"] == "ok" for s in want), sides
+        assert all(math.isfinite(sides[s]["figure"]) and sides[s]["figure"] > 0 for s in want)
+        assert set(entry["ratios"]) == set(want[1:]) and entry["target_met"] is None
+    assert "| bert_base |" in (tmp_path / "m.md").read_text()

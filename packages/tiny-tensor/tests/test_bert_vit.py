@@ -1,6 +1,7 @@
 """tiny.models.bert and tiny.models.vit against Hugging Face transformers: small random-initialized models saved with
-save_pretrained and loaded by tiny; hidden states, pooled outputs and logits equal to 1e-4 in float32, gradients of
-an input through the whole model equal to torch's, and the errors a wrong folder gets.
+save_pretrained and loaded by tiny; hidden states, pooled outputs and logits equal to 1e-4 in float32 (and in
+float16 as near as transformers' float16), gradients of an input through the whole model equal to torch's, and the
+errors a wrong folder gets.
 (No model hub is reachable: the weights are random, which checks every weight's place as well as trained ones do.)"""
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from half_compare import assert_half_close
 
 from tiny.models import bert, vit
-from tiny.tensor import Tensor
+from tiny.tensor import Tensor, dtypes
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -137,6 +139,27 @@ def test_bert_model_from_a_classifiers_float16_file_with_old_names(tmp_path: Pat
     got = model(IDS, attention_mask=MASK)
     np.testing.assert_allclose(got.last_hidden_state.numpy(), want.last_hidden_state.numpy(), **TOL)
     np.testing.assert_allclose(got.pooler_output.numpy(), want.pooler_output.numpy(), **TOL)
+
+
+def test_bert_and_vit_in_float16(tmp_path: Path) -> None:
+    """dtype=float16: BERT (padding mask, token types) and ViT (at its size and at another) compute in half, as near
+    the float32 outputs of the same weights as transformers' float16 models are (half_compare)."""
+    ref = _bert("BertModel", tmp_path / "bert").half().float()  # (the weights as float16 holds them)
+    args = {"attention_mask": torch.tensor(MASK), "token_type_ids": torch.tensor(TYPES)}
+    with torch.no_grad():
+        want, want_half = ref(torch.tensor(IDS), **args), ref.half()(torch.tensor(IDS), **args)
+    got = bert.load(tmp_path / "bert", dtype="float16")(IDS, attention_mask=MASK, token_type_ids=TYPES)
+    for name in ("last_hidden_state", "pooler_output"):
+        ours, theirs = getattr(got, name), getattr(want_half, name).float().numpy()
+        assert_half_close(ours, getattr(want, name).numpy(), theirs, f"BERT's {name}")
+    ref = _vit("ViTForImageClassification", tmp_path / "vit").half().float()
+    model = vit.load(tmp_path / "vit", dtype=dtypes.float16)
+    other = np.random.default_rng(6).standard_normal((1, 3, 48, 40)).astype(np.float32)
+    for pixels, resize in ((_pixels(), False), (other, True)):
+        with torch.no_grad():
+            want = ref.float()(torch.tensor(pixels), interpolate_pos_encoding=resize).logits.numpy()
+            want_half = ref.half()(torch.tensor(pixels).half(), interpolate_pos_encoding=resize).logits.float()
+        assert_half_close(model(pixels, interpolate_pos_encoding=resize).logits, want, want_half.numpy(), "ViT logits")
 
 
 def test_bert_gradients_equal_torch(tmp_path: Path) -> None:

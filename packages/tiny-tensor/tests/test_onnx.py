@@ -247,6 +247,72 @@ def test_hugging_face_bert_matches_onnxruntime_and_transformers() -> None:
             np.testing.assert_allclose(got, hidden(ids, mask).numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_hugging_face_llama_matches_onnxruntime_and_transformers() -> None:
+    """A small random Llama (transformers' LlamaForCausalLM: RMSNorm, rotary positions, grouped-query attention,
+    SwiGLU) exported by torch to its logits, with left padding, run at the traced sizes and at others.
+
+    The causal and padding mask is built in the wrapper from the 2-D mask, with plain tensor ops, and handed to the
+    model as the 4-D additive mask it accepts, with positions counted from the first real token (as generate does):
+    transformers' own mask builder runs under torch.vmap, which the TorchScript exporter cannot trace."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
+    llama = transformers.LlamaForCausalLM(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.llama = llama
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            length = ids.shape[1]
+            causal = torch.ones(length, length, dtype=torch.bool).tril()
+            keep = causal[None, None] & mask[:, None, None, :].bool()
+            additive = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            return self.llama(input_ids=ids, attention_mask=additive, position_ids=positions, use_cache=False).logits
+
+    logits = Logits().eval()
+
+    def batch(n: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = torch.ones(n, length, dtype=torch.long)
+        mask[-1, : length // 3] = 0  # the last sequence is padded on the left
+        return torch.randint(0, 100, (n, length)), mask
+
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            logits,
+            batch(2, 9),
+            f,
+            dynamo=False,
+            input_names=["ids", "mask"],
+            output_names=["logits"],
+            dynamic_axes={"ids": {0: "b", 1: "s"}, "mask": {0: "b", 1: "s"}, "logits": {0: "b", 1: "s"}},
+            opset_version=17,
+        )
+    model = tiny.onnx.load(f.getvalue())
+    session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+    for n, length in ((2, 9), (3, 5)):
+        ids, mask = batch(n, length)
+        feed = {"ids": ids.numpy(), "mask": mask.numpy()}
+        got = model(feed)["logits"]
+        assert got.shape == (n, length, 100)
+        np.testing.assert_allclose(got.numpy(), session.run(None, feed)[0], rtol=1e-4, atol=1e-5)
+        with torch.no_grad():
+            np.testing.assert_allclose(got.numpy(), logits(ids, mask).numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_shape_subgraph_is_computed_on_the_host() -> None:
     """Shape -> Gather -> Unsqueeze -> Concat -> Reshape: the reshape's target is known without running a kernel,
     and the output stays lazy (nothing computed until it is read)."""

@@ -1,7 +1,8 @@
 """tiny.models.resnet against torchvision's own ResNet: random-initialized models with random batch-norm weights and
 running statistics (eval mode), saved with torch.save or as safetensors and loaded by tiny; logits equal to 1e-4 in
-float32, gradients of the images equal to torch's; a torch.onnx.export of ResNet-18 through tiny.onnx against
-onnxruntime; the example command's preprocessing against torchvision's transforms, and its errors.
+float32 (in float16 as near as torchvision's float16), gradients of the images equal to torch's; a torch.onnx.export
+of ResNet-18 through tiny.onnx against onnxruntime; the example command's preprocessing against torchvision's
+transforms, and its errors.
 
 torchvision is the reference: where `import torchvision` works, as it is; else from the folder TINY_TORCHVISION
 names (nox's tensor session installs torchvision 0.28.0 there, see TORCHVISION in noxfile.py), its pure-Python
@@ -21,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from half_compare import assert_half_close
 
 from tiny.models import resnet
-from tiny.tensor import Tensor
+from tiny.tensor import Tensor, dtypes
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -133,6 +135,25 @@ def test_a_wrapped_checkpoint_and_an_explicit_arch(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- ONNX
+
+
+def test_float16_checkpoint_computed_in_half_and_in_float32(tmp_path: Path) -> None:
+    """A float16 checkpoint (torchvision's model .half()): with dtype=float16 the logits are float16 and as near the
+    float32 logits of the same weights as torchvision's own float16 model is (half_compare); by default the weights
+    are widened and the logits match to 1e-4."""
+    ref = _randomized(_tv_resnet().resnet18(), 4)
+    torch.save(ref.half().state_dict(), tmp_path / "half.pth")
+    ref = ref.float()  # (the float16-rounded weights, in float32)
+    images = _images()
+    with torch.no_grad():
+        want = ref(torch.tensor(images)).numpy()
+        want_half = ref.half()(torch.tensor(images).half()).float().numpy()
+    model = resnet.load(tmp_path / "half.pth", dtype=dtypes.float16)
+    assert model.conv1.weight.dtype == dtypes.float16 and model.bn1.running_var.dtype == dtypes.float16
+    assert_half_close(model(images), want, want_half, "ResNet-18 logits")
+    np.testing.assert_allclose(resnet.load(tmp_path / "half.pth")(images).numpy(), want, **TOL)
+    with pytest.raises(TypeError, match="ResNet: dtype must be the float dtype .* got 'int32'"):
+        resnet.load(tmp_path / "half.pth", dtype="int32")
 
 
 def test_torchvision_resnet18_exported_to_onnx_matches_onnxruntime() -> None:

@@ -19,9 +19,11 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 diffusers = pytest.importorskip("diffusers")
 
+from half_compare import assert_half_close  # noqa: E402
+
 from tiny.models import clip  # noqa: E402
 from tiny.models import stable_diffusion as sd  # noqa: E402
-from tiny.tensor import Tensor  # noqa: E402
+from tiny.tensor import Tensor, dtypes  # noqa: E402
 
 ATOL = 1e-4
 
@@ -123,6 +125,45 @@ def test_vae_decode(tmp_path):
     with torch.no_grad():
         want = ref.decode(torch.tensor(z)).sample.numpy()
     _close(model.decode(Tensor(z)).numpy(), want)
+
+
+def test_clip_unet_and_vae_in_float16(tmp_path):
+    """dtype=float16: the text encoder (with a padding mask), the UNet (SD1 layout) and the VAE's decoder compute in
+    half, as near the float32 outputs of the same weights as transformers' and diffusers' float16 models are
+    (half_compare)."""
+    torch.manual_seed(0)
+    cfg = transformers.CLIPTextConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=16, eos_token_id=99,
+    )  # fmt: skip
+    _jitter(transformers.CLIPTextModel(cfg), 1).save_pretrained(tmp_path / "clip")
+    _jitter(diffusers.UNet2DConditionModel(**UNET_SD1), 2).save_pretrained(tmp_path / "unet")
+    _jitter(diffusers.AutoencoderKL(**VAE), 3).save_pretrained(tmp_path / "vae")
+    text = transformers.CLIPTextModel.from_pretrained(tmp_path / "clip").half().float()
+    unet = diffusers.UNet2DConditionModel.from_pretrained(tmp_path / "unet").half().float()
+    vae = diffusers.AutoencoderKL.from_pretrained(tmp_path / "vae").half().float()
+    ids, mask = np.array([[98, 5, 7, 99, 0, 0], [98, 3, 4, 8, 9, 99]]), np.array([[1, 1, 1, 1, 0, 0], [1] * 6])
+    rng = np.random.default_rng(0)
+    x, context = rng.standard_normal((2, 4, 8, 8), dtype=np.float32), rng.standard_normal((2, 5, 24), np.float32)
+    t, z = np.array([981.0, 3.5], dtype=np.float32), rng.standard_normal((2, 4, 4, 4), dtype=np.float32)
+
+    def run(half: bool) -> tuple[np.ndarray, ...]:
+        cast = (lambda a: torch.tensor(a).half()) if half else torch.tensor
+        with torch.no_grad():
+            states = [m.half() if half else m.float() for m in (text, unet, vae)]
+            out = states[0](torch.tensor(ids), attention_mask=torch.tensor(mask))
+            noise = states[1](cast(x), torch.tensor(t), cast(context)).sample
+            image = states[2].decode(cast(z)).sample
+        return tuple(o.float().numpy() for o in (out.last_hidden_state, out.pooler_output, noise, image))
+
+    want, want_half = run(False), run(True)
+    out = clip.load(tmp_path / "clip", dtype="float16")(ids, attention_mask=mask)
+    noise = sd.load_unet(tmp_path / "unet", dtype=dtypes.float16)(Tensor(x), t, Tensor(context))
+    image = sd.load_vae(tmp_path / "vae", dtype=dtypes.float16).decode(Tensor(z))
+    got = (out.last_hidden_state, out.pooler_output, noise, image)
+    names = ("CLIP's hidden states", "CLIP's pooled output", "the UNet's noise", "the VAE's image")
+    for ours, w, w_half, name in zip(got, want, want_half, names, strict=True):
+        assert_half_close(ours, w, w_half, name)
 
 
 def test_unet_bad_input(tmp_path):

@@ -5,6 +5,7 @@ the example command on a WAV file."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -94,6 +95,23 @@ def test_logits_equal_transformers(saved: tuple[Path, object, object]) -> None:
     np.testing.assert_allclose(got.logits.numpy(), want.logits.numpy(), **TOL)
     np.testing.assert_allclose(got.encoder_last_hidden_state.numpy(), want.encoder_last_hidden_state.numpy(), **TOL)
     assert model.proj_out.weight is model.model.decoder.embed_tokens.weight  # (tied: the file has no proj_out)
+
+
+def test_a_float16_file_is_computed_in_float32(saved: tuple[Path, object, object], tmp_path: Path) -> None:
+    """Whisper computes in float32 only: a float16 checkpoint (save_pretrained of the model .half()) is widened as it
+    loads, and its logits equal those of the float16-rounded weights in float32 to 1e-4."""
+    _, ref, extractor = saved
+    half = copy.deepcopy(ref).half()
+    half.save_pretrained(tmp_path)
+    extractor.save_pretrained(tmp_path)
+    widened = half.float()
+    features = extractor([_audio(0.75)], sampling_rate=16000, return_tensors="np").input_features
+    ids = np.array([[100, 3, 17, 55, 9, 0]])
+    with torch.no_grad():
+        want = widened(torch.tensor(features), decoder_input_ids=torch.tensor(ids)).logits.numpy()
+    model = whisper.load(tmp_path)
+    assert model.proj_out.weight.dtype.name == "float32"
+    np.testing.assert_allclose(model(features, ids).logits.numpy(), want, **TOL)
 
 
 def test_greedy_tokens_equal_generate(saved: tuple[Path, object, object]) -> None:

@@ -6,7 +6,8 @@ decoder, tied to the word embeddings, plus a bias per token); a linear classifie
 token.
 
 The attention mask is Hugging Face's: (batch, keys) or (batch, queries, keys), 1 for a token to attend to and 0 for
-padding; a masked key's score gets float32's lowest value added, so it weighs nothing after the softmax.
+padding; a masked key's score gets the lowest value of the model's dtype added, so it weighs nothing after the
+softmax. The model computes in its weights' dtype: float32, or float16 / bfloat16 with load(..., dtype=).
 
 >>> from tiny.models import bert  # doctest: +SKIP
 >>> model = bert.load("path/to/folder")  # doctest: +SKIP
@@ -22,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from tiny.models.hf import activation, load_weights, read_config, read_weights
+from tiny.models.hf import LOWEST, activation, compute_dtype, load_weights, read_config, read_weights
 from tiny.models.rows import embed_rows
 from tiny.nn import Embedding, LayerNorm, Linear, skip_init
 from tiny.nn.layers import parameter  # (a weight as tiny.nn's layers make theirs: a leaf, or lazy in skip_init)
-from tiny.tensor import Tensor, dtypes
+from tiny.tensor import DType, Tensor, dtypes
 
 __all__ = [
     "BertConfig",
@@ -39,7 +40,6 @@ __all__ = [
 ]
 
 ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification")
-_LOWEST = float(np.finfo(np.float32).min)  # what Hugging Face adds to a masked key's score
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,11 @@ class Embeddings:
         position_ids: Tensor | None,
         inputs_embeds: Tensor | None,
     ) -> Tensor:
-        x = embed_rows(self.word_embeddings, input_ids) if inputs_embeds is None else inputs_embeds
+        x = (
+            embed_rows(self.word_embeddings, input_ids)
+            if inputs_embeds is None
+            else inputs_embeds.cast(self.word_embeddings.weight.dtype)
+        )
         length = x.shape[1]
         if position_ids is None:  # positions 0..length-1 for every sequence
             x = x + self.position_embeddings.weight[:length]
@@ -237,7 +241,8 @@ class BertModel:
         if position_ids is not None:
             position_ids = _ids(position_ids, "position_ids", cfg.max_position_embeddings, device, (batch, length))
         x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
-        x = self.encoder(x, _additive_mask(attention_mask, batch, length, device))
+        dtype = self.embeddings.word_embeddings.weight.dtype
+        x = self.encoder(x, _additive_mask(attention_mask, batch, length, device, dtype))
         return BertOutput(x, None if self.pooler is None else self.pooler(x))
 
 
@@ -260,8 +265,8 @@ def _ids(ids: Tensor | Any, what: str, limit: int, device: str | None, shape: tu
     return ids
 
 
-def _additive_mask(mask: Tensor | Any, batch: int, length: int, device: str | None) -> Tensor | None:
-    """Hugging Face's extended attention mask: 0 where a key is kept, float32's lowest value where it is masked,
+def _additive_mask(mask: Tensor | Any, batch: int, length: int, device: str | None, dtype: DType) -> Tensor | None:
+    """Hugging Face's extended attention mask: 0 where a key is kept, dtype's lowest value where it is masked,
     (batch, 1, 1, keys) for a (batch, keys) mask, (batch, 1, queries, keys) for a (batch, queries, keys) one."""
     if mask is None:
         return None
@@ -271,7 +276,7 @@ def _additive_mask(mask: Tensor | Any, batch: int, length: int, device: str | No
     if m.shape not in ((batch, length), (batch, length, length)):
         raise ValueError(f"attention_mask must be ({batch}, {length}) or ({batch}, {length}, {length}), got {m.shape}")
     m = m.reshape(batch, 1, 1, length) if m.ndim == 2 else m.reshape(batch, 1, length, length)
-    return (1.0 - m.cast(dtypes.float32)) * _LOWEST
+    return (1.0 - m.cast(dtype)) * LOWEST[dtype]
 
 
 class PredictionTransform:
@@ -358,10 +363,12 @@ _HEADS = {
 }
 
 
-def load(path: str | os.PathLike, device: str | None = None) -> Bert:
+def load(path: str | os.PathLike, device: str | None = None, dtype: DType | str = dtypes.float32) -> Bert:
     """The model a Hugging Face folder holds (config.json's architecture: BertModel, BertForMaskedLM,
     BertForSequenceClassification or BertForTokenClassification), its weights read lazily from model.safetensors (or
-    its shards) into the device."""
+    its shards) into the device. dtype: what the model computes in, whatever the file holds (float32 by default: a
+    float16 checkpoint is widened; dtypes.float16 computes in half)."""
+    dtype = compute_dtype(dtype, "BERT")
     folder, raw, arch = read_config(path, ARCHITECTURES)
     cfg = BertConfig.from_hf(raw)
     model: Bert
@@ -369,7 +376,7 @@ def load(path: str | os.PathLike, device: str | None = None) -> Bert:
         model = BertModel(cfg, device=device) if arch == "BertModel" else _HEADS[arch](cfg, device)
     tying = isinstance(model, BertForMaskedLM) and cfg.tie_word_embeddings  # (the decoder is the word embeddings)
     tied = ("cls.predictions.decoder.weight",) if tying else ()
-    load_weights(model, read_weights(folder, device), folder, base="bert", tied=tied)
+    load_weights(model, read_weights(folder, device), folder, base="bert", tied=tied, dtype=dtype)
     if isinstance(model, BertForMaskedLM) and tying:
         model.tie()
     return model

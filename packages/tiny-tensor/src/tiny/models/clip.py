@@ -4,7 +4,8 @@ position embeddings summed, then layers of causal self-attention and a feed-forw
 Stable Diffusion conditions its UNet on the last hidden state (tiny.models.stable_diffusion).
 
 The attention mask is Hugging Face's: (batch, keys), 1 for a token to attend to and 0 for padding, on top of the
-causal mask (a query sees itself and the keys before it).
+causal mask (a query sees itself and the keys before it). The model computes in its weights' dtype: float32, or
+float16 / bfloat16 with load(..., dtype=).
 
 >>> from tiny.models import clip  # doctest: +SKIP
 >>> model = clip.load("path/to/text_encoder")  # doctest: +SKIP
@@ -20,15 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from tiny.models.hf import activation, load_weights, read_config, read_weights
+from tiny.models.hf import LOWEST, activation, compute_dtype, load_weights, read_config, read_weights
 from tiny.models.rows import embed_rows
 from tiny.nn import Embedding, LayerNorm, Linear, skip_init
-from tiny.tensor import Tensor
+from tiny.tensor import DType, Tensor, dtypes
 
 __all__ = ["CLIPTextConfig", "CLIPTextModel", "CLIPTextOutput", "load"]
 
 ARCHITECTURES = ("CLIPTextModel",)
-_LOWEST = float(np.finfo(np.float32).min)  # what Hugging Face adds to a masked key's score
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,8 @@ class CLIPTextModel:
         if attention_mask is not None:
             keys = _mask(attention_mask, (batch, length), self.device)
             keep = keep * keys.reshape(batch, 1, 1, length)
-        mask = keep.where(0.0, _LOWEST)
         model = self.text_model
+        mask = keep.where(0.0, LOWEST[model.final_layer_norm.weight.dtype]).cast(model.final_layer_norm.weight.dtype)
         x = model.embeddings(ids).contiguous()
         states = [x]
         for layer in model.encoder.layers:
@@ -172,7 +172,7 @@ class CLIPTextModel:
             at = values.argmax(-1)
         else:
             at = (values == self.cfg.eos_token_id).argmax(-1)
-        picks = Tensor(np.eye(out.shape[1], dtype=np.float32)[at], device=out.device)  # (batch, length)
+        picks = Tensor(np.eye(out.shape[1], dtype=np.float32)[at], device=out.device).cast(out.dtype)  # (batch, length)
         return (picks.unsqueeze(1) @ out).squeeze(1)
 
 
@@ -194,13 +194,15 @@ def _mask(mask: Tensor | Any, shape: tuple[int, int], device: str | None) -> Ten
     return Tensor(values != 0, device=device)
 
 
-def load(path: str | os.PathLike, device: str | None = None) -> CLIPTextModel:
+def load(path: str | os.PathLike, device: str | None = None, dtype: DType | str = dtypes.float32) -> CLIPTextModel:
     """The CLIPTextModel a Hugging Face folder holds (a Stable Diffusion checkpoint's text_encoder folder), its
-    weights read lazily from model.safetensors into the device."""
+    weights read lazily from model.safetensors into the device. dtype: what the model computes in, whatever the file
+    holds (float32 by default: a float16 checkpoint is widened; dtypes.float16 computes in half)."""
+    dtype = compute_dtype(dtype, "CLIP")
     folder, raw, _ = read_config(path, ARCHITECTURES)
     with skip_init():  # (the weights come from the files: no random ones first)
         model = CLIPTextModel(CLIPTextConfig.from_hf(raw), device)
     weights = read_weights(folder, device)
     weights.pop("text_model.embeddings.position_ids", None)  # (a buffer older checkpoints saved)
-    load_weights(model, weights, folder, base="text_model")
+    load_weights(model, weights, folder, base="text_model", dtype=dtype)
     return model

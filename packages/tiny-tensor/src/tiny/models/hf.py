@@ -14,10 +14,30 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tiny.ir.dtypes import to_dtype
 from tiny.nn.state import get_state_dict, safe_load
-from tiny.tensor import Tensor, dtypes
+from tiny.tensor import DType, Tensor, dtypes
 
-__all__ = ["activation", "load_weights", "read_config", "read_json", "read_weights"]
+__all__ = ["LOWEST", "activation", "compute_dtype", "load_weights", "read_config", "read_json", "read_weights"]
+
+LOWEST = {  # what Hugging Face adds to a masked key's score: the lowest value of the dtype the model computes in
+    dtypes.float32: -3.4028234663852886e38,
+    dtypes.float16: -65504.0,
+    dtypes.bfloat16: -3.3895313892515355e38,
+}
+
+
+def compute_dtype(dtype: DType | str, what: str) -> DType:
+    """The dtype a model computes in, as a loader's dtype= names it ("float16" or dtypes.float16): a float dtype."""
+    try:
+        dt = to_dtype(dtype)
+    except (KeyError, ValueError, TypeError, AttributeError):
+        dt = None
+    if dt is None or dt not in LOWEST:
+        raise TypeError(
+            f"{what}: dtype must be the float dtype the model computes in (float32, float16 or bfloat16), got {dtype!r}"
+        )
+    return dt
 
 
 def read_config(path: str | os.PathLike, architectures: Sequence[str]) -> tuple[Path, dict[str, Any], str]:
@@ -87,8 +107,16 @@ def _renamed(name: str) -> str:
 _SHOWN = 20  # problems listed by name in a load's error
 
 
-def load_weights(model: Any, weights: dict[str, Tensor], folder: Path, base: str, tied: Sequence[str] = ()) -> None:
-    """Each weight into the model's tensor of its name, cast to float32 and checked for shape.
+def load_weights(
+    model: Any,
+    weights: dict[str, Tensor],
+    folder: Path,
+    base: str,
+    tied: Sequence[str] = (),
+    dtype: DType = dtypes.float32,
+) -> None:
+    """Each weight into the model's tensor of its name, cast to dtype (what the model computes in: float32 widens a
+    float16 or bfloat16 checkpoint) and checked for shape.
 
     base: the base model's attribute in a model with a head ("bert", "vit"): a base model takes a head model's
     file (the prefix is dropped) and a head model a base model's file (the prefix is added), as transformers does.
@@ -119,10 +147,10 @@ def load_weights(model: Any, weights: dict[str, Tensor], folder: Path, base: str
     for name in targets:
         owner, attr = _owner(model, name)
         loaded = weights[name]
-        if loaded.dtype == dtypes.float32:
+        if loaded.dtype == dtype:
             setattr(owner, attr, loaded.realize())  # read from its file into the buffer that becomes the weight
         else:
-            setattr(owner, attr, loaded.cast(dtypes.float32).contiguous().realize())
+            setattr(owner, attr, loaded.cast(dtype).contiguous().realize())
 
 
 def _heads(targets: dict[str, Tensor], base: str) -> set[str]:

@@ -7,7 +7,8 @@ linear classifier.
 
 Batch norm uses its running statistics (eval mode) unless Tensor.train() is on, as a torchvision model after
 .eval(). Images are (batch, 3, height, width), normalized as torchvision's ImageNet weights expect them (see
-tiny.examples.resnet); any size from 32 x 32 up.
+tiny.examples.resnet); any size from 32 x 32 up. The model computes in its weights' dtype (float32, or float16 or
+bfloat16 when loaded with that dtype), the images cast to it.
 
 >>> from tiny.models import resnet  # doctest: +SKIP
 >>> model = resnet.load("resnet50-11ad3fa6.pth")  # doctest: +SKIP
@@ -24,9 +25,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tiny.models.hf import compute_dtype
 from tiny.nn import BatchNorm2d, Conv2d, Linear, skip_init
 from tiny.nn.state import get_state_dict, safe_load, torch_load
-from tiny.tensor import Tensor
+from tiny.tensor import DType, Tensor, dtypes
 
 __all__ = [
     "ARCHITECTURES",
@@ -160,7 +162,7 @@ class ResNet:
 
     def features(self, images: Tensor | Any) -> Tensor:
         """The last stage's mean over the image (batch, 512 * expansion): what fc classifies."""
-        x = _images(images, self.device)
+        x = _images(images, self.device).cast(self.conv1.weight.dtype)
         x = self.bn1(self.conv1(x)).relu().max_pool2d(3, stride=2, padding=1)
         for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
             for block in stage:
@@ -246,10 +248,16 @@ def config_of(state: dict[str, Tensor]) -> ResNetConfig:
     return ResNetConfig("bottleneck", tuple(counts), state["fc.weight"].shape[0], groups, width // groups)
 
 
-def load_state(model: ResNet, state: dict[str, Tensor], source: str | os.PathLike = "the state dict") -> None:
-    """Each tensor of a torchvision state dict into the model's tensor of the same name (cast to its dtype: floats
-    to float32, num_batches_tracked to an integer), checked for shape first; every missing, unexpected or
-    misshapen name is listed in one error."""
+def load_state(
+    model: ResNet,
+    state: dict[str, Tensor],
+    source: str | os.PathLike = "the state dict",
+    dtype: DType | str = dtypes.float32,
+) -> None:
+    """Each tensor of a torchvision state dict into the model's tensor of the same name (floats cast to dtype, the
+    dtype the model computes in; num_batches_tracked to an integer), checked for shape first; every missing,
+    unexpected or misshapen name is listed in one error."""
+    dtype = compute_dtype(dtype, "ResNet")
     targets = get_state_dict(model)
     problems = [f"missing {k}" for k in targets if k not in state]
     problems += [f"unexpected {k}" for k in state if k not in targets]
@@ -263,9 +271,9 @@ def load_state(model: ResNet, state: dict[str, Tensor], source: str | os.PathLik
         owner: Any = model
         for part in path:
             owner = owner[int(part)] if isinstance(owner, list) else getattr(owner, part)
-        value = state[name]
-        if value.dtype != target.dtype or value.device != target.device:
-            value = value.to(target.device).cast(target.dtype).contiguous()
+        value, want = state[name], dtype if target.dtype.is_float else target.dtype
+        if value.dtype != want or value.device != target.device:
+            value = value.to(target.device).cast(want).contiguous()
         setattr(owner, attr, value.realize())
 
 
@@ -275,9 +283,13 @@ def _described(cfg: ResNetConfig) -> str:
     return f"a ResNet of {cfg.block} blocks, {'-'.join(map(str, cfg.layers))} per stage{grouped}"
 
 
-def load(path: str | os.PathLike, device: str | None = None, arch: str | None = None) -> ResNet:
+def load(
+    path: str | os.PathLike, device: str | None = None, arch: str | None = None, dtype: DType | str = dtypes.float32
+) -> ResNet:
     """The ResNet of a torchvision checkpoint (`torch.save(model.state_dict(), path)`, or .safetensors), its
-    configuration read off the checkpoint's names and shapes (or arch's, one of ARCHITECTURES, checked against it)."""
+    configuration read off the checkpoint's names and shapes (or arch's, one of ARCHITECTURES, checked against it).
+    dtype: what the model computes in, whatever the file holds (float32 by default: a float16 checkpoint is widened;
+    dtypes.float16 computes in half)."""
     if arch is not None and arch not in ARCHITECTURES:
         raise ValueError(f"ResNet: arch must be one of {', '.join(ARCHITECTURES)}, got {arch!r}")
     state = read_state_dict(path, device)
@@ -286,5 +298,5 @@ def load(path: str | os.PathLike, device: str | None = None, arch: str | None = 
         raise ValueError(f"ResNet: {path} holds {_described(cfg)}, where {arch} is {_described(ARCHITECTURES[arch])}")
     with skip_init():  # (the weights come from the file: no random ones first)
         model = ResNet(cfg, device)
-    load_state(model, state, path)
+    load_state(model, state, path, dtype)
     return model

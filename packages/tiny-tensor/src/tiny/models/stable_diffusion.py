@@ -11,7 +11,9 @@ each with its config; weights are read lazily from each folder's safetensors fil
 >>> pipe("a photo of an astronaut", steps=20, seed=0).shape  # doctest: +SKIP
 (1, 512, 512, 3)
 
-The images are (batch, height, width, 3), floats in [0, 1].
+The images are (batch, height, width, 3), floats in [0, 1]. Each model computes in its weights' dtype: float32, or
+float16 / bfloat16 with load(..., dtype=) (its inputs cast to it); the pipeline keeps the latents between steps and
+the scheduler's arithmetic in float32.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from tiny.models import clip
-from tiny.models.hf import load_weights, read_json
+from tiny.models.hf import compute_dtype, load_weights, read_json
 from tiny.nn import Conv2d, GroupNorm, LayerNorm, Linear, skip_init
 from tiny.nn.state import safe_load
-from tiny.tensor import Tensor
+from tiny.tensor import DType, Tensor, dtypes
 
 __all__ = [
     "AutoencoderKL",
@@ -382,8 +384,10 @@ class UNet2DConditionModel:
             )
         t = np.broadcast_to(np.asarray(timestep, dtype=np.float32).reshape(-1), (batch,))
         features = timestep_features(t, cfg.block_out_channels[0], cfg.flip_sin_to_cos, cfg.freq_shift)
-        temb = self.time_embedding(Tensor(features, device=sample.device)).contiguous()
-        x = self.conv_in(sample).contiguous()
+        dtype = self.conv_in.weight.dtype
+        temb = self.time_embedding(Tensor(features, device=sample.device).cast(dtype)).contiguous()
+        x = self.conv_in(sample.cast(dtype)).contiguous()
+        context = context.cast(dtype)
         skips = [x]
         for block in self.down_blocks:
             x = block(x, temb, context, skips)
@@ -500,7 +504,8 @@ class AutoencoderKL:
             raise ValueError(
                 f"VAE: latents must be (batch, {self.cfg.latent_channels}, height, width), got {latents.shape}"
             )
-        z = latents if self.post_quant_conv is None else self.post_quant_conv(latents)
+        z = latents.cast(self.decoder.conv_in.weight.dtype)
+        z = z if self.post_quant_conv is None else self.post_quant_conv(z)
         return self.decoder(z.contiguous())
 
 
@@ -749,7 +754,7 @@ class StableDiffusion:
             if progress is not None:
                 progress(i + 1, steps)
         image = self.vae.decode(x / self.vae.cfg.scaling_factor)
-        return ((image / 2 + 0.5).clip(0, 1)).permute(0, 2, 3, 1).numpy()
+        return ((image.cast(dtypes.float32) / 2 + 0.5).clip(0, 1)).permute(0, 2, 3, 1).numpy()
 
 
 def _weights(folder: Path, device: str | None) -> dict[str, Tensor]:
@@ -759,32 +764,44 @@ def _weights(folder: Path, device: str | None) -> dict[str, Tensor]:
     raise FileNotFoundError(f"{folder} has no diffusion_pytorch_model.safetensors (.bin checkpoints are not read)")
 
 
-def load_unet(path: str | os.PathLike, device: str | None = None) -> UNet2DConditionModel:
-    """The UNet of a diffusers unet/ folder (config.json and diffusion_pytorch_model.safetensors), read lazily."""
+def load_unet(
+    path: str | os.PathLike, device: str | None = None, dtype: DType | str = dtypes.float32
+) -> UNet2DConditionModel:
+    """The UNet of a diffusers unet/ folder (config.json and diffusion_pytorch_model.safetensors), read lazily.
+    dtype: what it computes in, whatever the file holds (float32 by default: a float16 file, diffusers' "fp16"
+    variant, is widened; dtypes.float16 computes in half)."""
+    dtype = compute_dtype(dtype, "UNet")
     folder = Path(path)
     cfg = UNetConfig.from_diffusers(read_json(folder / "config.json"))
     with skip_init():
         model = UNet2DConditionModel(cfg, device)
-    load_weights(model, _weights(folder, device), folder, base="unet")
+    load_weights(model, _weights(folder, device), folder, base="unet", dtype=dtype)
     return model
 
 
-def load_vae(path: str | os.PathLike, device: str | None = None) -> AutoencoderKL:
-    """The decoder of a diffusers vae/ folder (the encoder's weights are left unread)."""
+def load_vae(path: str | os.PathLike, device: str | None = None, dtype: DType | str = dtypes.float32) -> AutoencoderKL:
+    """The decoder of a diffusers vae/ folder (the encoder's weights are left unread), computing in dtype."""
+    dtype = compute_dtype(dtype, "VAE")
     folder = Path(path)
     cfg = VAEConfig.from_diffusers(read_json(folder / "config.json"))
     with skip_init():
         model = AutoencoderKL(cfg, device)
     weights = {k: t for k, t in _weights(folder, device).items() if not k.startswith(("encoder.", "quant_conv."))}
-    load_weights(model, weights, folder, base="vae")
+    load_weights(model, weights, folder, base="vae", dtype=dtype)
     return model
 
 
-def load(path: str | os.PathLike, device: str | None = None, scheduler: str | None = None) -> StableDiffusion:
+def load(
+    path: str | os.PathLike,
+    device: str | None = None,
+    scheduler: str | None = None,
+    dtype: DType | str = dtypes.float32,
+) -> StableDiffusion:
     """The pipeline of a diffusers folder (model_index.json, text_encoder/, tokenizer/, unet/, vae/, scheduler/).
     scheduler: "DDIMScheduler" or "EulerDiscreteScheduler" with the folder's scheduler config (its own class where
     that is one of them, else DDIM; the settings the chosen class does not have are left, as its from_pretrained
-    leaves them)."""
+    leaves them). dtype: what the text encoder, the UNet and the VAE compute in (as torch_dtype= in diffusers)."""
+    dtype = compute_dtype(dtype, "Stable Diffusion")
     folder = Path(path)
     if not (folder / "model_index.json").is_file():
         raise FileNotFoundError(
@@ -797,9 +814,9 @@ def load(path: str | os.PathLike, device: str | None = None, scheduler: str | No
         raise ValueError(f"scheduler {name!r} is not one of {', '.join(SCHEDULERS)}")
     del index  # (its entries name the components' classes; the folders are what is read)
     return StableDiffusion(
-        text_encoder=clip.load(folder / "text_encoder", device),
+        text_encoder=clip.load(folder / "text_encoder", device, dtype),
         tokenizer=CLIPTokenizer(folder / "tokenizer"),
-        unet=load_unet(folder / "unet", device),
-        vae=load_vae(folder / "vae", device),
+        unet=load_unet(folder / "unet", device, dtype),
+        vae=load_vae(folder / "vae", device, dtype),
         scheduler=SCHEDULERS[name](settings),
     )

@@ -6,7 +6,8 @@ one, and a linear classifier of the class token's state where it classifies.
 
 Images are (batch, channels, height, width) of the config's size, as Hugging Face's image processor makes them; with
 interpolate_pos_encoding, of any size, the position embeddings of the patches resized to its grid (bicubic, as
-Hugging Face resizes them).
+Hugging Face resizes them). The model computes in its weights' dtype: float32, or float16 / bfloat16 with
+load(..., dtype=), the images cast to it.
 
 >>> from tiny.models import vit  # doctest: +SKIP
 >>> model = vit.load("path/to/folder")  # doctest: +SKIP
@@ -22,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from tiny.models.hf import activation, load_weights, read_config, read_weights
+from tiny.models.hf import activation, compute_dtype, load_weights, read_config, read_weights
 from tiny.nn import Conv2d, LayerNorm, Linear, skip_init
 from tiny.nn.layers import parameter  # (a weight as tiny.nn's layers make theirs: a leaf, or lazy in skip_init)
-from tiny.tensor import Tensor, dtypes
+from tiny.tensor import DType, Tensor, dtypes
 
 __all__ = ["ViTConfig", "ViTForImageClassification", "ViTModel", "ViTOutput", "load"]
 
@@ -133,7 +134,7 @@ class Embeddings:
         grid = table[0, 1:].reshape(side, side, dim).permute(2, 0, 1)  # (dim, side, side)
         down = Tensor(_bicubic(side, rows), device=table.device)  # (rows, side)
         across = Tensor(_bicubic(side, cols), device=table.device)  # (cols, side)
-        resized = down.matmul(grid).matmul(across.T)  # (dim, rows, cols)
+        resized = down.matmul(grid.cast(dtypes.float32)).matmul(across.T).cast(table.dtype)  # (dim, rows, cols)
         return table[:, :1].cat(resized.permute(1, 2, 0).reshape(1, rows * cols, dim), dim=1)
 
 
@@ -233,7 +234,7 @@ class ViTModel:
         """The hidden states of images (batch, channels, height, width) of the config's size (of any size with
         interpolate_pos_encoding)."""
         pixels = _pixels(pixel_values, self.cfg, self.device, interpolate_pos_encoding)
-        x = self.embeddings(pixels, interpolate_pos_encoding)
+        x = self.embeddings(pixels.cast(self.embeddings.cls_token.dtype), interpolate_pos_encoding)
         x = self.layernorm(self.encoder(x)).contiguous()
         return ViTOutput(x, None if self.pooler is None else self.pooler(x[:, 0]))
 
@@ -256,7 +257,7 @@ def _pixels(pixels: Tensor | Any, cfg: ViTConfig, device: str | None, any_size: 
         raise ValueError(
             f"pixel_values must be (batch, {want}), got shape {pixels.shape} (other sizes: interpolate_pos_encoding)"
         )
-    return pixels.cast(dtypes.float32)
+    return pixels
 
 
 class ViTForImageClassification:
@@ -275,12 +276,17 @@ class ViTForImageClassification:
         return ViTOutput(x, None, first if self.classifier is None else self.classifier(first))
 
 
-def load(path: str | os.PathLike, device: str | None = None) -> ViTModel | ViTForImageClassification:
+def load(
+    path: str | os.PathLike, device: str | None = None, dtype: DType | str = dtypes.float32
+) -> ViTModel | ViTForImageClassification:
     """The model a Hugging Face folder holds (config.json's architecture: ViTModel or ViTForImageClassification),
-    its weights read lazily from model.safetensors (or its shards) into the device."""
+    its weights read lazily from model.safetensors (or its shards) into the device. dtype: what the model computes
+    in, whatever the file holds (float32 by default: a float16 checkpoint is widened; dtypes.float16 computes in
+    half)."""
+    dtype = compute_dtype(dtype, "ViT")
     folder, raw, arch = read_config(path, ARCHITECTURES)
     cfg = ViTConfig.from_hf(raw)
     with skip_init():  # (the weights come from the files: no random ones first)
         model = ViTModel(cfg, device=device) if arch == "ViTModel" else ViTForImageClassification(cfg, device)
-    load_weights(model, read_weights(folder, device), folder, base="vit")
+    load_weights(model, read_weights(folder, device), folder, base="vit", dtype=dtype)
     return model
