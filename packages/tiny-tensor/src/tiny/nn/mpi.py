@@ -63,7 +63,7 @@ def world(timeout: float = 300.0) -> World:
         )
     try:
         from mpi4py import MPI  # noqa: PLC0415  (an optional extra: imported only where MPI is asked for)
-    except ImportError as e:
+    except (ImportError, RuntimeError) as e:  # (RuntimeError: mpi4py without an MPI library it can load)
         raise MPIError(f"MPI training needs mpi4py, which does not import here ({e}): {INSTALL}") from None
     comm = MPI.COMM_WORLD
     return World(rank=comm.Get_rank(), size=comm.Get_size(), comm=comm, timeout=timeout)
