@@ -168,9 +168,8 @@ def train_in(args: argparse.Namespace, world: mpi.World | None) -> dict[str, flo
     def mpi_step(x: np.ndarray, y: np.ndarray, world: mpi.World) -> tuple[float, float]:
         mine = world.share(len(x))
         weight = (mine.stop - mine.start) / len(x)  # this process's share of the batch's mean loss
-        loss, accuracy, _ = local_gradients(Tensor(x[mine]), Tensor(y[mine]))
-        world.reduce_gradients(params, weight)
-        update(*[p.grad for p in params])
+        loss, accuracy, grads = local_gradients(Tensor(x[mine]), Tensor(y[mine]))
+        update(*world.all_reduce(grads, weight))  # (the grads the step returned: a replay does not set p.grad)
         return world.sum(loss.item() * weight), world.sum(accuracy.item() * weight)
 
     rng = np.random.default_rng(args.seed)
