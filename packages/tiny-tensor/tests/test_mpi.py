@@ -96,6 +96,8 @@ def test_bad_arguments_are_errors() -> None:
         mpi.world(timeout=0)
     with pytest.raises(SystemExit, match=r"--mpi and --devices: give one of them"):
         job.main(["--mpi", "--devices", "CPU:0,CPU:1"])
+    with pytest.raises(SystemExit, match=r"--mpi trains; --eval evaluates a checkpoint in one process"):
+        job.main(["--mpi", "--eval", "mnist.safetensors"])
     with pytest.raises(ValueError, match=r"a batch of 2 rows cannot be split over 3 processes"):
         mpi.World(rank=0, size=3, comm=None).share(2)
 

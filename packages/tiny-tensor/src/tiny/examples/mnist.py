@@ -389,6 +389,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, float | list[float]] | None:
     args = parser().parse_args(argv)
+    if args.mpi and args.eval:
+        sys.exit("mnist: --mpi trains; --eval evaluates a checkpoint in one process: give one of them")
     if args.eval:
         evaluate_checkpoint(args)
         return None
