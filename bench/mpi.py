@@ -103,7 +103,8 @@ def worker(runs: int, batch: int) -> None:
 def launch(processes: int, threads: int, runs: int, batch: int) -> dict[str, float]:
     cmd = ["mpirun", "--oversubscribe", "-n", str(processes), "-x", f"THREADS={threads}", sys.executable]
     cmd += ["-m", "bench.mpi", "--worker", "--runs", str(runs), "--batch", str(batch)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ROOT_OK}, check=False)
+    env = {**os.environ, **ROOT_OK}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False)
     if done.returncode != 0:
         sys.exit(f"bench.mpi: {' '.join(cmd)} failed ({done.returncode}):\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -38,7 +38,7 @@ def mpirun() -> list[str]:
 def run(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
     """The command's result; a job still running after `timeout` seconds fails the test (a hang, not a wait)."""
     env = {**os.environ, **ROOT_OK, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
 
 
 def losses(printed: str) -> list[float]:
