@@ -230,7 +230,8 @@ def amd(session: nox.Session) -> None:
 @nox.session
 def tensor(session: nox.Session) -> None:
     """tiny-tensor: Tensor, autograd, nn; numerics checked against NumPy and PyTorch (CPU build, pinned); VIZ's page
-    in headless chromium through selenium (skipped, saying why, without chromium and chromedriver)."""
+    in headless chromium through selenium (skipped, saying why, without chromium and chromedriver); training across
+    processes with mpi4py (the [mpi] extra) under Open MPI's mpirun (skipped, saying why, without mpirun)."""
     tools = (
         DEV["torch"],
         DEV["safetensors"],
@@ -244,7 +245,7 @@ def tensor(session: nox.Session) -> None:
         DEV["pillow"],
         DEV["diffusers"],
     )
-    _install_local(session, "tiny-tensor", extras=("llm",), tools=tools)
+    _install_local(session, "tiny-tensor", extras=("llm", "mpi"), tools=tools)
     torchvision = Path(session.create_tmp()) / "torchvision"
     session.install("--no-deps", "--upgrade", "--target", str(torchvision), TORCHVISION)
     _pytest(session, "tiny-tensor", env={"TINY_TORCHVISION": str(torchvision)})

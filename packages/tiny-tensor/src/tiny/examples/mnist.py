@@ -2,6 +2,8 @@
 
 Train (on the CPU by default, on any device with DEVICE=...; data-parallel over several with --devices):
     python -m tiny.examples.mnist [--epochs 3] [--batch 128] [--save mnist.safetensors] [--devices CPU:0,CPU:1]
+Or data-parallel over processes started by MPI (pip install 'tiny-tensor[mpi]'):
+    mpirun -n 2 python -m tiny.examples.mnist --mpi
 Evaluate a checkpoint on the test set:
     python -m tiny.examples.mnist --eval mnist.safetensors
 
@@ -15,6 +17,7 @@ The model: two 5x5 and two 3x3 convolutions with batch norm and max pooling, the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -26,6 +29,7 @@ from typing import NoReturn
 import numpy as np
 
 from tiny import nn
+from tiny.nn import mpi
 from tiny.nn.datasets import IDX_FILES, DatasetNotFound, MnistData, read_mnist
 from tiny.nn.state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save
 from tiny.tensor import Device, Tensor, TinyJit
@@ -102,6 +106,24 @@ def evaluate(
 
 def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
     """Train, evaluate, save; returns the losses seen every step and the test accuracy."""
+    world = join_world(args) if args.mpi else None
+    with world if world is not None else contextlib.nullcontext():
+        return train_in(args, world)
+
+
+def join_world(args: argparse.Namespace) -> mpi.World:
+    """The MPI processes this one trains with, or the end of the program saying why there are none."""
+    try:
+        world = mpi.world()
+    except mpi.MPIError as e:
+        sys.exit(f"mnist: --mpi: {e}")
+    if args.batch < world.size:
+        sys.exit(f"mnist: --batch {args.batch} is too small to split over the {world.size} MPI processes")
+    return world
+
+
+def train_in(args: argparse.Namespace, world: mpi.World | None) -> dict[str, float | list[float]]:
+    """The training job; with `world`, this process's part of it (rank 0 prints, evaluates and saves)."""
     data = load_data(args)
     if args.batch > len(data.x_train):
         sys.exit(f"mnist: --batch {args.batch} is more than the {len(data.x_train)} training images")
@@ -114,32 +136,57 @@ def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
             sys.exit(f"mnist: --batch {args.batch} is too small to split over the {len(devices)} devices {devices}")
         for p in get_state_dict(model).values():
             p.shard_(devices)
+    if world is not None:  # data-parallel over processes: rank 0's weights everywhere (the seeds make them equal too)
+        world.broadcast(get_state_dict(model).values())
     params = [p for p in get_parameters(model) if p.requires_grad]
     opt = nn.optim.Adam(params, lr=args.lr)
 
     @TinyJit
     def step(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        loss, accuracy, _ = gradients(x, y)
+        opt.step()
+        return loss.realize(), accuracy.realize()
+
+    def gradients(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, list[Tensor]]:
         with Tensor.train():
             opt.zero_grad()
             logits = model(x)
             loss = logits.cross_entropy(y)
             loss.backward()
-            opt.step()
             accuracy = (logits.argmax(1) == y).float().mean()
-        return loss.realize(), accuracy.realize()
+        return loss, accuracy, [p.grad for p in params if p.grad is not None]
+
+    # over MPI the step is two: the gradients (jitted), their all-reduce between the processes, the update (jitted)
+    local_gradients = TinyJit(lambda x, y: realized(gradients(x, y)))
+
+    @TinyJit
+    def update(*grads: Tensor) -> None:
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        opt.step()
+
+    def mpi_step(x: np.ndarray, y: np.ndarray, world: mpi.World) -> tuple[float, float]:
+        mine = world.share(len(x))
+        weight = (mine.stop - mine.start) / len(x)  # this process's share of the batch's mean loss
+        loss, accuracy, grads = local_gradients(Tensor(x[mine]), Tensor(y[mine]))
+        update(*world.all_reduce(grads, weight))  # (the grads the step returned: a replay does not set p.grad)
+        return world.sum(loss.item() * weight), world.sum(accuracy.item() * weight)
 
     rng = np.random.default_rng(args.seed)
     steps_per_epoch = len(x_train) // args.batch
     total = args.steps or args.epochs * steps_per_epoch
     epochs = math.ceil(total / steps_per_epoch)
     schedule = nn.optim.CosineAnnealingLR(opt, T_max=total)  # the lr falls to 0 over the run
-    print(f"training on {describe(data)}")
+    say = print if world is None or world.rank == 0 else quiet
+    say(f"training on {describe(data)}")
     where = ", ".join(devices) if devices else Device.DEFAULT
+    if world is not None:
+        where = f"{world.size} MPI processes (each on {where}, with its share of each batch)"
     if args.steps:
-        print(f"on {where}: {total} steps of {args.batch} images ({steps_per_epoch} steps make an epoch)")
+        say(f"on {where}: {total} steps of {args.batch} images ({steps_per_epoch} steps make an epoch)")
     else:
         plural = "s" if epochs > 1 else ""
-        print(f"on {where}: {epochs} epoch{plural} of {steps_per_epoch} steps of {args.batch} images")
+        say(f"on {where}: {epochs} epoch{plural} of {steps_per_epoch} steps of {args.batch} images")
     start = time.perf_counter()
     losses: list[float] = []
     for i in range(total):
@@ -147,20 +194,26 @@ def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
         if at == 0:
             order = rng.permutation(len(x_train))
         idx = order[at * args.batch : (at + 1) * args.batch]
-        x, y = Tensor(normalize(x_train[idx])), Tensor(y_train[idx])
-        loss, acc = step(x.shard(devices, axis=0), y.shard(devices, axis=0)) if devices else step(x, y)
-        losses.append(loss.item())
+        if world is not None:
+            loss, acc = mpi_step(normalize(x_train[idx]), y_train[idx], world)
+        else:
+            x, y = Tensor(normalize(x_train[idx])), Tensor(y_train[idx])
+            loss_t, acc_t = step(x.shard(devices, axis=0), y.shard(devices, axis=0)) if devices else step(x, y)
+            loss, acc = loss_t.item(), acc_t.item()
+        losses.append(loss)
         schedule.step()
         in_epoch = min(steps_per_epoch, total - epoch * steps_per_epoch)  # the last epoch of --steps may be short
         if at % 10 == 0 or at == in_epoch - 1:
             rate = (i + 1) / (time.perf_counter() - start)
             bar = "#" * (30 * (at + 1) // in_epoch)
-            print(
-                f"\r[{bar:<30}] epoch {epoch + 1}/{epochs} step {at + 1}/{in_epoch} loss {loss.item():.3f} "
-                f"acc {acc.item():6.1%} {rate:.2f} steps/s",
+            say(
+                f"\r[{bar:<30}] epoch {epoch + 1}/{epochs} step {at + 1}/{in_epoch} loss {loss:.3f} "
+                f"acc {acc:6.1%} {rate:.2f} steps/s",
                 end="\n" if at == in_epoch - 1 else "",
                 flush=True,
             )
+    if world is not None and world.rank != 0:  # rank 0 evaluates and saves for the job
+        return {"losses": losses, "test_accuracy": math.nan}
     limit = args.eval_limit or len(data.x_test)
     test_acc = evaluate(model, data.x_test[:limit, None], data.y_test[:limit].astype(np.int32), devices=devices)
     print(f"test accuracy {test_acc:.2%} on {limit} {data.name} test images")
@@ -170,6 +223,16 @@ def train(args: argparse.Namespace) -> dict[str, float | list[float]]:
         sys.exit(f"mnist: cannot save the checkpoint to {args.save}: {e.strerror or e}")
     print(f"saved {args.save}; evaluate it with: python -m tiny.examples.mnist --eval {args.save}")
     return {"losses": losses, "test_accuracy": test_acc}
+
+
+def realized(outs: tuple[Tensor, Tensor, list[Tensor]]) -> tuple[Tensor, Tensor, list[Tensor]]:
+    loss, accuracy, grads = outs
+    loss.realize(accuracy, *grads)
+    return outs
+
+
+def quiet(*args: object, **kwargs: object) -> None:
+    """print's stand-in on the MPI processes other than rank 0."""
 
 
 def check_save_path(path: str) -> None:
@@ -262,7 +325,10 @@ into $TINY_DATA/<name>, or <cache>/<name> where TINY_DATA is unset. The four fil
 
 the device: the fastest present, or the one DEVICE names (DEVICE=CPU, DEVICE=CUDA, ...); --devices CPU:0,CPU:1 trains
 data-parallel: the model on each device, each batch split among them, batch norm over the whole batch, the gradients
-all-reduced (the same losses as one device, within float rounding)."""
+all-reduced (the same losses as one device, within float rounding). --mpi trains data-parallel over processes
+(mpirun -n 2 python -m tiny.examples.mnist --mpi): each process on one device with its share of each batch, the
+gradients averaged with an MPI all-reduce; batch norm's statistics are each process's share's (as PyTorch DDP without
+SyncBatchNorm), so the losses are near one process's, not equal; rank 0 prints, evaluates and saves."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -300,6 +366,12 @@ def parser() -> argparse.ArgumentParser:
         help="train data-parallel over these devices, comma-separated (CPU:0,CPU:1; default: one device)",
     )
     p.add_argument(
+        "--mpi",
+        action="store_true",
+        help="train data-parallel over the processes mpirun started, each with its share of each batch "
+        "(mpirun -n 2 python -m tiny.examples.mnist --mpi; needs mpi4py: pip install 'tiny-tensor[mpi]')",
+    )
+    p.add_argument(
         "--save",
         "--checkpoint",
         default=DEFAULT_SAVE,
@@ -317,9 +389,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, float | list[float]] | None:
     args = parser().parse_args(argv)
+    if args.mpi and args.eval:
+        sys.exit("mnist: --mpi trains; --eval evaluates a checkpoint in one process: give one of them")
     if args.eval:
         evaluate_checkpoint(args)
         return None
+    if args.mpi and args.devices:
+        sys.exit("mnist: --mpi and --devices: give one of them (each MPI process trains on one device)")
     check_save_path(args.save)
     return train(args)
 

@@ -1,5 +1,6 @@
 """Layers with torch.nn's names, arguments and initialization, built on tiny.tensor's functional ops; and the
-submodules optim (optimizers, schedules), state (state dicts, safetensors, torch checkpoints) and datasets.
+submodules optim (optimizers, schedules), state (state dicts, safetensors, torch checkpoints), datasets, and mpi
+(data-parallel training across processes).
 
 >>> from tiny import nn
 >>> from tiny.tensor import Tensor
@@ -7,7 +8,7 @@ submodules optim (optimizers, schedules), state (state dicts, safetensors, torch
 (1, 2)
 """
 
-from tiny.nn import datasets, gguf, optim, state
+from tiny.nn import datasets, gguf, mpi, optim, state
 from tiny.nn.layers import (
     BatchNorm1d,
     BatchNorm2d,
@@ -31,6 +32,7 @@ from tiny.nn.tinygrad_names import BatchNorm, InstanceNorm, LayerNorm2d
 __all__ = [
     "datasets",
     "gguf",
+    "mpi",
     "optim",
     "state",
     "BatchNorm1d",
