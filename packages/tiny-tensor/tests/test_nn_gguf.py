@@ -200,8 +200,9 @@ def _q8_0_product(x: np.ndarray, packed: np.ndarray, qtype: QT) -> np.ndarray:
 
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_1, QT.Q4_K], ids=lambda q: q.name)
 def test_q8_activations_give_llama_cpps_integer_product(tmp_path: Path, qtype: QT) -> None:
-    """Q8_ACTIVATIONS=1: linear() over integer blocks times a scale rounds x to int8 a block and sums each block's
-    products in int32, as llama.cpp; the blocks with a minimum added (Q4_1, the K quants) keep the float32 product."""
+    """Q8_ACTIVATIONS=1: linear() over integer blocks times a scale rounds x (up to 4 rows: decoding) to int8 a block
+    and sums each block's products in int32, as llama.cpp; the blocks with a minimum added (Q4_1, the K quants) and
+    more rows (a prompt) keep the float32 product."""
     packed = _packed(qtype, 8, 512, seed=11)
     w = gguf_load(_write(tmp_path / "q.gguf", {"w": (packed, qtype)}), dequantize=False)[0]["w"]
     x = np.random.default_rng(12).standard_normal((3, 512)).astype(np.float32)
@@ -215,6 +216,10 @@ def test_q8_activations_give_llama_cpps_integer_product(tmp_path: Path, qtype: Q
     want = _q8_0_product(x, packed, qtype)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
     assert np.abs(floats - want).max() > 1e-4 * np.abs(want).max()  # (the float32 product is another number)
+    prompt = np.concatenate([x, x])
+    with Context(Q8_ACTIVATIONS=1):
+        rows6 = Tensor(prompt).linear(w).numpy()
+    np.testing.assert_array_equal(rows6, Tensor(prompt).linear(w).numpy())
 
 
 def test_metadata_round_trip(tmp_path: Path) -> None:

@@ -26,9 +26,12 @@ Q8_ACTIVATIONS = flag(
     "Q8_ACTIVATIONS",
     int,
     0,
-    "1: linear() over a GGUF weight of integer blocks times a scale (Q8_0, Q4_0, ...) rounds the input to 8 bits a "
-    "block, as llama.cpp does, and sums each block's products in int32 (slower than float32 for now)",
+    "1: linear() over a GGUF weight of integer blocks times a scale (Q8_0, Q4_0, ...) rounds an input of up to 4 rows "
+    "(decoding) to 8 bits a block, as llama.cpp does, and sums each block's products in int32 (not yet faster)",
 )
+# the most rows Q8_ACTIVATIONS takes: the block sums of every row go through memory (rows x out x blocks int32, 740 MB
+# for a 512-token prompt through a 5632 x 2048 weight), where the float32 product keeps them in registers
+_Q8_ROWS = 4
 # the gap between 1 and the next float (torch.finfo(dtype).eps): rms_norm's default eps
 _MACHINE_EPS = {dtypes.float16: 2.0**-10, dtypes.bfloat16: 2.0**-7, dtypes.float32: 2.0**-23, dtypes.float64: 2.0**-52}
 
@@ -51,8 +54,9 @@ class FunctionalOps(TensorBase):
                 f"linear() input's last dimension must be in_features={weight.shape[-1]}, got shape {self.shape}"
             )
         blocks = weight.blocks() if weight.ndim == 2 else None
-        integer = _integer_blocks(blocks) if blocks is not None and Q8_ACTIVATIONS.value else None
-        if integer is not None and self.dtype == dtypes.float32:
+        decoding = Q8_ACTIVATIONS.value and prod(self.shape[:-1]) <= _Q8_ROWS and self.dtype == dtypes.float32
+        integer = _integer_blocks(blocks) if blocks is not None and decoding else None
+        if integer is not None:
             out = _q8_product(self, *integer)
         elif blocks is not None:  # (each block's fields reach the product through views: one kernel)
             x = self.reshape(*self.shape[:-1], 1, *blocks.shape[1:])
