@@ -110,3 +110,20 @@ def test_bfloat16_bits_widen_shift_and_bitcast_in_vectors(device: str) -> None:
         assert {Ops.CAST, Ops.SHL, Ops.BITCAST} <= {u.op for u in ops}, "widened, shifted and read a vector at a time"
     want = (bits.astype(np.uint32) << 16).view(np.float32)
     np.testing.assert_array_equal(out.numpy().view(np.uint32), want.view(np.uint32))
+
+
+def test_an_integer_dot_sums_its_lanes_at_once(device: str) -> None:
+    """int8 x int8 products summed in int32 (Q8_ACTIVATIONS' block sums): NumPy's values, the extremes included;
+    where the CPU's renderers vectorize the sum, a vector's lanes are added by one reduction (C: tiny_vsum_*, clang's
+    __builtin_reduce_add; LLVM IR: llvm.vector.reduce.add), not one extract and add per lane."""
+    x, w = _values("int8", (4, 256), seed=5), _values("int8", (32, 256), seed=6)
+    x[0], w[0] = -128, -128  # (the largest sum: 256 x 16384)
+    out = (Tensor(x, device=device).reshape(4, 1, 256).cast("int32") * Tensor(w, device=device).cast("int32")).sum(
+        axis=-1, dtype="int32"
+    )
+    renderer = Device[device].renderer
+    summed = {"C": "tiny_vsum_int32x", "LLVM": "@llvm.vector.reduce.add.v"}.get(renderer.caps.language)
+    if _narrows(device) and summed and not small(device, False, True):
+        sources = [render_for(item.ast, renderer).src for item in out.schedule() if item.ast.op is Ops.SINK]
+        assert any(summed in s for s in sources)
+    np.testing.assert_array_equal(out.numpy(), x.astype(np.int64) @ w.astype(np.int64).T)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tiny.ir.config import Context
 from tiny.ir.device import buffer_of
 from tiny.ir.uop import Ops
 from tiny.nn.gguf import gguf_load
@@ -179,6 +180,46 @@ def test_a_linear_layer_over_a_lazy_weight_is_one_kernel(tmp_path: Path, qtype: 
         picked = w.blocks()[row : row + 1].reshape(1, 512)
         assert _kernels(picked) == 1
         np.testing.assert_array_equal(picked.numpy()[0].view(np.uint32), dense[5].view(np.uint32))
+
+
+def _q8_0_product(x: np.ndarray, packed: np.ndarray, qtype: QT) -> np.ndarray:
+    """llama.cpp's product over Q8_0/Q4_0/Q5_0 blocks, in NumPy: each block of 32 of x rounded to int8 with the scale
+    max|x| / 127 (kept as float16; halves rounded away from 0, as quantize_row_q8_0), the integer products summed per
+    block exactly, then scaled by both scales and summed."""
+    dense = quants.dequantize(packed, qtype).reshape(packed.shape[0], -1, 32)
+    scales = np.ascontiguousarray(packed.reshape(*dense.shape[:2], -1)[..., :2]).view(np.float16)[..., 0]
+    scales = scales.astype(np.float32)
+    qw = np.round(dense / np.where(scales == 0, 1, scales)[..., None]).astype(np.int64)
+    xb = x.reshape(x.shape[0], -1, 32)
+    dx = np.abs(xb).max(axis=-1) / 127
+    v = xb * np.where(dx > 0, 1 / np.where(dx > 0, dx, 1), 0)[..., None]
+    qx = np.trunc(v + np.where(v < 0, -0.5, 0.5)).astype(np.int64)
+    dots = np.einsum("mbi,rbi->mrb", qx, qw).astype(np.float64)
+    return (dots * scales[None] * dx.astype(np.float16).astype(np.float64)[:, None]).sum(axis=-1)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_1, QT.Q4_K], ids=lambda q: q.name)
+def test_q8_activations_give_llama_cpps_integer_product(tmp_path: Path, qtype: QT) -> None:
+    """Q8_ACTIVATIONS=1: linear() over integer blocks times a scale rounds x (up to 4 rows: decoding) to int8 a block
+    and sums each block's products in int32, as llama.cpp; the blocks with a minimum added (Q4_1, the K quants) and
+    more rows (a prompt) keep the float32 product."""
+    packed = _packed(qtype, 8, 512, seed=11)
+    w = gguf_load(_write(tmp_path / "q.gguf", {"w": (packed, qtype)}), dequantize=False)[0]["w"]
+    x = np.random.default_rng(12).standard_normal((3, 512)).astype(np.float32)
+    x[1, :32] = 0.0  # (a block of zeros: scale 0, quants 0)
+    with Context(Q8_ACTIVATIONS=1):
+        got = Tensor(x).realize().linear(w).numpy()
+    floats = Tensor(x).realize().linear(w).numpy()
+    if qtype in (QT.Q4_1, QT.Q4_K):
+        np.testing.assert_array_equal(got, floats)
+        return
+    want = _q8_0_product(x, packed, qtype)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+    assert np.abs(floats - want).max() > 1e-4 * np.abs(want).max()  # (the float32 product is another number)
+    prompt = np.concatenate([x, x])
+    with Context(Q8_ACTIVATIONS=1):
+        rows6 = Tensor(prompt).linear(w).numpy()
+    np.testing.assert_array_equal(rows6, Tensor(prompt).linear(w).numpy())
 
 
 def test_metadata_round_trip(tmp_path: Path) -> None:

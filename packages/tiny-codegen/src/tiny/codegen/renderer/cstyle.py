@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from tiny.codegen.renderer.walker import Walk, WalkingRenderer
+from tiny.codegen.renderer.walker import Walk, WalkingRenderer, summed_vector
 from tiny.ir.device import VECTOR_DTYPES, RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes
 from tiny.ir.uop import GroupOp, Ops, UOp
@@ -36,6 +36,7 @@ class CWalk(Walk):
         self.held: list[tuple[UOp, list[str]]] = []  # (accumulator, its terms' updates)
         self.held_indent = ""  # the indent they were written at
         self.fused: set[DType] = set()
+        self.lane_sums: set[DType] = set()  # the vector dtypes whose lanes are summed by lane_sum
 
     def line(self, text: str) -> None:
         if self.held:
@@ -288,6 +289,15 @@ class CStyleRenderer(WalkingRenderer):
         """What a kernel that calls multiply_add for dt defines first."""
         return ""
 
+    def lane_sum(self, dt: DType, vector: str) -> str | None:
+        """The sum of the lanes of an integer vector (a vector reduction's last step) as one expression, where the
+        target sums them faster than lane by lane; None: an add per lane."""
+        return None
+
+    def lane_sum_helper(self, dt: DType) -> str:
+        """What a kernel that calls lane_sum for dt defines first."""
+        return ""
+
     def _wide(self, x: str) -> str:
         """x as the unsigned 64-bit type (OpenCL C spells it ulong, the others unsigned long long)."""
         return f"(({self.type_name(dtypes.uint64)})({x}))"
@@ -362,6 +372,7 @@ class CStyleRenderer(WalkingRenderer):
         types = "".join(self.vector_typedef(dt) for dt in vectors)
         helpers = "".join(self.lane_math_helper(op, s) for op, s in scalar_math)
         helpers += "".join(self.multiply_add_helper(dt) for dt in sorted(w.fused, key=repr))
+        helpers += "".join(self.lane_sum_helper(dt) for dt in sorted(w.lane_sums, key=repr))
         kernel = types + "".join(self.vector_prelude(dt) for dt in vectors) + helpers + kernel
         scalars = {_element(u.dtype).scalar for u in uops}
         uses_bf16 = self.emulate_bf16 and dtypes.bfloat16 in scalars
@@ -460,6 +471,9 @@ class CStyleRenderer(WalkingRenderer):
             expr = self.cast(u, src[0])
         elif op is Ops.BITCAST:
             expr = self.bitcast(u, src[0])
+        elif (vector := summed_vector(u)) is not None and (total := self.lane_sum(vector.dtype, w.names[vector])):
+            expr = total
+            w.lane_sums.add(vector.dtype)
         else:
             expr = self.alu(u, src)
         expr = self.rounded(u, expr)
@@ -736,6 +750,20 @@ class CRenderer(CStyleRenderer):
 
     def multiply_add(self, dt: DType, a: str, b: str, acc: str) -> str | None:
         return f"tiny_fma_{self._fma_type(dt)}({a}, {b}, {acc})" if dt.scalar in _FUSED else None
+
+    def lane_sum(self, dt: DType, vector: str) -> str | None:
+        return f"tiny_vsum_{self.vector_type_name(dt)}({vector})"
+
+    def lane_sum_helper(self, dt: DType) -> str:
+        """clang's reduction of the lanes (a tree of shuffles and vector adds), where the lane-by-lane sum is one
+        extract and add per lane (clang's SLP vectorizer, off here, would have found the tree); elsewhere that sum."""
+        t, s, n = self.vector_type_name(dt), self.type_names[dt.scalar.name], dt.count
+        return (
+            f"static inline {s} tiny_vsum_{t}({t} v) {{\n"
+            "#if defined(__has_builtin) && __has_builtin(__builtin_reduce_add)\n"
+            "  return __builtin_reduce_add(v);\n#else\n"
+            f"  {s} s = 0;\n  for (int i = 0; i < {n}; i++) s += v[i];\n  return s;\n#endif\n}}\n"
+        )
 
     def multiply_add_helper(self, dt: DType) -> str:
         """A scalar accumulator's fused multiply-add (a vector's is in its vector_prelude)."""

@@ -21,7 +21,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tiny.codegen.renderer.walker import Walk, WalkingRenderer
+from tiny.codegen.renderer.walker import Walk, WalkingRenderer, summed_vector
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
 from tiny.ir.uop import GroupOp, Ops, UOp
@@ -419,6 +419,11 @@ class LLVMRenderer(WalkingRenderer):
         return self._bitcast(f, u, f.val(u.source))
 
     def write_alu(self, f: _Function, u: UOp) -> str:
+        if (vector := summed_vector(u)) is not None:  # (the extracts and adds it replaces are left dead)
+            t, vt = self.ltype(u.dtype), self.ltype(vector.dtype)
+            name = f"llvm.vector.reduce.add.v{vector.dtype.count}{t}"
+            f.declares.add(f"declare {t} @{name}({vt})")
+            return f.value(f"call {t} @{name}({vt} {f.val(vector)})")
         return self._rounded(f, u, self._alu(f, u, [f.val(s) for s in u.src]))
 
     def write_wmma(self, f: _Function, u: UOp) -> str:

@@ -123,3 +123,21 @@ class WalkingRenderer(Renderer):
             if u.op in OPENS:
                 w.blocks.append(u)
         return w
+
+
+def summed_vector(u: UOp) -> UOp | None:
+    """The integer vector whose lanes u adds up, each once and in order (((v[0] + v[1]) + v[2]) ... + v[n-1], as a
+    vector reduction ends), else None: a renderer whose target sums a vector's lanes at once writes that instead.
+    Integer sums only, which come out the same in any order; a float sum's order is its rounding."""
+    if u.op is not Ops.ADD or u.dtype.count != 1 or not u.dtype.is_int:
+        return None
+    terms, node = [], u
+    while node.op is Ops.ADD and node.dtype == u.dtype:
+        terms.append(node.src[1])
+        node = node.src[0]
+    terms.append(node)
+    vector = node.src[0] if node.op is Ops.GEP else None
+    if vector is None or vector.dtype.count != len(terms) or len(terms) < 4:
+        return None
+    lanes = reversed(terms)
+    return vector if all(t.op is Ops.GEP and t.src[0] is vector and t.arg == i for i, t in enumerate(lanes)) else None
