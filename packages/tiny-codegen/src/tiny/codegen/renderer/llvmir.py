@@ -21,7 +21,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tiny.codegen.renderer.walker import Walk, WalkingRenderer, summed_vector
+from tiny.codegen.renderer.walker import ONE_METHOD_PER_OP, Walk, WalkingRenderer, summed_vector
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
 from tiny.ir.uop import GroupOp, Ops, UOp
@@ -301,29 +301,7 @@ class LLVMRenderer(WalkingRenderer):
 
     # ---------------------------------------------------------------- the kernel
 
-    rules = {
-        Ops.DEFINE_GLOBAL: "write_buffer",
-        Ops.DEFINE_VAR: "write_variable",
-        Ops.DEFINE_LOCAL: "write_local",
-        Ops.SPECIAL: "write_special",
-        Ops.CONST: "write_const",
-        Ops.RANGE: "write_range",
-        Ops.ENDRANGE: "write_endrange",
-        Ops.IF: "write_if",
-        Ops.ENDIF: "write_endif",
-        Ops.INDEX: "write_index",
-        Ops.LOAD: "write_load",
-        Ops.STORE: "write_store",
-        Ops.DEFINE_ACC: "write_acc",
-        Ops.ASSIGN: "write_assign",
-        Ops.BARRIER: "write_barrier",
-        Ops.VECTORIZE: "write_vectorize",
-        Ops.GEP: "write_gep",
-        Ops.CAST: "write_cast",
-        Ops.BITCAST: "write_bitcast",
-        Ops.WMMA: "write_wmma",
-        **dict.fromkeys(GroupOp.ALU, "write_alu"),
-    }
+    rules = ONE_METHOD_PER_OP
 
     def render(self, name: str, uops: list[UOp]) -> str:
         f = self.walk(_Function(uops))

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from tiny.codegen.renderer.cstyle import target_fields
 from tiny.codegen.renderer.ptx_math import exp2_f64, fmod_f64, log2_f64, sin_f64
-from tiny.codegen.renderer.walker import Walk, WalkingRenderer
+from tiny.codegen.renderer.walker import ONE_METHOD_PER_OP, Walk, WalkingRenderer
 from tiny.ir.device import RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
@@ -184,29 +184,7 @@ class PTXRenderer(WalkingRenderer):
 
     # ---------------------------------------------------------------- the kernel
 
-    rules = {
-        Ops.DEFINE_GLOBAL: "write_buffer",
-        Ops.DEFINE_VAR: "write_variable",
-        Ops.DEFINE_LOCAL: "write_local",
-        Ops.SPECIAL: "write_special",
-        Ops.CONST: "write_const",
-        Ops.RANGE: "write_range",
-        Ops.ENDRANGE: "write_endrange",
-        Ops.IF: "write_if",
-        Ops.ENDIF: "write_endif",
-        Ops.INDEX: "write_index",
-        Ops.LOAD: "write_load",
-        Ops.STORE: "write_store",
-        Ops.DEFINE_ACC: "write_acc",
-        Ops.ASSIGN: "write_assign",
-        Ops.BARRIER: "write_barrier",
-        Ops.VECTORIZE: "write_vectorize",
-        Ops.GEP: "write_gep",
-        Ops.CAST: "write_cast",
-        Ops.BITCAST: "write_bitcast",
-        Ops.WMMA: "write_wmma",
-        **dict.fromkeys(GroupOp.ALU, "write_alu"),
-    }
+    rules = ONE_METHOD_PER_OP
 
     def render(self, name: str, uops: list[UOp]) -> str:
         if not _NAME.fullmatch(name):

@@ -22,10 +22,36 @@ from collections.abc import Callable, Collection
 from typing import Any, ClassVar
 
 from tiny.ir.device import Renderer
-from tiny.ir.uop import Ops, UOp
+from tiny.ir.uop import GroupOp, Ops, UOp
 
 OPENS = (Ops.RANGE, Ops.IF)  # ops that open a block
 CLOSES = (Ops.ENDRANGE, Ops.ENDIF)  # ops that close the block opened last
+
+# The rules of a renderer that writes each op with a method of its own, named after what it writes (LLVM IR, PTX);
+# the C dialects and WGSL write expressions through one method and close both kinds of block through another.
+ONE_METHOD_PER_OP: dict[Ops, str] = {
+    Ops.DEFINE_GLOBAL: "write_buffer",
+    Ops.DEFINE_VAR: "write_variable",
+    Ops.DEFINE_LOCAL: "write_local",
+    Ops.SPECIAL: "write_special",
+    Ops.CONST: "write_const",
+    Ops.RANGE: "write_range",
+    Ops.ENDRANGE: "write_endrange",
+    Ops.IF: "write_if",
+    Ops.ENDIF: "write_endif",
+    Ops.INDEX: "write_index",
+    Ops.LOAD: "write_load",
+    Ops.STORE: "write_store",
+    Ops.DEFINE_ACC: "write_acc",
+    Ops.ASSIGN: "write_assign",
+    Ops.BARRIER: "write_barrier",
+    Ops.VECTORIZE: "write_vectorize",
+    Ops.GEP: "write_gep",
+    Ops.CAST: "write_cast",
+    Ops.BITCAST: "write_bitcast",
+    Ops.WMMA: "write_wmma",
+    **dict.fromkeys(GroupOp.ALU, "write_alu"),
+}
 
 
 class Walk:
