@@ -9,6 +9,7 @@ import torch
 from tensor_helpers import small
 
 from tiny import nn
+from tiny.ir.schedule import layout
 from tiny.tensor import Tensor, windows
 
 
@@ -131,7 +132,7 @@ CHANNELS_LAST_CASES = [
 def test_channels_last_convolutions_match_torch(
     device: str, op: str, xs: tuple, ws: tuple, kw: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(windows, "CHANNELS_LAST_MIN_WORK", 0)
+    monkeypatch.setattr(layout, "CHANNELS_LAST_MIN_WORK", 0)
 
     x = Tensor(_rand(*xs), device=device, requires_grad=True)
     w = Tensor(_rand(*ws, seed=1), device=device, requires_grad=True)
@@ -156,7 +157,7 @@ def test_a_channels_last_network_matches_torch(device: str, group_bytes: int, mo
     """The MNIST model's shape, small: convolutions keep channels innermost, and the activations, batch norm and
     max pool between them are computed and stored in that order (the scheduler's choice of layout); weight
     gradients sum over groups of images. Forward and every gradient against PyTorch."""
-    monkeypatch.setattr(windows, "CHANNELS_LAST_MIN_WORK", 0)
+    monkeypatch.setattr(layout, "CHANNELS_LAST_MIN_WORK", 0)
     monkeypatch.setattr(windows, "DW_GROUP_BYTES", group_bytes)
     side = small(device, 16, 12)  # 16: 14, 12, pooled 6, 4, pooled 2; 12 (an emulator): 10, 8, 4, 2, 1
     out_side = ((side - 4) // 2 - 2) // 2
@@ -248,7 +249,7 @@ def test_a_weight_used_by_two_convolutions_counts_each_path_once(
     """x.conv2d(w).conv2d(w): the outer convolution's rule derived its weight gradient through everything below it,
     the inner convolution too, and the walk then added the inner one's gradient again (2 x inner + outer)."""
     if channels_last:  # the other weight-gradient rule (16 channels: innermost on a CPU with 8 or 16 float lanes)
-        monkeypatch.setattr(windows, "CHANNELS_LAST_MIN_WORK", 0)
+        monkeypatch.setattr(layout, "CHANNELS_LAST_MIN_WORK", 0)
     c, spatial = (16, (7, 6)) if channels_last else (4, (6, 5))
     spatial = spatial[:1] if op == "conv1d" else spatial
     xs, ws = (2, c, *spatial), (c, c, *([3] * len(spatial)))

@@ -1,6 +1,6 @@
-"""Big matrix products on the CPU read B from a copy in panels (tiny.tensor.reduce._panel_width): one more kernel,
-the same values, the same gradients; small ones, odd widths, integer products and devices with workgroups read B
-in place."""
+"""Big matrix products on the CPU read B from a copy in panels (the scheduler's choice:
+tiny.ir.schedule.layout.panel_width): one more kernel, the same values, the same gradients; small ones, odd widths,
+integer products and devices with workgroups read B in place."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tiny.codegen.lower import kernel_name
+from tiny.ir.schedule.layout import PANEL_MIN_B, PANEL_MIN_ROWS, panel_width
 from tiny.tensor import Tensor, dtypes
-from tiny.tensor.reduce import PANEL_MIN_B, PANEL_MIN_ROWS, _panel_width
 
 rng = np.random.default_rng(0)
 CPU = "CPU"  # panels are for devices without workgroups: these tests pin the CPU, whatever DEVICE says
@@ -26,7 +26,7 @@ def _kernels(t: Tensor) -> list[str]:
 def test_big_product_reads_b_from_panels() -> None:
     a, b = _arr(64, 512), _arr(512, 512)
     out = Tensor(a, device=CPU) @ Tensor(b, device=CPU)
-    w = _panel_width(CPU, dtypes.float32, 64, 512, 512)  # two of the host's vectors: 16 floats on AVX2, 32 on AVX-512
+    w = panel_width(CPU, dtypes.float32, 64, 512, 512)  # two of the host's vectors: 16 floats on AVX2, 32 on AVX-512
     n = 512 // w
     assert _kernels(out) == [f"E_{n}_512_{w}", f"r_64_{n}_{w}_512"], f"B copied into {n} panels of {w} columns first"
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
@@ -50,7 +50,7 @@ def test_batched_and_broadcast_products(a_shape: tuple[int, ...], b_shape: tuple
 
 def test_float64_product_uses_panels_of_its_own_width() -> None:
     a, b = _arr(64, 512, dtype=np.float64), _arr(512, 512, dtype=np.float64)
-    width = _panel_width("CPU", dtypes.float64, 64, 512, 512)
+    width = panel_width("CPU", dtypes.float64, 64, 512, 512)
     assert width > 0
     out = Tensor(a, device=CPU) @ Tensor(b, device=CPU)
     assert len(_kernels(out)) == 2
@@ -85,8 +85,8 @@ def test_products_that_read_b_in_place(
 
 
 def test_panel_rule() -> None:
-    assert _panel_width("CPU", dtypes.float32, PANEL_MIN_ROWS, 512, PANEL_MIN_B // 512) % 2 == 0
-    assert _panel_width("CPU", dtypes.float32, PANEL_MIN_ROWS - 1, 512, 1024) == 0
-    assert _panel_width("CPU", dtypes.float32, 1024, 512, PANEL_MIN_B // 512 - 1) == 0
-    assert _panel_width("CPU", dtypes.float16, 1024, 1024, 1024) == 0
-    assert _panel_width("PYTHON", dtypes.float32, 1024, 1024, 1024) == 0, "a device with workgroups tiles on its own"
+    assert panel_width("CPU", dtypes.float32, PANEL_MIN_ROWS, 512, PANEL_MIN_B // 512) % 2 == 0
+    assert panel_width("CPU", dtypes.float32, PANEL_MIN_ROWS - 1, 512, 1024) == 0
+    assert panel_width("CPU", dtypes.float32, 1024, 512, PANEL_MIN_B // 512 - 1) == 0
+    assert panel_width("CPU", dtypes.float16, 1024, 1024, 1024) == 0
+    assert panel_width("PYTHON", dtypes.float32, 1024, 1024, 1024) == 0, "a device with workgroups tiles on its own"

@@ -12,8 +12,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from tiny.ir.device import Device
 from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
+from tiny.ir.schedule import layout
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import default_int
@@ -27,10 +27,6 @@ Axis = int | Sequence[int] | None
 
 # a scan along an axis longer than this runs in blocks (see _scan); shorter ones compare all pairs at once
 SCAN_DIRECT_MAX = 64
-# matrix products on the CPU copy B into panels (see _panel_width) from this many elements of B and rows of A
-PANEL_MIN_B = 1 << 18
-PANEL_MIN_ROWS = 64
-PANEL_DTYPES = frozenset({dtypes.float32, dtypes.float64})
 
 
 class ValuesIndices(NamedTuple):
@@ -511,7 +507,7 @@ class ReduceOps(TensorBase):
         batch = broadcast_shape(x2.shape[:-2], y2.shape[:-2])
         n, m = x2.shape[-2], y2.shape[-1]
         acc = dtypes.float32 if dt.is_float and dt.itemsize < 4 else dt
-        width = _panel_width(x.device, dt, prod(x2.shape[:-1]), m, k)
+        width = layout.panel_width(x.device, dt, prod(x2.shape[:-1]), m, k)  # (the scheduler's choice)
         if width:  # B copied into panels of `width` columns, each contiguous: C's columns in panels too
             panels = y2._panels(width).transpose(-1, -2)  # (..., m / width, width, k)
             a = x2._broadcast_to(batch + (n, k)).reshape(*batch, n, 1, 1, k)
@@ -549,26 +545,6 @@ def _std_of(var: Tensor) -> Tensor:
     variance's (x - mean = 0) would be nan. The same values: the square root of a variance of 0 is 0."""
     zero = var == 0  # (a nan or inf variance keeps its square root)
     return zero.where(0, zero.where(1, var).sqrt())
-
-
-def _panel_width(device: str | tuple[str, ...], dtype: DType, rows: int, m: int, k: int) -> int:
-    """Columns per panel of B where a matrix product on a loop device (CPU) reads B from panels, else 0.
-
-    A register tile of C reads B `width` columns at a time down all k rows. Where B's rows are long, those reads
-    are a page or more apart: they evict each other from the cache and defeat the prefetcher, so the product waits
-    on memory. A copy of B in panels (each width x k block contiguous) costs one pass over B and lets a panel stay
-    in cache while every row block of A passes it. Only where B is too big for the cache anyway and enough rows
-    of A share the copy; width is two hardware vectors, the tile's width. Not on several devices: the panels'
-    reshape would cut through the shards of a weight split along its columns."""
-    if type(device) is tuple:
-        return 0
-    caps = Device[device].renderer.caps
-    if caps.has_local or dtype not in PANEL_DTYPES or not all(type(x) is int for x in (rows, m, k)):
-        return 0  # (nor where a size is symbolic)
-    width = 2 * caps.vector_lanes(dtype)
-    if m % width or m * k < PANEL_MIN_B or rows < PANEL_MIN_ROWS:
-        return 0
-    return width
 
 
 def _along(n: int, axis: int, ndim: int) -> tuple[int, ...]:

@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tiny.ir.device import Device
 from tiny.ir.dtypes import dtypes
 from tiny.ir.multi import multi
-from tiny.ir.schedule import is_realized
+from tiny.ir.schedule import is_realized, layout
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
 from tiny.tensor.checks import default_int, first_device
@@ -29,10 +28,6 @@ if TYPE_CHECKING:
     from tiny.tensor.tensor import Tensor
 
 IntOrSeq = int | Sequence[int]
-# convolutions on a loop device (CPU) keep output channels innermost (see _channels_last) in these dtypes, from
-# this many multiply-adds
-CHANNELS_LAST_DTYPES = frozenset({dtypes.float32, dtypes.float64})
-CHANNELS_LAST_MIN_WORK = 1 << 20
 DW_GROUP_BYTES = 1 << 18  # a channels-last weight gradient sums over images in groups of about this many bytes read
 
 
@@ -706,19 +701,12 @@ def _per_device(x: Tensor, weight: Tensor, bias: Tensor | None, nd: int) -> list
 
 
 def _channels_last(x: Tensor, weight: Tensor, out: Sequence[int]) -> bool:
-    """Whether a convolution computes its output channels innermost in memory (a loop device (CPU), float32/64, a
-    whole number of vectors of output channels, enough work).
-
-    With (N, C_out, *out) in memory a thread's vectors run along an output row: rows of 20, 10 or 6 fill vectors of
-    8 badly or not at all. Output channels come in multiples of 8: each lane an output channel, each loaded input
-    value broadcast to all lanes, the weights read as vectors from a copy with C_out innermost (one pass over a
-    small tensor)."""
-    caps = Device[first_device(x.device)].renderer.caps
-    if caps.has_local or x.dtype not in CHANNELS_LAST_DTYPES or x.dtype != weight.dtype:
+    """Whether a convolution computes its output channels innermost in memory: the scheduler's choice for its
+    device, dtype and size (tiny.ir.schedule.layout.channels_last)."""
+    if x.dtype != weight.dtype:
         return False
-    lanes, cout = caps.vector_lanes(x.dtype), weight.shape[0]
-    work = x.shape[0] * math.prod(out) * cout * math.prod(weight.shape[1:])
-    return lanes > 1 and cout % lanes == 0 and work >= CHANNELS_LAST_MIN_WORK
+    work = x.shape[0] * math.prod(out) * weight.shape[0] * math.prod(weight.shape[1:])
+    return layout.channels_last(first_device(x.device), x.dtype, weight.shape[0], work)
 
 
 def _transposed_weight(w: Tensor, groups: int) -> Tensor:

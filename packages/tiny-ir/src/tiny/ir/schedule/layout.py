@@ -1,0 +1,56 @@
+"""The memory layouts the scheduler picks for a device: where a convolution keeps its output channels innermost and
+where a matrix product reads B from panels.
+
+Both are choices of which buffers a graph writes and in what order, so they belong with the scheduler; the front
+end (tiny.tensor) asks these functions and builds its graph in the layout they name. Both apply only on a loop
+device (one without workgroups, the CPU): a device with workgroups tiles its kernels on its own, and its vectors are
+not the renderer's `vector_lanes`.
+"""
+
+from __future__ import annotations
+
+from tiny.ir.device import Device
+from tiny.ir.dtypes import DType, dtypes
+
+# convolutions keep output channels innermost in these dtypes, from this many multiply-adds
+CHANNELS_LAST_DTYPES = frozenset({dtypes.float32, dtypes.float64})
+CHANNELS_LAST_MIN_WORK = 1 << 20
+# matrix products copy B into panels in these dtypes, from this many elements of B and rows of A
+PANEL_DTYPES = frozenset({dtypes.float32, dtypes.float64})
+PANEL_MIN_B = 1 << 18
+PANEL_MIN_ROWS = 64
+
+
+def channels_last(device: str, dtype: DType, out_channels: int, work: int) -> bool:
+    """Whether a convolution on `device` computes its output channels innermost in memory: a loop device, float32/64,
+    a whole number of vectors of output channels, at least CHANNELS_LAST_MIN_WORK multiply-adds (`work`).
+
+    With (N, C_out, *out) in memory a thread's vectors run along an output row: rows of 20, 10 or 6 fill vectors of
+    8 badly or not at all. Output channels come in multiples of 8: each lane an output channel, each loaded input
+    value broadcast to all lanes, the weights read as vectors from a copy with C_out innermost (one pass over a
+    small tensor)."""
+    caps = Device[device].renderer.caps
+    if caps.has_local or dtype not in CHANNELS_LAST_DTYPES:
+        return False
+    lanes = caps.vector_lanes(dtype)
+    return lanes > 1 and out_channels % lanes == 0 and work >= CHANNELS_LAST_MIN_WORK
+
+
+def panel_width(device: str | tuple[str, ...], dtype: DType, rows: int, m: int, k: int) -> int:
+    """Columns per panel of B where a matrix product (rows x k) @ (k x m) on `device` reads B from panels, else 0.
+
+    A register tile of C reads B `width` columns at a time down all k rows. Where B's rows are long, those reads
+    are a page or more apart: they evict each other from the cache and defeat the prefetcher, so the product waits
+    on memory. A copy of B in panels (each width x k block contiguous) costs one pass over B and lets a panel stay
+    in cache while every row block of A passes it. Only where B is too big for the cache anyway and enough rows
+    of A share the copy; width is two hardware vectors, the tile's width. Not on several devices: the panels'
+    reshape would cut through the shards of a weight split along its columns."""
+    if type(device) is tuple:
+        return 0
+    caps = Device[device].renderer.caps
+    if caps.has_local or dtype not in PANEL_DTYPES or not all(type(x) is int for x in (rows, m, k)):
+        return 0  # (nor where a size is symbolic)
+    width = 2 * caps.vector_lanes(dtype)
+    if m % width or m * k < PANEL_MIN_B or rows < PANEL_MIN_ROWS:
+        return 0
+    return width
