@@ -214,7 +214,7 @@ class CPUAllocator(LRUAllocator):
     takes for a pointer as it is, so that a launch converts nothing. The ctypes array that owns the memory is kept
     by address until it is freed for real."""
 
-    caps = AllocatorCaps(host_visible=True, aligned=ALIGN, foreign=True)
+    caps = AllocatorCaps(host_visible=True, aligned=ALIGN, views=True, foreign=True)
 
     def __init__(self) -> None:
         super().__init__()
@@ -240,6 +240,9 @@ class CPUAllocator(LRUAllocator):
 
     def wrap(self, address: int, size: int) -> Any:
         return address  # (an opaque is an address already)
+
+    def offset(self, opaque: Any, offset: int, size: int) -> Any:
+        return opaque + offset  # (the view's memory is owned by the allocation it is in)
 
     def address(self, opaque: Any) -> int:
         return opaque

@@ -14,6 +14,7 @@ from tiny.ir.device.collective import concat, copy_to
 from tiny.ir.dtypes import DType, dtypes, to_dtype
 from tiny.ir.multi import devices_of, expand_multi, multi, relayout, shard
 from tiny.ir.schedule import ScheduleItem, create_schedule, is_memory, is_realized
+from tiny.ir.schedule.memory import share_memory
 from tiny.ir.sint import check_size, is_size_expr, sym_eval, variables
 from tiny.ir.uop import GroupOp, Ops, UOp, substitute
 from tiny.tensor.activations import ActivationOps
@@ -180,16 +181,15 @@ class Tensor(
         if not targets:
             return self
         sched = create_schedule(targets)
-        run_schedule(sched.items, sched.var_vals)
         done = sched.becomes | sched.renamed if sched.renamed else sched.becomes
+        rebound, held = _rebound(done, len(sched.fresh) > 1)
+        if held is not None:  # the buffers no tensor reads after this share memory (tiny.ir.schedule.memory)
+            kept = {b for u in held for b in done[u].toposort if b.op is Ops.BUFFER}
+            share_memory(sched.items, [buffer_of(b) for b in sched.fresh if b not in kept])
+        run_schedule(sched.items, sched.var_vals)
         record_origins(done, sched.reads)
-        computed = done.keys()
-        for t in Tensor._pending.alive():  # every tensor reads what was computed from its buffer from now on
-            u = t.uop
-            if (view := done.get(u)) is not None:
-                t.uop = view
-            elif not computed.isdisjoint(u.toposort):  # (listed pending: not memory)
-                t.uop = substitute(u, done)
+        for t, u in rebound:  # every tensor reads what was computed from its buffer from now on
+            t.uop = u
         return self
 
     def _buffer(self):  # noqa: ANN202
@@ -379,3 +379,21 @@ def _upload(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
     if data.size:
         buffer_of(node).copyin(memoryview(data.reshape(-1).view(np.uint8)))
     return UOp(Ops.RESHAPE, dt, (node,), tuple(arr.shape))
+
+
+def _rebound(done: dict[UOp, UOp], held_too: bool) -> tuple[list[tuple[Tensor, UOp]], set[UOp] | None]:
+    """The live tensors that read computed nodes, each with the graph it holds from now on (reading their buffers);
+    with held_too, also the computed nodes those tensors read (their buffers outlive the schedule)."""
+    computed, rebound = done.keys(), []
+    held: set[UOp] | None = set() if held_too else None
+    for t in Tensor._pending.alive():
+        u = t.uop
+        if (view := done.get(u)) is not None:
+            rebound.append((t, view))
+            if held is not None:
+                held.add(u)
+        elif not computed.isdisjoint(u.toposort):  # (listed pending: not memory)
+            rebound.append((t, substitute(u, done)))
+            if held is not None:
+                held.update(computed & set(u.toposort))
+    return rebound, held
