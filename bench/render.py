@@ -25,7 +25,7 @@ import sys
 import time
 
 from bench.workloads import WORKLOADS
-from tiny.codegen import choose_opts, render_kernel
+from tiny.codegen import choose_opts, render
 from tiny.ir.device import Device
 from tiny.ir.uop import UOp
 from tiny.tensor import realize
@@ -62,7 +62,7 @@ def render_all(kernels: list[tuple[UOp, str]]) -> list[str]:
     out = []
     for ast, name in kernels:
         device = Device[name]
-        out.append(render_kernel(ast, device, choose_opts(ast, device)).src)
+        out.append(render(ast, device.renderer, choose_opts(ast, device)).src)
     return out
 
 

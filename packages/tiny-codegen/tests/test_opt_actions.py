@@ -13,6 +13,7 @@ from kernel_helpers import const, expand, interpret_ast, move, reduce, tensor, v
 from test_cstyle import build, compilers
 
 from tiny.codegen import Kernel, KernelOptError, Opt, OptOps, program
+from tiny.codegen.lower import lower_kernel
 from tiny.codegen.opt.actions import Kind, merge_windows
 from tiny.codegen.opt.beam import actions
 from tiny.codegen.opt.heuristic import TILE_NODES, hand_opts
@@ -243,6 +244,23 @@ def test_rules_choose_again_with_fewer_lanes_where_the_code_grows_too_big(monkey
         fn(*(ctypes.c_void_p(x.ctypes.data) for x in (out, a, b)))
         np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
     assert sizes[0] > 150 >= sizes[1]  # (280 ops with an 8 x 8 tile and 4 steps unrolled; 103 with one vector)
+
+
+def test_the_rules_actions_are_a_list_whose_plan_is_lowered_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rules' actions are a list like any other, held to CODE_OPS; the spine starts from the plan they lowered to
+    count its ops (not lowering it again), and renders what the same list given by a caller renders."""
+    r = CRenderer("x86_64;vector_width=8;threads=1;")
+    ast = matmul(16, 32, 24)
+    monkeypatch.setattr(program, "CODE_OPS", 150)
+    actions = program.rules_actions(ast, r)
+    assert actions.chosen_by == "the rules" and actions.lowered is not None
+    assert list(actions.opts) == actions.lowered.plan.applied and len(actions.lowered.sink.toposort) <= 150
+    lowerings = []
+    monkeypatch.setattr(program, "lower_kernel", lambda plan: lowerings.append(plan) or lower_kernel(plan))
+    rules = program.render(ast, r, actions)
+    assert lowerings == []
+    given = program.render_for(ast, r, list(actions.opts))
+    assert len(lowerings) == 1 and given.src == rules.src and given.opts == rules.opts == actions.opts
 
 
 @pytest.mark.skipif(not compilers(), reason="no C compiler on PATH")

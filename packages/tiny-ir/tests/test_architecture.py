@@ -56,3 +56,13 @@ def test_the_entry_point_groups_it_names_are_the_ones_packages_use() -> None:
         groups |= set(project.get("entry-points", {}))
     assert groups == {"tiny.devices", "tiny.renderers"}
     assert all(f"`{g}`" in TEXT for g in groups)
+
+
+def test_cached_properties_are_set_by_their_owners_alone() -> None:
+    """A node's or a device's cached property (a `__dict__["name"]` entry) is written only in the module that defines
+    it (UOp.take_shape_of, UOp.set_shape, Compiled.use_renderer), never reached into from another module."""
+    owners = {"tiny/ir/uop.py": {"shape", "device"}, "tiny/ir/device/interface.py": {"renderer"}}
+    for path in sorted(ROOT.glob("packages/*/src/tiny/**/*.py")):
+        where = "/".join(path.relative_to(ROOT).parts[3:])  # (packages/<dist>/src/ dropped)
+        for name in re.findall(r"""__dict__\[["'](\w+)["']\]""", path.read_text()):
+            assert name in owners.get(where, set()), f"{where} writes the cached property {name!r} of another module"

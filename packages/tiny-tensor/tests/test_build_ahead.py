@@ -54,17 +54,17 @@ def test_a_kernel_goes_to_its_compiler_as_soon_as_it_is_rendered(monkeypatch: py
     assert len(items) >= 2
     monkeypatch.setattr(codegen, "usable_cores", lambda: 2)
     events: list[str] = []
-    render = codegen.render_kernel
+    render = codegen.render
 
-    def rendering(ast, dev, opts):  # noqa: ANN001, ANN202
+    def rendering(ast, renderer, actions):  # noqa: ANN001, ANN202
         if ast is items[-1].ast:
             deadline = time.monotonic() + 5
             while "compile" not in events and time.monotonic() < deadline:
                 time.sleep(0.01)
             events.append("last render")
-        return render(ast, dev, opts)
+        return render(ast, renderer, actions)
 
-    monkeypatch.setattr(codegen, "render_kernel", rendering)
+    monkeypatch.setattr(codegen, "render", rendering)
 
     class Logging:
         def __init__(self, dev: object) -> None:

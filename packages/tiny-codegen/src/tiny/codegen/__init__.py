@@ -1,8 +1,8 @@
 """tiny.codegen: a scheduled kernel AST -> a compiled program for one device.
 
-`get_program` is the spine: choose the optimization actions (none with NOOPT, a timed search with BEAM,
-the hand-written rules otherwise), then lower, simplify, vectorize, linearize, check, render and compile
-(tiny.codegen.program lists those stages in order).
+`get_program` is the spine: choose the optimization actions (choose_opts: none with NOOPT, a timed search with
+BEAM, the hand-written rules otherwise), then lower, simplify, narrow, vectorize, linearize, check and render
+(tiny.codegen.program lists those passes in order) and compile.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, kernel_name, lower
 from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from tiny.codegen.opt.beam import beam_search
-from tiny.codegen.program import Rendered, render_for, render_kernel, to_program
+from tiny.codegen.program import Actions, Rendered, render, render_for, render_kernel, rules_actions, to_program
 from tiny.ir import profile, viz
-from tiny.ir.config import BEAM, DEBUG, NOOPT
+from tiny.ir.config import BEAM, NOOPT
 from tiny.ir.device import Compiled, CompiledProgram, usable_cores
 from tiny.ir.uop import UOp
 
@@ -24,6 +24,7 @@ __all__ = [
     "get_program",
     "get_programs",
     "choose_opts",
+    "Actions",
     "render_kernel",
     "render_for",
     "Kernel",
@@ -36,21 +37,21 @@ __all__ = [
 ]
 
 
-def choose_opts(ast: UOp, device: Compiled) -> list[Opt] | None:
-    """The optimization actions for a kernel on a device: none (NOOPT), searched (BEAM), or None for the rules',
-    which render_for chooses as it lowers (held to a code size: see tiny.codegen.program.CODE_OPS)."""
+def choose_opts(ast: UOp, device: Compiled) -> Actions:
+    """The optimization actions for a kernel on a device, the one place they are chosen: none (NOOPT), searched
+    (BEAM), or the hand-written rules', held to a code size (tiny.codegen.program.rules_actions)."""
     if NOOPT:
-        return []
+        return Actions((), "NOOPT")
     if BEAM.value > 0:
         with viz.paused():  # (its candidates are not what a VIZ user looks for: the winner is rendered again)
-            return beam_search(ast, device, BEAM.value)
-    return None
+            return Actions(tuple(beam_search(ast, device, BEAM.value)), "BEAM")
+    return rules_actions(ast, device.renderer)
 
 
 def get_program(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = None) -> CompiledProgram:
     """The compiled program that runs kernel `ast` on `device`, after `opts` (chosen by choose_opts if None)."""
-    r = _planned_render(ast, device, opts)
-    return to_program(r, device, _compile_many(device, [r])[0])
+    r = _planned_render(ast, device, opts)  # the actions chosen; lowered ... rendered (tiny.codegen.program)
+    return to_program(r, device, _compile_many(device, [r])[0])  # compiled
 
 
 COMPILE_TOGETHER = 4  # kernels a compiler run takes while another one is busy (but the schedule's last ones)
@@ -99,19 +100,17 @@ def get_programs(kernels: Sequence[tuple[UOp, Compiled]]) -> list[CompiledProgra
 
 def _planned_render(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = None) -> Rendered:
     if not profile.enabled():
-        chosen = choose_opts(ast, device) if opts is None else list(opts)
-        _print_plan(ast, device, chosen)
-        return render_kernel(ast, device, chosen)
+        return render(ast, device.renderer, choose_opts(ast, device) if opts is None else Actions(tuple(opts)))
     name = kernel_name(ast)
-    if opts is None and BEAM.value > 0 and not NOOPT:  # (a search: its candidates rendered, compiled and timed)
+    searched = opts is None and BEAM.value > 0 and not NOOPT
+    if searched:  # (a search: its candidates rendered, compiled and timed)
         with profile.timed("codegen", f"BEAM {name}", "beam", device=device.name):
-            chosen = choose_opts(ast, device)
-    else:
-        chosen = choose_opts(ast, device) if opts is None else list(opts)
+            actions = choose_opts(ast, device)
     with profile.timed("codegen", name, "render", device=device.name) as args:
-        _print_plan(ast, device, chosen)
-        r = render_kernel(ast, device, chosen)
-        args["actions"] = repr(chosen) if chosen is not None else "the rules'"
+        if not searched:  # (the rules' choice lowers its plan: part of rendering)
+            actions = choose_opts(ast, device) if opts is None else Actions(tuple(opts))
+        r = render(ast, device.renderer, actions)
+        args["actions"], args["chosen_by"] = repr(list(r.opts)), actions.chosen_by
         args["global_size"], args["local_size"] = str(r.kernel.global_size), str(r.kernel.local_size)
     return r
 
@@ -125,9 +124,3 @@ def _compile_many(device: Compiled, rendered: list[Rendered]) -> list[bytes]:
     title = names[0] if len(names) == 1 else f"{len(names)} kernels"
     with profile.timed(profile.thread_track("compile"), title, "compile", device=device.name, kernels=names):
         return [device.compile(srcs[0])] if len(srcs) == 1 else device.compile_many(srcs)
-
-
-def _print_plan(ast: UOp, device: Compiled, chosen: list[Opt] | None) -> None:
-    if DEBUG >= 3 and chosen is not None:  # (the rules' are printed as they are chosen)
-        plan = Kernel(ast, device.renderer.caps).apply_opts(chosen)
-        print(f"{kernel_name(ast)}: {chosen} -> {plan.describe()}")

@@ -21,64 +21,27 @@ Block = UOp | None  # a loop (its RANGE), or None for the kernel's top level
 
 
 class _Linearizer:
+    """Places each op of a lowered kernel in a loop, and emits the loops and their ops in order.
+
+    A walker, not rewrite rules: linearizing is scheduling. The loop an op goes into depends on every loop below it
+    (its scope, through any path), and its place in that loop on its siblings (a loop comes after everything its body
+    reads); a rewrite rule sees one node and its sources and makes a graph, not an order. The steps: the scopes
+    (_shared_scopes), the loop tree (_nest), the terms added to accumulators one at a time (_accumulated), each op's
+    block; then emit_block walks the tree once."""
+
     def __init__(self, sink: UOp) -> None:
         self.topo = [u for u in sink.toposort if u.op is not Ops.SINK]
         self.order = {u: i for i, u in enumerate(self.topo)}
         self.reduces = [u for u in self.topo if u.op is Ops.REDUCE]
-        # the loops each node depends on. Reduces that share loops (the lanes of one reduction) are placed
-        # together: each takes the loops any of them depends on (a lane whose value folded to a constant must
-        # not pull the shared loops out of the output loops the other lanes need)
-        shared: dict[UOp, frozenset[UOp]] = {}
-        while True:
-            self.scope = self._scopes(shared)
-            grown = dict(shared)
-            for red in self.reduces:
-                for r in red.ranges:
-                    grown[r] = grown.get(r, frozenset()) | self.scope[red]
-            if grown == shared:
-                break
-            shared = grown
+        self.scope = self._shared_scopes()  # the loops each node depends on
         self.parent: dict[UOp, Block] = {}
         self.depth: dict[Block, int] = {None: 0}
-        owned = {r for red in self.reduces for r in red.ranges}
-        prev: Block = None
-        for r in sorted((u for u in self.topo if u.op is Ops.RANGE and u not in owned), key=lambda r: r.arg):
-            prev = self._attach(r, prev)
-        for red in reversed(self.reduces):  # a reduce's users come first: their loops are placed already
-            p = self.deepest(self.scope[red])
-            for r in red.ranges:
-                p = self._attach(r, p)
+        self._nest()  # each loop's parent
+        self.wmma_chains: dict[UOp, list[UOp]] = {}
+        self.lane_terms: dict[UOp, list[UOp]] = {}
+        chained = self._accumulated()  # the ops a REDUCE's update takes the place of
         self.children: dict[Block, list[UOp]] = {}
         self.nodes: dict[Block, list[UOp]] = {}
-        uses: dict[UOp, int] = {}
-        for u in self.topo:
-            for s in u.src:
-                uses[s] = uses.get(s, 0) + 1
-        # a WMMA only a sum uses (or a chain of them, each the C of the next) is emitted as that sum's update, with
-        # the accumulator as the first one's C operand
-        self.wmma_chains: dict[UOp, list[UOp]] = {}
-        for r in self.reduces:
-            chain, w = [], r.value
-            while w.op is Ops.WMMA and uses[w] == 1:
-                chain.append(w)
-                w = w.src[2]
-            if chain and r.arg is Ops.ADD and w.op is Ops.CONST:
-                self.wmma_chains[r.value] = chain
-        chained = {w for chain in self.wmma_chains.values() for w in chain}
-        # a sum of unrolled products ((a0*b0 + a1*b1) + ...) that only its REDUCE uses, computed inside its loop, is
-        # added to the accumulator one product at a time ((acc + a0*b0) + a1*b1 ...): a chain of multiply-adds the
-        # compiler fuses. Other lanes (a max, a sum of exps) are combined first and reach the accumulator in one op,
-        # so the chain from one iteration to the next is one op long, not one per lane.
-        self.lane_terms: dict[UOp, list[UOp]] = {}
-        for r in self.reduces:
-            spine, terms, v = [], [], r.value
-            while v.op is r.arg and len(v.src) == 2 and uses[v] == 1 and r.ranges[-1] in self.scope[v]:
-                spine.append(v)
-                terms.append(v.src[1])
-                v = v.src[0]
-            if spine and r.arg is Ops.ADD and all(t.op is Ops.MUL for t in (v, *terms)):
-                self.lane_terms[r.value] = [v] + terms[::-1]
-                chained.update(spine)
         for u in self.topo:
             if u in chained:
                 continue
@@ -90,6 +53,65 @@ class _Linearizer:
         self.new: dict[UOp, UOp] = {}
         self.acc_ids = itertools.count()
         self.accs: dict[UOp, UOp] = {}
+
+    def _shared_scopes(self) -> dict[UOp, frozenset[UOp]]:
+        """The loops each node depends on. Reduces that share loops (the lanes of one reduction) are placed together:
+        each takes the loops any of them depends on (a lane whose value folded to a constant must not pull the shared
+        loops out of the output loops the other lanes need)."""
+        shared: dict[UOp, frozenset[UOp]] = {}
+        while True:
+            scope = self._scopes(shared)
+            grown = dict(shared)
+            for red in self.reduces:
+                for r in red.ranges:
+                    grown[r] = grown.get(r, frozenset()) | scope[red]
+            if grown == shared:
+                return scope
+            shared = grown
+
+    def _nest(self) -> None:
+        """The loop tree: output loops form a chain in axis order; a REDUCE's loops hang below the deepest loop it
+        depends on (a reduce's users come first: their loops are placed already)."""
+        owned = {r for red in self.reduces for r in red.ranges}
+        prev: Block = None
+        for r in sorted((u for u in self.topo if u.op is Ops.RANGE and u not in owned), key=lambda r: r.arg):
+            prev = self._attach(r, prev)
+        for red in reversed(self.reduces):
+            p = self.deepest(self.scope[red])
+            for r in red.ranges:
+                p = self._attach(r, p)
+
+    def _accumulated(self) -> set[UOp]:
+        """Fill wmma_chains and lane_terms; the ops they take the place of.
+
+        A WMMA only a sum uses (or a chain of them, each the C of the next) is emitted as that sum's update, with the
+        accumulator as the first one's C operand. A sum of unrolled products ((a0*b0 + a1*b1) + ...) that only its
+        REDUCE uses, computed inside its loop, is added to the accumulator one product at a time ((acc + a0*b0) +
+        a1*b1 ...): a chain of multiply-adds the compiler fuses. Other lanes (a max, a sum of exps) are combined first
+        and reach the accumulator in one op, so the chain from one iteration to the next is one op long, not one per
+        lane."""
+        uses: dict[UOp, int] = {}
+        for u in self.topo:
+            for s in u.src:
+                uses[s] = uses.get(s, 0) + 1
+        for r in self.reduces:
+            chain, w = [], r.value
+            while w.op is Ops.WMMA and uses[w] == 1:
+                chain.append(w)
+                w = w.src[2]
+            if chain and r.arg is Ops.ADD and w.op is Ops.CONST:
+                self.wmma_chains[r.value] = chain
+        chained = {w for chain in self.wmma_chains.values() for w in chain}
+        for r in self.reduces:
+            spine, terms, v = [], [], r.value
+            while v.op is r.arg and len(v.src) == 2 and uses[v] == 1 and r.ranges[-1] in self.scope[v]:
+                spine.append(v)
+                terms.append(v.src[1])
+                v = v.src[0]
+            if spine and r.arg is Ops.ADD and all(t.op is Ops.MUL for t in (v, *terms)):
+                self.lane_terms[r.value] = [v] + terms[::-1]
+                chained.update(spine)
+        return chained
 
     def _scopes(self, shared: dict[UOp, frozenset[UOp]]) -> dict[UOp, frozenset[UOp]]:
         scope: dict[UOp, frozenset[UOp]] = {}

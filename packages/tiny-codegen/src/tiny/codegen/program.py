@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, kernel_name, lower_kernel
@@ -37,7 +37,27 @@ class Rendered:
     kernel: LoweredKernel
     uops: list[UOp]
     src: str
-    opts: tuple[Opt, ...] = ()  # the optimization actions applied (the rules' where none were given)
+    opts: tuple[Opt, ...] = ()  # the optimization actions applied
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A plan after the passes that come before linearizing: lowered, simplified, narrowed and vectorized."""
+
+    plan: Kernel
+    kernel: LoweredKernel
+    sink: UOp
+
+
+@dataclass(frozen=True)
+class Actions:
+    """A kernel's optimization actions and who chose them: "given" (by the caller: a test, a replay), "NOOPT", "BEAM",
+    or "the rules" (rules_actions: process replay chooses those again). The rules' come with their plan's Lowered,
+    which they made to count its ops: the spine starts from it."""
+
+    opts: tuple[Opt, ...]
+    chosen_by: str = "given"
+    lowered: Lowered | None = field(default=None, compare=False, repr=False)
 
 
 # where the rules' actions make a kernel of more ops than this (lowered and simplified), they choose again with fewer
@@ -45,6 +65,28 @@ class Rendered:
 # matrix product was 30000 ops, 600 KB of C that clang took 7 s over, for a kernel of 240 iterations). The suite's
 # kernels stay under 2700.
 CODE_OPS = 4096
+
+
+def rules_actions(ast: UOp, renderer: Renderer) -> Actions:
+    """The hand-written rules' actions for the renderer's caps (tiny.codegen.opt.heuristic), held to CODE_OPS ops:
+    while their plan lowers to more, they choose again with fewer values per thread."""
+    base, max_lanes = Kernel(ast, renderer.caps), None
+    while True:
+        opts = hand_opts(base, max_lanes)
+        lowered = _lower_passes(base.copy().apply_opts(opts), renderer.caps)
+        if (max_lanes := _fewer_lanes(lowered)) is None:
+            return Actions(tuple(opts), "the rules", lowered)
+
+
+def _fewer_lanes(lowered: Lowered) -> int | None:
+    """Where a plan makes more than CODE_OPS ops, the values per thread to plan again with, in proportion (each value
+    costs about the same code); None where it fits, or where a thread computes one value already."""
+    size, lanes = len(lowered.sink.toposort), lowered.plan.lanes()
+    if DEBUG >= 3:
+        print(f"{lowered.kernel.name}: {lowered.plan.applied} -> {size} ops")
+    if size <= CODE_OPS or lanes == 1:
+        return None
+    return min(lanes - 1, lanes * CODE_OPS // size)
 
 
 def render_kernel(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = ()) -> Rendered:
@@ -55,13 +97,18 @@ def render_kernel(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = ()) -
 
 def render_for(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) -> Rendered:
     """render_kernel for a renderer alone, no device: what compile-only tests of a GPU that is not here use.
-    opts None: the hand-written rules' actions for the renderer's caps, held to CODE_OPS ops."""
+    opts None: the hand-written rules' actions for the renderer's caps (rules_actions)."""
+    return render(ast, renderer, rules_actions(ast, renderer) if opts is None else Actions(tuple(opts)))
+
+
+def render(ast: UOp, renderer: Renderer, actions: Actions) -> Rendered:
+    """A kernel rendered after the actions chosen for it; with VIZ, its passes recorded as one group."""
     if not viz.enabled():
-        return _render(ast, renderer, opts)
+        return _render(ast, renderer, actions)
     with viz.group("kernel", kernel_name(ast), renderer=f"{type(renderer).__name__} {renderer.target}".strip()) as g:
-        r = _render(ast, renderer, opts)
+        r = _render(ast, renderer, actions)
         if g is not None:
-            g.info |= {"actions": [repr(o) for o in r.opts], "chosen_by": "given" if opts is not None else "the rules"}
+            g.info |= {"actions": [repr(o) for o in r.opts], "chosen_by": actions.chosen_by}
             g.info |= {
                 "global_size": str(r.kernel.global_size),
                 "local_size": str(r.kernel.local_size),
@@ -70,32 +117,37 @@ def render_for(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) 
     return r
 
 
-def _render(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None) -> Rendered:
-    """The spine, a line a pass (each in its own module). The rules' plan is lowered again with fewer values per
-    thread while its code is over CODE_OPS ops; given actions are taken as they are."""
-    caps, base, max_lanes = renderer.caps, Kernel(ast, renderer.caps), None
-    while True:
-        plan = base.copy().apply_opts(hand_opts(base, max_lanes) if opts is None else list(opts))  # the actions
-        lowered = _lower(plan)  # loops or hardware ids, lanes, index math, REDUCEs (tiny.codegen.lower)
-        sink = graph_rewrite(lowered.sink, symbolic, memo=lowered.simplified, name="symbolic")  # index math, constants
-        sink = _narrowed(sink, caps)  # sums skip the iterations whose every lane reads padding (tiny.codegen.narrow)
-        target = VectorTarget(caps.vector_width * 4, lowered.simplified, caps.narrow_vectors)  # (symbolic's memo)
-        sink = graph_rewrite(sink, vectorize, ctx=target, name="vectorize")  # lanes alike become vector ops
-        if opts is not None or (max_lanes := _fewer_lanes(plan, lowered, sink)) is None:
-            break
-    uops = linearize(sink)  # each op placed in its loop, in execution order (tiny.codegen.linearize)
+def _render(ast: UOp, renderer: Renderer, actions: Actions) -> Rendered:
+    """The spine after the actions are chosen, a line a pass (each in its own module)."""
+    lowered = actions.lowered
+    if lowered is None or viz.recording():  # (VIZ records the passes of the plan rendered, in its group)
+        lowered = _lower_passes(Kernel(ast, renderer.caps).apply_opts(list(actions.opts)), renderer.caps)
+    plan, kernel = lowered.plan, lowered.kernel  # lowered, simplified, narrowed, vectorized (_lower_passes)
+    if DEBUG >= 3:
+        print(f"{kernel.name}: {plan.applied} ({actions.chosen_by}) -> {plan.describe()}")
+    uops = linearize(lowered.sink)  # each op placed in its loop, in execution order (tiny.codegen.linearize)
     if viz.recording():
-        viz.step("linearize", sink, uops)
+        viz.step("linearize", lowered.sink, uops)
     validate(uops)  # only device ops, each well formed (tiny.ir.spec)
     if DEBUG >= 5:
         print(format_uops(uops))
-    rendered = Rendered(lowered, uops, renderer.render(lowered.name, uops), tuple(plan.applied))  # source
+    rendered = Rendered(kernel, uops, renderer.render(kernel.name, uops), tuple(plan.applied))  # source
     if REPLAY_RECORD:  # process replay is recording (python -m tiny.replay record)
         from tiny.replay import record_kernel
 
-        given = None if opts is None else list(opts)
-        record_kernel(ast, renderer, given, list(plan.applied), lowered.name, rendered.src)
+        given = None if actions.chosen_by == "the rules" else list(actions.opts)
+        record_kernel(ast, renderer, given, list(plan.applied), kernel.name, rendered.src)
     return rendered
+
+
+def _lower_passes(plan: Kernel, caps: RendererCaps) -> Lowered:
+    """The passes before linearizing, a line each."""
+    kernel = _lower(plan)  # loops or hardware ids, lanes, index math, REDUCEs (tiny.codegen.lower)
+    sink = graph_rewrite(kernel.sink, symbolic, memo=kernel.simplified, name="symbolic")  # index math, constants
+    sink = _narrowed(sink, caps)  # sums skip the iterations whose every lane reads padding (tiny.codegen.narrow)
+    target = VectorTarget(caps.vector_width * 4, kernel.simplified, caps.narrow_vectors)  # (symbolic's memo)
+    sink = graph_rewrite(sink, vectorize, ctx=target, name="vectorize")  # lanes alike become vector ops
+    return Lowered(plan, kernel, sink)
 
 
 def _lower(plan: Kernel) -> LoweredKernel:
@@ -110,18 +162,6 @@ def _narrowed(sink: UOp, caps: RendererCaps) -> UOp:
     if viz.recording() and narrowed is not sink:
         viz.step("narrow loops", sink, narrowed)
     return narrowed
-
-
-def _fewer_lanes(plan: Kernel, lowered: LoweredKernel, sink: UOp) -> int | None:
-    """Where the rules' plan makes more than CODE_OPS ops (lowered and simplified), the values per thread to plan
-    again with, in proportion (each value costs about the same code); None where it fits, or where a thread computes
-    one value already."""
-    size, lanes = len(sink.toposort), plan.lanes()
-    if DEBUG >= 3:
-        print(f"{lowered.name}: {plan.applied} -> {size} ops")
-    if size <= CODE_OPS or lanes == 1:
-        return None
-    return min(lanes - 1, lanes * CODE_OPS // size)
 
 
 def format_uops(uops: list[UOp]) -> str:

@@ -160,7 +160,13 @@ T = TypeVar("T")
 
 class cached_property(Generic[T]):  # noqa: N801  (named as the functools one it replaces)
     """functools.cached_property without the lock Python 3.11 takes on each first access: the value is computed
-    once and stored in the instance's __dict__, where later lookups find it before this descriptor."""
+    once and stored in the instance's __dict__, where later lookups find it before this descriptor.
+
+    A node's __dict__ belongs to this module: its cached properties, which only UOp's own methods set ahead of time
+    (UOp.take_shape_of, UOp.set_shape). A module that keeps records of its own on nodes keeps them there too, under
+    keys it defines and it alone reads and writes (tiny.ir.schedule.cache's "schedule_cache.shape", tiny.tensor's
+    "autograd.*"): they live and die with the node, and a lookup is a dict's (a WeakKeyDictionary's is 2-3 times
+    slower, and each dying node would call back into it)."""
 
     def __init__(self, fn: Callable[[Any], T]) -> None:
         self.fn, self.name = fn, fn.__name__
@@ -533,6 +539,18 @@ class UOp(_Fields):
             axis = self.arg
             return (*src[:axis], sum(s.shape[axis] for s in self.src), *src[axis + 1 :])
         return src
+
+    def take_shape_of(self, src: UOp) -> None:
+        """A new elementwise node's shape and device are its first source's (broadcast already): where src knows
+        both, they are set here, so that the cached properties do not walk down the graph for them."""
+        known, first = self.__dict__, src.__dict__
+        if "shape" not in known and "shape" in first and "device" in first:
+            known["shape"], known["device"] = first["shape"], first["device"]
+
+    def set_shape(self, shape: tuple[int, ...], device: str | tuple[str, ...]) -> None:
+        """Set the shape and device of a node whose maker knows them (a cached schedule's view of a buffer), ahead
+        of the cached properties."""
+        self.__dict__["shape"], self.__dict__["device"] = shape, device
 
     @cached_property
     def device(self) -> str:

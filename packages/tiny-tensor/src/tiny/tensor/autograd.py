@@ -18,8 +18,9 @@ from tiny.tensor.live import LiveSet
 if TYPE_CHECKING:
     from tiny.tensor.tensor import Tensor
 
-# What realize() made is recorded on the nodes themselves (in their __dict__, where cached properties live too), so a
-# record lives exactly as long as its node, with no weak table to update as nodes die:
+# What realize() made is recorded on the nodes themselves (in their __dict__, under keys this module alone reads and
+# writes: see tiny.ir.uop.cached_property), so a record lives exactly as long as its node, with no weak table to
+# update as nodes die:
 # - on each buffer view realize() made, _ORIGIN: (the graph it computed, when -- which realize() call --, and one view
 #   realized with it earlier in the same schedule, kept alive with it: see record_origins);
 # - on each BUFFER an assign wrote into, _WRITTEN: when it last did;

@@ -97,9 +97,7 @@ class ElementwiseOps(TensorBase):
         srcs = (self.uop, others[0].uop) if len(others) == 1 else (self.uop, *(o.uop for o in others))
         out_dtype = dtype or (dtypes.bool if op in GroupOp.Comparison else srcs[-1].dtype)
         node = make_node(UOp, op, out_dtype, srcs)  # (UOp(op, out_dtype, srcs): see make_node)
-        known, first = node.__dict__, srcs[0].__dict__
-        if "shape" not in known and "shape" in first and "device" in first:  # its sources' (broadcast already): set
-            known["shape"], known["device"] = first["shape"], first["device"]  # here, not found by the properties
+        node.take_shape_of(srcs[0])  # (its sources' shape and device: set here, not walked for by the properties)
         return self._new(node)
 
     def cast(self, dtype: DType | str) -> Tensor:

@@ -354,6 +354,11 @@ class Compiled:
     def renderer(self) -> Renderer:
         return load_renderer(self.renderer_name)(self.renderer_target())
 
+    def use_renderer(self, renderer: Renderer) -> None:
+        """Render this device's kernels with `renderer` from now on (a mock device's wraps the real one to see what
+        it renders)."""
+        self.__dict__["renderer"] = renderer
+
     @functools.cached_property
     def _compiler(self) -> Compiler:
         return self.compiler()

@@ -169,7 +169,7 @@ def _walk(targets: list[UOp]) -> tuple[tuple | None, tuple[UOp, ...]]:
 # buffer are not reads of two). With hash-consing, that is the whole graph: equal graphs over the same buffers are
 # the same node.
 _Shape = tuple[int, tuple[UOp, ...], frozenset[str]]
-_SHAPE = "schedule_cache.shape"  # the key in a node's __dict__ (where cached properties live too)
+_SHAPE = "schedule_cache.shape"  # this module's record in a node's __dict__ (see tiny.ir.uop.cached_property)
 _COMPOSED = object()  # marks a key put together from the nodes' shapes (another kind than a walk's entries)
 _IDS: dict[tuple, int] = {}  # each structure seen -> its id
 _next_id = itertools.count()
@@ -417,10 +417,9 @@ class _ViewOf(NamedTuple):
         """RESHAPE(buffer), its structure, shape and device filled in where the cached properties would keep them,
         so that none is computed again."""
         view = make_node(UOp, _RESHAPE, self.dtype, (buffer,), self.arg)  # (UOp(...): see make_node)
-        known = view.__dict__
-        if _SHAPE not in known:
-            known[_SHAPE] = (self.structure, view.src, self.devices)  # (view.src: its one buffer)
-            known["shape"], known["device"] = self.shape, self.device
+        if _SHAPE not in view.__dict__:
+            view.__dict__[_SHAPE] = (self.structure, view.src, self.devices)  # (view.src: its one buffer)
+            view.set_shape(self.shape, self.device)
         return view
 
 

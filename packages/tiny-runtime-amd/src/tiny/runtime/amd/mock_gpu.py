@@ -117,7 +117,7 @@ class MockGPU:
         """Learn the program behind each code object the device compiles: its renderer records what it renders,
         its compile ties the binary to that."""
         inner = device.renderer
-        device.__dict__["renderer"] = _RecordingRenderer(inner, self._rendered)
+        device.use_renderer(_RecordingRenderer(inner, self._rendered))
         compile_ = device.compile
 
         def compile(src: str) -> bytes:
