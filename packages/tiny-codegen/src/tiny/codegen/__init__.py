@@ -18,6 +18,7 @@ from tiny.codegen.program import Rendered, render_for, render_kernel, to_program
 from tiny.ir import profile, viz
 from tiny.ir.config import BEAM, DEBUG, NOOPT
 from tiny.ir.device import Compiled, CompiledProgram, usable_cores
+from tiny.ir.spec import validate_ast
 from tiny.ir.uop import UOp
 
 __all__ = [
@@ -42,6 +43,7 @@ def choose_opts(ast: UOp, device: Compiled) -> list[Opt] | None:
     if NOOPT:
         return []
     if BEAM.value > 0:
+        validate_ast(ast)  # (the search plans on it before any render checks it)
         with viz.paused():  # (its candidates are not what a VIZ user looks for: the winner is rendered again)
             return beam_search(ast, device, BEAM.value)
     return None

@@ -16,7 +16,7 @@ from tiny.ir.config import DEBUG, flag
 from tiny.ir.device import Compiled, CompiledProgram, Renderer, RendererCaps
 from tiny.ir.dtypes import PtrDType
 from tiny.ir.pattern import graph_rewrite
-from tiny.ir.spec import validate
+from tiny.ir.spec import validate, validate_ast
 from tiny.ir.symbolic import symbolic
 from tiny.ir.tensorcore import tensor_core
 from tiny.ir.uop import GroupOp, Ops, UOp
@@ -73,6 +73,7 @@ def render_for(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) 
 def _render(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None) -> Rendered:
     """The spine, a line a pass (each in its own module). The rules' plan is lowered again with fewer values per
     thread while its code is over CODE_OPS ops; given actions are taken as they are."""
+    validate_ast(ast)  # the scheduler's kernel is well formed (tiny.ir.spec)
     caps, base, max_lanes = renderer.caps, Kernel(ast, renderer.caps), None
     while True:
         plan = base.copy().apply_opts(hand_opts(base, max_lanes) if opts is None else list(opts))  # the actions
