@@ -31,10 +31,9 @@ class Ops(enum.Enum):
     SHRINK = enum.auto()
     FLIP = enum.auto()
     MULTI = enum.auto()  # one tensor on several devices: src = a node per device, arg = the axis they split, or None
-    # kernel AST (what the scheduler hands the code generator): memory is read and written through VIEWs
+    # kernel AST (what the scheduler hands the code generator): memory is read and written through VIEWs (READ and
+    # WRITE, listed last), constants have one
     VIEW = enum.auto()  # arg = View; how a kernel indexes a buffer or a constant
-    READ = enum.auto()  # src = (DEFINE_GLOBAL, VIEW): the buffer's element the view maps each point of the kernel to
-    WRITE = enum.auto()  # src = (DEFINE_GLOBAL, VIEW, value): store the value there; a kernel AST is a SINK of WRITEs
     # kernel level (READ and WRITE lowered: LOAD and STORE through an INDEX)
     DEFINE_GLOBAL = enum.auto()  # arg = argument index; dtype is a pointer
     DEFINE_VAR = enum.auto()  # an integer kernel argument; arg = (name, min, max)
@@ -80,8 +79,15 @@ class Ops(enum.Enum):
     SHL = enum.auto()
     SHR = enum.auto()
     WHERE = enum.auto()
+    # kernel AST memory ops (after the others: a pickle made before they were added names the ops by number)
+    READ = enum.auto()  # src = (DEFINE_GLOBAL, VIEW): the buffer's element the view maps each point of the kernel to
+    WRITE = enum.auto()  # src = (DEFINE_GLOBAL, VIEW, value): store the value there; a kernel AST is a SINK of WRITEs
 
     __hash__ = object.__hash__  # members are singletons; Enum's own hash (of the name) is a Python call
+
+    def __reduce_ex__(self, protocol: Any) -> str:
+        """Pickled by name (Enum's own pickles the number, which an op added before it changes)."""
+        return f"Ops.{self.name}"
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
