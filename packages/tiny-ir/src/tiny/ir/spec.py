@@ -113,18 +113,16 @@ AST_OPS: frozenset[Ops] = frozenset(
     {Ops.SINK, Ops.WRITE, Ops.READ, Ops.VIEW, Ops.DEFINE_GLOBAL, Ops.CONST, Ops.REDUCE_AXIS, Ops.CAST, Ops.BITCAST}
     | GroupOp.ALU
 )
+_NOT_AST = "not a kernel AST op (LOAD and STORE are the lowered kernel's: a kernel AST has READ and WRITE)"
 
 
 def _check_memory(u: UOp, ndim: int) -> None:
     """A READ or WRITE: a buffer argument and a VIEW of the kernel's dims, of the buffer's element type."""
-    _check(
-        len(u.src) == (2 if u.op is Ops.READ else 3),
-        u,
-        "takes (DEFINE_GLOBAL, VIEW" + (")" if u.op is Ops.READ else ", value)"),
-    )
+    slots = "(DEFINE_GLOBAL, VIEW)" if u.op is Ops.READ else "(DEFINE_GLOBAL, VIEW, value)"
+    _check(len(u.src) == (2 if u.op is Ops.READ else 3), u, f"takes {slots}")
     buf, view = u.src[0], u.src[1]
-    _check(buf.op is Ops.DEFINE_GLOBAL and isinstance(buf.dtype, PtrDType), u, "its buffer is a DEFINE_GLOBAL")
-    _check(view.op is Ops.VIEW, u, "its second source is a VIEW")
+    _check(buf.op is Ops.DEFINE_GLOBAL and isinstance(buf.dtype, PtrDType), u, f"takes {slots}")
+    _check(view.op is Ops.VIEW, u, f"takes {slots}")
     _check(len(view.arg.shape) == ndim, u, f"its view has the kernel's {ndim} dims")
     dtype = u.dtype if u.op is Ops.READ else u.value.dtype
     _check(dtype == buf.dtype.base, u, f"the buffer holds {buf.dtype.base!r}, not {dtype!r}")
@@ -134,46 +132,32 @@ def validate_ast(ast: UOp) -> None:
     """Raise SpecError unless `ast` is a well-formed kernel AST: what the scheduler makes and the code generator
     lowers (see the module's docstring)."""
     if ast.op is not Ops.SINK or not ast.src or any(w.op is not Ops.WRITE for w in ast.src):
-        raise SpecError(
-            f"{ast.op.name}: a kernel AST is a SINK of WRITEs, got {ast.op.name} of {[s.op.name for s in ast.src]}"
-        )
+        got = f"{ast.op.name} of {[s.op.name for s in ast.src]}"
+        raise SpecError(f"{ast.op.name}: a kernel AST is a SINK of WRITEs, got {got}")
     for w in ast.src:  # (first: the output's view gives the kernel's dims)
         _check(len(w.src) == 3 and w.src[1].op is Ops.VIEW, w, "takes (DEFINE_GLOBAL, VIEW, value)")
     ndim = len(ast.src[0].view.shape)
     buffers: set[int] = set()
     for u in ast.toposort:
-        _check(
-            u.op in AST_OPS,
-            u,
-            "not a kernel AST op (LOAD and STORE are the lowered kernel's: a kernel AST has READ and WRITE)",
-        )
+        _check(u.op in AST_OPS, u, _NOT_AST)
         if u.op in (Ops.READ, Ops.WRITE):
             _check_memory(u, ndim)
         elif u.op is Ops.VIEW:
             _check(not u.src and isinstance(u.arg, View), u, "a VIEW holds a View and has no sources")
         elif u.op is Ops.DEFINE_GLOBAL:
-            _check(
-                isinstance(u.dtype, PtrDType) and isinstance(u.arg, int),
-                u,
-                "a buffer argument has a pointer dtype and its position",
-            )
+            _check(isinstance(u.dtype, PtrDType) and isinstance(u.arg, int), u, "a buffer is a pointer and a number")
             buffers.add(u.arg)
         elif u.op is Ops.CONST:
             _check(len(u.src) == 1 and u.src[0].op is Ops.VIEW, u, "a kernel AST's constant has a VIEW")
-            _check(
-                len(u.src[0].arg.shape) in (0, ndim), u, f"its view has the kernel's {ndim} dims (or none: a scalar)"
-            )
+            _check(len(u.src[0].arg.shape) in (0, ndim), u, f"its view has the kernel's {ndim} dims (or none)")
         elif u.op is Ops.REDUCE_AXIS:
             ok = isinstance(u.arg, tuple) and len(u.arg) == 2 and u.arg[0] in GroupOp.Reduce
             _check(ok and all(0 <= a < ndim for a in u.arg[1]), u, f"arg is (ADD, MUL or MAX, axes among {ndim} dims)")
             _check(len(u.src) == 1 and u.dtype == u.source.dtype, u, "reduces one value of its dtype")
         elif u.op in GroupOp.ALU:
             _check_alu(u)
-    _check(
-        buffers == set(range(len(buffers))),
-        ast,
-        f"the buffers are arguments 0 .. {len(buffers) - 1}, got {sorted(buffers)}",
-    )
+    numbers = f"0 .. {len(buffers) - 1}, got {sorted(buffers)}"
+    _check(buffers == set(range(len(buffers))), ast, f"the buffers are arguments {numbers}")
 
 
 def _element(index: UOp) -> object:
