@@ -427,7 +427,9 @@ class _Lowerer:
             return real[0] if real else srcs[0]  # (an ADD has two sources)
         if u.op is Ops.CONST:  # (a symbolic one's value is its expression: the Variables are kernel arguments)
             value = UOp.const(u.dtype, u.arg) if not isinstance(u.arg, UOp) else u.arg.cast(u.dtype)
-            _, valid = self.view_index(view, idxs) if (view := u.view) is not None else (None, None)
+            if (view := u.view) is None:
+                return value
+            _, valid = self.view_index(view, idxs)
             return value if valid is None else valid.where(value, UOp.const(u.dtype, 0))
         if u.op is Ops.REDUCE_AXIS:
             if self.k.tc is not None and (srcs or self.k.staged):
