@@ -7,8 +7,9 @@ actions, lowering, simplifying, linearizing, rendering), compiling excluded, and
 `collect` runs each workload's tiny side once (setup and one call: an MNIST step is its model's initialization and
 its first training step, 100-odd kernels) and pickles the ASTs of the kernels it built, by workload, with their
 device. `time` loads them in a fresh process (so nothing about them is cached yet: a UOp caches its toposort,
-bounds ... as it is first asked) and renders each one as a cold start would, timing the whole; `--profile N` prints
-cProfile's top N functions by own and by cumulative time. The CPU time it prints besides the wall time
+bounds ... as it is first asked; an AST collected by an older tiny is brought to today's form, tiny.replay.current_ast)
+and renders each one as a cold start would, timing the whole; `--profile N` prints cProfile's top N functions by own
+and by cumulative time. The CPU time it prints besides the wall time
 is the steadier figure on a busy machine; `--hashes` writes each source's sha256, so two checkouts
 can be shown to render the same code (compare the files).
 """
@@ -28,6 +29,7 @@ from bench.workloads import WORKLOADS
 from tiny.codegen import choose_opts, render
 from tiny.ir.device import Device
 from tiny.ir.uop import UOp
+from tiny.replay import current_ast
 from tiny.tensor import realize
 
 Kernels = dict[str, list[tuple[UOp, str]]]  # workload -> (kernel AST, device name) in the order they were built
@@ -80,6 +82,7 @@ def main() -> None:
         return
     with open(args.path, "rb") as f:
         found: Kernels = pickle.load(f)
+    found = {name: [(current_ast(ast), device) for ast, device in ks] for name, ks in found.items()}  # (older forms)
     names = args.only.split(",") if args.only else list(found)
     kernels = [k for name in names for k in found[name]]
     for _, name in kernels:

@@ -267,13 +267,13 @@ def test_padding_known_at_a_lane_is_no_load_and_no_add() -> None:
 
 
 def test_hand_built_ast() -> None:
-    """SINK(STORE(DEFINE_GLOBAL, VIEW, value)) with LOAD(DEFINE_GLOBAL, VIEW), CONST(VIEW) and REDUCE_AXIS."""
+    """SINK(WRITE(DEFINE_GLOBAL, VIEW, value)) with READ(DEFINE_GLOBAL, VIEW), CONST(VIEW) and REDUCE_AXIS."""
     out = UOp(Ops.DEFINE_GLOBAL, f32.ptr(3), (), 0)
     inp = UOp(Ops.DEFINE_GLOBAL, f32.ptr(6), (), 1)
-    load = UOp(Ops.LOAD, f32, (inp, UOp(Ops.VIEW, arg=View.create((2, 3)).permute((1, 0)))))
+    load = UOp(Ops.READ, f32, (inp, UOp(Ops.VIEW, arg=View.create((2, 3)).permute((1, 0)))))
     two = UOp(Ops.CONST, f32, (UOp(Ops.VIEW, arg=View.create((3, 2), (0, 0))),), 2.0)
     red = UOp(Ops.REDUCE_AXIS, f32, (load * two,), (Ops.ADD, (1,)))
-    ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, UOp(Ops.VIEW, arg=View.create((3, 1))), red)),))
+    ast = UOp(Ops.SINK, src=(UOp(Ops.WRITE, src=(out, UOp(Ops.VIEW, arg=View.create((3, 1))), red)),))
     kernel, uops = kernel_uops(ast)
     assert kernel.name == "r_3_2"
     res, src = np.zeros(3, np.float32), np.arange(6, dtype=np.float32)
@@ -334,8 +334,8 @@ def test_lanes_share_the_lowering_of_what_they_read_alike(monkeypatch: pytest.Mo
     combine = lowering._Lowerer._combine
 
     def counting(self, key, srcs):  # noqa: ANN001, ANN202
-        if key[0].op is Ops.LOAD:
-            loads[key[0].src[0].arg] = loads.get(key[0].src[0].arg, 0) + 1
+        if key[0].op is Ops.READ:
+            loads[key[0].buffer.arg] = loads.get(key[0].buffer.arg, 0) + 1
         return combine(self, key, srcs)
 
     monkeypatch.setattr(lowering._Lowerer, "_combine", counting)

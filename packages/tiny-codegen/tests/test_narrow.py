@@ -61,7 +61,7 @@ def test_a_window_over_rows_of_padding_is_one_banded_view(rows: int, k: int, pad
     x, ast = row_window(rows, 3, k, pad)
     assert len(loads_of(ast)) == k  # one view per kernel row, each masked where its rows fall in the padding
     (load,) = loads_of(merge_windows(ast))
-    view: View = load.src[1].arg
+    view: View = load.view
     assert view.mask is None and view.bands == ((0, 2, 1, pad, rows + pad),)  # pad <= r + j < rows + pad
     with pytest.raises(ValueError, match="banded"):
         view.permute((1, 0, 2))

@@ -313,15 +313,15 @@ def window_sum(n: int, starts: tuple[int, ...], rows: int = 1) -> tuple[UOp, UOp
 
 
 def loads_of(ast: UOp) -> list[UOp]:
-    return [u for u in ast.toposort if u.op is Ops.LOAD]
+    return [u for u in ast.toposort if u.op is Ops.READ]
 
 
 def test_a_window_of_shifted_views_is_read_as_one_view() -> None:
     x, ast = window_sum(10, (0, 1, 2), rows=3)
-    assert len(loads_of(ast)) == 3 and all(u.src[1].arg.mask for u in loads_of(ast))
+    assert len(loads_of(ast)) == 3 and all(u.view.mask for u in loads_of(ast))
     merged = loads_of(merge_windows(ast))
     assert len(merged) == 1
-    view = merged[0].src[1].arg
+    view = merged[0].view
     assert view.strides == (10, 1, 1) and view.mask is None and view.offset == 0  # the window walks x along a row
     assert Kernel(ast, CPU).ast is not ast and len(loads_of(Kernel(ast, CPU).ast)) == 1  # CPU kernels take it
     assert len(loads_of(Kernel(ast, GPU).ast)) == 3  # (a GPU's plans still fold the gates by writing windows out)
@@ -334,7 +334,7 @@ def test_a_window_of_shifted_views_is_read_as_one_view() -> None:
 def test_a_window_with_dilation_walks_with_its_step() -> None:
     _, ast = window_sum(12, (0, 2, 4, 6))
     (load,) = loads_of(merge_windows(ast))
-    assert load.src[1].arg.strides[-1] == 2
+    assert load.view.strides[-1] == 2
 
 
 @pytest.mark.parametrize("starts", [(0, 1, 3), (0, 0, 1)], ids=["not evenly spaced", "an offset twice"])

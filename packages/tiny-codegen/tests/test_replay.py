@@ -17,7 +17,9 @@ from tiny.codegen import program
 from tiny.codegen.opt import heuristic
 from tiny.codegen.renderer import cstyle
 from tiny.codegen.renderer.cstyle import CRenderer
-from tiny.replay import FORMAT, PREFIX, RecordingError, check, load, renderer_class
+from tiny.ir.dtypes import dtypes
+from tiny.ir.uop import Ops, UOp
+from tiny.replay import FORMAT, PREFIX, RecordingError, check, current_ast, load, renderer_class
 from tiny.replay.__main__ import main
 
 TESTS = Path(__file__).resolve().parent
@@ -92,6 +94,31 @@ def test_a_renderer_moved_since_the_recording_is_found_by_its_class_name(recordi
     assert check(moved).status == "same"
     gone = dataclasses.replace(record, renderer=("tiny.codegen.moved_away", "NoSuchRenderer", ""))
     assert check(gone).status == "error" and "ModuleNotFoundError" in check(gone).detail
+
+
+def _older_form(ast: UOp) -> UOp:
+    """A kernel AST as tiny made it before READ and WRITE: LOAD(DEFINE_GLOBAL, VIEW), STORE(DEFINE_GLOBAL, VIEW, v)."""
+    done: dict[UOp, UOp] = {}
+    for u in ast.toposort:
+        op = {Ops.READ: Ops.LOAD, Ops.WRITE: Ops.STORE}.get(u.op, u.op)
+        done[u] = u.replace(op=op, src=tuple(done[s] for s in u.src))
+    return done[ast]
+
+
+def test_a_kernel_recorded_in_the_older_form_of_the_ast_renders_the_same(recording: Path) -> None:
+    for record in load(recording):
+        ast = pickle.loads(record.ast)
+        old = _older_form(ast)
+        assert {u.op for u in old.toposort} & {Ops.READ, Ops.WRITE} == set()
+        assert current_ast(old) is ast and current_ast(ast) is ast
+        assert check(dataclasses.replace(record, ast=pickle.dumps(old))).status == "same"
+
+
+def test_the_older_form_is_told_from_a_lowered_kernel_by_its_first_source() -> None:
+    buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(4), (), 0)
+    at = UOp(Ops.INDEX, buf.dtype, (buf, UOp.const(dtypes.int32, 1)))
+    lowered = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(at, UOp(Ops.LOAD, dtypes.float32, (at,)))),))
+    assert current_ast(lowered) is lowered
 
 
 def test_a_change_planted_in_a_renderer_is_found_with_its_diff(

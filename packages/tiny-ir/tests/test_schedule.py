@@ -51,7 +51,7 @@ def ops_in(ast: UOp) -> list[Ops]:
 
 
 def store_of(ast: UOp) -> UOp:
-    assert ast.op is Ops.SINK and len(ast.src) == 1 and ast.src[0].op is Ops.STORE
+    assert ast.op is Ops.SINK and len(ast.src) == 1 and ast.src[0].op is Ops.WRITE
     return ast.src[0]
 
 
@@ -73,12 +73,12 @@ def check_well_formed(s: Schedule, targets: list[UOp]) -> None:
         globals_ = sorted({u.arg for u in item.ast.toposort if u.op is Ops.DEFINE_GLOBAL})
         assert globals_ == list(range(len(item.buffers)))
         store = store_of(item.ast)
-        assert store.src[0].arg == 0  # the output is argument 0
-        assert store.src[0].dtype.size == out.size and store.src[0].dtype.base == out.dtype
+        assert store.buffer.arg == 0  # the output is argument 0
+        assert store.buffer.dtype.size == out.size and store.buffer.dtype.base == out.dtype
         for u in item.ast.toposort:
             assert u.op not in (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.BUFFER)
-            if u.op in (Ops.LOAD, Ops.CONST):
-                assert u.src and u.src[-1].op is Ops.VIEW
+            if u.op in (Ops.READ, Ops.CONST):
+                assert u.view is not None
     for t in targets:
         if is_realized(t):
             continue
@@ -97,7 +97,7 @@ def test_an_elementwise_chain_is_one_kernel() -> None:
     check_well_formed(s, [out])
     assert len(s.items) == 1
     ast = s.items[0].ast
-    assert ops_in(ast).count(Ops.LOAD) == 2 and ops_in(ast).count(Ops.STORE) == 1
+    assert ops_in(ast).count(Ops.READ) == 2 and ops_in(ast).count(Ops.WRITE) == 1
     assert {Ops.ADD, Ops.MUL, Ops.EXP2, Ops.CAST} <= set(ops_in(ast))
     assert [b.size for b in s.items[0].buffers] == [16, 16, 16]
     assert s.items[0].buffers[0].dtype == dtypes.float16
@@ -110,7 +110,7 @@ def test_a_buffer_read_twice_is_one_argument() -> None:
     s = create_schedule([out])
     check_well_formed(s, [out])
     assert len(s.items) == 1 and len(s.items[0].buffers) == 2
-    views = {u.src[1].arg for u in s.items[0].ast.toposort if u.op is Ops.LOAD}
+    views = {u.view for u in s.items[0].ast.toposort if u.op is Ops.READ}
     assert views == {View.create((4, 4)), View.create((4, 4)).permute((1, 0))}
 
 
@@ -120,8 +120,8 @@ def test_movement_ops_become_views_of_loads_and_constants() -> None:
     s = create_schedule([out])
     check_well_formed(s, [out])
     assert len(s.items) == 1
-    (load,) = [u for u in s.items[0].ast.toposort if u.op is Ops.LOAD]
-    assert load.src[1].arg == View.create((2, 3)).permute((1, 0)).pad(((1, 0), (0, 2))).flip((0,))
+    (load,) = [u for u in s.items[0].ast.toposort if u.op is Ops.READ]
+    assert load.view == View.create((2, 3)).permute((1, 0)).pad(((1, 0), (0, 2))).flip((0,))
     (c,) = [u for u in s.items[0].ast.toposort if u.op is Ops.CONST]
     assert c.arg == 1.0 and c.src[0].arg.shape == (4, 4) and c.src[0].arg.strides == (0, 0)
 
@@ -132,7 +132,7 @@ def test_padding_an_elementwise_result_masks_it() -> None:
     s = create_schedule([out])
     check_well_formed(s, [out])
     assert len(s.items) == 1
-    where = store_of(s.items[0].ast).src[2]
+    where = store_of(s.items[0].ast).value
     assert where.op is Ops.WHERE
     cond = where.src[0]
     assert cond.op is Ops.CONST and cond.dtype == dtypes.bool and cond.src[0].arg.mask == ((2, 5),)
@@ -149,7 +149,7 @@ def test_a_reduce_with_its_inputs_and_epilogue_is_one_kernel() -> None:
     ast = s.items[0].ast
     assert ops_in(ast).count(Ops.REDUCE_AXIS) == 1
     store = store_of(ast)
-    assert store.src[1].arg.shape == (4, 1) and store.src[2].op is Ops.ADD
+    assert store.view.shape == (4, 1) and store.value.op is Ops.ADD
 
 
 def test_a_reduce_with_a_reshaped_epilogue_stays_one_kernel() -> None:
@@ -228,10 +228,10 @@ def test_an_unexpressible_reshape_of_a_permuted_buffer_realizes_the_permute() ->
     check_well_formed(s, [out])
     assert len(s.items) == 2
     copy, add = s.items
-    (load,) = [u for u in copy.ast.toposort if u.op is Ops.LOAD]
-    assert load.src[1].arg == View.create((4, 6)).permute((1, 0))  # the copy does the transpose
+    (load,) = [u for u in copy.ast.toposort if u.op is Ops.READ]
+    assert load.view == View.create((4, 6)).permute((1, 0))  # the copy does the transpose
     assert add.buffers[1] is copy.buffers[0] and add.buffers[2] is buffer_of(b.src[0])
-    assert all(u.src[1].arg.contiguous for u in add.ast.toposort if u.op is Ops.LOAD)
+    assert all(u.view.contiguous for u in add.ast.toposort if u.op is Ops.READ)
 
 
 def test_an_expressible_reshape_is_free() -> None:
@@ -250,7 +250,7 @@ def test_contiguous_forces_a_kernel() -> None:
     check_well_formed(s, [out])
     assert len(s.items) == 2
     assert s.items[1].buffers[1] is s.items[0].buffers[0]
-    assert ops_in(s.items[1].ast).count(Ops.LOAD) == 1  # both factors read the realized buffer
+    assert ops_in(s.items[1].ast).count(Ops.READ) == 1  # both factors read the realized buffer
     copy = create_schedule([contiguous(move(Ops.PERMUTE, a, (1, 0)))])
     assert len(copy.items) == 1
 
@@ -265,7 +265,7 @@ def test_a_reduce_reshaped_and_made_contiguous_is_written_where_it_is_computed()
     assert len(s.items) == 1 and ops_in(s.items[0].ast).count(Ops.REDUCE_AXIS) == 1
     flipped = contiguous(move(Ops.PERMUTE, a + const(1.0, (4, 6, 8)), (2, 0, 1)))
     (item,) = create_schedule([flipped]).items
-    assert store_of(item.ast).src[1].arg == View.create((8, 4, 6))  # stored in order, the input read permuted
+    assert store_of(item.ast).view == View.create((8, 4, 6))  # stored in order, the input read permuted
 
 
 def test_a_reduce_permuted_and_made_contiguous_is_written_in_that_order_where_it_is_computed() -> None:
@@ -275,7 +275,7 @@ def test_a_reduce_permuted_and_made_contiguous_is_written_in_that_order_where_it
     out = contiguous(move(Ops.PERMUTE, reduce(a, (2,)), (2, 1, 0)))
     (item,) = create_schedule([out]).items
     assert ops_in(item.ast).count(Ops.REDUCE_AXIS) == 1
-    assert store_of(item.ast).src[1].arg == View.create((1, 6, 4)).permute((2, 1, 0))
+    assert store_of(item.ast).view == View.create((1, 6, 4)).permute((2, 1, 0))
 
 
 def test_other_readers_of_a_value_made_contiguous_read_its_memory() -> None:
@@ -289,8 +289,8 @@ def test_other_readers_of_a_value_made_contiguous_read_its_memory() -> None:
     check_well_formed(s, [kept, total])
     copy, summed = s.items
     assert summed.buffers[1:] == (copy.buffers[0],)
-    (load,) = [u for u in summed.ast.toposort if u.op is Ops.LOAD]
-    assert load.src[1].arg == View.create((6, 4)).permute((1, 0))
+    (load,) = [u for u in summed.ast.toposort if u.op is Ops.READ]
+    assert load.view == View.create((6, 4)).permute((1, 0))
     alone = reduce(a * const(2.0, (4, 6)), (0, 1))  # a target is not read from another node's copy
     s = create_schedule([alone, contiguous(move(Ops.PERMUTE, alone, (1, 0)))])
     assert s.items[1].buffers[1] is s.items[0].buffers[0]
@@ -307,13 +307,13 @@ def test_a_value_the_scheduler_keeps_is_stored_in_the_order_of_its_largest_input
     s = create_schedule([out])
     check_well_formed(s, [out])
     first, second = s.items
-    assert store_of(first.ast).src[1].arg == View.create((2, 4, 1, 8)).permute((0, 3, 1, 2))
+    assert store_of(first.ast).view == View.create((2, 4, 1, 8)).permute((0, 3, 1, 2))
     arg = second.buffers.index(first.buffers[0])
-    loads = {u.src[1].arg for u in second.ast.toposort if u.op is Ops.LOAD and u.src[0].arg == arg}
+    loads = {u.view for u in second.ast.toposort if u.op is Ops.READ and u.buffer.arg == arg}
     assert loads == {View.create((2, 4, 1, 8)).permute((0, 3, 1, 2)).expand((2, 8, 4, 6))}
-    assert store_of(second.ast).src[1].arg == View.create((2, 8, 4, 1))  # the target: in its own order
+    assert store_of(second.ast).view == View.create((2, 8, 4, 1))  # the target: in its own order
     (item,) = create_schedule([pooled]).items
-    assert store_of(item.ast).src[1].arg == View.create((2, 8, 4, 1))
+    assert store_of(item.ast).view == View.create((2, 8, 4, 1))
 
 
 def test_a_realized_target_needs_no_kernel() -> None:

@@ -58,7 +58,7 @@ def test_a_weight_gradient_keeps_one_vector_per_output_of_its_window_row() -> No
     k.apply_opts(hand_opts(k))
     assert sorted(p.size for p in k.of_kind(Kind.UPCAST)) == [2, 5]
     assert [p.size for p in k.of_kind(Kind.UNROLL)] == [4]
-    assert sum(u.op is Ops.LOAD for u in k.ast.toposort) == 2  # X's 25 window views are one
+    assert sum(u.op is Ops.READ for u in k.ast.toposort) == 2  # X's 25 window views are one
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def test_a_cpu_convolution_keeps_output_channels_innermost(
     dx, dw = y.gradient(x, w, gradient=g)
     for t, channels in ((y, cout), (dx, c), (dw, cout)):
         item = max((i for i in t.schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
-        store = item.ast.src[0].src[1].arg
+        store = item.ast.src[0].view
         inner = store.strides.index(1)
         assert store.shape[inner] == channels
         k = Kernel(item.ast, CPU)
@@ -123,13 +123,13 @@ def test_a_channels_last_input_gradient_skips_the_rows_of_padding(h: int, kernel
     y = x.conv2d(w, padding=padding)
     (dx,) = y.gradient(x, gradient=Tensor.empty(*y.shape, device="CPU").realize())
     item = max((i for i in dx.schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
-    (window,) = [u.src[1].arg for u in Kernel(item.ast, CPU).ast.toposort if u.op is Ops.LOAD and u.src[1].arg.bands]
+    (window,) = [u.view for u in Kernel(item.ast, CPU).ast.toposort if u.op is Ops.READ and u.view.bands]
     (band,) = window.bands
     rows = h + 2 * padding - kernel + 1  # the output gradient's, padded by kernel - 1 above and below: row y + ky of
     assert band[2:] == (1, kernel - 1, rows + kernel - 1)  # it is real where k - 1 <= y + ky < rows + k - 1
     uops = render_for(item.ast, CRenderer("x86_64;vector_width=8;threads=2;")).uops
     assert any(u.op is Ops.RANGE and u.end.op is not Ops.CONST for u in uops)
-    assert not any(u.op is Ops.LOAD and u.src[0].gate is not None for u in uops)
+    assert not any(u.op is Ops.LOAD and u.address.gate is not None for u in uops)
 
 
 @pytest.mark.parametrize("kw", [dict(stride=2, padding=1), dict(dilation=2, padding=2)], ids=str)
@@ -139,7 +139,7 @@ def test_a_strided_or_dilated_channels_last_convolution_writes_all_its_padding(k
     x = Tensor.empty(8, 32, 16, 16, device="CPU").realize()
     w = Tensor.empty(32, 32, 3, 3, device="CPU").realize()
     item = max((i for i in x.conv2d(w, **kw).schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
-    views = [u.src[1].arg for u in Kernel(item.ast, CPU).ast.toposort if u.op is Ops.LOAD]
+    views = [u.view for u in Kernel(item.ast, CPU).ast.toposort if u.op is Ops.READ]
     assert len(views) == 2 and not any(v.bands or v.mask for v in views)
 
 

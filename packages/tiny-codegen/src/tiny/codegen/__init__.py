@@ -18,6 +18,7 @@ from tiny.codegen.program import Actions, Rendered, render, render_for, render_k
 from tiny.ir import profile, viz
 from tiny.ir.config import BEAM, NOOPT
 from tiny.ir.device import Compiled, CompiledProgram, usable_cores
+from tiny.ir.spec import validate_ast
 from tiny.ir.uop import UOp
 
 __all__ = [
@@ -43,6 +44,7 @@ def choose_opts(ast: UOp, device: Compiled) -> Actions:
     if NOOPT:
         return Actions((), "NOOPT")
     if BEAM.value > 0:
+        validate_ast(ast)  # (the search plans on it before any render checks it)
         with viz.paused():  # (its candidates are not what a VIZ user looks for: the winner is rendered again)
             return Actions(tuple(beam_search(ast, device, BEAM.value)), "BEAM")
     return rules_actions(ast, device.renderer)

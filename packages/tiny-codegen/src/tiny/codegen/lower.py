@@ -4,8 +4,9 @@ The kernel's plan (tiny.codegen.opt.Kernel) says how: each global part becomes a
 renderer indexes with hardware ids, a SPECIAL; a thread part the CPU thread's number; local and group parts
 workgroup ids; each reduce part a loop inside its REDUCE; upcast and unrolled parts are written out, one value
 per lane, with the lanes of a vector gathered in a VECTORIZE (at the store, or in a vector accumulator) for
-tiny.codegen.vectorize to turn into vector ops. A View becomes an offset expression and, where it has padding,
-a gate that makes the load read 0 instead of memory; padded dims add gates of their own.
+tiny.codegen.vectorize to turn into vector ops. A READ becomes a LOAD and a WRITE a STORE, each of an INDEX: its View
+becomes an offset expression and, where it has padding, a gate that makes the load read 0 instead of memory; padded
+dims add gates of their own.
 
 A matrix product mapped onto a tensor core (the plan's `tc`) lowers its sum as one WMMA per tile: the warp's lane
 is lidx0, and each operand's tile pieces are indexed by the lane and the fragment element as that operand's layout
@@ -55,8 +56,9 @@ def _index_dtype(ast: UOp) -> DType:
     that (a convolution's windows) whose offsets stay inside the range is indexed dim by dim in int32."""
     for u in ast.toposort:
         if u.op is Ops.VIEW:
-            lo, hi = u.arg.span()
-            if hi > INT32_MAX or lo < -INT32_MAX or max(map(highest, u.arg.shape), default=0) > INT32_MAX:
+            view: View = u.arg
+            lo, hi = view.span()
+            if hi > INT32_MAX or lo < -INT32_MAX or max(map(highest, view.shape), default=0) > INT32_MAX:
                 return dtypes.int64
         if u.op is Ops.DEFINE_GLOBAL and u.dtype.size > INT32_MAX:
             return dtypes.int64
@@ -70,13 +72,13 @@ def _many(size: sint) -> bool:
 
 def kernel_name(ast: UOp) -> str:
     """E_<output dims> for elementwise kernels, r_<output dims>_<reduced dims> for reductions."""
-    store = ast.src[0]
-    out = [s for s in store.shape if s != 1]
+    write, *_ = ast.src
+    out = [s for s in write.shape if s != 1]
     reduces = [u for u in ast.toposort if u.op is Ops.REDUCE_AXIS]
     if not reduces:
         return "E_" + "_".join(map(_name_of, out or [1]))
     red = reduces[-1]
-    red_dims = [red.src[0].shape[a] for a in red.arg[1] if red.src[0].shape[a] != 1]
+    red_dims = [red.source.shape[a] for a in red.arg[1] if red.source.shape[a] != 1]
     return "r_" + "_".join(map(_name_of, (out + red_dims) or [1]))
 
 
@@ -104,7 +106,7 @@ class _Lowerer:
         self.barrier = UOp(Ops.BARRIER, arg="pending")
         self.group_gate: UOp | None = None
         self.simplified: dict[UOp, UOp] = {}  # gates and offsets simplified so far (graph_rewrite's memo)
-        self.indexed: dict[tuple[UOp, tuple[UOp, ...]], tuple[UOp, UOp | None]] = {}  # (VIEW, idxs) -> view_index
+        self.indexed: dict[tuple[View, tuple[UOp, ...]], tuple[UOp, UOp | None]] = {}  # (View, idxs) -> view_index
         self.padding: set[tuple[UOp, tuple[UOp, ...]]] = set()  # (AST node, index) that reads padding only
         # each (AST node, index) lowered so far, for every lane: where a node does not depend on the dims a lane
         # differs in (a value broadcast along an upcast dim), the lanes share its lowering (see key)
@@ -305,17 +307,18 @@ class _Lowerer:
                 valid = c if valid is None else valid & c
         return valid
 
-    def view_index(self, view: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp | None]:
-        """A VIEW's offset and validity at idxs (View.to_index), made once per kernel: loads of several buffers
+    def view_index(self, view: View, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp | None]:
+        """A view's offset and validity at idxs (View.to_index), made once per kernel: reads of several buffers
         through one view, and lanes that share an index, ask again."""
         if (found := self.indexed.get((view, idxs))) is None:
-            found = self.indexed[(view, idxs)] = view.arg.to_index(idxs)
+            found = self.indexed[(view, idxs)] = view.to_index(idxs)
         return found
 
-    def access(self, buf: UOp, view: UOp, idxs: tuple[UOp, ...]) -> UOp:
-        """The INDEX of buffer buf through VIEW view at idxs, gated where the view or a padded dim says."""
+    def access(self, memory: UOp, idxs: tuple[UOp, ...]) -> UOp:
+        """The INDEX a READ or WRITE lowers to at idxs, gated where its view or a padded dim says."""
+        buf, view = memory.buffer, memory.view
         offset, valid = self.view_index(view, idxs)
-        shape = view.arg.shape
+        shape = view.shape
         pad = self.pad_valid(shape, idxs, range(len(shape)))
         if pad is not None:
             valid = pad if valid is None else valid & pad
@@ -349,13 +352,13 @@ class _Lowerer:
             if u in self.dims:
                 continue
             dims: set[int] = set()
-            if u.op is Ops.LOAD:  # (what access reads: the view, and the padded dims pad_valid checks)
-                view = u.src[1].arg
+            if u.op is Ops.READ:  # (what access reads: the view, and the padded dims pad_valid checks)
+                view = u.view
                 dims = set(view.index_dims()) | {d for d in self.k.padded if _many(view.shape[d])}
-            elif u.op is Ops.CONST and u.src:
-                dims = set(u.src[0].arg.index_dims())
+            elif u.op is Ops.CONST and (view := u.view) is not None:
+                dims = set(view.index_dims())
             elif u.op is Ops.REDUCE_AXIS:
-                dims = set(self.dims[u.src[0]]) - set(u.arg[1])
+                dims = set(self.dims[u.source]) - set(u.arg[1])
             elif u.op in GroupOp.Elementwise:
                 for s in u.src:
                     dims |= self.dims[s]
@@ -364,7 +367,7 @@ class _Lowerer:
 
     def reduce_inner(self, u: UOp, idxs: tuple[UOp, ...]) -> list[tuple[UOp, ...]]:
         """The indices a reduction reads at, one per combination of unrolled lanes."""
-        in_shape = u.src[0].shape
+        in_shape = u.source.shape
         if not self.k.reduce_dims:  # outside the plan: a loop per reduced dim, shared by all output lanes
             if u not in self.plain_ranges:
                 self.plain_ranges[u] = [self.new_range(in_shape[a]) for a in u.arg[1] if in_shape[a] != 1]
@@ -387,22 +390,22 @@ class _Lowerer:
 
     def _children(self, key: tuple[UOp, tuple[UOp, ...]]) -> list[tuple[UOp, tuple[UOp, ...]]]:
         u, idxs = key
-        if u.op in (Ops.LOAD, Ops.CONST):
+        if u.op in (Ops.READ, Ops.CONST):
             return []
         if u.op is Ops.REDUCE_AXIS:
-            if any(u.src[0].shape[a] == 0 for a in u.arg[1]):  # nothing to reduce over: no loop, no value
+            if any(u.source.shape[a] == 0 for a in u.arg[1]):  # nothing to reduce over: no loop, no value
                 return []
             if self.k.tc is not None:
                 return [] if self.k.staged else self.tc_operands(u, idxs)
-            return [self.key(u.src[0], inner) for inner in self.reduce_inner(u, idxs)]
+            return [self.key(u.source, inner) for inner in self.reduce_inner(u, idxs)]
         if u.op in GroupOp.Elementwise:
             return [self.key(s, idxs) for s in u.src]
         raise NotImplementedError(f"cannot lower {u.op} in a kernel")
 
     def _combine(self, key: tuple[UOp, tuple[UOp, ...]], srcs: list[UOp]) -> UOp:
         u, idxs = key
-        if u.op is Ops.LOAD:
-            addr = self.access(u.src[0], u.src[1], idxs)
+        if u.op is Ops.READ:
+            addr = self.access(u, idxs)
             if addr.gate is None:
                 return UOp(Ops.LOAD, u.dtype, (addr,))
             gate = graph_rewrite(addr.gate, symbolic, memo=self.simplified)
@@ -424,7 +427,9 @@ class _Lowerer:
             return real[0] if real else srcs[0]  # (an ADD has two sources)
         if u.op is Ops.CONST:  # (a symbolic one's value is its expression: the Variables are kernel arguments)
             value = UOp.const(u.dtype, u.arg) if not isinstance(u.arg, UOp) else u.arg.cast(u.dtype)
-            _, valid = self.view_index(u.src[0], idxs) if u.src else (None, None)
+            if (view := u.view) is None:
+                return value
+            _, valid = self.view_index(view, idxs)
             return value if valid is None else valid.where(value, UOp.const(u.dtype, 0))
         if u.op is Ops.REDUCE_AXIS:
             if self.k.tc is not None and (srcs or self.k.staged):
@@ -537,7 +542,7 @@ def _along_reduction(k: Kernel, reduce_dim: int, out_dim: int) -> bool:
     """Whether the inputs a reduction reads lie along its unrolled dim and none along the output vector's dim: a
     vector of outputs would gather its lanes (a matrix-vector product over rows of W), a vector of the reduction's
     lanes loads them whole."""
-    views = [u.src[1].arg for u in k.ast.toposort if u.op is Ops.LOAD]
+    views = [u.view for u in k.ast.toposort if u.op is Ops.READ]
     summed = [v for v in views if any(v.strides[d] != 0 and v.shape[d] != 1 for d in k.reduce_dims)]
 
     def along(v: View, d: int) -> bool:
@@ -553,25 +558,25 @@ def _gated(store: UOp, gate: UOp) -> UOp:
 
 
 def lower(ast: UOp, caps: RendererCaps, opts: Sequence[Opt] = ()) -> LoweredKernel:
-    """Lower a scheduled kernel AST (SINK of one STORE) for a renderer with these capabilities, after `opts`."""
+    """Lower a scheduled kernel AST (SINK of one WRITE) for a renderer with these capabilities, after `opts`."""
     return lower_kernel(Kernel(ast, caps).apply_opts(list(opts)))
 
 
 def lower_kernel(k: Kernel) -> LoweredKernel:
     """Lower a kernel by its plan: loops and hardware indices for its parts, lanes written out, vectors formed."""
-    ast, store = k.ast, k.store
+    ast, write = k.ast, k.write
     # every buffer stays an argument, also one whose reads simplification removes: launches pass them by position
     buffers = sorted({u for u in ast.toposort if u.op is Ops.DEFINE_GLOBAL}, key=lambda u: u.arg)
     if k.empty:  # nothing to compute
         return LoweredKernel(UOp(Ops.SINK, dtypes.void, tuple(buffers)), kernel_name(k.scheduled), (1, 1, 1), (1, 1, 1))
     lw = _Lowerer(k, _index_dtype(ast))
     lw.place_outputs()
-    buf, view, value = store.src
+    value = write.value
     upcasts = [i for i, p in enumerate(k.parts) if p.kind is Kind.UPCAST]
     lanes = k.caps.vector_lanes(value.dtype)
 
     def address(env: dict[int, UOp]) -> UOp:
-        return lw.access(buf, view, lw.out_idxs(env))
+        return lw.access(write, lw.out_idxs(env))
 
     out_vec = None if k.tc is not None else _vector_part(lw, upcasts, address, lanes)
     unrolls = [i for i, p in enumerate(k.parts) if p.kind is Kind.UNROLL]

@@ -16,7 +16,7 @@ from tiny.ir.config import DEBUG, flag
 from tiny.ir.device import Compiled, CompiledProgram, Renderer, RendererCaps
 from tiny.ir.dtypes import PtrDType
 from tiny.ir.pattern import graph_rewrite
-from tiny.ir.spec import validate
+from tiny.ir.spec import validate, validate_ast
 from tiny.ir.symbolic import symbolic
 from tiny.ir.tensorcore import tensor_core
 from tiny.ir.uop import GroupOp, Ops, UOp
@@ -70,6 +70,7 @@ CODE_OPS = 4096
 def rules_actions(ast: UOp, renderer: Renderer) -> Actions:
     """The hand-written rules' actions for the renderer's caps (tiny.codegen.opt.heuristic), held to CODE_OPS ops:
     while their plan lowers to more, they choose again with fewer values per thread."""
+    validate_ast(ast)  # the scheduler's kernel is well formed (tiny.ir.spec)
     base, max_lanes = Kernel(ast, renderer.caps), None
     while True:
         opts = hand_opts(base, max_lanes)
@@ -120,6 +121,8 @@ def render(ast: UOp, renderer: Renderer, actions: Actions) -> Rendered:
 def _render(ast: UOp, renderer: Renderer, actions: Actions) -> Rendered:
     """The spine after the actions are chosen, a line a pass (each in its own module)."""
     lowered = actions.lowered
+    if lowered is None:  # (actions given, or BEAM's: the AST not checked yet; the rules' checked it in rules_actions)
+        validate_ast(ast)  # the scheduler's kernel is well formed (tiny.ir.spec)
     if lowered is None or viz.recording():  # (VIZ records the passes of the plan rendered, in its group)
         lowered = _lower_passes(Kernel(ast, renderer.caps).apply_opts(list(actions.opts)), renderer.caps)
     plan, kernel = lowered.plan, lowered.kernel  # lowered, simplified, narrowed, vectorized (_lower_passes)

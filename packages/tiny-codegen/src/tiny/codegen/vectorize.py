@@ -116,8 +116,8 @@ def _push_down(vec: UOp, ctx: VectorTarget) -> UOp | None:
         # a mask as numbers (a comparison's 0 or 1, as max pooling's gradient counts its maxima): a select of 1 or 0
         mask = _gather(first.source, [s.source for s in lanes])
         return UOp(Ops.WHERE, vec.dtype, (mask, UOp.const(vec.dtype, 1), UOp.const(vec.dtype, 0)))
-    if first.op is Ops.REDUCE and all(s.src[1:] == first.src[1:] for s in lanes) and first.arg in VECTOR_REDUCE:
-        return UOp(Ops.REDUCE, vec.dtype, (_gather(first.value, [s.value for s in lanes]), *first.src[1:]), first.arg)
+    if first.op is Ops.REDUCE and all(s.ranges == first.ranges for s in lanes) and first.arg in VECTOR_REDUCE:
+        return UOp(Ops.REDUCE, vec.dtype, (_gather(first.value, [s.value for s in lanes]), *first.ranges), first.arg)
     if first.op is Ops.LOAD:
         return _vector_load(vec, lanes, ctx.simplified)
     if first.op is Ops.GEP and all(s.src[0] is first.src[0] and s.arg == i for i, s in enumerate(lanes)):

@@ -7,6 +7,8 @@ code that imports now and lists the kernels whose source changed, with a diff.
 
 A recording is a folder of files, one per process that rendered kernels (pytest-xdist workers too), each a pickle
 stream: a header naming the format, then one KernelRecord per distinct kernel. A recording of another format is refused.
+A recorded AST of an older form is brought to today's as it is read (`current_ast`), so a recording made before a change
+of form compares after it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 from tiny.codegen.program import REPLAY_RECORD
 from tiny.ir.config import FLAGS, Context
 from tiny.ir.device import Renderer, renderer_entry_points
-from tiny.ir.uop import UOp
+from tiny.ir.uop import Ops, UOp
 
 FORMAT = 1  # the recording format: raise it when KernelRecord or what it holds changes meaning
 PREFIX = "kernels-"  # recording files are PREFIX<pid>.pkl
@@ -153,6 +155,24 @@ def _read(path: Path) -> Iterator[KernelRecord]:
                 return
 
 
+# ---------------------------------------------------------------- older forms of a kernel AST
+
+
+def current_ast(ast: UOp) -> UOp:
+    """A kernel AST in today's form. Before READ and WRITE, a kernel AST read and wrote its buffers with the ops a
+    lowered kernel has: LOAD(DEFINE_GLOBAL, VIEW) and STORE(DEFINE_GLOBAL, VIEW, value) (a lowered LOAD or STORE has
+    an INDEX first)."""
+    done: dict[UOp, UOp] = {}
+    for u in ast.toposort:
+        src = tuple(done[s] for s in u.src)
+        op = _CURRENT_OP.get(u.op, u.op) if src[:1] and src[0].op is Ops.DEFINE_GLOBAL else u.op
+        done[u] = u if op is u.op and src == u.src else u.replace(op=op, src=src)
+    return done[ast]
+
+
+_CURRENT_OP = {Ops.LOAD: Ops.READ, Ops.STORE: Ops.WRITE}  # a kernel AST's memory ops as they were, and are
+
+
 # ---------------------------------------------------------------- rendering a record again
 
 
@@ -188,7 +208,7 @@ def render_again(record: KernelRecord) -> str:
     from tiny.codegen.opt import Opt, OptOps
     from tiny.codegen.program import render_for
 
-    ast = pickle.loads(record.ast)
+    ast = current_ast(pickle.loads(record.ast))
     renderer = rebuild_renderer(record)
     opts = None if record.opts is None else [Opt(OptOps[op], axis, arg) for op, axis, arg in record.opts]
     flags = {name: value for name, value in record.flags if name in FLAGS}

@@ -1,4 +1,17 @@
-"""The device op set: the low-level operations every backend must execute, written down as data.
+"""The two forms a kernel takes, written down as data and checked: the kernel AST the scheduler hands the code
+generator (`validate_ast`), and the device op set every backend must execute (`validate`).
+
+A kernel AST is a SINK of WRITEs, one per output, over a tree of these (every VIEW of one kernel has the kernel's
+number of dims, but a constant's may have none; a reduction keeps its reduced dims, as size 1):
+
+  WRITE          (DEFINE_GLOBAL, VIEW, value)  write value to the buffer, each point of the kernel's output shape where
+                                the view maps it
+  READ           (DEFINE_GLOBAL, VIEW)  the buffer's element the view maps each point to; 0 where its mask is false
+  CONST          (VIEW,) arg=value  the value, 0 where the view's mask is false (a symbolic size's value is a UOp)
+  REDUCE_AXIS    (value,) arg=(ADD, MUL or MAX, axes)  the value reduced over the axes
+  CAST, BITCAST and the ALU ops, elementwise
+
+Lowering (tiny.codegen.lower) turns the views into index math: a READ becomes a LOAD of an INDEX, a WRITE a STORE.
 
 A linearized kernel is a list of UOps using only DEVICE_OPS, in execution order; `validate` checks one.
 The PYTHON runtime (tiny.runtime.python) executes exactly these semantics and is their reference:
@@ -31,6 +44,7 @@ from __future__ import annotations
 from tiny.ir.dtypes import PtrDType, dtypes
 from tiny.ir.tensorcore import TENSOR_CORES
 from tiny.ir.uop import GroupOp, Ops, UOp
+from tiny.ir.views import View
 
 DEVICE_OPS: frozenset[Ops] = frozenset(
     {
@@ -93,6 +107,57 @@ def _check_wmma(u: UOp) -> None:
     want = (tc.a_dtype, tc.b_dtype, tc.c_dtype)
     _check(tuple(s.dtype for s in u.src) == want, u, f"fragments A, B, C of {tc.name} are {want}")
     _check(u.dtype == tc.c_dtype, u, f"gives the D fragment, {tc.c_dtype!r}")
+
+
+AST_OPS: frozenset[Ops] = frozenset(
+    {Ops.SINK, Ops.WRITE, Ops.READ, Ops.VIEW, Ops.DEFINE_GLOBAL, Ops.CONST, Ops.REDUCE_AXIS, Ops.CAST, Ops.BITCAST}
+    | GroupOp.ALU
+)
+_NOT_AST = "not a kernel AST op (LOAD and STORE are the lowered kernel's: a kernel AST has READ and WRITE)"
+
+
+def _check_memory(u: UOp, ndim: int) -> None:
+    """A READ or WRITE: a buffer argument and a VIEW of the kernel's dims, of the buffer's element type."""
+    slots = "(DEFINE_GLOBAL, VIEW)" if u.op is Ops.READ else "(DEFINE_GLOBAL, VIEW, value)"
+    _check(len(u.src) == (2 if u.op is Ops.READ else 3), u, f"takes {slots}")
+    buf, view = u.src[0], u.src[1]
+    _check(buf.op is Ops.DEFINE_GLOBAL and isinstance(buf.dtype, PtrDType), u, f"takes {slots}")
+    _check(view.op is Ops.VIEW, u, f"takes {slots}")
+    _check(len(view.arg.shape) == ndim, u, f"its view has the kernel's {ndim} dims")
+    dtype = u.dtype if u.op is Ops.READ else u.value.dtype
+    _check(dtype == buf.dtype.base, u, f"the buffer holds {buf.dtype.base!r}, not {dtype!r}")
+
+
+def validate_ast(ast: UOp) -> None:
+    """Raise SpecError unless `ast` is a well-formed kernel AST: what the scheduler makes and the code generator
+    lowers (see the module's docstring)."""
+    if ast.op is not Ops.SINK or not ast.src or any(w.op is not Ops.WRITE for w in ast.src):
+        got = f"{ast.op.name} of {[s.op.name for s in ast.src]}"
+        raise SpecError(f"{ast.op.name}: a kernel AST is a SINK of WRITEs, got {got}")
+    for w in ast.src:  # (first: the output's view gives the kernel's dims)
+        _check(len(w.src) == 3 and w.src[1].op is Ops.VIEW, w, "takes (DEFINE_GLOBAL, VIEW, value)")
+    ndim = len(ast.src[0].view.shape)
+    buffers: set[int] = set()
+    for u in ast.toposort:
+        _check(u.op in AST_OPS, u, _NOT_AST)
+        if u.op in (Ops.READ, Ops.WRITE):
+            _check_memory(u, ndim)
+        elif u.op is Ops.VIEW:
+            _check(not u.src and isinstance(u.arg, View), u, "a VIEW holds a View and has no sources")
+        elif u.op is Ops.DEFINE_GLOBAL:
+            _check(isinstance(u.dtype, PtrDType) and isinstance(u.arg, int), u, "a buffer is a pointer and a number")
+            buffers.add(u.arg)
+        elif u.op is Ops.CONST:
+            _check(len(u.src) == 1 and u.src[0].op is Ops.VIEW, u, "a kernel AST's constant has a VIEW")
+            _check(len(u.src[0].arg.shape) in (0, ndim), u, f"its view has the kernel's {ndim} dims (or none)")
+        elif u.op is Ops.REDUCE_AXIS:
+            ok = isinstance(u.arg, tuple) and len(u.arg) == 2 and u.arg[0] in GroupOp.Reduce
+            _check(ok and all(0 <= a < ndim for a in u.arg[1]), u, f"arg is (ADD, MUL or MAX, axes among {ndim} dims)")
+            _check(len(u.src) == 1 and u.dtype == u.source.dtype, u, "reduces one value of its dtype")
+        elif u.op in GroupOp.ALU:
+            _check_alu(u)
+    numbers = f"0 .. {len(buffers) - 1}, got {sorted(buffers)}"
+    _check(buffers == set(range(len(buffers))), ast, f"the buffers are arguments {numbers}")
 
 
 def _element(index: UOp) -> object:

@@ -6,9 +6,12 @@ import enum
 import math
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from tiny.ir.dtypes import DType, dtypes, truncate
+
+if TYPE_CHECKING:
+    from tiny.ir.views import View
 
 
 class Ops(enum.Enum):
@@ -28,14 +31,16 @@ class Ops(enum.Enum):
     SHRINK = enum.auto()
     FLIP = enum.auto()
     MULTI = enum.auto()  # one tensor on several devices: src = a node per device, arg = the axis they split, or None
-    # kernel level
+    # kernel AST (what the scheduler hands the code generator): memory is read and written through VIEWs (READ and
+    # WRITE, listed last), constants have one
     VIEW = enum.auto()  # arg = View; how a kernel indexes a buffer or a constant
+    # kernel level (READ and WRITE lowered: LOAD and STORE through an INDEX)
     DEFINE_GLOBAL = enum.auto()  # arg = argument index; dtype is a pointer
     DEFINE_VAR = enum.auto()  # an integer kernel argument; arg = (name, min, max)
     BIND = enum.auto()  # tensor level: src = (DEFINE_VAR, CONST value), a variable bound to a value
     DEFINE_LOCAL = enum.auto()  # workgroup memory; arg = (name, elements); dtype is a local pointer
     DEFINE_ACC = enum.auto()  # a register accumulator; src = (initial value,), arg = id
-    CONST = enum.auto()  # arg = the value
+    CONST = enum.auto()  # arg = the value; in a kernel AST src = (VIEW,), the value where the view's mask holds, else 0
     INDEX = enum.auto()  # src = (pointer, index[, gate]): an address
     LOAD = enum.auto()  # src = (INDEX[, alternative when the gate is false])
     STORE = enum.auto()  # src = (INDEX, value)
@@ -74,8 +79,15 @@ class Ops(enum.Enum):
     SHL = enum.auto()
     SHR = enum.auto()
     WHERE = enum.auto()
+    # kernel AST memory ops (after the others: a pickle made before they were added names the ops by number)
+    READ = enum.auto()  # src = (DEFINE_GLOBAL, VIEW): the buffer's element the view maps each point of the kernel to
+    WRITE = enum.auto()  # src = (DEFINE_GLOBAL, VIEW, value): store the value there; a kernel AST is a SINK of WRITEs
 
     __hash__ = object.__hash__  # members are singletons; Enum's own hash (of the name) is a Python call
+
+    def __reduce_ex__(self, protocol: Any) -> str:
+        """Pickled by name (Enum's own pickles the number, which an op added before it changes)."""
+        return f"Ops.{self.name}"
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
@@ -450,11 +462,28 @@ class UOp(_Fields):
 
     @property
     def value(self) -> UOp:
-        """STORE/ASSIGN: the value written; REDUCE: the value reduced."""
+        """STORE/ASSIGN/WRITE: the value written; REDUCE: the value reduced."""
         if self.op in (Ops.STORE, Ops.ASSIGN):
             return self.src[1]
+        if self.op is Ops.WRITE:
+            return self.src[2]
         assert self.op is Ops.REDUCE, self.op
         return self.src[0]
+
+    @property
+    def buffer(self) -> UOp:
+        """READ/WRITE (kernel AST): the DEFINE_GLOBAL it reads or writes."""
+        assert self.op in (Ops.READ, Ops.WRITE), self.op
+        return self.src[0]
+
+    @property
+    def view(self) -> View | None:
+        """READ/WRITE (kernel AST): the View through which it reads or writes its buffer; CONST: the View that masks
+        and shapes it in a kernel AST (None for a plain constant)."""
+        if self.op is Ops.CONST:
+            return self.src[0].arg if self.src else None
+        assert self.op in (Ops.READ, Ops.WRITE), self.op
+        return self.src[1].arg
 
     @property
     def source(self) -> UOp:
@@ -505,7 +534,7 @@ class UOp(_Fields):
 
     @cached_property
     def shape(self) -> tuple[int, ...]:
-        """The shape of a tensor-level node (or of a kernel-level VIEW, LOAD, STORE or CONST with a view)."""
+        """The shape of a tensor-level node (or of a kernel AST's VIEW, READ, WRITE or CONST with a view)."""
         op = self.op
         if op is Ops.BUFFER:
             return (self.arg[1],)
@@ -516,7 +545,7 @@ class UOp(_Fields):
         self._sources_know("shape")
         if op is Ops.CONST:
             return self.src[0].shape if self.src and self.src[0].op is Ops.VIEW else ()
-        if op in (Ops.LOAD, Ops.STORE):
+        if op is Ops.READ or op is Ops.WRITE:
             return self.src[1].shape
         if not self.src:
             return ()  # kernel-level leaves (DEFINE_GLOBAL, RANGE ...) have no tensor shape

@@ -115,7 +115,7 @@ def merge_dims(ast: UOp) -> UOp:
     reductions = [u for u in ast.toposort if u.op is Ops.REDUCE_AXIS]
     if not views or len({len(u.arg.shape) for u in views}) != 1:
         return ast
-    if any(r.src[0].shape != reductions[0].src[0].shape or r.arg[1] != reductions[0].arg[1] for r in reductions):
+    if any(r.source.shape != reductions[0].source.shape or r.arg[1] != reductions[0].arg[1] for r in reductions):
         return ast
     reduced = set(reductions[0].arg[1]) if reductions else set()
     merged = {u: u.arg for u in views}
@@ -181,12 +181,12 @@ def _summands(u: UOp) -> list[UOp]:
 
 
 def _window_load(terms: list[UOp]) -> UOp | None:
-    """One LOAD equal to the sum of `terms`, if they are loads of one buffer that walk a window (merge_windows)."""
-    if len(terms) < 2 or any(t.op is not Ops.LOAD or len(t.src) != 2 for t in terms):
+    """One READ equal to the sum of `terms`, if they are reads of one buffer that walk a window (merge_windows)."""
+    if len(terms) < 2 or any(t.op is not Ops.READ for t in terms):
         return None
-    buf, views = terms[0].src[0], [t.src[1].arg for t in terms]
+    buf, views = terms[0].buffer, [t.view for t in terms]
     shape = views[0].shape
-    if any(t.src[0] is not buf or v.shape != shape for t, v in zip(terms, views)):
+    if any(t.buffer is not buf or v.shape != shape for t, v in zip(terms, views)):
         return None
     masks = [v.mask or tuple((0, s) for s in shape) for v in views]
     walked, strides, banded = [], list(views[0].strides), []
@@ -218,7 +218,7 @@ def _window_load(terms: list[UOp]) -> UOp | None:
     mask = tuple((0, shape[d]) if d in walked or d in banded else masks[0][d] for d in range(len(shape)))
     view = View.create(shape, strides, base, mask)
     view = View(view.shape, view.strides, view.offset, view.mask, tuple(bands))
-    return UOp(Ops.LOAD, terms[0].dtype, (buf, UOp(Ops.VIEW, arg=view)))
+    return UOp(Ops.READ, terms[0].dtype, (buf, UOp(Ops.VIEW, arg=view)))
 
 
 def _band(
@@ -261,9 +261,9 @@ class Kernel:
         self.scheduled = self.ast  # the AST as the scheduler made it (its shape names the kernel)
         if not self.caps.has_local:  # (on GPUs the dims say how workgroups are laid out: kept as scheduled)
             self.ast = merge_dims(merge_windows(self.ast))
-        self.out_shape: tuple[int, ...] = self.store.src[1].arg.shape
+        self.out_shape: tuple[int, ...] = self.write.view.shape
         self.reductions = [u for u in self.ast.toposort if u.op is Ops.REDUCE_AXIS]
-        signatures = {(r.src[0].shape, tuple(a for a in r.arg[1] if r.src[0].shape[a] != 1)) for r in self.reductions}
+        signatures = {(r.source.shape, tuple(a for a in r.arg[1] if r.source.shape[a] != 1)) for r in self.reductions}
         if len(signatures) == 1 and all(type(s) is not int or s > 0 for s in next(iter(signatures))[0]):
             shape, axes = signatures.pop()
             self.full_shape, self.reduce_dims = shape, frozenset(axes)
@@ -275,8 +275,10 @@ class Kernel:
         self.parts = globals_ + reduces
 
     @property
-    def store(self) -> UOp:
-        return self.ast.src[0]
+    def write(self) -> UOp:
+        """The kernel's WRITE (a scheduled kernel has one output)."""
+        write, *_ = self.ast.src
+        return write
 
     @property
     def empty(self) -> bool:
@@ -486,7 +488,7 @@ class Kernel:
         total = 0
         for label, operand in (("A", self.tc.a), ("B", self.tc.b)):
             size = math.prod(self.parts[i].size for i in self.stage_parts(operand))
-            if not any(u.op is Ops.LOAD for u in operand.toposort) or size % threads:
+            if not any(u.op is Ops.READ for u in operand.toposort) or size % threads:
                 raise KernelOptError(f"{opt}: {label}'s tile of {size} values does not split over {threads} threads")
             total += stage_size(self, operand) * self.tc.core.dtype_in.itemsize * STAGE_BUFFERS
         if total > self.caps.shared_max:
@@ -546,10 +548,10 @@ class Kernel:
             raise KernelOptError(
                 f"{opt}: {core.name} accumulates in {core.dtype_out.name}, the sum is {red.dtype.name}"
             )
-        operands = _product_operands(red.src[0], core.dtype_in, core.dtype_out)
+        operands = _product_operands(red.source, core.dtype_in, core.dtype_out)
         if operands is None:
             raise KernelOptError(
-                f"{opt}: {core.name} sums products of two {core.dtype_in.name} values, this sums a {red.src[0].op.name}"
+                f"{opt}: {core.name} sums products of two {core.dtype_in.name} values, this sums a {red.source.op.name}"
             )
         a, b = operands
         if not (_varies(a, k) and _varies(b, k)):
@@ -581,7 +583,7 @@ def stage_layout(k: Kernel, operand: UOp) -> tuple[list[int], dict[int, int], in
     walks memory, so the copy reads runs of memory), each part's stride there, and the elements one buffer holds.
     Rows (the innermost parts, at least 64 bytes) are padded by 16 bytes, which puts the rows a warp's fragment
     reads in different banks."""
-    view = next(u.src[1].arg for u in operand.toposort if u.op is Ops.LOAD)
+    view = next(u.view for u in operand.toposort if u.op is Ops.READ)
     parts = k.stage_parts(operand)
     order = sorted(parts, key=lambda i: -abs(view.strides[k.parts[i].dim]) * k.parts[i].stride)
     itemsize = operand.dtype.itemsize
@@ -600,16 +602,16 @@ def stage_size(k: Kernel, operand: UOp) -> int:
 
 def _product_operands(u: UOp, dtype_in: DType, dtype_out: DType) -> tuple[UOp, UOp] | None:
     """(x, y) of dtype_in where u is x*y computed into dtype_out: CAST(x*y), CAST(x)*CAST(y) or (same dtypes) x*y."""
-    if u.op is Ops.CAST and u.dtype == dtype_out and u.src[0].op is Ops.MUL:
-        x, y = u.src[0].src
+    if u.op is Ops.CAST and u.dtype == dtype_out and u.source.op is Ops.MUL:
+        x, y = u.source.src
         return (x, y) if x.dtype == y.dtype == dtype_in else None
     if u.op is not Ops.MUL or u.dtype != dtype_out:
         return None
     x, y = u.src
     if dtype_in == dtype_out:
         return x, y
-    if x.op is Ops.CAST and y.op is Ops.CAST and x.src[0].dtype == y.src[0].dtype == dtype_in:
-        return x.src[0], y.src[0]
+    if x.op is Ops.CAST and y.op is Ops.CAST and x.source.dtype == y.source.dtype == dtype_in:
+        return x.source, y.source
     return None
 
 

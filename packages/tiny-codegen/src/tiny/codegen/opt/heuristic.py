@@ -55,7 +55,7 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
     k = kernel.copy()
     chosen: list[Opt] = []
     caps = k.caps
-    loads = [u.src[1].arg for u in k.ast.toposort if u.op is Ops.LOAD]
+    loads = [u.view for u in k.ast.toposort if u.op is Ops.READ]
     outputs = [d for d in range(len(k.full_shape)) if d not in k.reduce_dims]
     # on a GPU, a reduction with few outputs (a weight's gradient: a long reduction over the batch) needs its threads
     # for the reduction, not for register tiles: there it is a plain reduction shared by workgroups
@@ -84,7 +84,7 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
     if caps.tensor_cores and k.reduce_dims and _tensor_cores(k, attempt):
         return chosen
     lanes = max(2, caps.vector_width)
-    store_view: View = k.store.src[1].arg
+    store_view: View = k.write.view
     out_dim = _contiguous_dim(store_view, k)
     masked = {d for v in loads if v.mask for d, (lo, hi) in enumerate(v.mask) if (lo, hi) != (0, v.shape[d])}
     for p in list(k.axes):  # small dims that masks depend on (a window's offsets): written out, the masks fold away

@@ -169,7 +169,7 @@ class CStyleRenderer(WalkingRenderer):
 
     def cast(self, u: UOp, x: str) -> str:
         """A value cast; float -> integer follows tiny.ir.dtypes.truncate where C leaves it undefined."""
-        to, frm = u.dtype, u.src[0].dtype
+        to, frm = u.dtype, u.source.dtype
         if not (frm.is_float and to.is_int):
             return f"(({self.type_name(to)})({x}))"
         f = "double" if frm.scalar == dtypes.float64 else "float"
@@ -185,7 +185,7 @@ class CStyleRenderer(WalkingRenderer):
         return f"((union {{ {frm} a; {to} b; }}){{ .a = {x} }}).b"
 
     def bitcast(self, u: UOp, x: str) -> str:
-        src_dt = u.src[0].dtype
+        src_dt = u.source.dtype
         bits = self.type_names["uint16"]
         if self._bf16(u.dtype):
             return f"tiny_bf16_to_f32({self.bit_cast(bits, self.type_name(src_dt), x)})"

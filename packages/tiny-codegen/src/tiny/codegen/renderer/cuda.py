@@ -230,17 +230,17 @@ class CUDARenderer(GPUCStyleRenderer):
 
     def rounded(self, u: UOp, expr: str) -> str:
         exact = u.op in (Ops.WHERE, Ops.MAX, Ops.NEG, Ops.TRUNC, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP)
-        if u.op is Ops.CAST and u.src[0].dtype.scalar == u.dtype.scalar:
+        if u.op is Ops.CAST and u.source.dtype.scalar == u.dtype.scalar:
             exact = True
         return f"tiny_{self._tag(u.dtype)}_round({expr})" if self._bf16(u.dtype) and not exact else expr
 
     def cast(self, u: UOp, x: str) -> str:
-        if u.dtype.scalar == dtypes.float16 and u.src[0].dtype.scalar == dtypes.float64:
+        if u.dtype.scalar == dtypes.float16 and u.source.dtype.scalar == dtypes.float64:
             return f"tiny_f16_to_f32(tiny_f64_to_f16({x}))"  # one rounding, not two through float
         return super().cast(u, x)
 
     def bitcast(self, u: UOp, x: str) -> str:
-        frm, to = u.src[0].dtype, u.dtype
+        frm, to = u.source.dtype, u.dtype
         if self._bf16(frm):
             x, frm_name = f"tiny_f32_to_{self._tag(frm)}({x})", "unsigned short"
         else:

@@ -506,7 +506,7 @@ class LLVMRenderer(WalkingRenderer):
         """An op's result brought to bfloat16 precision where bfloat16 lives in float registers."""
         if u.dtype.scalar != dtypes.bfloat16 or u.op in _EXACT:
             return x
-        if u.op is Ops.CAST and u.src[0].dtype.scalar == dtypes.bfloat16:
+        if u.op is Ops.CAST and u.source.dtype.scalar == dtypes.bfloat16:
             return x
         assert u.dtype.count == 1, "bfloat16 is never a vector"
         return f.call("tiny_bf16_round", "float", f"float {x}")
@@ -623,7 +623,7 @@ class LLVMRenderer(WalkingRenderer):
     def _cast(self, f: _Function, u: UOp, x: str) -> str:
         """CAST as tiny.ir.dtypes.truncate defines it; float16 goes through float so that no runtime library
         function is needed, and float64 -> float16/bfloat16 rounds once."""
-        frm, to = u.src[0].dtype, u.dtype
+        frm, to = u.source.dtype, u.dtype
         fs, ts = frm.scalar, to.scalar
         ft, tt = self.ltype(frm), self.ltype(to)
         if to.is_bool:
@@ -685,7 +685,7 @@ class LLVMRenderer(WalkingRenderer):
 
     def _bitcast(self, f: _Function, u: UOp, x: str) -> str:
         """The same bits as another type; bools and bfloat16s are taken in their memory form."""
-        frm, to = u.src[0].dtype, u.dtype
+        frm, to = u.source.dtype, u.dtype
         if frm.scalar == dtypes.bool:
             x = f.value(f"zext {self.ltype(frm)} {x} to {self.mtype(frm)}")
         elif frm.scalar == dtypes.bfloat16:

@@ -282,11 +282,11 @@ class _Build:
                 lanes = u.arg if isinstance(u.arg, tuple) else (u.arg,)
                 vals[u] = self.lanes([(val(u.src[0]), i) for i in lanes])
             elif op is Ops.CAST:
-                vals[u] = self.cast(val(u.src[0]), u.src[0].dtype.scalar, u.dtype.scalar)
+                vals[u] = self.cast(val(u.source), u.source.dtype.scalar, u.dtype.scalar)
             elif op is Ops.BITCAST:
-                if u.dtype.itemsize * u.dtype.count != u.src[0].dtype.itemsize * u.src[0].dtype.count:
-                    raise NotImplementedError(f"NIR renderer: BITCAST {u.src[0].dtype!r} -> {u.dtype!r} changes size")
-                vals[u] = val(u.src[0])  # (NIR's values are bits: the ops that read them say how)
+                if u.dtype.itemsize * u.dtype.count != u.source.dtype.itemsize * u.source.dtype.count:
+                    raise NotImplementedError(f"NIR renderer: BITCAST {u.source.dtype!r} -> {u.dtype!r} changes size")
+                vals[u] = val(u.source)  # (NIR's values are bits: the ops that read them say how)
             elif op in GroupOp.ALU:
                 vals[u] = self.alu_op(u, [val(s) for s in u.src])
             else:

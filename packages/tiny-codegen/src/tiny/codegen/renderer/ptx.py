@@ -726,7 +726,7 @@ class PTXRenderer(WalkingRenderer):
     def _bitcast(self, k: _Kernel, u: UOp, x: Reg) -> Reg:
         """The same bits as another type: registers of one size move; a vector packs into a wider scalar; bools and
         bfloat16s are taken in their memory form."""
-        frm, to = u.src[0].dtype, u.dtype
+        frm, to = u.source.dtype, u.dtype
         if frm.count > 1 or to.count > 1:
             if frm.count > 1 and to.count == 1 and frm.itemsize == to.itemsize and reg_class(to) == "b64":
                 r = k.new(to)

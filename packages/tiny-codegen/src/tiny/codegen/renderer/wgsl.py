@@ -472,9 +472,9 @@ class WGSLRenderer(WalkingRenderer):
         """CAST, BITCAST and the ALU ops: each named by a `let` (drivers fold what they see whole)."""
         src = w.operands(u)
         if u.op is Ops.CAST:
-            expr = self.cast(src[0], u.src[0].dtype, u.dtype)
+            expr = self.cast(src[0], u.source.dtype, u.dtype)
         elif u.op is Ops.BITCAST:
-            expr = self.from_bits(self.bits_of(src[0], u.src[0].dtype), u.dtype)
+            expr = self.from_bits(self.bits_of(src[0], u.source.dtype), u.dtype)
         else:
             expr = self.finish(u, self.alu(u, src))
         return w.expression(u, expr, lambda name: f"let {name} = {expr};")

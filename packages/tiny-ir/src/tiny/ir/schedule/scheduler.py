@@ -5,9 +5,9 @@ its elementwise epilogue are one kernel. A node becomes a buffer (a kernel outpu
 it was asked for, it is CONTIGUOUS or crosses devices, it is a reduction seen through a movement op or
 inside another reduction, or a chain of movement ops over it is not one View.
 
-Each kernel is a small AST: SINK(STORE(DEFINE_GLOBAL, VIEW, value)) where value is built from
-LOAD(DEFINE_GLOBAL, VIEW), CONST(VIEW), ALU ops and REDUCE_AXIS. Movement ops are gone: they are the
-VIEWs.
+Each kernel is a small AST: SINK(WRITE(DEFINE_GLOBAL, VIEW, value)) where value is built from
+READ(DEFINE_GLOBAL, VIEW), CONST(VIEW), ALU ops and REDUCE_AXIS (tiny.ir.spec.validate_ast checks the form).
+Movement ops are gone: they are the VIEWs.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def _layout_of(ast: UOp, args: list[UOp]) -> tuple[int, ...] | None:
     in the order it reads and later kernels read it alongside that input (a convolution's output kept channels
     innermost stays so through the activations and pools after it). Dims the input broadcasts along stay after the
     dim before them."""
-    views = [(args[u.src[0].arg].arg[1], u.src[1].arg) for u in ast.toposort if u.op is Ops.LOAD]
+    views = [(args[u.buffer.arg].arg[1], u.view) for u in ast.toposort if u.op is Ops.READ]
     views = [(size, v) for size, v in views if not v.empty_mask]
     if not views or any(type(s) is not int for _, v in views for s in v.shape + v.strides):
         return None  # (none, or symbolic: stored as it is)
@@ -179,6 +179,11 @@ def _layout_of(ast: UOp, args: list[UOp]) -> tuple[int, ...] | None:
         if d not in read:
             order.insert(order.index(d - 1) + 1 if d > 0 else 0, d)
     return tuple(order)
+
+
+def _write(out: UOp, view: View, value: UOp) -> UOp:
+    """A kernel's AST: the value written to buffer `out` through `view`."""
+    return UOp(Ops.SINK, src=(UOp(Ops.WRITE, src=(out, UOp(Ops.VIEW, arg=view), value)),))
 
 
 class _KernelBuilder:
@@ -214,7 +219,7 @@ class _KernelBuilder:
         if self.root in self.free and value is self.root and (layout := _layout_of(ast, self.args)) is not None:
             self.layouts[self.root] = layout  # the scheduler's own value: stored as its kernel reads
             store_view = _memory_view(self.root.shape, layout)
-        return UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, UOp(Ops.VIEW, arg=store_view), ast)),))
+        return _write(out, store_view, ast)
 
     def build_assign(self) -> UOp:
         """Write the value into the target's memory, through the target's view of its buffer."""
@@ -224,9 +229,9 @@ class _KernelBuilder:
         out = self.global_arg(base)
         ast = self.node(value, ())
         for u in ast.toposort:  # reading this memory anywhere but where this thread writes would race
-            if u.op is Ops.LOAD and u.src[0] is out and u.src[1].arg != store_view:
+            if u.op is Ops.READ and u.buffer is out and u.view != store_view:
                 raise _Unexpressible(value)
-        return UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, UOp(Ops.VIEW, arg=store_view), ast)),))
+        return _write(out, store_view, ast)
 
     def node(self, u: UOp, path: tuple[UOp, ...]) -> UOp:
         """The kernel AST of tensor-level node u, seen through the movement ops on path (root first)."""
@@ -253,13 +258,13 @@ class _KernelBuilder:
         if self._is_leaf(u):
             buf = self.buffers[u] if u in self.realize else (u if u.op is Ops.BUFFER else u.source)
             view = _view_through(_memory_view(u.shape, self.layouts.get(u)), path)
-            return UOp(Ops.LOAD, u.dtype, (self.global_arg(buf), UOp(Ops.VIEW, arg=view)))
+            return UOp(Ops.READ, u.dtype, (self.global_arg(buf), UOp(Ops.VIEW, arg=view)))
         if u.op is Ops.CONST:
             return UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=_view_through(View.create(()), path)),), u.arg)
         if u.op in GroupOp.Movement:
             inner = srcs[0]
-            if u.op is not Ops.PAD or inner.op in (Ops.LOAD, Ops.CONST):
-                return inner  # loads and constants read padding as 0 by their view's mask
+            if u.op is not Ops.PAD or inner.op in (Ops.READ, Ops.CONST):
+                return inner  # reads and constants read padding as 0 by their view's mask
             valid = _view_through(View.create(u.source.shape), path + (u,))
             zero = View.create(valid.shape, (0,) * len(valid.shape))
             cond = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, arg=valid),), True)
