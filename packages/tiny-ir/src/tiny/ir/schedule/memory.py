@@ -8,8 +8,8 @@ memory instead (a view of it, on devices whose allocator has views), so a step t
 need at one time.
 
 Kernels on one device run in schedule order (a device's queue is in order), so memory whose last reader was launched
-before the next writer is free for it. A buffer a copy reads or writes keeps its own memory: a copy between devices
-may run beside the other device's kernels.
+before the next writer is free for it. A buffer a copy reads or writes, or a kernel of another device reads, keeps
+its own memory: those run on the other device's queue, beside this one's kernels.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def share_memory(items: Sequence[ScheduleItem], temporaries: Iterable[Buffer]) -
     for i, (ast, buffers) in enumerate(items):
         for b in buffers:
             if (k := id(b)) in mine:
-                if ast.op is Ops.COPY:
+                if ast.op is Ops.COPY or b.device != buffers[0].device:  # (another device's queue may read it)
                     del mine[k]
                     continue
                 first.setdefault(k, i)
