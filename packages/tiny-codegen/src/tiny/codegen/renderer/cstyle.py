@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from tiny.codegen.renderer.walker import Walk, WalkingRenderer, summed_vector
+from tiny.codegen.renderer.walker import BracedRenderer, Walk, summed_vector
 from tiny.ir.device import VECTOR_DTYPES, RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes
 from tiny.ir.uop import GroupOp, Ops, UOp
@@ -52,7 +52,7 @@ class CWalk(Walk):
             self.lines.extend(f"{self.held_indent}{name} = {terms[t]};" for name, terms in updates if t < len(terms))
 
 
-class CStyleRenderer(WalkingRenderer):
+class CStyleRenderer(BracedRenderer):
     """The parts of C that every C-like language shares; subclasses name their types and intrinsics."""
 
     caps = RendererCaps(language="C")
@@ -407,12 +407,6 @@ class CStyleRenderer(WalkingRenderer):
         name = w.fresh("ridx")
         w.line(f"for ({self.type_name(u.dtype)} {name} = 0; {name} < {w.names[u.end]}; {name}++) {{")
         return name
-
-    def write_if(self, w: CWalk, u: UOp) -> None:
-        w.line(f"if ({w.names[u.condition]}) {{")
-
-    def write_end(self, w: CWalk, u: UOp) -> None:
-        w.line("}")
 
     def write_index(self, w: CWalk, u: UOp) -> str:
         return self.index(w.names[u.pointer], u.offset, w.names)

@@ -159,21 +159,8 @@ class CUDARenderer(GPUCStyleRenderer):
     kernel_prefix = 'extern "C" __global__ void'
     local_qualifier = "__shared__ "
     barrier_text = "__syncthreads();"
-    type_names = {
-        "bool": "bool",
-        "int8": "signed char",
-        "int16": "short",
-        "int32": "int",
-        "int64": "long long",
-        "uint8": "unsigned char",
-        "uint16": "unsigned short",
-        "uint32": "unsigned int",
-        "uint64": "unsigned long long",
-        "float16": "float",  # 16 bits in memory, float in registers, rounded after each op
-        "bfloat16": "float",
-        "float32": "float",
-        "float64": "double",
-    }
+    # C's integer names; float16 is 16 bits in memory, float in registers, rounded after each op
+    type_names = GPUCStyleRenderer.type_names | {"bool": "bool", "float16": "float"}
     default_limits = GPUCStyleRenderer.default_limits | {"shared_max": "49152", "arch": "sm_90", "max_grid": "65535"}
     nan_text = "__int_as_float(0x7fc00000)"
     inf_text = "__int_as_float(0x7f800000)"

@@ -151,6 +151,17 @@ class WalkingRenderer(Renderer):
         return w
 
 
+class BracedRenderer(WalkingRenderer):
+    """A renderer of a language whose blocks are braces (C and its dialects, WGSL): an if opens one, the end of a loop
+    or an if closes it; each language writes its own loop header."""
+
+    def write_if(self, w: Walk, u: UOp) -> None:
+        w.line(f"if ({w.names[u.condition]}) {{")
+
+    def write_end(self, w: Walk, u: UOp) -> None:
+        w.line("}")
+
+
 def summed_vector(u: UOp) -> UOp | None:
     """The integer vector whose lanes u adds up, each once and in order (((v[0] + v[1]) + v[2]) ... + v[n-1], as a
     vector reduction ends), else None: a renderer whose target sums a vector's lanes at once writes that instead.

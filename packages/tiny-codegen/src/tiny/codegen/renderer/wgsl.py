@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from tiny.codegen.renderer.walker import Walk, WalkingRenderer
+from tiny.codegen.renderer.walker import BracedRenderer, Walk
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes
 from tiny.ir.uop import GroupOp, Ops, UOp
@@ -128,7 +128,7 @@ class _WGSLWalk(Walk):
         self.folded = max(self.grid) > max_workgroups  # launched folded (tiny.ir.device.fold_grid)
 
 
-class WGSLRenderer(WalkingRenderer):
+class WGSLRenderer(BracedRenderer):
     """WGSL for the WEBGPU device. target: 'f16;max_workgroups=N;local=X,Y,Z;local_total=N;shared=BYTES;buffers=N;
     loops=N', as the device reads them from its adapter (loops: llvmpipe ends a shader after that many loop iterations);
     without one, WebGPU's default limits and no float16."""
@@ -416,12 +416,6 @@ class WGSLRenderer(WalkingRenderer):
         name = w.fresh("ridx")
         w.line(f"for (var {name} = 0i; {name} < {w.names[u.end]}; {name}++) {{")
         return name
-
-    def write_if(self, w: _WGSLWalk, u: UOp) -> None:
-        w.line(f"if ({w.names[u.condition]}) {{")
-
-    def write_end(self, w: _WGSLWalk, u: UOp) -> None:
-        w.line("}")
 
     def write_index(self, w: _WGSLWalk, u: UOp) -> str:
         """The element offset; gated: element 0 where the gate is false, so no address is out of bounds."""
