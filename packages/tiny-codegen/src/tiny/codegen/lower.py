@@ -102,8 +102,7 @@ class _Lowerer:
 
     def __init__(self, k: Kernel, dims: Dims, forms: dict[UOp, UOp]) -> None:
         self.k, self.idx_dtype = k, dims.dtype
-        idx_dtype = dims.dtype
-        self.zero = UOp.const(idx_dtype, 0)
+        self.zero = UOp.const(dims.dtype, 0)
         self.next_range = 0
         self.env: dict[int, UOp] = {}  # part index -> its loop counter or hardware index (lanes are added per value)
         self.reduce_env: dict[UOp, dict[int, UOp]] = {}  # REDUCE_AXIS -> its reduce parts' loop counters
@@ -316,7 +315,7 @@ class _Lowerer:
         form = self.forms[u]
         if form.op is not Ops.LOAD:
             return self.placed(form, idxs)
-        return form.replace(src=(self.address(form.address, idxs), *form.src[1:]))
+        return form.replace(src=tuple(self.address(s, idxs) if s.op is Ops.INDEX else s for s in form.src))
 
     def address(self, form: UOp, idxs: tuple[UOp, ...]) -> UOp:
         """An INDEX the index memory pass made, at idxs."""
