@@ -46,6 +46,7 @@ def test_a_padded_dim_of_the_plan_gates_the_read_at_its_real_size() -> None:
     buf = UOp(Ops.DEFINE_GLOBAL, f32.ptr(16), (), 1)
     dims = Dims.of((2, 5), {1: 8}, i32)
     load = graph_rewrite(UOp(Ops.READ, f32, (buf, UOp(Ops.VIEW, arg=view))), index_memory, ctx=dims)
+    assert load.address.gate is not None and load.alternative is UOp.const(f32, 0)
     for point in itertools.product(range(2), range(8)):
         assert at(load.address.gate, dims, point) == (point[1] < 5)
         assert at(load.address.offset, dims, point) == point[0] * 8 + point[1]
