@@ -91,7 +91,8 @@ class _Lowerer:
     AST. The AST has one node per op; the lowered kernel has one per op and lane, each reading the loop counters,
     hardware indices and lane constants its planned dims map to (the env, extended per lane, per reduction and per
     tensor-core fragment element), and is made once per (node, index with the dims the node does not read set to 0:
-    key). A rule sees a node and its sources, not that index. The walk's order is part of its output as well: loops
+    key). A rule sees a node and its sources, not that index; so whether a read is all padding (its gate false at
+    that index: 0, and a sum drops it) is found per lane too. The walk's order is part of its output as well: loops
     are numbered as it first reaches them (linearize nests loops by number), and a grouped reduction's slot in local
     memory is its output lane's rank in the walk.
 
