@@ -46,6 +46,8 @@ def test_the_passes_it_lists_are_the_ones_recorded() -> None:
         assert f"`{name}`" in TEXT and f'name="{name}"' in program, name
     for name in ("narrow loops", "linearize"):  # (passes that are not rewrite rules name their step themselves)
         assert f"`{name}`" in TEXT and f'viz.step("{name}"' in program, name
+    lower = (ROOT / "packages/tiny-codegen/src/tiny/codegen/lower.py").read_text()
+    assert "`index memory`" in TEXT and 'name="index memory"' in lower
     assert "`lower`" in TEXT and 'viz.step(f"lower {plan.applied}"' in program
 
 

@@ -42,7 +42,8 @@ def step(x, y):
 for _ in range(3):
     step(x, Tensor(np.array([0, 1, 2, 0], dtype=np.int32)))
 """
-CODEGEN_PASSES = ["symbolic", "vectorize", "linearize"]  # after "lower [actions]"; "narrow loops" where it acts
+CODEGEN_PASSES = ["symbolic", "vectorize", "linearize"]  # after "index memory", "lower [actions]"; "narrow loops" where
+# it acts
 SCHEDULE_PASSES = ["prepare", "lift reshapes", "read copies", "kernels"]
 
 
@@ -72,11 +73,13 @@ def test_the_trace_holds_every_schedule_and_kernel_pass_by_pass(saved: dict[str,
     assert all("cached schedule" in g["info"]["note"] for g in schedules if not g["steps"])
     for g in kernels:
         names = [s["name"] for s in g["steps"]]
-        assert names[0].startswith("lower [") and [n for n in names[1:] if n != "narrow loops"] == CODEGEN_PASSES
+        assert names[0] == "index memory" and names[1].startswith("lower [")
+        assert [n for n in names[2:] if n != "narrow loops"] == CODEGEN_PASSES
         assert g["name"] in g["info"]["source"] and "actions" in g["info"]
     softmax = [g for g in kernels if g["name"].startswith("r_4_6")]
     assert softmax, [g["name"] for g in kernels]
     assert any(s["rules"] for g in softmax for s in g["steps"] if s["name"] == "symbolic")
+    assert all(s["rules"] for g in softmax for s in g["steps"] if s["name"] == "index memory")  # (READ -> LOAD ...)
     spans = [e for e in saved["profile"]["traceEvents"] if e.get("cat") == "kernel"]
     assert len(spans) >= 3 * 5  # the training steps' kernels, replays included
 

@@ -4,9 +4,10 @@ The kernel's plan (tiny.codegen.opt.Kernel) says how: each global part becomes a
 renderer indexes with hardware ids, a SPECIAL; a thread part the CPU thread's number; local and group parts
 workgroup ids; each reduce part a loop inside its REDUCE; upcast and unrolled parts are written out, one value
 per lane, with the lanes of a vector gathered in a VECTORIZE (at the store, or in a vector accumulator) for
-tiny.codegen.vectorize to turn into vector ops. A READ becomes a LOAD and a WRITE a STORE, each of an INDEX: its View
-becomes an offset expression and, where it has padding, a gate that makes the load read 0 instead of memory; padded
-dims add gates of their own.
+tiny.codegen.vectorize to turn into vector ops. First the index memory pass (tiny.codegen.memory) makes each READ a
+LOAD and the WRITE a STORE of an INDEX whose offset and gate (where the View has padding, or a dim is padded) are
+written in a variable per dim of the kernel's shape; the walk puts each lane's index in their place, and a load whose
+gate is then always false reads padding: 0.
 
 A matrix product mapped onto a tensor core (the plan's `tc`) lowers its sum as one WMMA per tile: the warp's lane
 is lidx0, and each operand's tile pieces are indexed by the lane and the fragment element as that operand's layout
@@ -20,9 +21,10 @@ import functools
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tiny.codegen.memory import Dims, index_memory, many
 from tiny.codegen.opt.actions import IN_BLOCK, STAGE_BUFFERS, Kernel, Kind, Opt, stage_layout
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
@@ -65,11 +67,6 @@ def _index_dtype(ast: UOp) -> DType:
     return dtypes.int32
 
 
-def _many(size: sint) -> bool:
-    """Whether a size is more than one element (a symbolic one may be)."""
-    return type(size) is not int or size > 1
-
-
 def kernel_name(ast: UOp) -> str:
     """E_<output dims> for elementwise kernels, r_<output dims>_<reduced dims> for reductions."""
     write, *_ = ast.src
@@ -88,11 +85,25 @@ def _name_of(size: int | UOp) -> str:
 
 
 class _Lowerer:
-    """Lowers a kernel's AST by its plan (tiny.codegen.opt.Kernel)."""
+    """Lowers a kernel's AST by its plan (tiny.codegen.opt.Kernel).
 
-    def __init__(self, k: Kernel, idx_dtype: DType) -> None:
-        self.k, self.idx_dtype = k, idx_dtype
-        self.zero = UOp.const(idx_dtype, 0)
+    A walker, not rewrite rules: what a node becomes depends on the index it is evaluated at, which is no node of the
+    AST. The AST has one node per op; the lowered kernel has one per op and lane, each reading the loop counters,
+    hardware indices and lane constants its planned dims map to (the env, extended per lane, per reduction and per
+    tensor-core fragment element), and is made once per (node, index with the dims the node does not read set to 0:
+    key). A rule sees a node and its sources, not that index; so whether a read is all padding (its gate false at
+    that index: 0, and a sum drops it) is found per lane too. The walk's order is part of its output as well: loops
+    are numbered as it first reaches them (linearize nests loops by number), and a grouped reduction's slot in local
+    memory is its output lane's rank in the walk.
+
+    What memory through a view becomes is a rule of one node, and the index memory pass makes it on the AST, in the
+    dims' variables (tiny.codegen.memory); the walk puts each lane's index in their place (at). Run on the lanes'
+    graph instead (the walk leaving each read at its index for the pass), it built again every node above each read:
+    a fifth more CPU time to render bench.render's 162 kernels (5.0 s -> 6.2-6.6 s), for the same kernels."""
+
+    def __init__(self, k: Kernel, dims: Dims, forms: dict[UOp, UOp]) -> None:
+        self.k, self.idx_dtype = k, dims.dtype
+        self.zero = UOp.const(dims.dtype, 0)
         self.next_range = 0
         self.env: dict[int, UOp] = {}  # part index -> its loop counter or hardware index (lanes are added per value)
         self.reduce_env: dict[UOp, dict[int, UOp]] = {}  # REDUCE_AXIS -> its reduce parts' loop counters
@@ -106,7 +117,9 @@ class _Lowerer:
         self.barrier = UOp(Ops.BARRIER, arg="pending")
         self.group_gate: UOp | None = None
         self.simplified: dict[UOp, UOp] = {}  # gates and offsets simplified so far (graph_rewrite's memo)
-        self.indexed: dict[tuple[View, tuple[UOp, ...]], tuple[UOp, UOp | None]] = {}  # (View, idxs) -> view_index
+        # each READ, WRITE and masked CONST as the index memory pass made it, in the dims' variables (dims.index)
+        self.dim_vars, self.forms = dims, forms
+        self.indexed: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}  # (expression in the dims' variables, idxs) -> placed
         self.padding: set[tuple[UOp, tuple[UOp, ...]]] = set()  # (AST node, index) that reads padding only
         # each (AST node, index) lowered so far, for every lane: where a node does not depend on the dims a lane
         # differs in (a value broadcast along an upcast dim), the lanes share its lowering (see key)
@@ -281,7 +294,7 @@ class _Lowerer:
         return UOp(Ops.GEP, core.dtype_out, (total,), elem)
 
     def _in_tile(self, value: UOp, idxs: tuple[UOp, ...], dims: tuple[int, ...]) -> UOp:
-        valid = self.pad_valid(self.k.full_shape, idxs, dims)
+        valid = self.dim_vars.pad_valid(self.k.full_shape, idxs, dims)
         return value if valid is None else valid.where(value, UOp.const(value.dtype, 0))
 
     def dim_index(self, d: int, env: dict[int, UOp]) -> UOp:
@@ -298,31 +311,23 @@ class _Lowerer:
             for d in range(len(k.out_shape))
         )
 
-    def pad_valid(self, shape: tuple[int, ...], idxs: tuple[UOp, ...], dims: Iterable[int]) -> UOp | None:
-        """Where the padded dims among `dims` are inside their real size (None: no padding to mask)."""
-        valid = None
-        for d in dims:
-            if d in self.k.padded and _many(shape[d]):
-                c = idxs[d].lt(self.k.full_shape[d])
-                valid = c if valid is None else valid & c
-        return valid
+    def at(self, u: UOp, idxs: tuple[UOp, ...]) -> UOp:
+        """A READ or masked CONST as the index memory pass made it, with idxs in place of the dims' variables."""
+        form = self.forms[u]
+        if form.op is not Ops.LOAD:
+            return self.placed(form, idxs)
+        return form.replace(src=tuple(self.address(s, idxs) if s.op is Ops.INDEX else s for s in form.src))
 
-    def view_index(self, view: View, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp | None]:
-        """A view's offset and validity at idxs (View.to_index), made once per kernel: reads of several buffers
-        through one view, and lanes that share an index, ask again."""
-        if (found := self.indexed.get((view, idxs))) is None:
-            found = self.indexed[(view, idxs)] = view.to_index(idxs)
+    def address(self, form: UOp, idxs: tuple[UOp, ...]) -> UOp:
+        """An INDEX the index memory pass made, at idxs."""
+        return form.replace(src=tuple(self.placed(s, idxs) for s in form.src))
+
+    def placed(self, form: UOp, idxs: tuple[UOp, ...]) -> UOp:
+        """An expression in the dims' variables with idxs in their place, made once per kernel: reads of several
+        buffers through one view, and lanes that share an index, ask again."""
+        if (found := self.indexed.get((form, idxs))) is None:
+            found = self.indexed[(form, idxs)] = substitute(form, dict(zip(self.dim_vars.index, idxs)))
         return found
-
-    def access(self, memory: UOp, idxs: tuple[UOp, ...]) -> UOp:
-        """The INDEX a READ or WRITE lowers to at idxs, gated where its view or a padded dim says."""
-        buf, view = memory.buffer, memory.view
-        offset, valid = self.view_index(view, idxs)
-        shape = view.shape
-        pad = self.pad_valid(shape, idxs, range(len(shape)))
-        if pad is not None:
-            valid = pad if valid is None else valid & pad
-        return UOp(Ops.INDEX, buf.dtype, (buf, offset) + ((valid,) if valid is not None else ()))
 
     def lower(self, u: UOp, idxs: tuple[UOp, ...]) -> UOp:
         """Kernel AST node u at the index idxs, as device ops."""
@@ -352,9 +357,9 @@ class _Lowerer:
             if u in self.dims:
                 continue
             dims: set[int] = set()
-            if u.op is Ops.READ:  # (what access reads: the view, and the padded dims pad_valid checks)
+            if u.op is Ops.READ:  # (what its load reads: the view, and the padded dims Dims.pad_valid checks)
                 view = u.view
-                dims = set(view.index_dims()) | {d for d in self.k.padded if _many(view.shape[d])}
+                dims = set(view.index_dims()) | {d for d in self.k.padded if many(view.shape[d])}
             elif u.op is Ops.CONST and (view := u.view) is not None:
                 dims = set(view.index_dims())
             elif u.op is Ops.REDUCE_AXIS:
@@ -405,14 +410,14 @@ class _Lowerer:
     def _combine(self, key: tuple[UOp, tuple[UOp, ...]], srcs: list[UOp]) -> UOp:
         u, idxs = key
         if u.op is Ops.READ:
-            addr = self.access(u, idxs)
-            if addr.gate is None:
-                return UOp(Ops.LOAD, u.dtype, (addr,))
-            gate = graph_rewrite(addr.gate, symbolic, memo=self.simplified)
+            load = self.at(u, idxs)
+            if (gate := load.address.gate) is None:
+                return load
+            gate = graph_rewrite(gate, symbolic, memo=self.simplified)
             if gate.op is Ops.CONST and not gate.arg:  # reads padding here: 0, and absent from a sum (below)
                 self.padding.add(key)
                 return UOp.const(u.dtype, 0)
-            return UOp(Ops.LOAD, u.dtype, (addr, UOp.const(u.dtype, 0)))  # (a gate always true: symbolic drops it)
+            return load  # (a gate always true: symbolic drops it)
         if (
             u.op is Ops.ADD
             and self.padding
@@ -426,11 +431,9 @@ class _Lowerer:
                 self.padding.add(key)
             return real[0] if real else srcs[0]  # (an ADD has two sources)
         if u.op is Ops.CONST:  # (a symbolic one's value is its expression: the Variables are kernel arguments)
-            value = UOp.const(u.dtype, u.arg) if not isinstance(u.arg, UOp) else u.arg.cast(u.dtype)
-            if (view := u.view) is None:
-                return value
-            _, valid = self.view_index(view, idxs)
-            return value if valid is None else valid.where(value, UOp.const(u.dtype, 0))
+            if u.view is not None:
+                return self.at(u, idxs)
+            return UOp.const(u.dtype, u.arg) if not isinstance(u.arg, UOp) else u.arg.cast(u.dtype)
         if u.op is Ops.REDUCE_AXIS:
             if self.k.tc is not None and (srcs or self.k.staged):
                 return self.tc_reduce(u, idxs, srcs)
@@ -484,7 +487,7 @@ class _Lowerer:
         return UOp(Ops.REDUCE, u.dtype, (loaded, rg), u.arg[0])
 
     def _unpadded(self, u: UOp, inner: tuple[UOp, ...], value: UOp) -> UOp:
-        valid = self.pad_valid(self.k.full_shape, inner, self.k.reduce_dims)
+        valid = self.dim_vars.pad_valid(self.k.full_shape, inner, self.k.reduce_dims)
         return value if valid is None else valid.where(value, UOp.const(u.dtype, identity(u.arg[0], u.dtype)))
 
     def _vector_reduce(self, u: UOp, values: list[UOp], ranges: list[UOp]) -> UOp:
@@ -569,14 +572,17 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     buffers = sorted({u for u in ast.toposort if u.op is Ops.DEFINE_GLOBAL}, key=lambda u: u.arg)
     if k.empty:  # nothing to compute
         return LoweredKernel(UOp(Ops.SINK, dtypes.void, tuple(buffers)), kernel_name(k.scheduled), (1, 1, 1), (1, 1, 1))
-    lw = _Lowerer(k, _index_dtype(ast))
+    dims = Dims.of(k.full_shape, k.padded, _index_dtype(ast))
+    forms: dict[UOp, UOp] = {}  # each node of the AST as the pass made it (graph_rewrite's memo)
+    graph_rewrite(ast, index_memory, ctx=dims, memo=forms, name="index memory")  # loads and stores, in dims' variables
+    lw = _Lowerer(k, dims, forms)  # the lanes: each dim's variable as the loops and lanes that make it
     lw.place_outputs()
     value = write.value
     upcasts = [i for i, p in enumerate(k.parts) if p.kind is Kind.UPCAST]
     lanes = k.caps.vector_lanes(value.dtype)
 
     def address(env: dict[int, UOp]) -> UOp:
-        return lw.access(write, lw.out_idxs(env))
+        return lw.address(forms[write].address, lw.out_idxs(env))
 
     out_vec = None if k.tc is not None else _vector_part(lw, upcasts, address, lanes)
     unrolls = [i for i, p in enumerate(k.parts) if p.kind is Kind.UNROLL]

@@ -145,7 +145,7 @@ def _render(ast: UOp, renderer: Renderer, actions: Actions) -> Rendered:
 
 def _lower_passes(plan: Kernel, caps: RendererCaps) -> Lowered:
     """The passes before linearizing, a line each."""
-    kernel = _lower(plan)  # loops or hardware ids, lanes, index math, REDUCEs (tiny.codegen.lower)
+    kernel = _lower(plan)  # loads, stores (index memory), loops or hardware ids, lanes, REDUCEs (tiny.codegen.lower)
     sink = graph_rewrite(kernel.sink, symbolic, memo=kernel.simplified, name="symbolic")  # index math, constants
     sink = _narrowed(sink, caps)  # sums skip the iterations whose every lane reads padding (tiny.codegen.narrow)
     target = VectorTarget(caps.vector_width * 4, kernel.simplified, caps.narrow_vectors)  # (symbolic's memo)
