@@ -20,10 +20,10 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 import numpy as np
 
+from bench.multi import fastest
 from bench.training import MnistNet
 from tiny import nn
 from tiny.nn import mpi
@@ -31,17 +31,6 @@ from tiny.nn.state import get_parameters
 from tiny.tensor import Tensor, TinyJit
 
 ROOT_OK = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # (Open MPI as root, as in CI)
-
-
-def fastest(fn: Callable[[], object], runs: int) -> float:
-    for _ in range(2):
-        fn()
-    best = float("inf")
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def worker(runs: int, batch: int) -> None:
