@@ -16,10 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tiny import nn
 from tiny.examples import mnist as job
 from tiny.nn import mpi
 from tiny.nn.datasets import mnist
-from tiny.nn.state import safe_load
+from tiny.nn.state import get_state_dict, safe_load
+from tiny.tensor import Tensor
 
 JOB = Path(__file__).with_name("mpi_job.py")
 # Open MPI refuses to start as root unless told; --oversubscribe starts more processes than this machine has cores
@@ -142,3 +144,21 @@ def test_mnist_over_processes(mpirun, tmp_path) -> None:  # noqa: ANN001
     assert "on 2 MPI processes (each on" in two.stdout and (tmp_path / "two.safetensors").exists()
     printed = [float(v) for v in re.findall(r"step [13]/3 loss ([0-9.]+)", two.stdout)]  # (the steps it prints)
     np.testing.assert_allclose(printed, [one["losses"][0], one["losses"][2]], atol=1.5e-3)  # (printed to 3 places)
+
+
+def test_sync_batch_norm_takes_the_layers_place_over_its_tensors() -> None:
+    """convert() puts a SyncBatchNorm in place of each batch norm (attributes, lists, dicts) over the layer's own
+    tensors: the state dict keeps its names and tensors, and out of training it is the layer (running statistics)."""
+    model = job.MnistCNN()
+    before = get_state_dict(model)
+    x = Tensor(np.random.default_rng(0).standard_normal((2, 1, 28, 28)).astype(np.float32))
+    want = model(x).numpy()
+    world = mpi.World(rank=0, size=1, comm=None)
+    mpi.SyncBatchNorm.convert(model, world)
+    assert isinstance(model.bn1, mpi.SyncBatchNorm) and isinstance(model.bn2, mpi.SyncBatchNorm)
+    after = get_state_dict(model)
+    assert list(after) == list(before) and all(after[k] is before[k] for k in before)
+    np.testing.assert_array_equal(model(x).numpy(), want)
+    held = [nn.BatchNorm1d(3), {"norm": nn.BatchNorm2d(2)}]
+    mpi.SyncBatchNorm.convert(held, world)
+    assert isinstance(held[0], mpi.SyncBatchNorm) and isinstance(held[1]["norm"], mpi.SyncBatchNorm)  # type: ignore[index]

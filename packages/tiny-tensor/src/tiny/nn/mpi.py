@@ -34,6 +34,7 @@ import os
 import sys
 import time
 import traceback
+import types
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -229,34 +230,24 @@ class SyncBatchNorm(_BatchNorm):
 
     @classmethod
     def convert(cls, module: Any, world: World) -> Any:
-        """`module` with each batch norm layer in its attributes, lists and dicts (at any depth) replaced by a
-        SyncBatchNorm over the layer's tensors; a batch norm layer itself comes back converted."""
+        """`module` with each batch norm layer in its attributes, lists and dicts (at any depth; not in tuples)
+        replaced by a SyncBatchNorm over the layer's tensors; a batch norm layer itself comes back converted."""
         if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
             return cls(module, world)
         seen: set[int] = set()
         todo = [module]
         while todo:
             obj = todo.pop()
-            if id(obj) in seen or isinstance(obj, (Tensor, str, bytes, int, float, np.ndarray)):
+            if id(obj) in seen:
                 continue
             seen.add(id(obj))
-            slots: Any = (
-                enumerate(obj)
-                if isinstance(obj, list)
-                else obj.items()
-                if isinstance(obj, dict)
-                else vars(obj).items()
-                if hasattr(obj, "__dict__") and not isinstance(obj, type)
-                else ()
-            )
-            for key, value in list(slots):
-                if isinstance(value, _BatchNorm) and not isinstance(value, SyncBatchNorm):
-                    if isinstance(obj, (list, dict)):
-                        obj[key] = cls(value, world)
-                    else:
-                        setattr(obj, key, cls(value, world))
-                else:
+            for key, value in _held(obj):
+                if not isinstance(value, _BatchNorm) or isinstance(value, SyncBatchNorm):
                     todo.append(value)
+                elif isinstance(obj, (list, dict)):
+                    obj[key] = cls(value, world)
+                else:
+                    setattr(obj, key, cls(value, world))
         return module
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -282,6 +273,18 @@ class SyncBatchNorm(_BatchNorm):
         if self.weight is not None:
             y = y * self.weight.reshape(shape)
         return y if self.bias is None else y + self.bias.reshape(shape)
+
+
+def _held(obj: Any) -> list[tuple[Any, Any]]:
+    """What a model holds where a layer can be replaced: a list's items, a dict's, an object's attributes (not a
+    tensor's, a class's or a module's)."""
+    if isinstance(obj, list):
+        return list(enumerate(obj))
+    if isinstance(obj, dict):
+        return list(obj.items())
+    if isinstance(obj, (Tensor, type, types.ModuleType)) or not hasattr(obj, "__dict__"):
+        return []
+    return list(vars(obj).items())
 
 
 class _Of:
