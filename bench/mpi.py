@@ -8,6 +8,8 @@ Each figure is the fastest of --runs steps after two that are not timed (TinyJit
 over MPI is three parts: the gradients (one jitted function), their all-reduce on the host (one MPI_Allreduce of all
 the gradients, read back from the device and written again), and Adam's update (another jitted function); the one
 process also runs the one-function step of `python -m tiny.examples.mnist`, the reference with no MPI part at all.
+The last column is the step of `mnist --mpi`: batch norm over the whole batch (tiny.nn.mpi.SyncBatchNorm), its sums
+all-reduced on the host forward and backward, so the forward and backward run un-jitted.
 Needs mpirun and mpi4py (apt-get install openmpi-bin libopenmpi-dev; pip install 'tiny-tensor[mpi]').
 """
 
@@ -20,10 +22,10 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 import numpy as np
 
+from bench.multi import fastest
 from bench.training import MnistNet
 from tiny import nn
 from tiny.nn import mpi
@@ -31,17 +33,6 @@ from tiny.nn.state import get_parameters
 from tiny.tensor import Tensor, TinyJit
 
 ROOT_OK = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # (Open MPI as root, as in CI)
-
-
-def fastest(fn: Callable[[], object], runs: int) -> float:
-    for _ in range(2):
-        fn()
-    best = float("inf")
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def worker(runs: int, batch: int) -> None:
@@ -96,6 +87,17 @@ def worker(runs: int, batch: int) -> None:
                 return loss.realize()
 
             result["plain step"] = fastest(lambda: step(x, y).item(), runs)
+        mpi.SyncBatchNorm.convert(model, world)  # (last: the steps above are the model's own)
+        share = (mine.stop - mine.start) / batch
+
+        def sync_step() -> None:  # the step of `mnist --mpi`: batch norm over the whole batch, un-jitted
+            with Tensor.train():
+                loss = model(x).cross_entropy(y)
+                parts = world.gradients(loss * share, params)
+            grads = [p.zeros_like() if g is None else g for p, g in zip(params, parts, strict=True)]
+            update(*world.all_reduce(grads, weight=1.0))
+
+        result["sync step"] = fastest(sync_step, runs)
         if world.rank == 0:
             print(json.dumps(result))
 
@@ -130,13 +132,13 @@ def main() -> None:
         runs.append((1, threads, launch(1, threads, args.runs, args.batch)))
     runs.append((args.processes, threads, launch(args.processes, threads, args.runs, args.batch)))
     print(f"MNIST Adam step, batch {args.batch}; fastest of {args.runs} steps; {cores} cores\n")
-    print("| run | step | of it, the gradients' all-reduce | 1 process without MPI / this |")
-    print("|---|---:|---:|---:|")
+    head = "| run | step | of it, the gradients' all-reduce | 1 process without MPI / this | with SyncBatchNorm |"
+    print(head + "\n|---|---:|---:|---:|---:|")
     plain = one["plain step"]
-    print(f"| 1 process without MPI, THREADS={cores} | {plain * 1e3:.1f} ms | - | 1.00x |")
+    print(f"| 1 process without MPI, THREADS={cores} | {plain * 1e3:.1f} ms | - | 1.00x | - |")
     for n, t, r in runs:
         row = f"| {n} MPI process{'es' if n > 1 else ''}, THREADS={t} each | {r['mpi step'] * 1e3:.1f} ms | "
-        print(row + f"{r['all-reduce'] * 1e3:.2f} ms | {plain / r['mpi step']:.2f}x |")
+        print(row + f"{r['all-reduce'] * 1e3:.2f} ms | {plain / r['mpi step']:.2f}x | {r['sync step'] * 1e3:.1f} ms |")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from tiny.ir.device import (
 from tiny.ir.dtypes import dtypes
 from tiny.runtime import cpu
 from tiny.runtime.cpu import ALIGN, ClangCompiler, CPUAllocator, CPUDevice, CPUProgram, find_clang, find_compiler
+from tiny.runtime.cpu_queue import Queue, meet
 
 ADD_KERNEL = """
 void add(float* restrict out, const float* restrict a, const float* restrict b, int n) {
@@ -212,7 +213,7 @@ def test_compile_and_run_a_hand_written_kernel() -> None:
     if sys.platform.startswith("linux"):
         assert binary[:4] == b"\x7fELF"
     prog = CPUProgram(Device["CPU"], "add", binary)
-    alloc = CPUAllocator()
+    alloc = CPUAllocator(Device["CPU"].queue)  # (its copies wait for the device's launches)
     bufs = [alloc.alloc(16) for _ in range(3)]
     alloc.copyin(bufs[1], memoryview(bytearray((ctypes.c_float * 4)(1, 2, 3, 4))))
     alloc.copyin(bufs[2], memoryview(bytearray((ctypes.c_float * 4)(10, 20, 30, 40))))
@@ -231,13 +232,13 @@ def test_the_launcher_is_the_declared_function_and_keeps_its_signature() -> None
     scale = "void scale(float* restrict out, const float* a) { for (int i = 0; i < 4; i++) out[i] = 2 * a[i]; }"
     dev = Device["CPU"]
     prog = CPUProgram(dev, "scale", dev.compile(scale))
-    alloc = CPUAllocator()
+    alloc = CPUAllocator(Device["CPU"].queue)  # (its copies wait for the device's launches)
     out, a = alloc.alloc(16), alloc.alloc(16)
     alloc.copyin(a, memoryview(bytearray((ctypes.c_float * 4)(1, 2, 3, 4))))
-    launch = prog.launcher(2, (1, 1, 1), (1, 1, 1))
-    assert launch is prog.function(2, 0, False)  # the ctypes function itself: the opaques go in as they are
+    launch = prog.launcher(2, (1, 1, 1), (1, 1, 1))  # the device's queue given the ctypes function and the opaques
+    declared = prog.function(2, 0, False)
     prog(out, a, vals=(7,), wait=True)  # another signature declared (an int more) leaves the launcher's alone
-    assert prog.function(2, 1, False) is not launch and len(launch.argtypes) == 2
+    assert prog.function(2, 1, False) is not declared and len(declared.argtypes) == 2
     alloc.copyin(out, memoryview(bytearray(16)))
     assert launch(out, a) is None
     got = (ctypes.c_float * 4)()
@@ -301,7 +302,7 @@ def test_kernels_compiled_together_keep_their_names_and_helpers() -> None:
     assert _libraries([_kernel(f"k{i}", i) for i in range(20)]) == [list(range(16)), list(range(16, 20))]
     binaries = ClangCompiler(find_compiler()).compile_many(srcs)
     assert binaries[0] == binaries[1] == binaries[3] != binaries[2]
-    alloc = CPUAllocator()
+    alloc = CPUAllocator(Device["CPU"].queue)  # (its copies wait for the device's launches)
     for src, binary, name, want in zip(srcs, binaries, "abac", (1, 2, 3, 4)):
         prog = CPUProgram(Device["CPU"], name, binary)
         out = alloc.alloc(16)
@@ -363,7 +364,7 @@ def test_compile_cached_uses_the_disk(tmp_path: Path) -> None:
 
 
 def test_allocator_alignment_and_caps() -> None:
-    alloc = CPUAllocator()
+    alloc = CPUAllocator(Device["CPU"].queue)  # (its copies wait for the device's launches)
     assert alloc.caps.host_visible and alloc.caps.aligned == ALIGN >= 16
     for size in (1, 3, 16, 1000, 4097):
         opaque = alloc.alloc(size)
@@ -385,7 +386,7 @@ def test_an_allocation_the_host_cannot_hold_says_what_was_asked_and_what_there_i
 
 
 def test_allocator_copies_and_views() -> None:
-    alloc = CPUAllocator()
+    alloc = CPUAllocator(Device["CPU"].queue)  # (its copies wait for the device's launches)
     buf = alloc.alloc(8)
     alloc.copyin(buf, memoryview(b"abcdefgh"))
     out = bytearray(8)
@@ -401,7 +402,7 @@ def test_allocator_copies_and_views() -> None:
 
 
 def test_allocator_reuses_freed_memory() -> None:
-    alloc = CPUAllocator()
+    alloc = CPUAllocator(Device["CPU"].queue)  # (its copies wait for the device's launches)
     a = alloc.alloc(64)
     alloc.free(a, 64)
     assert alloc.alloc(64) == a
@@ -500,3 +501,22 @@ def test_the_cpu_flags_are_declared_here_and_fail_at_import_when_they_do_not_par
     run = subprocess.run([sys.executable, "-c", "import tiny.runtime.cpu"], env=env, capture_output=True, text=True)
     assert run.returncode != 0
     assert run.stderr.strip().splitlines()[-1].startswith("ValueError: environment flag THREADS='four': expected int")
+
+
+def test_a_queue_runs_in_order_meets_others_and_says_what_failed() -> None:
+    """A CPU device's queue (on a thread of its own, as with several CPU devices open) runs its launches in order; a
+    meeting of two queues runs after what each was given before and before what each is given after; a launch that
+    fails is raised, once, by the next synchronize."""
+    a, b = Queue("A", lambda: True), Queue("B", lambda: True)
+    seen: list[object] = []
+    for i in range(50):
+        a.submit(seen.append, i)
+    meet([a, b], seen.append, "met")
+    b.submit(seen.append, "after")
+    a.synchronize()
+    b.synchronize()
+    assert seen == [*range(50), "met", "after"]
+    a.submit(int, "not a number")
+    with pytest.raises(RuntimeError, match="a launch on A failed: invalid literal"):
+        a.synchronize()
+    a.synchronize()  # (said once)

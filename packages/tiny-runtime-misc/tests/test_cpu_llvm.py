@@ -92,7 +92,7 @@ def test_opens_and_runs_without_a_c_compiler(tmp_path: Path, monkeypatch: pytest
         binary = dev.compile(ADD_IR)
         prog = dev.load(CompiledProgram("add", dev.name, "LLVM", ADD_IR, binary, 3, (0,), ("n",)))
         a, b, out = np.arange(8, dtype=np.float32), np.full(8, 0.5, np.float32), np.zeros(8, np.float32)
-        prog(*buffers(out, a, b), vals=(4,), global_size=(2, 1, 1))
+        prog(*buffers(out, a, b), vals=(4,), global_size=(2, 1, 1), wait=True)
     finally:
         find_compiler.cache_clear()
         find_clang.cache_clear()
@@ -166,8 +166,8 @@ def test_two_programs_of_one_name_stay_apart() -> None:
     eight = "define void @k(ptr %out) {\nentry:\n  store i32 8, ptr %out\n  ret void\n}\n"
     p7, p8 = LLVMProgram(dev, "k", dev.compile(seven)), LLVMProgram(dev, "k", dev.compile(eight))
     out = np.zeros(2, np.int32)
-    p7(out.ctypes.data)
-    p8(out[1:].ctypes.data)
+    p7(out.ctypes.data, wait=True)  # (waited for: launches may run on the device's thread)
+    p8(out[1:].ctypes.data, wait=True)
     assert out.tolist() == [7, 8]
 
 
@@ -194,7 +194,7 @@ def test_rendered_kernels_run_with_variables_and_threads() -> None:
     src = dev.renderer.render("squares", uops)
     prog = dev.load(CompiledProgram("squares", dev.name, "LLVM", src, dev.compile(src), 1, (0,), ("n",)))
     res = np.full(64, -1, np.int32)
-    prog(res.ctypes.data, vals=(20,), global_size=(2, 1, 1))
+    prog(res.ctypes.data, vals=(20,), global_size=(2, 1, 1), wait=True)
     want = [(k * k // 20 + t) if k < 20 else -1 for t in (0, 1) for k in range(32)]
     assert res.tolist() == want
 

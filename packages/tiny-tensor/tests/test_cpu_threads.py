@@ -1,5 +1,6 @@
 """The CPU device on all cores: a kernel split across threads computes bit for bit what one thread computes, the
-thread count comes from the machine or THREADS, and every kernel shares one pool (no oversubscription)."""
+thread count comes from the machine or THREADS, and every kernel of a device shares its one pool (no
+oversubscription)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tensor_helpers import poison
 from tiny.codegen import Opt, OptOps, get_program
 from tiny.codegen.opt.actions import MAX_THREADS
 from tiny.ir.device import Device
-from tiny.runtime.cpu import _pool
+from tiny.runtime.cpu import _pool, share
 from tiny.tensor import Tensor
 from tiny.tensor.realize import compiled
 
@@ -73,11 +74,11 @@ def test_a_sum_down_an_odd_number_of_columns() -> None:
 
 
 def test_one_pool_for_every_kernel_and_thread() -> None:
-    """Four Python threads run threaded kernels at once: the kernels' threads all come from one pool of one thread
-    per core, and each sum is exact."""
+    """Four Python threads run threaded kernels at once: the kernels' threads all come from the device's one pool of
+    its share of the cores (all of them, where it is the only CPU device open), and each sum is exact."""
     dev = Device["CPU"]
-    assert _pool(dev.threads) is _pool(dev.threads)
-    assert _pool(dev.threads)._max_workers == dev.threads  # at most this many threads compute, whoever launches
+    pool = _pool(dev.name, share())
+    assert pool is _pool(dev.name, share()) and pool._max_workers == share()  # at most this many, whoever launches
     x = np.ones(1 << 21, dtype=np.float32)  # 2M: the first of the sum's two kernels is split across the cores
     threaded = [compiled(i.ast, "CPU")[0].global_size[0] for i in (Tensor(x, device="CPU") * 2).sum().schedule()]
     assert max(threaded) > 1 or dev.threads == 1, threaded
@@ -97,7 +98,7 @@ def test_one_pool_for_every_kernel_and_thread() -> None:
         t.join()
     assert not errors
     assert results == {i: float(i * x.size) for i in range(4)}  # (whole numbers below 2**24: exact in float32)
-    assert _pool(dev.threads)._max_workers == dev.threads and len(_pool(dev.threads)._threads) <= dev.threads
+    assert len(pool._threads) <= share()
 
 
 def test_thread_count_from_the_machine_or_threads() -> None:

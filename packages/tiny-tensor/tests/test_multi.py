@@ -4,13 +4,26 @@ The devices are instances of the CPU (CPU:0, CPU:1, CPU:2) and, where mixed, PYT
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import pytest
 
-from tiny.ir.device import Device, DeviceUnavailable, RingCollective, UnknownDevice, buffer_of
+from tiny.ir.device import (
+    Device,
+    DeviceUnavailable,
+    RingCollective,
+    SharedMemoryCollective,
+    UnknownDevice,
+    buffer_of,
+    collective_for,
+)
 from tiny.ir.uop import Ops, UOp
 from tiny.nn import optim
+from tiny.runtime import cpu
 from tiny.tensor import Tensor, TinyJit
+from tiny.tensor.realize import GlobalCounters
 
 torch = pytest.importorskip("torch")
 
@@ -92,18 +105,74 @@ def test_reductions_along_the_split_axis_all_reduce(devices: tuple[str, ...], ax
     np.testing.assert_allclose(x.var(axis).numpy(), torch.tensor(a).var(axis).numpy(), rtol=1e-4)
 
 
+@pytest.mark.parametrize("collective", [RingCollective(), SharedMemoryCollective()])
 @pytest.mark.parametrize("shape", [(5, 3), (3, 20001)])  # whole copies; the ring (16384 or more elements a device)
-def test_all_reduce_gives_each_device_the_same_bits(shape: tuple[int, ...]) -> None:
+def test_all_reduce_gives_each_device_the_same_bits(collective, shape: tuple[int, ...]) -> None:  # noqa: ANN001
     parts = [Tensor(rand(*shape, seed=i), device=d) for i, d in enumerate(THREE)]
     for op, ref in ((Ops.ADD, np.sum), (Ops.MAX, np.max), (Ops.MUL, np.prod)):
-        out = RingCollective().all_reduce(op, [p.uop for p in parts])
+        out = collective.all_reduce(op, [p.uop for p in parts])
         values = [Tensor(u).numpy() for u in out]
         assert [u.device for u in out] == [p.device for p in parts]
         np.testing.assert_allclose(values[0], ref([p.numpy() for p in parts], axis=0), rtol=1e-6, atol=1e-6)
         for v in values[1:]:
             np.testing.assert_array_equal(v, values[0])
-    scalars = RingCollective().all_reduce(Ops.ADD, [p.sum().uop for p in parts])  # fewer elements than devices
+    scalars = collective.all_reduce(Ops.ADD, [p.sum().uop for p in parts])  # fewer elements than devices
     assert {Tensor(u).item() for u in scalars} == {Tensor(scalars[0]).item()}
+
+
+@pytest.mark.parametrize(("devices", "size", "kernels"), [(TWO, 50000, 2), (THREE, 1000, 3), (THREE, 60000, 6)])
+def test_cpu_devices_all_reduce_in_place_with_a_kernel_a_step(
+    devices: tuple[str, ...], size: int, kernels: int
+) -> None:
+    """The CPU devices share memory: their all-reduce reads each device's part where it lies, with no copy; one
+    kernel a device (the total), or two where more than two devices split a large value (the chunk totals, then each
+    device's whole). The gradient goes back the same way."""
+    assert isinstance(collective_for(devices), SharedMemoryCollective)
+    values = [rand(size, seed=i) for i in range(len(devices))]
+    parts = [Tensor(v, device=d).realize() for v, d in zip(values, devices)]
+    before = GlobalCounters.kernels, GlobalCounters.copies
+    out = [Tensor(u) for u in collective_for(devices).all_reduce(Ops.ADD, [p.uop for p in parts])]
+    out[0].realize(*out[1:])
+    assert (GlobalCounters.kernels - before[0], GlobalCounters.copies - before[1]) == (kernels, 0)
+    for t, d in zip(out, devices):
+        assert t.device == Device.canonicalize(d)
+        np.testing.assert_allclose(t.numpy(), np.sum(values, axis=0), rtol=1e-6, atol=1e-6)
+    x = Tensor(np.stack(values), requires_grad=True)
+    y = x.shard(devices, axis=0)
+    (y.sum(axis=0) * Tensor(values[0]).to(devices)).sum().backward()  # a sum over the split axis: the all-reduce
+    assert x.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), np.broadcast_to(values[0], x.shape), rtol=1e-6)
+
+
+def test_cpu_devices_run_side_by_side_on_their_share_of_the_cores() -> None:
+    """With several CPU devices open each has its share of the cores and a queue its thread runs in order; copies
+    between them wait for both queues, and the host reads a device's memory once its queue is done. A long chain of
+    copies around three devices, each followed by work on the receiving device, ends with every value right."""
+    for d in THREE:
+        Device[d]
+    cores = max(1, len(os.sched_getaffinity(0)) // len(cpu._opened))
+    assert cpu.queued() and cpu.share() == (cpu.THREADS.value or cores)
+    t = Tensor(np.arange(4096, dtype=np.float32), device=THREE[0])
+    for step in range(12):
+        t = (t.to(THREE[(step + 1) % 3]) + 1).realize()
+    np.testing.assert_array_equal(t.numpy(), np.arange(4096, dtype=np.float32) + 12)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:  # Python threads giving work to the same devices at once
+        try:
+            x = Tensor(rand(64, 64, seed=i)).shard(TWO, axis=0)
+            np.testing.assert_allclose(
+                (x @ x.T).sum(1).numpy(), (rand(64, 64, seed=i) @ rand(64, 64, seed=i).T).sum(1), rtol=1e-4
+            )
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2])

@@ -1,5 +1,10 @@
 """The CPU device: C from the C renderer compiled by clang or gcc, or (CPU:LLVM) LLVM IR from the LLVM renderer
-compiled in-process by llvmlite; either way for the host's vector ISA, and run in-process on one pool of threads.
+compiled in-process by llvmlite; either way for the host's vector ISA, and run in-process on the device's threads.
+
+Several CPU devices (`CPU`, `CPU:1` ...: a tensor sharded over them) split the cores between them: each runs its
+kernels on its share (the cores this process may run on over the CPU devices open, or THREADS each), in order on a
+thread of its own, beside the others (tiny.runtime.cpu_queue). A kernel is compiled for all the cores either way: its
+parts run on however many threads its device has.
 
 `CPU` alone takes the fastest path this machine has: C through clang where a clang is on PATH, else LLVM IR through
 llvmlite (no compiler needed), else C through gcc. `CC=gcc` (any C compiler), `CPU:C` and `CPU:LLVM` choose."""
@@ -33,9 +38,17 @@ from tiny.ir.device import (
     host_memory,
     usable_cores,
 )
+from tiny.ir.device.collective import SHARED_MEMORY
+from tiny.runtime.cpu_queue import Queue, meet
 from tiny.runtime.llvm import INSTALL_HINT, LLVMCompiler, LoadedObject, host, llvmlite_present, require_llvmlite
 
-THREADS = flag("THREADS", int, 0, "CPU threads one kernel may use; 0: one per core this process may run on")
+THREADS = flag(
+    "THREADS",
+    int,
+    0,
+    "CPU threads one kernel may use (each CPU device's, where several are open); 0: one per core this process may run "
+    "on, split evenly over the CPU devices open",
+)
 CC = flag("CC", str, "", "the C compiler the CPU device uses; empty finds clang, then gcc, on PATH")
 
 ALIGN = 64  # bytes; one cache line, enough for any vector ISA
@@ -108,14 +121,40 @@ def host_vector_width() -> int:
 
 
 def thread_count() -> int:
-    """Threads a kernel may use: THREADS, else the cores this process may run on."""
+    """The parts a kernel is compiled to split into (a thread each): THREADS, else the cores this process may run on."""
     return THREADS.value if THREADS.value > 0 else usable_cores()
 
 
+_opened: list[CPUDevice] = []  # the CPU devices this process has opened (CPU, CPU:1, CPU:LLVM ...), in order
+
+
+def _side_by_side() -> int:
+    """The CPU devices open that can compute at the same time: one per index (CPU and CPU:LLVM are the same device
+    under another compiler, which a program uses one after the other: they are not given half the cores each)."""
+    return len({_index(d.name) for d in _opened})
+
+
+def _index(name: str) -> str:
+    parts = name.split(":")
+    return parts[1] if len(parts) > 1 and parts[1].isdigit() else "0"
+
+
+def share() -> int:
+    """Threads each CPU device runs its kernels on: THREADS, else its share of the cores over the CPU devices open."""
+    return THREADS.value if THREADS.value > 0 else max(1, usable_cores() // max(1, _side_by_side()))
+
+
+def queued() -> bool:
+    """Whether CPU launches go to their device's thread (CPU devices of several indices are open), rather than run
+    where given."""
+    return _side_by_side() > 1
+
+
 @cache
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """The one pool of worker threads of the process: kernels share it, so cores are never oversubscribed."""
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tiny-cpu")
+def _pool(name: str, workers: int) -> ThreadPoolExecutor:
+    """A device's pool of worker threads (its share of the cores): its kernels share it, so that the devices together
+    never run more threads than there are cores."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"tiny-{name}")
 
 
 # how every kernel is compiled (with -march/-mcpu native); part of the disk cache's key, so a binary compiled with
@@ -214,10 +253,13 @@ class CPUAllocator(LRUAllocator):
     takes for a pointer as it is, so that a launch converts nothing. The ctypes array that owns the memory is kept
     by address until it is freed for real."""
 
-    caps = AllocatorCaps(host_visible=True, aligned=ALIGN, views=True, foreign=True)
+    # (transfer: a copy between two CPU devices is a memmove when both queues have come to it)
+    caps = AllocatorCaps(host_visible=True, aligned=ALIGN, views=True, foreign=True, transfer=True)
 
-    def __init__(self) -> None:
+    def __init__(self, queue: Queue | None = None) -> None:
         super().__init__()
+        # the device's launches: done before the host touches its memory (alone: launches that always run when given)
+        self.queue = queue if queue is not None else Queue("CPU", lambda: False)
         self.owners: dict[int, ctypes.Array] = {}  # each allocation's address -> the array that holds its memory
 
     def _alloc(self, size: int) -> Any:
@@ -230,6 +272,7 @@ class CPUAllocator(LRUAllocator):
         return addr
 
     def _free(self, opaque: Any, size: int) -> None:
+        self.queue.synchronize()  # (a launch given before may still read it)
         del self.owners[opaque]
 
     def memory(self) -> tuple[int, int] | None:
@@ -248,10 +291,16 @@ class CPUAllocator(LRUAllocator):
         return opaque
 
     def copyin(self, dest: Any, src: memoryview) -> None:
+        self.queue.synchronize()
         self.as_memoryview(dest, src.nbytes)[:] = src
 
     def copyout(self, dest: memoryview, src: Any) -> None:
+        self.queue.synchronize()
         dest[:] = self.as_memoryview(src, dest.nbytes)
+
+    def transfer(self, dest: Any, src: Any, size: int, src_device: Compiled, dest_device: Compiled) -> None:
+        assert isinstance(src_device, CPUDevice) and isinstance(dest_device, CPUDevice)
+        meet([src_device.queue, dest_device.queue], ctypes.memmove, dest, src, size)
 
 
 def _dlclose(handle: int) -> None:
@@ -296,23 +345,38 @@ class CPUProgram(Program):
         return fn
 
     def __call__(self, *bufs: Any, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False) -> float | None:
-        threads = global_size[0]
+        if not wait:
+            self.device.queue.submit(self.run, bufs, global_size[0], tuple(vals))
+            return None
+        self.device.synchronize()
+        start = time.perf_counter()
+        self.run(bufs, global_size[0], tuple(vals))
+        return time.perf_counter() - start
+
+    def run(self, bufs: tuple[Any, ...], threads: int, vals: tuple[int, ...] = ()) -> None:
+        """The kernel on the calling thread, now: one call, or one per part (its number last, gidx0) on the device's
+        threads; ctypes lets go of the GIL during each."""
         fn = self.function(len(bufs), len(vals), threads > 1)
-        start = time.perf_counter() if wait else 0.0
         if threads == 1:
             fn(*bufs, *vals)  # (addresses and ints: ctypes converts them by the declared argtypes)
-        else:  # one call per thread, its number last (gidx0); ctypes lets go of the GIL during each
-            pool = _pool(self.device.threads)
-            for f in [pool.submit(fn, *bufs, *vals, t) for t in range(threads)]:
-                f.result()
-        return time.perf_counter() - start if wait else None
+            return
+        if (workers := share()) == 1:
+            for t in range(threads):
+                fn(*bufs, *vals, t)
+            return
+        pool = _pool(self.device.name, workers)
+        for f in [pool.submit(fn, *bufs, *vals, t) for t in range(threads)]:
+            f.result()
 
     def launcher(
         self, n_bufs: int, global_size: tuple[int, int, int], local_size: tuple[int, int, int]
     ) -> Callable[..., None]:
-        if global_size[0] == 1:  # one thread: the ctypes function itself, which takes the opaques (addresses) as is
-            return self.function(n_bufs, 0, False)
-        return super().launcher(n_bufs, global_size, local_size)
+        submit, threads = self.device.queue.submit, global_size[0]
+        if threads == 1:  # one thread: the ctypes function itself, which takes the opaques (addresses) as is
+            fn = self.function(n_bufs, 0, False)
+            return lambda *bufs: submit(fn, *bufs)
+        run = self.run
+        return lambda *bufs: submit(run, bufs, threads)
 
 
 class LLVMProgram(CPUProgram):
@@ -330,6 +394,7 @@ class CPUDevice(Compiled):
 
     priority = 10
     renderers = ("C", "LLVM")
+    collective = SHARED_MEMORY  # (the CPU devices of a process read each other's memory)
 
     @classmethod
     def default_renderer(cls) -> str:
@@ -350,8 +415,26 @@ class CPUDevice(Compiled):
             self.cc = ""
         else:
             self.cc = find_compiler()
-        self.threads = thread_count()
-        super().__init__(name, CPUAllocator(), LLVMProgram if renderer == "LLVM" else CPUProgram, renderer)
+        self.threads = thread_count()  # (the parts each kernel is compiled to split into)
+        self.queue = Queue(name, queued)
+        super().__init__(name, CPUAllocator(self.queue), LLVMProgram if renderer == "LLVM" else CPUProgram, renderer)
+        _opened.append(self)
+
+    def synchronize(self) -> None:
+        self.queue.synchronize()
+
+    def launch_with(
+        self,
+        others: tuple[Compiled, ...],
+        runner: Program,
+        args: tuple[Any, ...],
+        global_size: tuple[int, int, int],
+        local_size: tuple[int, int, int],
+        vals: tuple[int, ...] = (),
+    ) -> None:
+        """The kernel when all the devices' queues have come to it (see cpu_queue.meet)."""
+        assert isinstance(runner, CPUProgram) and all(isinstance(o, CPUDevice) for o in others)
+        meet([self.queue, *(o.queue for o in others)], runner.run, args, global_size[0], vals)  # type: ignore[attr-defined]
 
     def set_compiler(self, cc: str) -> None:
         """Compile this device's C with `cc` (a C compiler on PATH) from now on, whatever CC says: one process can

@@ -138,6 +138,7 @@ def train_in(args: argparse.Namespace, world: mpi.World | None) -> dict[str, flo
             p.shard_(devices)
     if world is not None:  # data-parallel over processes: rank 0's weights everywhere (the seeds make them equal too)
         world.broadcast(get_state_dict(model).values())
+        mpi.SyncBatchNorm.convert(model, world)  # the whole batch's statistics, as one process would take them
     params = [p for p in get_parameters(model) if p.requires_grad]
     opt = nn.optim.Adam(params, lr=args.lr)
 
@@ -156,9 +157,8 @@ def train_in(args: argparse.Namespace, world: mpi.World | None) -> dict[str, flo
             accuracy = (logits.argmax(1) == y).float().mean()
         return loss, accuracy, [p.grad for p in params if p.grad is not None]
 
-    # over MPI the step is two: the gradients (jitted), their all-reduce between the processes, the update (jitted)
-    local_gradients = TinyJit(lambda x, y: realized(gradients(x, y)))
-
+    # over MPI the step is three: the gradients (each process's part of the whole batch's, through the batch norms'
+    # sums over the processes: host all-reduces inside, so not jitted), their all-reduce, the update (jitted)
     @TinyJit
     def update(*grads: Tensor) -> None:
         for p, g in zip(params, grads, strict=True):
@@ -168,8 +168,14 @@ def train_in(args: argparse.Namespace, world: mpi.World | None) -> dict[str, flo
     def mpi_step(x: np.ndarray, y: np.ndarray, world: mpi.World) -> tuple[float, float]:
         mine = world.share(len(x))
         weight = (mine.stop - mine.start) / len(x)  # this process's share of the batch's mean loss
-        loss, accuracy, grads = local_gradients(Tensor(x[mine]), Tensor(y[mine]))
-        update(*world.all_reduce(grads, weight))  # (the grads the step returned: a replay does not set p.grad)
+        y_mine = Tensor(y[mine])
+        with Tensor.train():
+            logits = model(Tensor(x[mine]))
+            loss = logits.cross_entropy(y_mine)
+            parts = world.gradients(loss * weight, params)
+        accuracy = (logits.argmax(1) == y_mine).float().mean().realize(loss)  # (before the update writes the weights)
+        grads = [p.zeros_like() if g is None else g for p, g in zip(params, parts)]
+        update(*world.all_reduce(grads, weight=1.0))
         return world.sum(loss.item() * weight), world.sum(accuracy.item() * weight)
 
     rng = np.random.default_rng(args.seed)
@@ -223,12 +229,6 @@ def train_in(args: argparse.Namespace, world: mpi.World | None) -> dict[str, flo
         sys.exit(f"mnist: cannot save the checkpoint to {args.save}: {e.strerror or e}")
     print(f"saved {args.save}; evaluate it with: python -m tiny.examples.mnist --eval {args.save}")
     return {"losses": losses, "test_accuracy": test_acc}
-
-
-def realized(outs: tuple[Tensor, Tensor, list[Tensor]]) -> tuple[Tensor, Tensor, list[Tensor]]:
-    loss, accuracy, grads = outs
-    loss.realize(accuracy, *grads)
-    return outs
 
 
 def quiet(*args: object, **kwargs: object) -> None:
@@ -327,8 +327,9 @@ the device: the fastest present, or the one DEVICE names (DEVICE=CPU, DEVICE=CUD
 data-parallel: the model on each device, each batch split among them, batch norm over the whole batch, the gradients
 all-reduced (the same losses as one device, within float rounding). --mpi trains data-parallel over processes
 (mpirun -n 2 python -m tiny.examples.mnist --mpi): each process on one device with its share of each batch, the
-gradients averaged with an MPI all-reduce; batch norm's statistics are each process's share's (as PyTorch DDP without
-SyncBatchNorm), so the losses are near one process's, not equal; rank 0 prints, evaluates and saves."""
+gradients summed with an MPI all-reduce, batch norm over the whole batch (tiny.nn.mpi.SyncBatchNorm: its sums
+all-reduced forward and backward), so the losses are one process's with the whole batch, within float rounding; rank
+0 prints, evaluates and saves."""
 
 
 def parser() -> argparse.ArgumentParser:

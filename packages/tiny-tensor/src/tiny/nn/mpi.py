@@ -18,23 +18,32 @@ A training loop with it:
             opt.step()
 
 Layers that mix the rows of a batch (batch norm) see only the process's share, as in PyTorch's DDP without
-SyncBatchNorm: their statistics are the share's.
+SyncBatchNorm: their statistics are the share's. `SyncBatchNorm.convert(model, world)` makes its batch norms take
+the whole batch's statistics, as PyTorch's SyncBatchNorm does; the gradient then flows through the other processes'
+statistics too, which backward() cannot see: take it from `world.gradients` instead (`python -m tiny.examples.mnist
+--mpi` does):
+
+            loss = model(Tensor(x[mine])).cross_entropy(Tensor(y[mine]))
+            grads = world.all_reduce(world.gradients(loss * weight, params), weight=1.0)
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
 import traceback
+import types
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from tiny.ir.dtypes import DType
+from tiny.nn.layers import _BatchNorm
 from tiny.tensor import Tensor
 
 # set by the launchers in each process they start: Open MPI's mpirun, and the PMI/PMIx ones (MPICH's, Slurm's srun)
@@ -84,6 +93,8 @@ class World:
     size: int
     comm: Any  # mpi4py.MPI.Comm
     timeout: float = 300.0
+    # the sums over the processes taken since the last `gradients` (synced_sum): (this process's part, the total)
+    synced: list[tuple[Tensor, Tensor]] = field(default_factory=list, repr=False)
 
     def share(self, n: int) -> slice:
         """The rows of a batch of `n` this process takes: contiguous, sizes as numpy.array_split cuts them."""
@@ -132,6 +143,37 @@ class World:
                 at += t.numel()
         return out
 
+    def synced_sum(self, part: Tensor) -> Tensor:
+        """`part` summed over the processes (one host all-reduce), as a new tensor: the statistics of a whole batch
+        (SyncBatchNorm). What flows back into the total is all-reduced by `gradients`, which reaches each
+        process's part through it."""
+        total = self.all_reduce([part.detach()], weight=1.0)[0].requires_grad_()
+        self.synced.append((part, total))
+        return total
+
+    def gradients(self, loss: Tensor, params: list[Tensor]) -> list[Tensor | None]:
+        """This process's part of the gradient of the sum over the processes of their `loss` (each weighted by its
+        share, for the whole batch's mean) with respect to `params`: all_reduce(parts, weight=1.0) sums the parts
+        into that gradient. Where the forward took sums over the processes (synced_sum), the loss of each process
+        depends on every process's rows through them: the gradient of each total is all-reduced, last first (a
+        total's gradient reaches the totals taken before it), and flows on into this process's part. None where a
+        parameter does not reach the loss. Without synced sums this is loss.gradient(*params)."""
+        synced, self.synced[:] = list(self.synced), []
+        reaching: list[tuple[Tensor, Tensor]] = []  # (a part, the gradient of its total over every process's loss)
+        for part, total in reversed(synced):
+            (g,) = self._through(loss, reaching).gradient(total)
+            g = total.zeros_like() if g is None else g
+            reaching.append((part, self.all_reduce([g], weight=1.0)[0]))
+        grads = self._through(loss, reaching).gradient(*params)
+        return list(grads)
+
+    @staticmethod
+    def _through(loss: Tensor, reaching: list[tuple[Tensor, Tensor]]) -> Tensor:
+        """`loss` plus each part's sum weighted by its total's gradient: its gradient is the whole job's."""
+        for part, g in reaching:
+            loss = loss + (part * g).sum()
+        return loss
+
     def sum(self, value: float) -> float:
         """`value` summed over the processes (a loss weighted by each share sums to the whole batch's)."""
         total = np.empty(1)
@@ -172,3 +214,84 @@ class World:
             flush=True,
         )
         self.comm.Abort(code or 1)  # (status 0 mid-run is an early exit all the same: the others would wait for it)
+
+
+class SyncBatchNorm(_BatchNorm):
+    """Batch norm whose training statistics are the whole batch's over the processes of a World (PyTorch's
+    SyncBatchNorm): each channel's mean and variance from the sums of every process's rows (World.synced_sum, a host
+    all-reduce each), the running statistics updated with them on every process alike. The gradient must come from
+    World.gradients, which all-reduces what flows back through the sums. Out of training, the running statistics.
+    `SyncBatchNorm.convert(model, world)` puts one in place of each batch norm layer of a model, over its tensors."""
+
+    def __init__(self, layer: _BatchNorm, world: World) -> None:
+        vars(self).update(vars(layer))  # the layer's tensors and settings, under its names (state dicts keep them)
+        self.ndims = layer.ndims
+        self._world = _Of(world)
+
+    @classmethod
+    def convert(cls, module: Any, world: World) -> Any:
+        """`module` with each batch norm layer in its attributes, lists and dicts (at any depth; not in tuples)
+        replaced by a SyncBatchNorm over the layer's tensors; a batch norm layer itself comes back converted."""
+        if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
+            return cls(module, world)
+        seen: set[int] = set()
+        todo = [module]
+        while todo:
+            obj = todo.pop()
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            for key, value in _held(obj):
+                if not isinstance(value, _BatchNorm) or isinstance(value, SyncBatchNorm):
+                    todo.append(value)
+                elif isinstance(obj, (list, dict)):
+                    obj[key] = cls(value, world)
+                else:
+                    setattr(obj, key, cls(value, world))
+        return module
+
+    def __call__(self, x: Tensor) -> Tensor:
+        self._check_input(x, self.ndims)
+        if x.shape[1] != self.num_features:
+            raise ValueError(f"{type(self).__name__}({self.num_features}) got {x.shape[1]} channels in {x.shape}")
+        if not Tensor.is_training() and self.running_mean is not None:  # eval: the running statistics
+            return x.batch_norm(self.running_mean, self.running_var, self.weight, self.bias, False, eps=self.eps)
+        world = self._world.world
+        axes = (0, *range(2, x.ndim))
+        shape = (1, x.shape[1], *([1] * (x.ndim - 2)))
+        count = world.sum(float(math.prod(x.shape[a] for a in axes)))  # values per channel in the whole batch
+        if count <= 1:
+            raise ValueError(f"batch norm in training needs more than one value per channel, got {count:g} in all")
+        mean = world.synced_sum(x.sum(axis=axes)) / count
+        var = world.synced_sum((x - mean.reshape(shape)).square().sum(axis=axes)) / count
+        if Tensor.is_training() and self.track_running_stats:
+            assert self.running_mean is not None and self.running_var is not None
+            factor = self._update_factor()
+            self.running_mean.assign((1 - factor) * self.running_mean + factor * mean.detach())
+            self.running_var.assign((1 - factor) * self.running_var + factor * var.detach() * (count / (count - 1)))
+        y = (x - mean.reshape(shape)) * (var.reshape(shape) + self.eps).rsqrt()
+        if self.weight is not None:
+            y = y * self.weight.reshape(shape)
+        return y if self.bias is None else y + self.bias.reshape(shape)
+
+
+def _held(obj: Any) -> list[tuple[Any, Any]]:
+    """What a model holds where a layer can be replaced: a list's items, a dict's, an object's attributes (not a
+    tensor's, a class's or a module's)."""
+    if isinstance(obj, list):
+        return list(enumerate(obj))
+    if isinstance(obj, dict):
+        return list(obj.items())
+    if isinstance(obj, (Tensor, type, types.ModuleType)) or not hasattr(obj, "__dict__"):
+        return []
+    return list(vars(obj).items())
+
+
+class _Of:
+    """The World a layer takes its sums in, out of reach of get_state_dict (no __dict__: its tensors are not the
+    model's)."""
+
+    __slots__ = ("world",)
+
+    def __init__(self, world: World) -> None:
+        self.world = world

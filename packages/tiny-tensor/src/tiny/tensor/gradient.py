@@ -140,7 +140,7 @@ def _mod_grad(node: UOp, g: UOp) -> Grads:
 
 def _copy_grad(node: UOp, g: UOp) -> Grads:
     src = node.source
-    return (UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, arg=src.device))), None)
+    return (UOp(Ops.COPY, g.dtype, (g, UOp(Ops.DEVICE, arg=src.device)), node.arg), None)  # (read in place, as it)
 
 
 LN2 = math.log(2)

@@ -346,6 +346,8 @@ def _replay_profiled(rec: _Recording, handles: list[Any], swap: dict[Buffer, Buf
         prog, args = ln.program, _patched(args, patches, handles)
         vals = tuple(by_name[n] for n in prog.var_names)
         runner: Any = ln.runner
+        for b in ln.buffers:  # (a kernel that reads other devices' memory: what they were given first is done)
+            Device[b.device].synchronize()
         seconds = runner(*args, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals, wait=True)
         report_kernel(prog, vals, start, seconds, False, True)
 

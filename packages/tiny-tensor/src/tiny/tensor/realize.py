@@ -166,6 +166,8 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
         if prog.var_names:  # a kernel over symbolic sizes: their values are its integer arguments
             vals = _values(prog, var_vals)
             launch = functools.partial(runner, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals)
+        if others := _other_devices(buffers, device):  # it reads other devices' memory: launched when they meet it
+            launch = _launch_with(device, others, runner, prog, vals)
         if not timed:  # (the usual run: launched, not waited for)
             launch(*map(_opaque, buffers))  # (the opaques allocated when first asked for)
         if _captures:
@@ -173,11 +175,38 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
         GlobalCounters.kernels += 1
         GlobalCounters.flops += prog.flops
         GlobalCounters.mem_bytes += prog.mem_bytes
-        if timed:
+        if timed and others:
+            start = time.perf_counter()
+            launch(*map(_opaque, buffers))
+            Device[device].synchronize()
+            elapsed = time.perf_counter() - start
+            GlobalCounters.time_s += elapsed
+            report_kernel(prog, vals, start, elapsed, debug >= 2, profiling)
+        elif timed:
             opaques, start = map(_opaque, buffers), time.perf_counter()
             elapsed = runner(*opaques, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals, wait=True)
             GlobalCounters.time_s += elapsed
             report_kernel(prog, vals, start, elapsed, debug >= 2, profiling)
+
+
+def _other_devices(buffers: tuple[Buffer, ...], device: str) -> tuple[str, ...]:
+    """The devices other than `device` whose memory a kernel's buffers are (a collective's kernel on devices that
+    share memory reads each device's part where it lies); usually none."""
+    others: tuple[str, ...] = ()
+    for b in buffers:
+        if b.device != device and b.device not in others:
+            others += (b.device,)
+    return others
+
+
+def _launch_with(
+    device: str, others: tuple[str, ...], runner: Program, prog: CompiledProgram, vals: tuple[int, ...]
+) -> Callable[..., None]:
+    """A launch of a kernel that reads other devices' memory: through its device's launch_with, which has it wait for
+    what they were given before, and them for it."""
+    dev, grid, local = Device[device], prog.grid(vals), prog.local_size
+    with_devices = tuple(Device[d] for d in others)
+    return lambda *opaques: dev.launch_with(with_devices, runner, opaques, grid, local, vals)
 
 
 def report_kernel(

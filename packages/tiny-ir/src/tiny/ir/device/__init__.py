@@ -7,13 +7,14 @@
   `python -m tiny.ir.device`.
 - `buffer`: Buffer (memory on a device) and the BUFFER nodes of the graph that stand for buffers.
 - `collective`: all-reduce and all-gather of a tensor on several devices, as copies and ops in the graph (Collective,
-  and RingCollective, the default a device class may replace with its own).
+  and RingCollective, the default a device class may replace with its own; SharedMemoryCollective, for devices whose
+  kernels read each other's memory).
 
 Everything is imported from here (`from tiny.ir.device import Compiled, Device, Buffer`).
 """
 
 from tiny.ir.device.buffer import Buffer, buffer_of, device_node, new_buffer, new_buffer_view, new_foreign_buffer
-from tiny.ir.device.collective import Collective, RingCollective
+from tiny.ir.device.collective import Collective, RingCollective, SharedMemoryCollective
 from tiny.ir.device.interface import (
     INTERFACE_VERSION,
     LIST_HINT,
@@ -72,6 +73,7 @@ __all__ = [
     "Renderer",
     "RendererCaps",
     "RingCollective",
+    "SharedMemoryCollective",
     "TensorCore",
     "UnknownDevice",
     "VECTOR_DTYPES",

@@ -3,7 +3,9 @@
 A collective is written as graph nodes: copies between devices (COPY) and the ops that combine what they bring, so
 autograd derives it by its rules, the scheduler fuses the combining into the kernels around it, and TinyJit replays it
 as the copies and kernels it ran. `RingCollective` is the default for any devices; a runtime with a faster transport
-(an NCCL-like library) subclasses `Collective` and names it in its device class's `collective`."""
+(an NCCL-like library) subclasses `Collective` and names it in its device class's `collective`, as the CPU names
+`SharedMemoryCollective` (its devices' memory is one address space: a kernel reads every device's part where it
+lies, so the all-reduce is one kernel a step and no copies)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,10 @@ from tiny.ir.uop import Ops, UOp
 
 _COMBINE = {Ops.ADD: "sum", Ops.MAX: "max", Ops.MUL: "product"}
 RING_LEAST = 1 << 14  # elements a device below which the ring copies whole values instead (see RingCollective)
+# a COPY's arg: the destination's kernels read the source's memory where it lies, with no copy (devices that share
+# memory: SharedMemoryCollective). The scheduler realizes the source on its own device, and the kernels that read the
+# COPY take that buffer; a COPY asked for as a tensor of its own is copied as any other
+IN_PLACE = "in place"
 
 
 def split_sizes(size: int, parts: int) -> tuple[int, ...]:
@@ -32,6 +38,11 @@ def bounds(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
 def copy_to(u: UOp, device: str) -> UOp:
     """u on `device` (u itself where it is there already)."""
     return u if u.device == device else UOp(Ops.COPY, u.dtype, (u, UOp(Ops.DEVICE, arg=device)))
+
+
+def read_in_place(u: UOp, device: str) -> UOp:
+    """u as a kernel on `device` reads it: in the memory of u's own device (u itself where it is there already)."""
+    return u if u.device == device else UOp(Ops.COPY, u.dtype, (u, UOp(Ops.DEVICE, arg=device)), IN_PLACE)
 
 
 def concat(parts: list[UOp], axis: int) -> UOp:
@@ -75,17 +86,14 @@ class RingCollective(Collective):
     norm's statistics, a bias's gradient) are not cut into pieces smaller than a kernel's launch."""
 
     def all_reduce(self, op: Ops, parts: list[UOp]) -> list[UOp]:
-        if op not in _COMBINE:
-            raise ValueError(f"all-reduce combines by {', '.join(o.name for o in _COMBINE)}, not {op.name}")
-        if len({p.shape for p in parts}) != 1:
-            raise ValueError(f"all-reduce needs parts of one shape, got {[p.shape for p in parts]}")
+        _check(op, parts)
         n, shape = len(parts), parts[0].shape
         if n == 1:
             return list(parts)
         size = math.prod(shape)
         devices = [p.device for p in parts]
         if n == 2 or size < n * RING_LEAST:
-            return [self._combined(op, [copy_to(p, d) for p in parts]) for d in devices]
+            return [_combined(op, [copy_to(p, d) for p in parts]) for d in devices]
         flat = [UOp(Ops.RESHAPE, p.dtype, (p,), (size,)) for p in parts]
         cuts = bounds(split_sizes(size, n))
         totals: list[UOp] = []
@@ -104,12 +112,50 @@ class RingCollective(Collective):
     def all_gather(self, parts: list[UOp], axis: int) -> list[UOp]:
         return [concat([copy_to(p, d) for p in parts], axis) for d in (p.device for p in parts)]
 
-    @staticmethod
-    def _combined(op: Ops, values: list[UOp]) -> UOp:
-        out = values[0]
-        for v in values[1:]:
-            out = UOp(op, out.dtype, (out, v))
-        return out
+
+class SharedMemoryCollective(Collective):
+    """For devices whose memory is one address space (the CPU devices of a process): a device's kernel reads another
+    device's memory where it lies (read_in_place), so nothing is copied. All-reduce: each device's total is the parts
+    combined in the order of the devices by one kernel on it, which fuses into what reads the total; or, for values
+    of RING_LEAST elements a device or more on more than two devices, in two steps of one kernel each: device c
+    combines chunk c of every part (each device reads 1/n of the bytes of every part, not all of them), then each
+    device reads the n chunks' totals into its whole (fused into what reads it). All-gather copies, as the ring does."""
+
+    def all_reduce(self, op: Ops, parts: list[UOp]) -> list[UOp]:
+        _check(op, parts)
+        n, shape = len(parts), parts[0].shape
+        if n == 1:
+            return list(parts)
+        size = math.prod(shape)
+        devices = [p.device for p in parts]
+        if n == 2 or size < n * RING_LEAST:
+            return [_combined(op, [read_in_place(p, d) for p in parts]) for d in devices]
+        totals = []
+        for c, (lo, hi) in enumerate(bounds(split_sizes(size, n))):  # chunk c of every part, read by device c
+            flat = [UOp(Ops.RESHAPE, p.dtype, (read_in_place(p, devices[c]),), (size,)) for p in parts]
+            totals.append(_combined(op, [UOp(Ops.SHRINK, f.dtype, (f,), ((lo, hi),)) for f in flat]))
+        return [
+            UOp(Ops.RESHAPE, p.dtype, (concat([read_in_place(t, d) for t in totals], 0),), shape)
+            for p, d in zip(parts, devices)
+        ]
+
+    def all_gather(self, parts: list[UOp], axis: int) -> list[UOp]:
+        return RING.all_gather(parts, axis)  # (copies: a gathered value is often a parameter an update writes later)
+
+
+def _check(op: Ops, parts: list[UOp]) -> None:
+    if op not in _COMBINE:
+        raise ValueError(f"all-reduce combines by {', '.join(o.name for o in _COMBINE)}, not {op.name}")
+    if len({p.shape for p in parts}) != 1:
+        raise ValueError(f"all-reduce needs parts of one shape, got {[p.shape for p in parts]}")
+
+
+def _combined(op: Ops, values: list[UOp]) -> UOp:
+    out = values[0]
+    for v in values[1:]:
+        out = UOp(op, out.dtype, (out, v))
+    return out
 
 
 RING = RingCollective()
+SHARED_MEMORY = SharedMemoryCollective()

@@ -30,8 +30,9 @@ from tiny.ir.uop import UOp
 # CompiledProgram.grid, a workgroup count over a Variable, and a kernel's fewer workgroups than its gidx ranges;
 # Compiler.compile_many and Compiled.compile_many, several kernels in one compiler run; 1.7:
 # RendererCaps.narrow_vectors; 1.8: Renderer.unavailable, why a renderer cannot be used here; 1.9:
-# Compiled.collective, a device's own all-reduce and all-gather)
-INTERFACE_VERSION = (1, 9)
+# Compiled.collective, a device's own all-reduce and all-gather; 1.10: Compiled.launch_with, a kernel that reads
+# other devices' memory)
+INTERFACE_VERSION = (1, 10)
 
 
 # the dtypes kernels compute on in hardware vectors (RendererCaps.vector_lanes; the code generator's vector ops)
@@ -365,6 +366,22 @@ class Compiled:
 
     def synchronize(self) -> None:
         pass
+
+    def launch_with(
+        self,
+        others: tuple[Compiled, ...],
+        runner: Program,
+        args: tuple[Any, ...],
+        global_size: tuple[int, int, int],
+        local_size: tuple[int, int, int],
+        vals: tuple[int, ...] = (),
+    ) -> None:
+        """Launch a kernel of this device that reads memory of the devices `others` too (devices that share memory,
+        whose collective reads each device's part where it lies): after what each of them was given before, and
+        before what each is given after. This one waits for them all, runs the kernel to its end, and goes on."""
+        for device in others:
+            device.synchronize()
+        runner(*args, global_size=global_size, local_size=local_size, vals=vals, wait=True)
 
     def graph(self, launches: list[GraphLaunch]) -> Callable[[list[tuple[Any, ...]]], None] | None:
         """A replay of kernels TinyJit captured, in one submission (a CUDA graph ...): a callable that takes each

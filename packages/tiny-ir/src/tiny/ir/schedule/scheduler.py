@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from tiny.ir import profile, sint, viz
 from tiny.ir.config import PROFILE, SCHEDULE_CACHE, VIZ
 from tiny.ir.device import buffer_of, device_computes, new_buffer, new_buffer_view, opened_caps
+from tiny.ir.device.collective import IN_PLACE
 from tiny.ir.dtypes import dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
 from tiny.ir.schedule.cache import SCHEDULES, Schedule, ScheduleItem, Template, check_same, structure_of
@@ -91,7 +92,7 @@ def _realize_set(sink: UOp, forced: set[UOp]) -> set[UOp]:
     """The nodes that must become buffers."""
     realize = {t for t in sink.src if not is_realized(t)} | forced
     for u in sink.toposort:
-        if u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN):
+        if u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and not _in_place(u):
             realize.add(u)
         if u.op is Ops.COPY and not is_realized(u.source):
             realize.add(u.source)
@@ -238,7 +239,7 @@ class _KernelBuilder:
         return evaluate((u, path), self._children, self._combine)
 
     def _is_leaf(self, u: UOp) -> bool:
-        return u is not self.root and (u in self.realize or is_realized(u))
+        return u is not self.root and (u in self.realize or is_realized(u) or _in_place(u))
 
     def _children(self, key: tuple[UOp, tuple[UOp, ...]]) -> list[tuple[UOp, tuple[UOp, ...]]]:
         u, path = key
@@ -256,8 +257,11 @@ class _KernelBuilder:
     def _combine(self, key: tuple[UOp, tuple[UOp, ...]], srcs: list[UOp]) -> UOp:
         u, path = key
         if self._is_leaf(u):
-            buf = self.buffers[u] if u in self.realize else (u if u.op is Ops.BUFFER else u.source)
-            view = _view_through(_memory_view(u.shape, self.layouts.get(u)), path)
+            memory = u.source if _in_place(u) and u not in self.realize else u  # (the source's buffer, where it lies)
+            buf = (
+                self.buffers[memory] if memory in self.realize else memory if memory.op is Ops.BUFFER else memory.source
+            )
+            view = _view_through(_memory_view(u.shape, self.layouts.get(memory)), path)
             return UOp(Ops.READ, u.dtype, (self.global_arg(buf), UOp(Ops.VIEW, arg=view)))
         if u.op is Ops.CONST:
             return UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=_view_through(View.create(()), path)),), u.arg)
@@ -393,6 +397,11 @@ def read_through(copy: UOp, chain: tuple[UOp, ...]) -> UOp:
         else:
             view = _reshape(view, m.source.shape)
     return view
+
+
+def _in_place(u: UOp) -> bool:
+    """A COPY that the kernels reading it read in its source's memory, on the source's device (collective.IN_PLACE)."""
+    return u.op is Ops.COPY and u.arg == IN_PLACE
 
 
 def _reads_memory(u: UOp) -> bool:
