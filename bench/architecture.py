@@ -47,6 +47,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from bench.checkout import environment, source_folders
+
 HERE = Path(__file__).resolve().parents[1]
 TOP_FUNCTIONS = 10
 NO_CODE_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
@@ -250,33 +252,10 @@ print(json.dumps({"events": events, "renderer": type(Device["CPU"].renderer).__n
 """
 
 
-def _dist_info(root: Path, folder: Path) -> None:
-    """dist-info folders naming the checkout's entry points, to put before the installed ones on sys.path: an
-    environment's editable installs may name another checkout's modules."""
-    for pyproject in sorted((root / "packages").glob("*/pyproject.toml")):
-        project = tomllib.loads(pyproject.read_text())["project"]
-        info = folder / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
-        )
-        groups = project.get("entry-points", {})
-        text = "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in points.items()) for g, points in groups.items())
-        (info / "entry_points.txt").write_text(text)
-
-
 def call_path(root: Path) -> dict[str, Any]:
-    srcs = [str(p.resolve()) for p in sorted((root / "packages").glob("*/src"))]
+    srcs = source_folders(root)
     with tempfile.TemporaryDirectory(prefix="tiny-architecture-") as tmp:
-        meta = Path(tmp) / "meta"
-        _dist_info(root, meta)
-        env = os.environ | {
-            "PYTHONPATH": os.pathsep.join([str(meta), *srcs]),
-            "CACHEDB": str(Path(tmp) / "cache.db"),
-            "DEVICE": "CPU",
-        }
-        for name in ("DEBUG", "BEAM", "NOOPT", "VIZ", "PROFILE", "REPLAY_RECORD"):
-            env.pop(name, None)
+        env = environment(root, Path(tmp)) | {"CACHEDB": str(Path(tmp) / "cache.db"), "DEVICE": "CPU"}
         done = subprocess.run(
             [sys.executable, "-c", CALL_PATH_CHILD, *srcs], env=env, cwd=tmp, capture_output=True, text=True
         )
