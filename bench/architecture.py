@@ -308,10 +308,16 @@ def measure(root: Path) -> dict[str, Any]:
 
 
 def _commit(root: Path) -> str:
-    done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True)  # fmt: skip
-    return (done.stdout.strip() or "unknown") + ("+" if dirty.stdout.strip() else "")
+    """The checkout's short commit, + where tracked files have changes; the folder's name where git cannot say."""
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True)  # fmt: skip
+    except OSError:  # (no git here)
+        return root.name
+    if head.returncode != 0:
+        return root.name
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 def _table(title: str, rows: list[list[str]], header: list[str]) -> str:
