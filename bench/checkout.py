@@ -22,14 +22,18 @@ def source_folders(root: Path) -> list[str]:
 
 
 def write_entry_points(root: Path, folder: Path) -> None:
-    """A dist-info folder per package of the checkout (its name, version and entry points) into `folder`; first on
-    sys.path, they are the distributions importlib.metadata finds."""
+    """A dist-info folder per package of the checkout (its name, version, requirements and entry points) into
+    `folder`; first on sys.path, they are the distributions importlib.metadata finds."""
     for pyproject in sorted((root / "packages").glob("*/pyproject.toml")):
         project = tomllib.loads(pyproject.read_text())["project"]
         name, version = project["name"], project["version"]
         info = folder / f"{name.replace('-', '_')}-{version}.dist-info"
         info.mkdir(parents=True, exist_ok=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+        lines += [f"Requires-Dist: {d}" for d in project.get("dependencies", [])]
+        for extra, deps in project.get("optional-dependencies", {}).items():
+            lines += [f"Provides-Extra: {extra}", *(f"Requires-Dist: {d} ; extra == '{extra}'" for d in deps)]
+        (info / "METADATA").write_text("\n".join(lines) + "\n")
         groups = project.get("entry-points", {})
         text = "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in points.items()) for g, points in groups.items())
         (info / "entry_points.txt").write_text(text)
