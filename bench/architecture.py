@@ -389,7 +389,8 @@ def _nth(longest: list[tuple[str, int]], i: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.architecture", description=__doc__.splitlines()[0])
+    about = "the figures of how the code is shaped (issue 32), for one checkout or several side by side"
+    p = argparse.ArgumentParser(prog="python -m bench.architecture", description=about)
     p.add_argument("--root", type=Path, action="append", help="a checkout (repeat for columns; default: this one)")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the figures as JSON")
     args = p.parse_args(argv)
