@@ -278,3 +278,35 @@ def test_the_model_benchmark_runs(tmp_path: Path) -> None:
         assert all(math.isfinite(sides[s]["figure"]) and sides[s]["figure"] > 0 for s in want)
         assert set(entry["ratios"]) == set(want[1:]) and entry["target_met"] is None
     assert "| bert_base |" in (tmp_path / "m.md").read_text()
+
+
+def test_compare_takes_the_two_checkouts_in_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.compare import turns
+
+    assert turns(["a", "b"], 2) == [
+        (0, "a", "before"), (0, "a", "after"), (0, "b", "after"), (0, "b", "before"),
+        (1, "a", "after"), (1, "a", "before"), (1, "b", "before"), (1, "b", "after"),
+    ]  # fmt: skip
+
+
+def test_compare_runs_a_workload_on_two_checkouts(tmp_path: Path) -> None:
+    """bench.compare with this checkout on both sides: a row of finite figures for tiny and PyTorch, each side's
+    run from the checkout it names."""
+    out = tmp_path / "compare.json"
+    cmd = [sys.executable, "-m", "bench.compare", str(ROOT), str(ROOT), "--quick", "--rounds", "1", "--only", "sum"]
+    done = subprocess.run([*cmd, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert row["workload"] == "sum"
+    for key in ("tiny_before", "tiny_after", "torch_before", "torch_after", "after_over_before", "normalized"):
+        assert _finite_positive(row[key]), (key, row)
+    assert [len(report["runs"][side]["sum"]) for side in ("before", "after")] == [1, 1]
+    assert "geometric mean after/before" in done.stdout and "sum" in done.stdout
+
+
+def test_compare_refuses_a_folder_that_is_no_checkout(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "bench.compare", str(tmp_path), str(ROOT), "--quick", "--only", "sum"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "is not a checkout of tiny" in done.stderr
