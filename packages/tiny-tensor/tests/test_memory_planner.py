@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from tiny.ir.device import Buffer, Device, buffer_of
 from tiny.ir.schedule import create_schedule
@@ -135,3 +136,40 @@ def test_devices_without_views_allocate_each_buffer():
     x = Tensor(rng.standard_normal(64).astype(np.float32), device="PYTHON")
     items, temps = _planned(_chain(x, 4).sum())
     assert all(b.base is None for b in temps)
+
+
+def test_a_gradient_reads_the_forward_buffers_it_saved():
+    """A forward realized on a gradient's path keeps its intermediates (autograd reads them again, as saved tensors):
+    sin's gradient reads each step's input from its buffer."""
+    xn = rng.standard_normal(256).astype(np.float32)
+    x = Tensor(xn, requires_grad=True)
+    h = x
+    for _ in range(6):
+        h = (h.sin() * 1.5).contiguous()
+    out = h.sum()
+    out.numpy()  # the forward runs here, its buffers kept for the backward
+    out.backward()
+    xt = torch.tensor(xn, requires_grad=True)
+    ht = xt
+    for _ in range(6):
+        ht = ht.sin() * 1.5
+    ht.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_jit_keeps_the_schedules_shared_memory_as_planned():
+    """TinyJit plans a capture's buffers by size: a buffer whose memory the scheduler gave to a smaller one (a view of
+    it) must not go to a third while that view is still read."""
+    n = 4096
+
+    @TinyJit
+    def step(x: Tensor) -> Tensor:  # (each name rebound: no tensor holds the values between the kernels)
+        t = (x.reshape(1, n).expand(2, n) * 2).contiguous()  # 2n
+        t = (t[0] + t[1]).contiguous()  # n
+        t = (t * 3).contiguous()  # n: the scheduler puts it in the first one's memory
+        t = (t.reshape(1, n).expand(2, n) + 1).contiguous()  # 2n: TinyJit must not put it there too
+        return (t * 1).sum(0).realize()
+
+    for _ in range(4):
+        xn = rng.standard_normal(n).astype(np.float32)
+        np.testing.assert_allclose(step(Tensor(xn)).numpy(), 2 * (xn * 4 * 3 + 1), rtol=1e-5)

@@ -256,6 +256,17 @@ def _unwritten(view: UOp) -> bool:
     return _written(base) < view.__dict__[_ORIGIN].when
 
 
+def saves_graphs(reads: tuple[UOp, ...]) -> bool:
+    """Whether a schedule that reads these buffers is remembered for gradients (record_origins): outside no_grad, where
+    one of them is on a gradient's path. Its buffers are then all read again by a gradient, as saved tensors."""
+    if NO_GRAD.value:
+        return False
+    for b in reads:  # (a loop: any() of a generator is two calls more on Python 3.11)
+        if _GRAD_PATH in b.__dict__:
+            return True
+    return False
+
+
 def record_origins(becomes: dict[UOp, UOp], reads: tuple[UOp, ...]) -> None:
     """Remember the graph each new buffer view computed (the first one: later ones are writes into it), and when --
     where a gradient may pass: outside no_grad, and where the graph read memory on a gradient's path (a leaf with
@@ -265,12 +276,7 @@ def record_origins(becomes: dict[UOp, UOp], reads: tuple[UOp, ...]) -> None:
     is remembered (no gradient can pass it), as PyTorch saves nothing for ops on tensors that need no gradient: a
     remembered graph keeps the buffer it read alive, and that one the buffer before it (`x = f(x).realize()` in a
     loop would keep every step's buffer)."""
-    now, before, saving = next(_clock), None, False
-    if not NO_GRAD.value:
-        for b in reads:  # (a loop: any() of a generator is two calls more on Python 3.11)
-            if _GRAD_PATH in b.__dict__:
-                saving = True
-                break
+    now, before, saving = next(_clock), None, saves_graphs(reads)
     for node, view in becomes.items():
         if node.op is _ASSIGN:
             memory_of(view)[0].__dict__[_WRITTEN] = now

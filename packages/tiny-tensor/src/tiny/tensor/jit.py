@@ -228,7 +228,10 @@ def _record(launches: list[Launch], inputs: list[Buffer], out: Any, given: froze
             "know their next values. Pass the bound Variable as an argument (or in an argument's shape)."
         )
     kept = {b for t in Tensor._live if is_realized(t.uop) for b in t._buffers()}  # what live tensors hold stays
-    internal = _internal(launches, set(inputs) | kept)
+    # memory the scheduler's planner shares already (a view and the buffer it views) keeps its plan: planned again
+    # here by Buffer alone, the buffer could be given to another while its view is still read
+    views = {b for ln in launches for b in ln.buffers if b.base is not None}
+    internal = _internal(launches, set(inputs) | kept | views | {b.base for b in views})
     before = sum(b.nbytes for b in internal)
     plan = _plan(launches, internal)
     launches = [replace(ln, buffers=tuple(plan.get(b, b) for b in ln.buffers)) for ln in launches]

@@ -18,7 +18,7 @@ from tiny.ir.schedule.memory import share_memory
 from tiny.ir.sint import check_size, is_size_expr, sym_eval, variables
 from tiny.ir.uop import GroupOp, Ops, UOp, substitute
 from tiny.tensor.activations import ActivationOps
-from tiny.tensor.autograd import NO_GRAD, AutogradOps, no_grad_wrap, record_origins
+from tiny.tensor.autograd import NO_GRAD, AutogradOps, no_grad_wrap, record_origins, saves_graphs
 from tiny.tensor.binaryfns import BinaryFnOps
 from tiny.tensor.checks import check_dtype, const, default_int, on_device, shards_of, wide_ints
 from tiny.tensor.conversions import ConversionOps
@@ -182,8 +182,10 @@ class Tensor(
             return self
         sched = create_schedule(targets)
         done = sched.becomes | sched.renamed if sched.renamed else sched.becomes
-        rebound, held = _rebound(done, len(sched.fresh) > 1)
-        if held is not None:  # the buffers no tensor reads after this share memory (tiny.ir.schedule.memory)
+        # the buffers no tensor reads after this share memory (tiny.ir.schedule.memory), but where a gradient may read
+        # them again (autograd keeps the schedule's graphs: saved tensors)
+        rebound, held = _rebound(done, len(sched.fresh) > 1 and not saves_graphs(sched.reads))
+        if held is not None:
             kept = {b for u in held for b in done[u].toposort if b.op is Ops.BUFFER}
             share_memory(sched.items, [buffer_of(b) for b in sched.fresh if b not in kept])
         run_schedule(sched.items, sched.var_vals)
