@@ -125,8 +125,12 @@ def test_internal_buffers_are_planned() -> None:
         want = want * 1.5 + 1
     np.testing.assert_allclose(got, want, rtol=1e-5)
     (rec,) = jf.recordings.values()
-    before, after = rec.planned_bytes
-    assert before == 5 * 64 * 4 and after == 2 * 64 * 4, rec.planned_bytes  # two buffers take turns
+    out = jf(Tensor(x))._buffer()
+    memory = {b.base if b.base is not None else b for ln in rec.launches for b in ln.buffers}
+    internal = memory - set(rec.inputs) - {out}
+    # two allocations take turns (the scheduler's planner shares them within the step's schedule, TinyJit's across
+    # the schedules of a capture)
+    assert sum(b.nbytes for b in internal) == 2 * 64 * 4, [b.nbytes for b in internal]
 
 
 def test_jitted_training_matches_eager() -> None:
