@@ -150,7 +150,7 @@ def test_cpu_devices_run_side_by_side_on_their_share_of_the_cores() -> None:
     copies around three devices, each followed by work on the receiving device, ends with every value right."""
     for d in THREE:
         Device[d]
-    cores = max(1, len(os.sched_getaffinity(0)) // len(cpu._opened))
+    cores = max(1, len(os.sched_getaffinity(0)) // len(cpu._indices))
     assert cpu.queued() and cpu.share() == (cpu.THREADS.value or cores)
     t = Tensor(np.arange(4096, dtype=np.float32), device=THREE[0])
     for step in range(12):

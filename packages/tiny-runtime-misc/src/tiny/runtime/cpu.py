@@ -125,13 +125,9 @@ def thread_count() -> int:
     return THREADS.value if THREADS.value > 0 else usable_cores()
 
 
-_opened: list[CPUDevice] = []  # the CPU devices this process has opened (CPU, CPU:1, CPU:LLVM ...), in order
-
-
-def _side_by_side() -> int:
-    """The CPU devices open that can compute at the same time: one per index (CPU and CPU:LLVM are the same device
-    under another compiler, which a program uses one after the other: they are not given half the cores each)."""
-    return len({_index(d.name) for d in _opened})
+# the indices of the CPU devices this process has opened: CPU and CPU:LLVM are one device under two compilers, which a
+# program uses one after the other, so they do not split the cores (asked at every launch: kept as devices open)
+_indices: set[str] = set()
 
 
 def _index(name: str) -> str:
@@ -141,13 +137,13 @@ def _index(name: str) -> str:
 
 def share() -> int:
     """Threads each CPU device runs its kernels on: THREADS, else its share of the cores over the CPU devices open."""
-    return THREADS.value if THREADS.value > 0 else max(1, usable_cores() // max(1, _side_by_side()))
+    return THREADS.value if THREADS.value > 0 else max(1, usable_cores() // max(1, len(_indices)))
 
 
 def queued() -> bool:
     """Whether CPU launches go to their device's thread (CPU devices of several indices are open), rather than run
     where given."""
-    return _side_by_side() > 1
+    return len(_indices) > 1
 
 
 @cache
@@ -371,12 +367,13 @@ class CPUProgram(Program):
     def launcher(
         self, n_bufs: int, global_size: tuple[int, int, int], local_size: tuple[int, int, int]
     ) -> Callable[..., None]:
-        submit, threads = self.device.queue.submit, global_size[0]
+        put, threads, side_by_side = self.device.queue._put, global_size[0], _indices
+        # (while one CPU device is open a launch runs where it is given, with no call between: see Queue.submit)
         if threads == 1:  # one thread: the ctypes function itself, which takes the opaques (addresses) as is
             fn = self.function(n_bufs, 0, False)
-            return lambda *bufs: submit(fn, *bufs)
+            return lambda *bufs: fn(*bufs) if len(side_by_side) < 2 else put(fn, bufs)
         run = self.run
-        return lambda *bufs: submit(run, bufs, threads)
+        return lambda *bufs: run(bufs, threads) if len(side_by_side) < 2 else put(run, (bufs, threads))
 
 
 class LLVMProgram(CPUProgram):
@@ -418,7 +415,7 @@ class CPUDevice(Compiled):
         self.threads = thread_count()  # (the parts each kernel is compiled to split into)
         self.queue = Queue(name, queued)
         super().__init__(name, CPUAllocator(self.queue), LLVMProgram if renderer == "LLVM" else CPUProgram, renderer)
-        _opened.append(self)
+        _indices.add(_index(name))
 
     def synchronize(self) -> None:
         self.queue.synchronize()
