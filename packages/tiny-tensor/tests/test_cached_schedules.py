@@ -15,6 +15,7 @@ import pytest
 from tensor_helpers import assert_matches, small
 
 from tiny.ir.config import Context
+from tiny.ir.schedule import cache
 from tiny.ir.schedule.cache import SCHEDULES
 from tiny.tensor import Tensor, dtypes
 
@@ -69,6 +70,23 @@ def test_a_cached_schedule_computes_the_same_values(device: str, name: str, mode
     with Context(SCHEDULE_CACHE=mode):
         _run_three_times(device, CASES[name])
     assert SCHEDULES.hits > hits  # the later runs took schedules from the cache
+
+
+def test_a_graph_recorded_op_by_op_is_keyed_without_a_walk(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each elementwise op over nodes whose graph is known gets its graph's structure as it is made (x + 1 over a
+    tensor just realized, and so on): a chain longer than a walk at realize would key (NEW_NODES_LIMIT) is looked up
+    without one, and takes the cached schedule from its second run."""
+    start = Tensor([1.0, 2.0], device=device).realize()
+    (start * 1.0 + 0.5).realize()  # (a short chain first: the constants' structures, known from now on)
+    length = cache.NEW_NODES_LIMIT + 44
+    monkeypatch.setattr(cache, "_new_nodes", lambda targets: pytest.fail("walked the graph to key it"))
+    hits = SCHEDULES.hits
+    for _ in range(2):
+        x = start
+        for _ in range(length):
+            x = x * 1.0 + 0.5
+        assert x.tolist() == [1.0 + 0.5 * length, 2.0 + 0.5 * length]
+    assert SCHEDULES.hits == hits + 1
 
 
 def test_a_read_of_one_buffer_twice_is_not_a_read_of_two(device: str) -> None:

@@ -5,6 +5,8 @@ The devices are instances of the CPU (CPU:0, CPU:1, CPU:2) and, where mixed, PYT
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -142,6 +144,38 @@ def test_cpu_devices_all_reduce_in_place_with_a_kernel_a_step(
     (y.sum(axis=0) * Tensor(values[0]).to(devices)).sum().backward()  # a sum over the split axis: the all-reduce
     assert x.grad is not None
     np.testing.assert_allclose(x.grad.numpy(), np.broadcast_to(values[0], x.shape), rtol=1e-6)
+
+
+SECOND_DEVICE_OPENS = """
+import numpy as np
+from tiny.ir.device import Device
+from tiny.tensor import Tensor, TinyJit
+queue = Device["CPU"].queue
+step = TinyJit(lambda x: (x * 2 + 1).realize())
+x = Tensor(np.arange(4, dtype=np.float32)).realize()
+for _ in range(3):
+    step(x)
+(x + 5).realize()
+assert queue.given == 0, queue.given  # one CPU device open: every launch ran where it was given
+Device["CPU:1"]
+given = queue.given
+y = (x + 5).realize()  # a kernel built before: its launch asked for again, now given to the device's thread
+assert queue.given == given + 1, (given, queue.given)
+z = step(x)  # a replay recorded before
+assert queue.given == given + 2, (given, queue.given)
+print(y.tolist(), z.tolist())
+"""
+
+
+def test_a_second_cpu_device_opening_sends_launches_given_before_to_the_queue() -> None:
+    """While one CPU device is open its kernels run where they are launched, through launchers that are the compiled
+    functions themselves; once a second opens, the launchers kept from before (realize's programs, TinyJit's
+    recordings) are asked for again and launch on the device's thread, in order with its other work."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DEVICE", "THREADS")}
+    code = SECOND_DEVICE_OPENS
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["[5.0,", "6.0,", "7.0,", "8.0]", "[1.0,", "3.0,", "5.0,", "7.0]"]
 
 
 def test_cpu_devices_run_side_by_side_on_their_share_of_the_cores() -> None:

@@ -36,6 +36,7 @@ from tiny.ir.device import (
     LRUAllocator,
     Program,
     host_memory,
+    launchers_changed,
     usable_cores,
 )
 from tiny.ir.device.collective import SHARED_MEMORY
@@ -367,13 +368,18 @@ class CPUProgram(Program):
     def launcher(
         self, n_bufs: int, global_size: tuple[int, int, int], local_size: tuple[int, int, int]
     ) -> Callable[..., None]:
-        put, threads, side_by_side = self.device.queue._put, global_size[0], _indices
-        # (while one CPU device is open a launch runs where it is given, with no call between: see Queue.submit)
+        threads = global_size[0]
+        work: Callable[..., None] = self.function(n_bufs, 0, False) if threads == 1 else self.run
+        if queued():  # several CPU devices open: each launch goes to the device's thread
+            put = self.device.queue._put
+            if threads == 1:
+                return lambda *bufs: put(work, bufs)
+            return lambda *bufs: put(work, (bufs, threads))
+        # one CPU device open: a launch runs where it is given, with no call between (a second device opening makes
+        # this launcher stale: launchers_changed, see CPUDevice.__init__)
         if threads == 1:  # one thread: the ctypes function itself, which takes the opaques (addresses) as is
-            fn = self.function(n_bufs, 0, False)
-            return lambda *bufs: fn(*bufs) if len(side_by_side) < 2 else put(fn, bufs)
-        run = self.run
-        return lambda *bufs: run(bufs, threads) if len(side_by_side) < 2 else put(run, (bufs, threads))
+            return work
+        return lambda *bufs: work(bufs, threads)
 
 
 class LLVMProgram(CPUProgram):
@@ -415,7 +421,10 @@ class CPUDevice(Compiled):
         self.threads = thread_count()  # (the parts each kernel is compiled to split into)
         self.queue = Queue(name, queued)
         super().__init__(name, CPUAllocator(self.queue), LLVMProgram if renderer == "LLVM" else CPUProgram, renderer)
-        _indices.add(_index(name))
+        if (index := _index(name)) not in _indices:
+            _indices.add(index)
+            if len(_indices) == 2:  # launches given to run where given now go to the devices' threads
+                launchers_changed()
 
     def synchronize(self) -> None:
         self.queue.synchronize()

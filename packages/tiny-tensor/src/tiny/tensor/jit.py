@@ -27,11 +27,10 @@ from typing import Any, Generic, TypeVar
 
 from tiny.ir import profile
 from tiny.ir.config import PROFILE
-from tiny.ir.device import Buffer, Device, GraphLaunch, buffer_of
+from tiny.ir.device import Buffer, Device, GraphLaunch, buffer_of, launcher_epoch
 from tiny.ir.schedule import is_realized, rebind_graph
 from tiny.ir.sint import highest, unbind_size
 from tiny.ir.uop import Ops, UOp
-from tiny.tensor.checks import shards_of
 from tiny.tensor.creation import RNG
 from tiny.tensor.realize import JitError, Launch, capture, report_copy, report_kernel
 from tiny.tensor.shapes import prod
@@ -51,6 +50,7 @@ class _Recording:
     planned_bytes: tuple[int, int]  # bytes of internal buffers before and after planning
     graph: Callable[[list[tuple[Any, ...]]], None] | None = None  # the device's one-submission replay, if it has one
     variables: tuple[str, ...] = ()  # the Variables its kernels take, by name (each call's values are launched)
+    epoch: int = -1  # the launcher_epoch() its launches were given in
 
 
 class TinyJit(Generic[R]):
@@ -91,7 +91,7 @@ class TinyJit(Generic[R]):
 
     def _capture(self, args: tuple, kwargs: dict, tensors: list[Tensor]) -> tuple[_Recording, R]:
         inputs = [t._buffer() for t in tensors]
-        rng = (RNG.seed, RNG.counter)
+        rng, epoch = (RNG.seed, RNG.counter), launcher_epoch()
         _write_pending()  # state writes the warm-up left lazy happen now, not inside every replay
         with capture() as launches:
             out = self.fn(*args, **kwargs)
@@ -105,6 +105,7 @@ class TinyJit(Generic[R]):
                 "would repeat the same numbers. Draw them outside and pass them in as an argument."
             )
         rec = _record(launches, inputs, out, _given(args, kwargs, tensors))
+        rec.epoch = epoch  # (a device opened while capturing: the first replay asks for the launches again)
         return rec, out
 
 
@@ -127,12 +128,14 @@ def _prepare(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Tensor]]:
         if not isinstance(x, Tensor):
             return x
         x.realize()
-        if not all(map(_is_whole_buffer, shards_of(x.uop))):
-            x = x.contiguous().realize()
         if x.uop.op is Ops.MULTI:  # each device's part is an input of its own
+            if not all(map(_is_whole_buffer, x.uop.src)):
+                x = x.contiguous().realize()
             tensors.extend(x._operand(part) for part in x.uop.src)
-        else:
-            tensors.append(x)
+            return x
+        if not _is_whole_buffer(x.uop):
+            x = x.contiguous().realize()
+        tensors.append(x)
         return x
 
     new_args = tuple(whole(a) for a in args)
@@ -207,9 +210,9 @@ def _leaves(x: Any) -> list[Any]:
 def _rebuild(x: Any, inputs: dict[Buffer, Tensor]) -> Any:
     """The function's result with each tensor a new Tensor on the recorded (now overwritten) buffer, or the new
     input where the function returned an input."""
-    if isinstance(x, Tensor) and x.uop.op is Ops.MULTI:  # (a tensor on several devices: on the recorded buffers)
-        return Tensor(x.uop)
     if isinstance(x, Tensor):
+        if x.uop.op is Ops.MULTI:  # (a tensor on several devices: on the recorded buffers)
+            return Tensor(x.uop)
         given = inputs.get(x._buffer())
         return given if given is not None else Tensor(x.uop)
     if isinstance(x, (list, tuple)):
@@ -309,6 +312,8 @@ def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> A
                 "the replay would read it while overwriting it. Pass a copy (t.contiguous()) or a new tensor."
             )
     handles = [b.ensure_allocated().opaque for b in new]
+    if rec.epoch != launcher_epoch():
+        _relaunch(rec)
     if PROFILE.value and profile.enabled():  # each launch on its own, waited for and timed
         _replay_profiled(rec, handles, dict(zip(rec.inputs, new)), {v.arg[0]: n for v, n in values.items()})
     elif rec.graph is not None:  # one submission: each launch's arguments, with the new inputs patched in
@@ -317,6 +322,22 @@ def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> A
         _replay_launches(rec, handles, dict(zip(rec.inputs, new)), {v.arg[0]: n for v, n in values.items()})
     outputs = _rebound(rec.outputs, values) if rec.variables else rec.outputs
     return _rebuild(outputs, dict(zip(rec.inputs, tensors)))
+
+
+def _relaunch(rec: _Recording) -> None:
+    """The recording's kernel launches asked for again: a runtime said the launchers it gave before are stale. (A
+    kernel over Variables launches through its runner, one that reads other devices' memory through launch_with:
+    neither is a launcher.)"""
+    rec.epoch = launcher_epoch()
+    rec.launches = [
+        replace(ln, launch=ln.runner.launcher(p.n_buffers, p.global_size, p.local_size))
+        if (p := ln.program) is not None
+        and ln.runner is not None
+        and not p.var_names
+        and all(b.device == p.device for b in ln.buffers)
+        else ln
+        for ln in rec.launches
+    ]
 
 
 def _replay_launches(rec: _Recording, handles: list[Any], swap: dict[Buffer, Buffer], by_name: dict[str, int]) -> None:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from tiny.codegen import get_program, get_programs
 from tiny.ir import profile
 from tiny.ir.config import BEAM, DEBUG, NOOPT, PROFILE
-from tiny.ir.device import Buffer, CompiledProgram, Device, Program
+from tiny.ir.device import Buffer, CompiledProgram, Device, Program, launcher_epoch
 from tiny.ir.schedule import ScheduleItem
 from tiny.ir.uop import Ops, UOp
 
@@ -82,6 +82,7 @@ Programs = dict[tuple[UOp, str], Built]
 # it: a jitted function holds its own), so a process that builds many thousand kernels keeps a bounded number
 KEEP_PROGRAMS = 4096
 _programs_by_opts: dict[tuple[int, int], Programs] = {}  # (NOOPT, BEAM) -> the programs built under those flags
+_epoch = [0]  # the launcher_epoch() their launches were given in
 _opaque = operator.attrgetter("opaque")  # a buffer's memory, allocated when first asked for
 _COPY = Ops.COPY  # (an Enum member as a global: see tiny.ir.schedule.cache._BUFFER)
 
@@ -89,10 +90,23 @@ _COPY = Ops.COPY  # (an Enum member as a global: see tiny.ir.schedule.cache._BUF
 def programs() -> Programs:
     """The programs built in this process under the optimization flags in force now, by kernel AST and device: a
     kernel run under another NOOPT or BEAM is built again, under those."""
+    _launches_current()
     key = (NOOPT.value, BEAM.value)
     if (found := _programs_by_opts.get(key)) is None:
         found = _programs_by_opts[key] = {}
     return found
+
+
+def _launches_current() -> None:
+    """Every kept program's launch asked for again where a runtime said the launchers it gave before are stale (a
+    device opened: asked at each schedule, and within one after what may open a device -- a build, a copy, a kernel
+    that reads other devices' memory -- so that no launch given before runs after one given since)."""
+    if launcher_epoch() == _epoch[0]:
+        return
+    _epoch[0] = launcher_epoch()
+    for built in _programs_by_opts.values():
+        for key, (prog, runner, _) in built.items():
+            built[key] = Built(prog, runner, runner.launcher(prog.n_buffers, prog.global_size, prog.local_size))
 
 
 def compiled(ast: UOp, device: str) -> tuple[CompiledProgram, Program]:
@@ -114,8 +128,9 @@ def _loaded(key: tuple[UOp, str], prog: CompiledProgram, built: Programs) -> Bui
     launch = runner.launcher(prog.n_buffers, prog.global_size, prog.local_size)
     while len(built) >= KEEP_PROGRAMS:
         del built[next(iter(built))]
-    found = built[key] = Built(prog, runner, launch)
-    return found
+    built[key] = Built(prog, runner, launch)
+    _launches_current()  # (its device may have opened just now)
+    return built[key]
 
 
 def _build_ahead(items: list[ScheduleItem], built: Programs) -> None:
@@ -157,6 +172,7 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
                 _captures[-1].append(Launch((out, src)))
             if timed:
                 report_copy(out, src, start, time.perf_counter() - start, debug >= 2, profiling)
+            _launches_current()
             continue
         device = buffers[0].device
         if (found := built.get((ast, device))) is None:
@@ -168,6 +184,7 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
             launch = functools.partial(runner, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals)
         if others := _other_devices(buffers, device):  # it reads other devices' memory: launched when they meet it
             launch = _launch_with(device, others, runner, prog, vals)
+            _launches_current()
         if not timed:  # (the usual run: launched, not waited for)
             launch(*map(_opaque, buffers))  # (the opaques allocated when first asked for)
         if _captures:

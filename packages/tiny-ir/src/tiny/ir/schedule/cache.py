@@ -215,6 +215,30 @@ def _shape_of_targets(targets: list[UOp]) -> tuple[int | tuple, tuple[UOp, ...],
     return ids, buffers, devices  # (a tuple: one target's is an int)
 
 
+def keep_structure(node: UOp) -> None:
+    """Give a binary op's node, just made, the structure of its graph where both sources know theirs and one of them
+    at most reads buffers (an op recorded on tensors: x + 1), so that realizing it later finds the graph's key without
+    a walk. Other nodes are left to the walk at realize, which puts bigger graphs together under its budget."""
+    src = node.src
+    if len(src) == 2 and (a := src[0].__dict__.get(_SHAPE)) and (b := src[1].__dict__.get(_SHAPE)):
+        if (shape := _binary_shape(node, a, b)) is not None:
+            node.__dict__[_SHAPE] = shape
+
+
+def _binary_shape(u: UOp, a: _Shape, b: _Shape) -> _Shape | None:
+    """A binary op's shape from its sources', where one side at most has buffers (which side follows from the ids,
+    as in _merge); None where both have."""
+    a_id, a_buffers, a_devices = a
+    b_id, b_buffers, b_devices = b
+    if a_buffers and b_buffers:
+        return None
+    devices = a_devices if b_devices is a_devices or b_devices <= a_devices else a_devices | b_devices
+    entry = (u.op, u.dtype, u.argkey, (a_id, b_id))
+    if (i := _IDS.get(entry)) is None:
+        i = _intern(entry)
+    return i, a_buffers or b_buffers, devices
+
+
 def _new_nodes(targets: list[UOp]) -> list[UOp] | None:
     """The nodes of the targets' graph without a shape yet, each after its sources; None where there are more than
     NEW_NODES_LIMIT."""
@@ -243,14 +267,8 @@ def _new_nodes(targets: list[UOp]) -> list[UOp] | None:
 def _shape(u: UOp, sources: list[_Shape]) -> tuple[_Shape, int]:
     """A node's shape from its sources' shapes, and how many buffer lookups that took."""
     op = u.op
-    if len(sources) == 2:  # the usual case first (every binary op): as _merge does, with the id looked up here
-        (a, a_buffers, a_devices), (b, b_buffers, b_devices) = sources
-        if not a_buffers or not b_buffers:  # buffers on one side at most: which follows from the ids
-            devices = a_devices if b_devices is a_devices or b_devices <= a_devices else a_devices | b_devices
-            entry = (op, u.dtype, u.argkey, (a, b))
-            if (i := _IDS.get(entry)) is None:
-                i = _intern(entry)
-            return (i, a_buffers or b_buffers, devices), 0
+    if len(sources) == 2 and (shape := _binary_shape(u, *sources)) is not None:  # the usual case first
+        return shape, 0
     if len(sources) == 1:
         source, buffers, devices = sources[0]
         if op is _BUFFER:  # its size and dtype, not which buffer it is
