@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from tiny.ir import profile
 from tiny.ir.config import PROFILE
-from tiny.ir.device import Buffer, Device, GraphLaunch, buffer_of, launcher_epoch
+from tiny.ir.device import LAUNCHERS, Buffer, Device, GraphLaunch, buffer_of
 from tiny.ir.schedule import is_realized, rebind_graph
 from tiny.ir.sint import highest, unbind_size
 from tiny.ir.uop import Ops, UOp
@@ -50,7 +50,7 @@ class _Recording:
     planned_bytes: tuple[int, int]  # bytes of internal buffers before and after planning
     graph: Callable[[list[tuple[Any, ...]]], None] | None = None  # the device's one-submission replay, if it has one
     variables: tuple[str, ...] = ()  # the Variables its kernels take, by name (each call's values are launched)
-    epoch: int = -1  # the launcher_epoch() its launches were given in
+    epoch: int = -1  # the LAUNCHERS.epoch its launches were given in
 
 
 class TinyJit(Generic[R]):
@@ -91,7 +91,7 @@ class TinyJit(Generic[R]):
 
     def _capture(self, args: tuple, kwargs: dict, tensors: list[Tensor]) -> tuple[_Recording, R]:
         inputs = [t._buffer() for t in tensors]
-        rng, epoch = (RNG.seed, RNG.counter), launcher_epoch()
+        rng, epoch = (RNG.seed, RNG.counter), LAUNCHERS.epoch
         _write_pending()  # state writes the warm-up left lazy happen now, not inside every replay
         with capture() as launches:
             out = self.fn(*args, **kwargs)
@@ -312,7 +312,7 @@ def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> A
                 "the replay would read it while overwriting it. Pass a copy (t.contiguous()) or a new tensor."
             )
     handles = [b.ensure_allocated().opaque for b in new]
-    if rec.epoch != launcher_epoch():
+    if rec.epoch != LAUNCHERS.epoch:
         _relaunch(rec)
     if PROFILE.value and profile.enabled():  # each launch on its own, waited for and timed
         _replay_profiled(rec, handles, dict(zip(rec.inputs, new)), {v.arg[0]: n for v, n in values.items()})
@@ -328,7 +328,7 @@ def _relaunch(rec: _Recording) -> None:
     """The recording's kernel launches asked for again: a runtime said the launchers it gave before are stale. (A
     kernel over Variables launches through its runner, one that reads other devices' memory through launch_with:
     neither is a launcher.)"""
-    rec.epoch = launcher_epoch()
+    rec.epoch = LAUNCHERS.epoch
     rec.launches = [
         replace(ln, launch=ln.runner.launcher(p.n_buffers, p.global_size, p.local_size))
         if (p := ln.program) is not None

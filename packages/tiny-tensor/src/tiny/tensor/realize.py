@@ -13,7 +13,7 @@ from typing import NamedTuple
 from tiny.codegen import get_program, get_programs
 from tiny.ir import profile
 from tiny.ir.config import BEAM, DEBUG, NOOPT, PROFILE
-from tiny.ir.device import Buffer, CompiledProgram, Device, Program, launcher_epoch
+from tiny.ir.device import LAUNCHERS, Buffer, CompiledProgram, Device, Program
 from tiny.ir.schedule import ScheduleItem
 from tiny.ir.uop import Ops, UOp
 
@@ -82,7 +82,7 @@ Programs = dict[tuple[UOp, str], Built]
 # it: a jitted function holds its own), so a process that builds many thousand kernels keeps a bounded number
 KEEP_PROGRAMS = 4096
 _programs_by_opts: dict[tuple[int, int], Programs] = {}  # (NOOPT, BEAM) -> the programs built under those flags
-_epoch = [0]  # the launcher_epoch() their launches were given in
+_epoch = [0]  # the LAUNCHERS.epoch their launches were given in
 _opaque = operator.attrgetter("opaque")  # a buffer's memory, allocated when first asked for
 _COPY = Ops.COPY  # (an Enum member as a global: see tiny.ir.schedule.cache._BUFFER)
 
@@ -90,7 +90,8 @@ _COPY = Ops.COPY  # (an Enum member as a global: see tiny.ir.schedule.cache._BUF
 def programs() -> Programs:
     """The programs built in this process under the optimization flags in force now, by kernel AST and device: a
     kernel run under another NOOPT or BEAM is built again, under those."""
-    _launches_current()
+    if LAUNCHERS.epoch != _epoch[0]:
+        _launches_current()
     key = (NOOPT.value, BEAM.value)
     if (found := _programs_by_opts.get(key)) is None:
         found = _programs_by_opts[key] = {}
@@ -101,9 +102,9 @@ def _launches_current() -> None:
     """Every kept program's launch asked for again where a runtime said the launchers it gave before are stale (a
     device opened: asked at each schedule, and within one after what may open a device -- a build, a copy, a kernel
     that reads other devices' memory -- so that no launch given before runs after one given since)."""
-    if launcher_epoch() == _epoch[0]:
+    if LAUNCHERS.epoch == _epoch[0]:
         return
-    _epoch[0] = launcher_epoch()
+    _epoch[0] = LAUNCHERS.epoch
     for built in _programs_by_opts.values():
         for key, (prog, runner, _) in built.items():
             built[key] = Built(prog, runner, runner.launcher(prog.n_buffers, prog.global_size, prog.local_size))
@@ -182,9 +183,12 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
         if prog.var_names:  # a kernel over symbolic sizes: their values are its integer arguments
             vals = _values(prog, var_vals)
             launch = functools.partial(runner, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals)
-        if others := _other_devices(buffers, device):  # it reads other devices' memory: launched when they meet it
-            launch = _launch_with(device, others, runner, prog, vals)
-            _launches_current()
+        others = False
+        for b in buffers:  # (a loop, not a call: asked of every launch, and nearly always all on one device)
+            if b.device != device:  # it reads other devices' memory: launched when they meet it
+                launch, others = _launch_with(device, _other_devices(buffers, device), runner, prog, vals), True
+                _launches_current()
+                break
         if not timed:  # (the usual run: launched, not waited for)
             launch(*map(_opaque, buffers))  # (the opaques allocated when first asked for)
         if _captures:

@@ -137,7 +137,11 @@ class Tensor(
         """The tensor of an op's result: what Tensor(uop) makes, without dispatching on the argument's type."""
         if type(self) is not Tensor:  # (a subclass: its own constructor)
             return type(self)(uop)
-        t = self._operand(_expanded(no_grad_wrap(uop) if NO_GRAD.value else uop))
+        if NO_GRAD.value:
+            uop = no_grad_wrap(uop)
+        if type(uop.device) is tuple:  # (an op recorded on tensors on several devices: the op on each device)
+            uop = expand_multi(uop)
+        t = self._operand(uop)
         t._track()
         return t
 

@@ -17,6 +17,7 @@ from tiny.ir.device.buffer import Buffer, buffer_of, device_node, new_buffer, ne
 from tiny.ir.device.collective import Collective, RingCollective, SharedMemoryCollective
 from tiny.ir.device.interface import (
     INTERFACE_VERSION,
+    LAUNCHERS,
     LIST_HINT,
     VECTOR_DTYPES,
     Allocator,
@@ -36,7 +37,6 @@ from tiny.ir.device.interface import (
     device_entry_points,
     fold_grid,
     host_memory,
-    launcher_epoch,
     launchers_changed,
     load_renderer,
     out_of_memory,
@@ -56,6 +56,7 @@ from tiny.ir.device.registry import (
 
 __all__ = [
     "INTERFACE_VERSION",
+    "LAUNCHERS",
     "LIST_HINT",
     "Allocator",
     "AllocatorCaps",
@@ -88,7 +89,6 @@ __all__ = [
     "device_supports",
     "fold_grid",
     "host_memory",
-    "launcher_epoch",
     "launchers_changed",
     "load_renderer",
     "new_buffer",

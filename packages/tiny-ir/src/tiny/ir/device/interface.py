@@ -31,7 +31,7 @@ from tiny.ir.uop import UOp
 # Compiler.compile_many and Compiled.compile_many, several kernels in one compiler run; 1.7:
 # RendererCaps.narrow_vectors; 1.8: Renderer.unavailable, why a renderer cannot be used here; 1.9:
 # Compiled.collective, a device's own all-reduce and all-gather; 1.10: Compiled.launch_with, a kernel that reads
-# other devices' memory; 1.11: launchers_changed, launchers given before to be asked for again)
+# other devices' memory; 1.11: launchers_changed and LAUNCHERS.epoch, launchers given before to be asked for again)
 INTERFACE_VERSION = (1, 11)
 
 
@@ -193,19 +193,24 @@ class Program:
         return functools.partial(self, global_size=global_size, local_size=local_size)
 
 
-_launchers_given = [0]  # how many times a runtime said its launchers given before are stale (launcher_epoch)
+class _Launchers:
+    """How many times a runtime said that the launchers it gave before (Program.launcher) are stale: `epoch`, read
+    as an attribute (asked at every schedule run; a call would cost more than the read)."""
+
+    __slots__ = ("epoch",)
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+
+LAUNCHERS = _Launchers()
 
 
 def launchers_changed() -> None:
     """A runtime's launchers given before (Program.launcher) no longer launch as they must now (the CPU devices went
     from one, where a launch runs as it is given, to several, each running its own on a thread): callers that keep
-    launchers (realize's programs, TinyJit's recordings) ask for them again when launcher_epoch() has moved."""
-    _launchers_given[0] += 1
-
-
-def launcher_epoch() -> int:
-    """How many times launchers_changed() was said: a caller that keeps launchers keeps the epoch they were given in."""
-    return _launchers_given[0]
+    launchers (realize's programs, TinyJit's recordings) ask for them again when LAUNCHERS.epoch has moved."""
+    LAUNCHERS.epoch += 1
 
 
 @dataclass(frozen=True)
