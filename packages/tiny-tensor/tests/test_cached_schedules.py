@@ -72,10 +72,10 @@ def test_a_cached_schedule_computes_the_same_values(device: str, name: str, mode
     assert SCHEDULES.hits > hits  # the later runs took schedules from the cache
 
 
-def test_a_graph_recorded_op_by_op_is_keyed_without_a_walk(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each elementwise op over nodes whose graph is known gets its graph's structure as it is made (x + 1 over a
-    tensor just realized, and so on): a chain longer than a walk at realize would key (NEW_NODES_LIMIT) is looked up
-    without one, and takes the cached schedule from its second run."""
+def test_a_chain_recorded_op_by_op_is_keyed_without_the_walk(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain of new nodes, each over one new source and known ones (x * 1.0 + 0.5, again and again, over a tensor
+    realized before), is keyed by following it down: longer than the general walk would key (NEW_NODES_LIMIT), it is
+    looked up without that walk, and takes the cached schedule from its second run."""
     start = Tensor([1.0, 2.0], device=device).realize()
     (start * 1.0 + 0.5).realize()  # (a short chain first: the constants' structures, known from now on)
     length = cache.NEW_NODES_LIMIT + 44

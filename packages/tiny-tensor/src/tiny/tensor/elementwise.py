@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tiny.ir.device import device_computes, new_buffer_view
 from tiny.ir.dtypes import DType, dtypes, least_upper_dtype, to_dtype
 from tiny.ir.multi import relayout, shard_bounds
-from tiny.ir.schedule import data_view, keep_structure
+from tiny.ir.schedule import data_view
 from tiny.ir.uop import GroupOp, Ops, UOp, arg_key, make_node
 from tiny.tensor.autograd import NO_GRAD, no_grad_wrap
 from tiny.tensor.base import TensorBase
@@ -98,7 +98,6 @@ class ElementwiseOps(TensorBase):
         out_dtype = dtype or (dtypes.bool if op in GroupOp.Comparison else srcs[-1].dtype)
         node = make_node(UOp, op, out_dtype, srcs)  # (UOp(op, out_dtype, srcs): see make_node)
         node.take_shape_of(srcs[0])  # (its sources' shape and device: set here, not walked for by the properties)
-        keep_structure(node)  # (and the structure of its graph, which realize looks its schedule up by)
         return self._new(node)
 
     def cast(self, dtype: DType | str) -> Tensor:

@@ -6,7 +6,7 @@
   takes that schedule, rebound (SCHEDULE_CACHE).
 """
 
-from tiny.ir.schedule.cache import Schedule, ScheduleItem, keep_structure
+from tiny.ir.schedule.cache import Schedule, ScheduleItem
 from tiny.ir.schedule.scheduler import (
     copied_value,
     create_schedule,
@@ -27,7 +27,6 @@ __all__ = [
     "data_view",
     "is_memory",
     "is_realized",
-    "keep_structure",
     "lift_reshapes",
     "memory_of",
     "read_through",

@@ -9,7 +9,8 @@ by their path from the targets, buffers by slot (the graph's BUFFERs in order, t
 -- and instantiates it for another graph of the same structure without running the scheduler's rewrites.
 
 The key costs little where little is new: each node keeps the structure of the graph below it, so a new node over
-nodes seen before (x + 1 over a tensor just realized) is keyed from its sources' structures, not by a walk.
+nodes seen before (x + 1 over a tensor just realized) is keyed from its sources' structures, not by a walk, and a
+chain of new nodes each over one new source (x + 1 + 1 ..., recorded op by op) by following it down.
 
 What the structure does not show bypasses the cache: a graph that touches a device which only holds data (DISK:
 the scheduler makes views of its buffers' memory). What else the scheduler reads is part of the key: the caps of
@@ -188,7 +189,7 @@ def _intern(entry: tuple) -> int:
 
 def _shape_of_targets(targets: list[UOp]) -> tuple[int | tuple, tuple[UOp, ...], frozenset[str]] | None:
     """The shape of the targets' graph (as of a node whose sources they are), or None where too much is new."""
-    if len(targets) == 1:  # the usual case first: one target, known already or new over sources that are known
+    if len(targets) == 1:  # the usual case first: one target, known already or a chain of new nodes over known ones
         target = targets[0]
         if (known := target.__dict__.get(_SHAPE)) is not None:
             return known
@@ -199,6 +200,8 @@ def _shape_of_targets(targets: list[UOp]) -> tuple[int | tuple, tuple[UOp, ...],
             sources.append(known)
         else:  # (not kept on the target: realizing it replaces it with a view, which comes with its own)
             return _shape(target, sources)[0]
+        if (chain := _new_chain(target)) is not None:
+            return _shape_of_chain(chain)
     new = _new_nodes(targets)
     if new is None:
         return None
@@ -215,28 +218,37 @@ def _shape_of_targets(targets: list[UOp]) -> tuple[int | tuple, tuple[UOp, ...],
     return ids, buffers, devices  # (a tuple: one target's is an int)
 
 
-def keep_structure(node: UOp) -> None:
-    """Give a binary op's node, just made, the structure of its graph where both sources know theirs and one of them
-    at most reads buffers (an op recorded on tensors: x + 1), so that realizing it later finds the graph's key without
-    a walk. Other nodes are left to the walk at realize, which puts bigger graphs together under its budget."""
-    src = node.src
-    if len(src) == 2 and (a := src[0].__dict__.get(_SHAPE)) and (b := src[1].__dict__.get(_SHAPE)):
-        if (shape := _binary_shape(node, a, b)) is not None:
-            node.__dict__[_SHAPE] = shape
+def _new_chain(target: UOp) -> list[UOp] | None:
+    """The new nodes below a target where each has one source without a shape (x + 1, then + 1 again ... recorded op
+    by op since the last realize), the target first; None where one has more (the walk of _new_nodes puts those
+    together). Following the one new source down needs no record of the nodes seen."""
+    chain, u = [target], target
+    while True:
+        below = None
+        for s in u.src:  # (a loop: a comprehension is a call on Python 3.11)
+            if _SHAPE not in s.__dict__ and s is not below:
+                if below is not None:
+                    return None
+                below = s
+        if below is None:
+            return chain
+        chain.append(below)
+        u = below
 
 
-def _binary_shape(u: UOp, a: _Shape, b: _Shape) -> _Shape | None:
-    """A binary op's shape from its sources', where one side at most has buffers (which side follows from the ids,
-    as in _merge); None where both have."""
-    a_id, a_buffers, a_devices = a
-    b_id, b_buffers, b_devices = b
-    if a_buffers and b_buffers:
-        return None
-    devices = a_devices if b_devices is a_devices or b_devices <= a_devices else a_devices | b_devices
-    entry = (u.op, u.dtype, u.argkey, (a_id, b_id))
-    if (i := _IDS.get(entry)) is None:
-        i = _intern(entry)
-    return i, a_buffers or b_buffers, devices
+def _shape_of_chain(chain: list[UOp]) -> _Shape | None:
+    """The shape of a chain's first node (_new_chain), each node's kept on it on the way up; None past the budget."""
+    budget = _MERGE_BUDGET
+    for u in reversed(chain):
+        sources = []
+        for s in u.src:  # (a loop: a comprehension is a call on Python 3.11)
+            sources.append(s.__dict__[_SHAPE])
+        shape, cost = _shape(u, sources)
+        budget -= cost
+        if budget < 0:
+            return None
+        u.__dict__[_SHAPE] = shape
+    return shape
 
 
 def _new_nodes(targets: list[UOp]) -> list[UOp] | None:
@@ -267,8 +279,14 @@ def _new_nodes(targets: list[UOp]) -> list[UOp] | None:
 def _shape(u: UOp, sources: list[_Shape]) -> tuple[_Shape, int]:
     """A node's shape from its sources' shapes, and how many buffer lookups that took."""
     op = u.op
-    if len(sources) == 2 and (shape := _binary_shape(u, *sources)) is not None:  # the usual case first
-        return shape, 0
+    if len(sources) == 2:  # the usual case first (every binary op): as _merge does, with the id looked up here
+        (a, a_buffers, a_devices), (b, b_buffers, b_devices) = sources
+        if not a_buffers or not b_buffers:  # buffers on one side at most: which follows from the ids
+            devices = a_devices if b_devices is a_devices or b_devices <= a_devices else a_devices | b_devices
+            entry = (op, u.dtype, u.argkey, (a, b))
+            if (i := _IDS.get(entry)) is None:
+                i = _intern(entry)
+            return (i, a_buffers or b_buffers, devices), 0
     if len(sources) == 1:
         source, buffers, devices = sources[0]
         if op is _BUFFER:  # its size and dtype, not which buffer it is
