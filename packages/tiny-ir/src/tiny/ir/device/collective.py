@@ -10,6 +10,7 @@ lies, so the all-reduce is one kernel a step and no copies)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from tiny.ir.uop import Ops, UOp
 
@@ -86,28 +87,7 @@ class RingCollective(Collective):
     norm's statistics, a bias's gradient) are not cut into pieces smaller than a kernel's launch."""
 
     def all_reduce(self, op: Ops, parts: list[UOp]) -> list[UOp]:
-        _check(op, parts)
-        n, shape = len(parts), parts[0].shape
-        if n == 1:
-            return list(parts)
-        size = math.prod(shape)
-        devices = [p.device for p in parts]
-        if n == 2 or size < n * RING_LEAST:
-            return [_combined(op, [copy_to(p, d) for p in parts]) for d in devices]
-        flat = [UOp(Ops.RESHAPE, p.dtype, (p,), (size,)) for p in parts]
-        cuts = bounds(split_sizes(size, n))
-        totals: list[UOp] = []
-        for c, (lo, hi) in enumerate(cuts):  # chunk c starts on device c and ends, summed, on device c - 1
-            acc = UOp(Ops.SHRINK, flat[c].dtype, (flat[c],), ((lo, hi),))
-            for step in range(1, n):
-                d = (c + step) % n
-                own = UOp(Ops.SHRINK, flat[d].dtype, (flat[d],), ((lo, hi),))
-                acc = UOp(op, acc.dtype, (copy_to(acc, devices[d]), own))
-            totals.append(acc)
-        return [
-            UOp(Ops.RESHAPE, p.dtype, (concat([copy_to(t, d) for t in totals], 0),), shape)
-            for p, d in zip(parts, devices)
-        ]
+        return _in_chunks(op, parts, copy_to, _ring_totals)
 
     def all_gather(self, parts: list[UOp], axis: int) -> list[UOp]:
         return [concat([copy_to(p, d) for p in parts], axis) for d in (p.device for p in parts)]
@@ -122,25 +102,59 @@ class SharedMemoryCollective(Collective):
     device reads the n chunks' totals into its whole (fused into what reads it). All-gather copies, as the ring does."""
 
     def all_reduce(self, op: Ops, parts: list[UOp]) -> list[UOp]:
-        _check(op, parts)
-        n, shape = len(parts), parts[0].shape
-        if n == 1:
-            return list(parts)
-        size = math.prod(shape)
-        devices = [p.device for p in parts]
-        if n == 2 or size < n * RING_LEAST:
-            return [_combined(op, [read_in_place(p, d) for p in parts]) for d in devices]
-        totals = []
-        for c, (lo, hi) in enumerate(bounds(split_sizes(size, n))):  # chunk c of every part, read by device c
-            flat = [UOp(Ops.RESHAPE, p.dtype, (read_in_place(p, devices[c]),), (size,)) for p in parts]
-            totals.append(_combined(op, [UOp(Ops.SHRINK, f.dtype, (f,), ((lo, hi),)) for f in flat]))
-        return [
-            UOp(Ops.RESHAPE, p.dtype, (concat([read_in_place(t, d) for t in totals], 0),), shape)
-            for p, d in zip(parts, devices)
-        ]
+        return _in_chunks(op, parts, read_in_place, _shared_totals)
 
     def all_gather(self, parts: list[UOp], axis: int) -> list[UOp]:
         return RING.all_gather(parts, axis)  # (copies: a gathered value is often a parameter an update writes later)
+
+
+Move = Callable[[UOp, str], UOp]  # a node as a kernel on a device reads it (copy_to, read_in_place)
+
+
+def _in_chunks(
+    op: Ops, parts: list[UOp], move: Move, totals_of: Callable[[Ops, list[UOp], list[str], int], list[UOp]]
+) -> list[UOp]:
+    """The all-reduce of both collectives: two devices, or values of fewer than RING_LEAST elements a device, moved
+    whole to every device and combined there in the order of the devices; else the flattened values cut in one chunk
+    a device, each chunk's total made on one device (totals_of: chunk c's on device c, in its order), and every
+    device's whole the totals side by side."""
+    _check(op, parts)
+    n, shape = len(parts), parts[0].shape
+    if n == 1:
+        return list(parts)
+    size = math.prod(shape)
+    devices = [p.device for p in parts]
+    if n == 2 or size < n * RING_LEAST:
+        return [_combined(op, [move(p, d) for p in parts]) for d in devices]
+    totals = totals_of(op, parts, devices, size)
+    return [
+        UOp(Ops.RESHAPE, p.dtype, (concat([move(t, d) for t in totals], 0),), shape) for p, d in zip(parts, devices)
+    ]
+
+
+def _ring_totals(op: Ops, parts: list[UOp], devices: list[str], size: int) -> list[UOp]:
+    """Chunk c starts on device c and travels the ring, combined with each device's own chunk as it passes: it ends,
+    summed, on device c - 1."""
+    n = len(parts)
+    flat = [UOp(Ops.RESHAPE, p.dtype, (p,), (size,)) for p in parts]
+    totals: list[UOp] = []
+    for c, (lo, hi) in enumerate(bounds(split_sizes(size, n))):
+        acc = UOp(Ops.SHRINK, flat[c].dtype, (flat[c],), ((lo, hi),))
+        for step in range(1, n):
+            d = (c + step) % n
+            own = UOp(Ops.SHRINK, flat[d].dtype, (flat[d],), ((lo, hi),))
+            acc = UOp(op, acc.dtype, (copy_to(acc, devices[d]), own))
+        totals.append(acc)
+    return totals
+
+
+def _shared_totals(op: Ops, parts: list[UOp], devices: list[str], size: int) -> list[UOp]:
+    """Device c combines chunk c of every part, read where each lies."""
+    totals = []
+    for c, (lo, hi) in enumerate(bounds(split_sizes(size, len(parts)))):
+        flat = [UOp(Ops.RESHAPE, p.dtype, (read_in_place(p, devices[c]),), (size,)) for p in parts]
+        totals.append(_combined(op, [UOp(Ops.SHRINK, f.dtype, (f,), ((lo, hi),)) for f in flat]))
+    return totals
 
 
 def _check(op: Ops, parts: list[UOp]) -> None:
