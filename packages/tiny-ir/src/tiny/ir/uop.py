@@ -528,9 +528,8 @@ class UOp(_Fields):
         sources that lack it alone (x + 1 over a long lazy chain: the constant's few nodes, not the chain)."""
         for s in self.src:
             if name not in s.__dict__:
-                for x in s.toposort:
-                    if name not in x.__dict__:
-                        getattr(x, name)
+                for x in _lacking(s, name):
+                    getattr(x, name)
 
     @cached_property
     def shape(self) -> tuple[int, ...]:
@@ -623,6 +622,25 @@ _new_object = object.__new__
 # make_node(UOp, op, dtype, src, arg) is the node UOp(op, dtype, src, arg) is, without the class call, which enters
 # __new__ from C (a quarter of a node's cost when it exists already): for the few places that make nodes for every op
 make_node = UOp.__new__
+
+
+def _lacking(root: UOp, name: str) -> list[UOp]:
+    """root and the nodes below it without cached property `name`, each after its sources; the walk stops at nodes
+    that have it (a new node over a big graph whose nodes know theirs walks the few new ones, not the graph)."""
+    out: list[UOp] = []
+    done: set[UOp] = set()
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node in done:
+            continue
+        if expanded:
+            done.add(node)
+            out.append(node)
+            continue
+        stack.append((node, True))
+        stack.extend((s, False) for s in reversed(node.src) if name not in s.__dict__ and s not in done)
+    return out
 
 
 def _own_device(u: UOp) -> str | None:
