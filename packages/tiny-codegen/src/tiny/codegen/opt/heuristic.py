@@ -23,7 +23,7 @@ TILE_LANES = 64  # register tiles of a matrix product or convolution grow up to 
 # the registers idle; the suite on 2 cores: conv2d 211 -> 356 GFLOPS, matmul1024 262 -> 491, the MNIST step 48.8 ->
 # 33.9 ms)
 WIDE_TILE_LANES = 256
-WIDE_TILE_NODES = 96  # ... in kernels of at most this many AST nodes: a product with a fused epilogue of 150 nodes
+WIDE_TILE_NODES = 128  # ... in kernels of at most this many AST nodes: a product with a fused epilogue of 150 nodes
 # (a convolution's input gradient and a max pool's) took 1.6 s to render with the wide tile, 0.7 s with the narrow
 GPU_TILE_LANES = 32  # ... on a GPU, until they hold this many, 4 (or fewer) more per dim (registers per thread)
 GPU_VALUES = 512  # ... and within this many values per thread (offsets of a window included)
