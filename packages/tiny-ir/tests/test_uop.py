@@ -371,4 +371,19 @@ def test_a_new_node_over_a_long_chain_finds_its_shape_without_walking_the_chain(
         )
         chain.append(chain[-1] + c)
         assert chain[-1].shape == (4,)
-    assert not any("toposort" in u.__dict__ for u in chain[:-1])
+    assert not any("_ancestors" in u.__dict__ for u in chain[:-1])  # (the cached walk of toposort)
+
+
+def test_a_shape_asked_over_a_big_known_graph_walks_only_the_new_nodes() -> None:
+    """A node made without its shape (a shrink of a lazy result) under a new op: finding its shape walks it alone,
+    not the graph below it whose nodes know theirs (each such op of a model's forward walked the whole graph)."""
+    device = UOp(Ops.DEVICE, arg="CPU")
+    x = UOp(Ops.RESHAPE, dtypes.float32, (UOp(Ops.BUFFER, dtypes.float32, (device,), (0, 4)),), (4,))
+    chain = [x]
+    for _ in range(200):
+        chain.append(chain[-1] * chain[-1])
+        assert chain[-1].shape == (4,)
+    part = UOp(Ops.SHRINK, dtypes.float32, (chain[-1],), ((1, 3),))
+    flipped = UOp(Ops.FLIP, dtypes.float32, (part,), (True,))
+    assert (-flipped).shape == (2,) and part.shape == (2,)
+    assert not any("_ancestors" in u.__dict__ for u in [*chain, part, flipped])

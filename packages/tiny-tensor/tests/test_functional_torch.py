@@ -326,6 +326,15 @@ def test_attention_masks_and_gqa(device):
     compare(device, gqa, (1, 4, 3, 2), (1, 2, 3, 2), (1, 2, 3, 2), atol=1e-4)
 
 
+def test_attention_computes_each_probability_once(device):
+    """The softmax's probabilities are a buffer of their own, read by the product with the values: that kernel
+    computes no exp (fused into it, each exp was computed again for every block of output columns)."""
+    q, k, v = (Tensor(rand(2, 3, 16, 8, seed=i), device=device) for i in range(3))
+    kernels = [i.ast for i in q.scaled_dot_product_attention(k, v).schedule() if i.ast.op is Ops.SINK]
+    assert any(u.op is Ops.EXP2 for ast in kernels for u in ast.toposort)
+    assert not any(u.op is Ops.EXP2 for u in kernels[-1].toposort)
+
+
 # ---------------------------------------------------------------- losses
 
 LOGITS, TARGET = rand(4, 5), np.array([1, 0, 4, 2], dtype=np.int64)
