@@ -326,6 +326,17 @@ def test_attention_masks_and_gqa(device):
     compare(device, gqa, (1, 4, 3, 2), (1, 2, 3, 2), (1, 2, 3, 2), atol=1e-4)
 
 
+def test_batch_norm_outside_training_computes_each_channels_factors_once(device):
+    """With running statistics, each channel's scale and shift are computed once, into buffers of their own, as
+    PyTorch computes them: the kernel that normalizes reads them and takes no square root (fused into it, every
+    position took its channel's square root and division again)."""
+    x = Tensor(rand(2, 3, 4, 4), device=device)
+    stats = [Tensor(rand(3, seed=i, low=0.5, high=1.5), device=device) for i in range(4)]
+    kernels = [i.ast for i in x.batch_norm(*stats, training=False).schedule() if i.ast.op is Ops.SINK]
+    assert any(u.op is Ops.SQRT for ast in kernels for u in ast.toposort)
+    assert not any(u.op is Ops.SQRT for u in kernels[-1].toposort)
+
+
 def test_attention_computes_each_probability_once(device):
     """The softmax's probabilities are a buffer of their own, read by the product with the values: that kernel
     computes no exp (fused into it, each exp was computed again for every block of output columns)."""

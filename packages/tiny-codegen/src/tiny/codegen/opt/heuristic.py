@@ -140,11 +140,14 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
             wide = lanes >= 16 and len(k.ast.toposort) <= WIDE_TILE_NODES and not grown
             tile_lanes = WIDE_TILE_LANES if wide else TILE_LANES
             room = min(tile_lanes // tile, values, ACC_VECTORS // tile if in_vectors else tile_lanes)
-            stretch = room if in_vectors else min(TILE_STRETCH // tile, values)
+            stretch = room if in_vectors else min((tile_lanes if wide else TILE_STRETCH) // tile, values)
             # (rows: at most 4 a dim and 8 vectors in all, 4 rows of A x 2 of W: the accumulators and a step's loaded
             # vectors, 14, fit AVX2's 16 registers, where 4 x 4 spilled; 32 x 2048 x 2048 float32 6.0 -> 4.7 ms, Q4_0
             # blocks 7.9 -> 5.3, 256 rows of Q4_K 89 -> 49)
-            sizes = tuple(s for s in (4, 2) if s * tile <= ROW_TILE_VECTORS) if rows else (16, 8, 4, 3, 2)
+            # (7: the rows of 7, 14 and 28 positions of a convolution's last stages, which 8 and 4 leave at 2 or none;
+            # and within the wide tile the whole of a small dim may fill it: 3 x 3 over 14 x 14 x 256 on 2 AVX-512
+            # cores 141 -> 303 GFLOPS, over 7 x 7 x 512 87 -> 221)
+            sizes = tuple(s for s in (4, 2) if s * tile <= ROW_TILE_VECTORS) if rows else (16, 8, 7, 4, 3, 2)
             attempt(OptOps.UPCAST, axis, _within(k, axis, sizes, room, stretch))
         _panel_order(k, out_dim, vector_loads, attempt)
         if rows:  # the loop over the other side's rows innermost: the weight's rows of a tile stay in cache for them
