@@ -188,6 +188,16 @@ def test_heuristics_tile_a_matmul_and_vectorize_elementwise() -> None:
     assert hand_opts(Kernel(ast_of(tensor(3) * tensor(3)), RendererCaps(language="C"))) == []
 
 
+def test_heuristics_tile_a_transpose_as_a_square_of_vectors() -> None:
+    """A copy into another layout (the input read along the dim the output is not): a square of lanes x lanes values,
+    so each input row is a vector load as each output row is a vector store; a plain copy stays one vector."""
+    t = move(Ops.PERMUTE, tensor(64, 128), (1, 0))  # the output (128, 64) along its 64, the input along its 128
+    opts = hand_opts(Kernel(ast_of(t + const(0.0, (128, 64))), CPU))
+    assert opts[:2] == [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 8)]
+    plain = hand_opts(Kernel(ast_of(tensor(128, 64) + const(0.0, (128, 64))), CPU))
+    assert sum(o.op is OptOps.UPCAST for o in plain) == 1
+
+
 def test_heuristics_pad_an_odd_number_of_columns_to_whole_vectors() -> None:
     """A sum down the columns of 256 x 4099: no vector count divides 4099, so the outputs are padded to whole tiles of
     32, to a multiple of the threads' shares of them (4099 -> 4224 = 132 tiles, 33 a thread); an even width is only
