@@ -198,6 +198,19 @@ def test_heuristics_tile_a_transpose_as_a_square_of_vectors() -> None:
     assert sum(o.op is OptOps.UPCAST for o in plain) == 1
 
 
+def test_heuristics_take_half_vectors_where_whole_ones_do_not_divide_the_outputs() -> None:
+    """A product with 40 outputs along memory (an attention head of 40: probabilities @ values) on 16-lane vectors:
+    vectors of 8, where it fell to 4."""
+    wide = RendererCaps(language="C", vector_width=16, threads=2)
+    a, b = tensor(64, 256), tensor(256, 40)
+    full = (64, 40, 256)
+    prod = expand(move(Ops.RESHAPE, a, (64, 1, 256)), full) * expand(
+        move(Ops.RESHAPE, move(Ops.PERMUTE, b, (1, 0)), (1, 40, 256)), full
+    )
+    opts = hand_opts(Kernel(ast_of(move(Ops.RESHAPE, reduce(prod, (2,)), (64, 40))), wide))
+    assert opts[0] == Opt(OptOps.UPCAST, 1, 8)
+
+
 def test_heuristics_pad_an_odd_number_of_columns_to_whole_vectors() -> None:
     """A sum down the columns of 256 x 4099: no vector count divides 4099, so the outputs are padded to whole tiles of
     32, to a multiple of the threads' shares of them (4099 -> 4224 = 132 tiles, 33 a thread); an even width is only

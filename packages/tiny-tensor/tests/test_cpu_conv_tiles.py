@@ -182,3 +182,18 @@ def test_a_channels_last_convolution_tiles_seven_positions_on_sixteen_lane_vecto
     k = Kernel(item.ast, RendererCaps(language="C", vector_width=16, threads=2))
     k.apply_opts(hand_opts(k))
     assert sorted(p.size for p in k.of_kind(Kind.UPCAST)) == [7, 32]
+
+
+def test_a_convolution_over_a_weight_past_the_cache_loops_over_its_output_channel_blocks_outermost() -> None:
+    """A 3 x 3 convolution of 1280 channels over 8 x 8 (a Stable Diffusion UNet's innermost stage): its weight, 59
+    MB, is read once, each block of output channels' slice while every position passes it, where all of it streamed
+    past each tile of positions (2 x 1280 x 8 x 8 on 2 AVX-512 cores: 36 -> 23 ms); a weight that fits stays inner."""
+    for c, want in ((1280, True), (256, False)):
+        x = Tensor.empty(2, c, 8, 8, device="CPU").realize()
+        weight = Tensor.empty(c, c, 3, 3, device="CPU").realize()
+        item = max((i for i in x.conv2d(weight, padding=1).schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
+        k = Kernel(item.ast, RendererCaps(language="C", vector_width=16, threads=2))
+        k.apply_opts(hand_opts(k))
+        inner = item.ast.src[0].view.strides.index(1)
+        first = next(p for p in k.axes if p.kind in (Kind.GLOBAL, Kind.THREAD))
+        assert (first.dim == inner) is want, (c, [(p.kind, p.dim, p.size) for p in k.axes])

@@ -325,7 +325,10 @@ class FunctionalOps(TensorBase):
             heads = (hk, hq // hk)
             q = self.reshape(*self.shape[:-3], hk, hq // hk, length, emb)
             k, v = key.unsqueeze(-3), value.unsqueeze(-3)
-        scores = q.matmul(k.transpose(-1, -2)) * (1 / math.sqrt(emb) if scale is None else scale)
+        keys = k.transpose(-1, -2)
+        if length >= 16:  # (many queries: a prompt, an encoder) the keys transposed once, each row of scores read
+            keys = keys.contiguous()  # from memory along its row, where each of its values was a key's row apart
+        scores = q.matmul(keys) * (1 / math.sqrt(emb) if scale is None else scale)
         if is_causal:
             rows = type(self).arange(length, device=self.device).reshape(length, 1)
             attn_mask = rows >= type(self).arange(k.shape[-2], device=self.device).reshape(1, k.shape[-2])

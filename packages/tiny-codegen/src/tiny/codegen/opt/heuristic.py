@@ -33,6 +33,7 @@ TILE_STRETCH = 96  # ... or up to this many where the whole of a small dim that 
 ACC_VECTORS = 16  # ... or this many outputs where each accumulates in a vector of its own (along the reduction)
 TILE_VALUES = 1024  # ... and to this many values per thread with the window's offsets (lowering time grows with it)
 UNROLL_LANES = 512  # ... and the innermost reduce dim is unrolled too where values per thread stay within this
+WEIGHT_CACHE = 1 << 24  # bytes of a tile's vector operand past which its blocks' loop goes outermost (past the L3)
 ROW_TILE_VECTORS = 8  # vector accumulators of a tile of rows (a product over a row-major weight: A's rows x W's)
 LOWERED_NODES = 1 << 15  # a CPU kernel that is not a register tile lowers at most about this many nodes (AST nodes x
 # values per thread): a max pool's backward upcast whole (6 x 6 positions x 16 channels of a 229-node body) built
@@ -114,7 +115,9 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         summed = [v for v in vector_loads if any(_stride(v, d) for d in k.reduce_dims)]
         rows = out_dim is not None and not summed and along_reduce and not caps.has_local
         if out_dim is not None and not rows:
-            attempt(OptOps.UPCAST, _axis(k, out_dim), (2 * lanes, lanes, 4, 2) + _whole(k, out_dim))
+            # (8: half an AVX-512 vector where whole ones do not divide the outputs: an attention head of 40, whose
+            # product with the values took vectors of 4: 2 x 8 x 1024 x 40, 64 -> 10 ms)
+            attempt(OptOps.UPCAST, _axis(k, out_dim), (2 * lanes, lanes, 8, 4, 2) + _whole(k, out_dim))
         # more outputs per loaded value: first along dims the vectors are broadcast along (each row of the tile
         # reuses the vectors and costs one scalar), innermost first
         tile_dims = sorted(reuse - {out_dim}, key=lambda d: (not any(_broadcast(v, d) for v in vector_loads), -d))
@@ -150,6 +153,7 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
             sizes = tuple(s for s in (4, 2) if s * tile <= ROW_TILE_VECTORS) if rows else (16, 8, 7, 4, 3, 2)
             attempt(OptOps.UPCAST, axis, _within(k, axis, sizes, room, stretch))
         _panel_order(k, out_dim, vector_loads, attempt)
+        _weight_order(k, out_dim, vector_loads, attempt)
         if rows:  # the loop over the other side's rows innermost: the weight's rows of a tile stay in cache for them
             globals_ = [p for p in k.axes if p.kind is Kind.GLOBAL]
             weight = [v for v in loads if _stride(v, last_reduce) == 1 and _stride(v, out_dim) not in (0, None)]
@@ -283,6 +287,27 @@ def _panel_order(
         if rows and globals_[-1] is not rows[-1]:
             attempt(OptOps.SWAP, k.axes.index(rows[-1]), (k.axes.index(globals_[-1]),))
         return
+
+
+def _weight_order(
+    k: Kernel,
+    out_dim: int | None,
+    vector_loads: list[View],
+    attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool],
+) -> None:
+    """Where the vectors come from an operand bigger than WEIGHT_CACHE that is broadcast along other output dims (a
+    convolution's weight over few positions: 1280 x 3 x 3 x 1280 floats, 59 MB, over 8 x 8), the loop over blocks
+    of the output vector's dim goes outermost: each block's slice of the operand is read once while every position
+    passes it, where all of it streamed past each tile of positions."""
+    globals_ = [p for p in k.axes if p.kind is Kind.GLOBAL]
+    blocks = [p for p in globals_ if p.dim == out_dim]
+    if not blocks or globals_[0] is blocks[0]:
+        return
+    for v in vector_loads:
+        held = math.prod(_n(s) for s, st in zip(v.shape, v.strides) if st != 0) * 4  # (its elements, as float32)
+        if held > WEIGHT_CACHE and any(_broadcast(v, p.dim) for p in globals_):
+            attempt(OptOps.SWAP, k.axes.index(blocks[0]), (k.axes.index(globals_[0]),))
+            return
 
 
 def _group(
