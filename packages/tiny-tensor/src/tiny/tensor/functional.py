@@ -326,8 +326,10 @@ class FunctionalOps(TensorBase):
             q = self.reshape(*self.shape[:-3], hk, hq // hk, length, emb)
             k, v = key.unsqueeze(-3), value.unsqueeze(-3)
         keys = k.transpose(-1, -2)
-        if length >= 16:  # (many queries: a prompt, an encoder) the keys transposed once, each row of scores read
-            keys = keys.contiguous()  # from memory along its row, where each of its values was a key's row apart
+        # many queries (a prompt, an encoder): the keys transposed once, so each row of scores is read along memory,
+        # where each of its values was a key's row apart (one query, a decode step, reads each key's row in place)
+        if type(length) is int and length >= 16:
+            keys = keys.contiguous()
         scores = q.matmul(keys) * (1 / math.sqrt(emb) if scale is None else scale)
         if is_causal:
             rows = type(self).arange(length, device=self.device).reshape(length, 1)
