@@ -84,6 +84,14 @@ def test_products_that_read_b_in_place(
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
 
 
+def test_a_weight_that_fits_the_cache_is_read_from_panels_too() -> None:
+    """An attention projection of a UNet (8192 x 320 @ 320 x 320) and a 256 x 256 weight: B's rows, 1 KB apart,
+    fall in a few of the L1's sets and evict each other, so B is copied into panels though it fits the cache."""
+    for rows, k, m in ((8192, 320, 320), (1024, 256, 256)):
+        assert panel_width(CPU, dtypes.float32, rows, m, k) > 0, (rows, k, m)
+    assert PANEL_MIN_B <= 256 * 256
+
+
 def test_panel_rule() -> None:
     assert panel_width("CPU", dtypes.float32, PANEL_MIN_ROWS, 512, PANEL_MIN_B // 512) % 2 == 0
     assert panel_width("CPU", dtypes.float32, PANEL_MIN_ROWS - 1, 512, 1024) == 0
