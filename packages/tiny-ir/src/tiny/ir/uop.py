@@ -278,20 +278,7 @@ class UOp(_Fields):
         """toposort without this node, cached: a cached tuple holding the node itself would make each node a cycle
         of references, which only Python's cycle collector frees, so a dropped graph (and the buffers it holds)
         would stay in memory until the collector ran."""
-        out: list[UOp] = []
-        seen: set[UOp] = set()
-        stack: list[tuple[UOp, bool]] = [(self, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if node in seen:
-                continue
-            if expanded:
-                seen.add(node)
-                out.append(node)
-                continue
-            stack.append((node, True))
-            stack.extend((s, False) for s in reversed(node.src) if s not in seen)
-        return tuple(out[:-1])
+        return tuple(_post_order(self)[:-1])
 
     # ---- constructors
 
@@ -528,7 +515,7 @@ class UOp(_Fields):
         sources that lack it alone (x + 1 over a long lazy chain: the constant's few nodes, not the chain)."""
         for s in self.src:
             if name not in s.__dict__:
-                for x in _lacking(s, name):
+                for x in _post_order(s, name):
                     getattr(x, name)
 
     @cached_property
@@ -624,9 +611,10 @@ _new_object = object.__new__
 make_node = UOp.__new__
 
 
-def _lacking(root: UOp, name: str) -> list[UOp]:
-    """root and the nodes below it without cached property `name`, each after its sources; the walk stops at nodes
-    that have it (a new node over a big graph whose nodes know theirs walks the few new ones, not the graph)."""
+def _post_order(root: UOp, lacking: str | None = None) -> list[UOp]:
+    """root and the nodes below it, each after its sources (depth first, without recursion); with `lacking`, only
+    those without that cached property: the walk stops at nodes that have it (a new node over a big graph whose
+    nodes know their shapes walks the few new ones, not the graph)."""
     out: list[UOp] = []
     done: set[UOp] = set()
     stack: list[tuple[UOp, bool]] = [(root, False)]
@@ -639,7 +627,9 @@ def _lacking(root: UOp, name: str) -> list[UOp]:
             out.append(node)
             continue
         stack.append((node, True))
-        stack.extend((s, False) for s in reversed(node.src) if name not in s.__dict__ and s not in done)
+        stack.extend(
+            (s, False) for s in reversed(node.src) if s not in done and (lacking is None or lacking not in s.__dict__)
+        )
     return out
 
 
