@@ -328,7 +328,8 @@ class FunctionalOps(TensorBase):
         keys = k.transpose(-1, -2)
         # many queries (a prompt, an encoder): the keys transposed once, so each row of scores is read along memory,
         # where each of its values was a key's row apart (one query, a decode step, reads each key's row in place)
-        if type(length) is int and length >= 16:
+        many = type(length) is int and length >= 16
+        if many:
             keys = keys.contiguous()
         scores = q.matmul(keys) * (1 / math.sqrt(emb) if scale is None else scale)
         if is_causal:
@@ -341,10 +342,13 @@ class FunctionalOps(TensorBase):
                 attn_mask = attn_mask.unsqueeze(-3)
             scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype.is_bool else scores + attn_mask
         # the scores in their own order, so the softmax reads each row along memory (a product over heads split
-        # from one projection is otherwise stored in the projection's order: a row's values 12 heads apart), and the
-        # probabilities a buffer of their own: fused into the product with value, each exp is computed again for
-        # every column block of the output, one scalar at a time (BERT-base's attention: 13.3 -> 4.8 ms a layer)
-        attn = scores.contiguous().softmax(-1).contiguous()
+        # from one projection is otherwise stored in the projection's order: a row's values 12 heads apart), and for
+        # many queries the probabilities a buffer of their own: fused into the product with value, each exp is
+        # computed again for every column block of the output, one scalar at a time (BERT-base's attention: 13.3 ->
+        # 4.8 ms a layer); one query's few exps cost less than the kernel more (a decode step)
+        attn = scores.contiguous().softmax(-1)
+        if many:
+            attn = attn.contiguous()
         if dropout_p > 0:
             attn = attn.dropout(dropout_p, training=True)
         out = attn.matmul(v)
