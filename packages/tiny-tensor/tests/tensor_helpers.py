@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -187,3 +188,21 @@ def poison(buffer: Any) -> None:
     """Fill a (allocated) buffer with 0xA5 bytes, a value no kernel under test computes: run before a kernel whose
     output is compared, so that a cell it leaves unwritten shows instead of keeping an earlier run's value."""
     buffer.copyin(memoryview(bytes([0xA5]) * buffer.nbytes))
+
+
+def errors_in_threads(work: Callable[[int], None], count: int) -> list[BaseException]:
+    """work(0) ... work(count - 1), each on a Python thread of its own, all at once; what they raised."""
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as e:  # noqa: BLE001  (handed to the test, which asserts there is none)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors

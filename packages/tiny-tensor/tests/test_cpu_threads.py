@@ -7,10 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
-from tensor_helpers import poison
+from tensor_helpers import errors_in_threads, poison
 
 from tiny.codegen import Opt, OptOps, get_program
 from tiny.codegen.opt.actions import MAX_THREADS
@@ -82,20 +81,13 @@ def test_one_pool_for_every_kernel_and_thread() -> None:
     x = np.ones(1 << 21, dtype=np.float32)  # 2M: the first of the sum's two kernels is split across the cores
     threaded = [compiled(i.ast, "CPU")[0].global_size[0] for i in (Tensor(x, device="CPU") * 2).sum().schedule()]
     assert max(threaded) > 1 or dev.threads == 1, threaded
-    results, errors = {}, []
+    results = {}
 
     def work(i: int) -> None:
-        try:
-            for _ in range(3):
-                results[i] = (Tensor(x, device="CPU") * i).sum().item()
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
+        for _ in range(3):
+            results[i] = (Tensor(x, device="CPU") * i).sum().item()
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = errors_in_threads(work, 4)
     assert not errors
     assert results == {i: float(i * x.size) for i in range(4)}  # (whole numbers below 2**24: exact in float32)
     assert len(pool._threads) <= share()

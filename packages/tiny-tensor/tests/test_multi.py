@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
+from tensor_helpers import errors_in_threads
 
 from tiny.ir.device import (
     Device,
@@ -190,22 +190,14 @@ def test_cpu_devices_run_side_by_side_on_their_share_of_the_cores() -> None:
     for step in range(12):
         t = (t.to(THREE[(step + 1) % 3]) + 1).realize()
     np.testing.assert_array_equal(t.numpy(), np.arange(4096, dtype=np.float32) + 12)
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:  # Python threads giving work to the same devices at once
-        try:
-            x = Tensor(rand(64, 64, seed=i)).shard(TWO, axis=0)
-            np.testing.assert_allclose(
-                (x @ x.T).sum(1).numpy(), (rand(64, 64, seed=i) @ rand(64, 64, seed=i).T).sum(1), rtol=1e-4
-            )
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        x = Tensor(rand(64, 64, seed=i)).shard(TWO, axis=0)
+        np.testing.assert_allclose(
+            (x @ x.T).sum(1).numpy(), (rand(64, 64, seed=i) @ rand(64, 64, seed=i).T).sum(1), rtol=1e-4
+        )
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    errors = errors_in_threads(work, 3)
     assert not errors, errors
 
 

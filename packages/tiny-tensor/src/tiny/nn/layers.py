@@ -313,7 +313,11 @@ class _BatchNorm(_NormBase):
             raise ValueError(f"{type(self).__name__}({self.num_features}) got {x.shape[1]} channels in {x.shape}")
         if not Tensor.is_training() and self.running_mean is not None:  # eval: the running statistics
             return x.batch_norm(self.running_mean, self.running_var, self.weight, self.bias, False, eps=self.eps)
-        # training, or nothing tracked: the batch's statistics, blended into the running ones when tracked
+        return self._by_batch(x)
+
+    def _by_batch(self, x: Tensor) -> Tensor:
+        """x normalized by the batch's statistics (training, or nothing tracked), blended into the running ones when
+        tracked."""
         factor = self._update_factor() if Tensor.is_training() and self.track_running_stats else 0.0
         return x.batch_norm(
             self.running_mean, self.running_var, self.weight, self.bias, True, momentum=factor, eps=self.eps

@@ -250,12 +250,8 @@ class SyncBatchNorm(_BatchNorm):
                     setattr(obj, key, cls(value, world))
         return module
 
-    def __call__(self, x: Tensor) -> Tensor:
-        self._check_input(x, self.ndims)
-        if x.shape[1] != self.num_features:
-            raise ValueError(f"{type(self).__name__}({self.num_features}) got {x.shape[1]} channels in {x.shape}")
-        if not Tensor.is_training() and self.running_mean is not None:  # eval: the running statistics
-            return x.batch_norm(self.running_mean, self.running_var, self.weight, self.bias, False, eps=self.eps)
+    def _by_batch(self, x: Tensor) -> Tensor:
+        """x normalized by the whole batch's statistics across the processes (see the class)."""
         world = self._world.world
         axes = (0, *range(2, x.ndim))
         shape = (1, x.shape[1], *([1] * (x.ndim - 2)))

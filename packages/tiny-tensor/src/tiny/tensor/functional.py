@@ -173,7 +173,9 @@ class FunctionalOps(TensorBase):
             # the running statistics as one scale and one shift a channel, as PyTorch computes them, each a buffer of
             # its own: fused into what reads them, every position computed its channel's square root and division
             # again (ResNet-50's batch norms took 33 of its 280 ms of kernels)
-            scale = (running_var + eps).rsqrt() if weight is None else (running_var + eps).rsqrt() * weight
+            scale = (running_var + eps).rsqrt()
+            if weight is not None:
+                scale = scale * weight
             shift = -running_mean * scale if bias is None else bias - running_mean * scale
             return self * scale.contiguous().reshape(bshape) + shift.contiguous().reshape(bshape)
         y = (self - mean) * (var + eps).rsqrt()

@@ -32,7 +32,7 @@ from tiny.ir.schedule import is_realized, rebind_graph
 from tiny.ir.sint import highest, unbind_size
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.creation import RNG
-from tiny.tensor.realize import JitError, Launch, capture, report_copy, report_kernel
+from tiny.tensor.realize import JitError, Launch, capture, launcher_of, report_copy, report_kernel
 from tiny.tensor.shapes import prod
 from tiny.tensor.tensor import Tensor
 
@@ -330,7 +330,7 @@ def _relaunch(rec: _Recording) -> None:
     neither is a launcher.)"""
     rec.epoch = LAUNCHERS.epoch
     rec.launches = [
-        replace(ln, launch=ln.runner.launcher(p.n_buffers, p.global_size, p.local_size))
+        replace(ln, launch=launcher_of(p, ln.runner))
         if (p := ln.program) is not None
         and ln.runner is not None
         and not p.var_names

@@ -107,7 +107,12 @@ def _launches_current() -> None:
     _epoch[0] = LAUNCHERS.epoch
     for built in _programs_by_opts.values():
         for key, (prog, runner, _) in built.items():
-            built[key] = Built(prog, runner, runner.launcher(prog.n_buffers, prog.global_size, prog.local_size))
+            built[key] = Built(prog, runner, launcher_of(prog, runner))
+
+
+def launcher_of(prog: CompiledProgram, runner: Program) -> Callable[..., None]:
+    """The runner's launch of the program on its buffers' opaques, with the program's grid (Program.launcher)."""
+    return runner.launcher(prog.n_buffers, prog.global_size, prog.local_size)
 
 
 def compiled(ast: UOp, device: str) -> tuple[CompiledProgram, Program]:
@@ -126,7 +131,7 @@ def _loaded(key: tuple[UOp, str], prog: CompiledProgram, built: Programs) -> Bui
     if DEBUG >= 4:
         print(prog.src)
     runner = Device[key[1]].load(prog)
-    launch = runner.launcher(prog.n_buffers, prog.global_size, prog.local_size)
+    launch = launcher_of(prog, runner)
     while len(built) >= KEEP_PROGRAMS:
         del built[next(iter(built))]
     built[key] = Built(prog, runner, launch)

@@ -139,7 +139,7 @@ class Tensor(
             return type(self)(uop)
         if NO_GRAD.value:
             uop = no_grad_wrap(uop)
-        if type(uop.device) is tuple:  # (an op recorded on tensors on several devices: the op on each device)
+        if type(uop.device) is tuple:  # (_expanded written out: it runs for every op)
             uop = expand_multi(uop)
         t = self._operand(uop)
         t._track()

@@ -201,17 +201,10 @@ def _shape_of_targets(targets: list[UOp]) -> tuple[int | tuple, tuple[UOp, ...],
         else:  # (not kept on the target: realizing it replaces it with a view, which comes with its own)
             return _shape(target, sources)[0]
         if (chain := _new_chain(target)) is not None:
-            return _shape_of_chain(chain)
+            return target.__dict__[_SHAPE] if _keep_shapes(chain) else None
     new = _new_nodes(targets)
-    if new is None:
+    if new is None or not _keep_shapes(new):
         return None
-    budget = _MERGE_BUDGET
-    for u in new:
-        shape, cost = _shape(u, [s.__dict__[_SHAPE] for s in u.src])
-        u.__dict__[_SHAPE] = shape
-        budget -= cost
-        if budget < 0:
-            return None
     if len(targets) == 1:
         return targets[0].__dict__[_SHAPE]
     ids, buffers, devices, _ = _merge([t.__dict__[_SHAPE] for t in targets])
@@ -220,8 +213,8 @@ def _shape_of_targets(targets: list[UOp]) -> tuple[int | tuple, tuple[UOp, ...],
 
 def _new_chain(target: UOp) -> list[UOp] | None:
     """The new nodes below a target where each has one source without a shape (x + 1, then + 1 again ... recorded op
-    by op since the last realize), the target first; None where one has more (the walk of _new_nodes puts those
-    together). Following the one new source down needs no record of the nodes seen."""
+    by op since the last realize), each after its source, the target last; None where one has more (the walk of
+    _new_nodes puts those together). Following the one new source down needs no record of the nodes seen."""
     chain, u = [target], target
     while True:
         below = None
@@ -231,24 +224,25 @@ def _new_chain(target: UOp) -> list[UOp] | None:
                     return None
                 below = s
         if below is None:
+            chain.reverse()
             return chain
         chain.append(below)
         u = below
 
 
-def _shape_of_chain(chain: list[UOp]) -> _Shape | None:
-    """The shape of a chain's first node (_new_chain), each node's kept on it on the way up; None past the budget."""
+def _keep_shapes(nodes: list[UOp]) -> bool:
+    """Give each node (each after its sources) its shape from its sources'; False past _MERGE_BUDGET buffer lookups."""
     budget = _MERGE_BUDGET
-    for u in reversed(chain):
+    for u in nodes:
         sources = []
         for s in u.src:  # (a loop: a comprehension is a call on Python 3.11)
             sources.append(s.__dict__[_SHAPE])
         shape, cost = _shape(u, sources)
+        u.__dict__[_SHAPE] = shape
         budget -= cost
         if budget < 0:
-            return None
-        u.__dict__[_SHAPE] = shape
-    return shape
+            return False
+    return True
 
 
 def _new_nodes(targets: list[UOp]) -> list[UOp] | None:
