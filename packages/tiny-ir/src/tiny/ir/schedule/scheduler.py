@@ -60,10 +60,18 @@ class _Path:
     moved: bool = False  # through a movement op
     at_root: bool = True  # only through reshapes of the root (which the output's view absorbs)
     reshapes_only: bool = False  # ... under a CONTIGUOUS root: its permutes are the layout asked for, not absorbed
+    spread: int = 1  # how many places broadcasts under a fused reduction put each value in
 
 
 _PEELED = (Ops.RESHAPE, Ops.PERMUTE)  # movement ops a kernel's output view takes over at the root
 _ASKED = (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN)  # nodes whose memory holds them in their own order
+
+
+SPREAD_WORK = 1 << 20  # math a reduction reads broadcast, computed again this many times or more in all (its values x
+# the places each goes to), is computed once, where it holds a reduction of its own: a layer norm before a product,
+# each normalized value computed again for every column block of the product, one scalar at a time (3 projections of
+# 8192 x 320: 24.4 -> 12.3 ms). Less, the kernel more costs more (a decode step's probabilities over a few keys)
+SPREAD_OPS = 4  # ... and at least this many ops of it: a bias added to a product costs less computed again
 
 
 def _child_path(parent: UOp, path: _Path) -> _Path:
@@ -71,11 +79,19 @@ def _child_path(parent: UOp, path: _Path) -> _Path:
         return path
     if path.at_root and parent.op is Ops.CONTIGUOUS:
         return _Path(path.under_reduce, path.moved, True, not _peels_permutes(parent))
+    spread = path.spread * (_spread(parent) if path.under_reduce and parent.op is Ops.EXPAND else 1)
     return _Path(
         path.under_reduce or parent.op is Ops.REDUCE_AXIS,
         path.moved or parent.op in GroupOp.Movement,
         False,
+        spread=spread,
     )
+
+
+def _spread(expand: UOp) -> int:
+    """How many places an EXPAND puts each value of its source in (1 where a dim is symbolic)."""
+    grown = [n // o for n, o in zip(expand.arg, expand.source.shape) if type(n) is int and type(o) is int and o]
+    return math.prod(grown)
 
 
 def _peels_permutes(contiguous: UOp) -> bool:
@@ -102,12 +118,41 @@ def _realize_set(sink: UOp, forced: set[UOp]) -> set[UOp]:
             continue
         if u.op is Ops.REDUCE_AXIS and any(p.under_reduce or p.moved for p in paths.get(u, ())):
             realize.add(u)
+        elif (
+            u.op in GroupOp.Elementwise
+            and _spread_work(u, paths.get(u, ())) >= SPREAD_WORK
+            and _math_over_reduction(u) >= SPREAD_OPS
+        ):
+            realize.add(u)
         mine = {_Path()} if u in realize else paths.get(u, set())
         if u.op is Ops.COPY:
             continue  # a copy's source is its own kernel's root
         for s in u.src[1:] if u.op is Ops.ASSIGN else u.src:  # an assign's target is memory, not a value
             paths.setdefault(s, set()).update(_child_path(u, p) for p in mine)
     return realize
+
+
+def _spread_work(u: UOp, paths: set[_Path]) -> int:
+    """How many times a kernel computes u's values again, where broadcasts put them in many places (0 where u's
+    shape is symbolic)."""
+    size = math.prod(u.shape)
+    return (max((p.spread for p in paths), default=1) - 1) * size if type(size) is int else 0
+
+
+def _math_over_reduction(u: UOp) -> int:
+    """How many elementwise ops u computes from a reduction's result (through movement ops), where it reads one: a
+    normalization, an activation of a product; 0 where it reads none (math over memory alone, as weights
+    dequantized or cast where a product reads them, which as a buffer would take their full size in memory)."""
+    todo, seen, ops, reduced = [u], set(), 0, False
+    while todo:
+        x = todo.pop()
+        if x.op is Ops.REDUCE_AXIS:
+            reduced = True
+        elif (x.op in GroupOp.Elementwise or x.op in GroupOp.Movement) and x not in seen and not is_realized(x):
+            seen.add(x)
+            ops += x.op in GroupOp.Elementwise
+            todo += x.src
+    return ops if reduced else 0
 
 
 # ---------------------------------------------------------------- kernel ASTs
@@ -182,6 +227,20 @@ def _layout_of(ast: UOp, args: list[UOp]) -> tuple[int, ...] | None:
     return tuple(order)
 
 
+def _stores_across(ast: UOp, store: View) -> bool:
+    """Whether a reduction's kernel would store its values along a dim no input is read along, where inputs are
+    read along another of its output dims: its vectors, which follow memory, would then gather one operand or
+    scatter the stores (attention's keys transposed as their projection computes them: 3.5 -> 34 ms). A permute
+    asked of such a reduction is then a copy of it, through vectors both ways."""
+    inner = [d for d, (n, st) in enumerate(zip(store.shape, store.strides)) if st == 1 and n != 1]
+    if not inner or not any(u.op is Ops.REDUCE_AXIS for u in ast.toposort):
+        return False
+    reads = [u.view for u in ast.toposort if u.op is Ops.READ]
+    along = {d for v in reads for d, (n, st) in enumerate(zip(v.shape, v.strides)) if st == 1 and n != 1}
+    outputs = {d for d, n in enumerate(store.shape) if n != 1}
+    return inner[0] not in along and bool(along & outputs)
+
+
 def _write(out: UOp, view: View, value: UOp) -> UOp:
     """A kernel's AST: the value written to buffer `out` through `view`."""
     return UOp(Ops.SINK, src=(UOp(Ops.WRITE, src=(out, UOp(Ops.VIEW, arg=view), value)),))
@@ -205,11 +264,14 @@ class _KernelBuilder:
         # reshapes and permutes at the root move into the output's view: the kernel computes what is below them (under
         # a CONTIGUOUS root reshapes only, unless a reduction is below them: see _peels_permutes)
         value, store_view, peeled = self.root, View.create(self.root.shape), _PEELED
-        if value.op is Ops.CONTIGUOUS:
+        asked = value.op is Ops.CONTIGUOUS
+        if asked:
             value, peeled = value.source, _PEELED if _peels_permutes(value) else (Ops.RESHAPE,)
+        permuted = False
         while value.op in peeled and value.source not in self.realize and not is_realized(value.source):
             if value.op is Ops.PERMUTE:
                 store_view = store_view.permute(tuple(value.arg.index(i) for i in range(len(value.arg))))
+                permuted = True
             elif (reshaped := store_view.reshape(value.source.shape)) is not None:
                 store_view = reshaped
             else:
@@ -217,6 +279,8 @@ class _KernelBuilder:
             value = value.source
         out = self.global_arg(self.buffers[self.root])
         ast = self.node(value, ())
+        if asked and permuted and _stores_across(ast, store_view):
+            raise _Unexpressible(value)  # computed in its own order, then copied into the one asked for
         if self.root in self.free and value is self.root and (layout := _layout_of(ast, self.args)) is not None:
             self.layouts[self.root] = layout  # the scheduler's own value: stored as its kernel reads
             store_view = _memory_view(self.root.shape, layout)
