@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 from torch_compare import compare
 
+from tiny.codegen.lower import kernel_name
+from tiny.ir.dtypes import dtypes
+from tiny.ir.schedule import layout
 from tiny.ir.uop import Ops
 from tiny.tensor import Tensor
 
@@ -324,6 +327,27 @@ def test_attention_masks_and_gqa(device):
     compare_with_fixed(device, run, run, [rand(2, 3, 4), rand(2, 5, 4, seed=1), rand(2, 5, 3, seed=2)], [mask])
     gqa = fn("scaled_dot_product_attention", enable_gqa=True, is_causal=True)
     compare(device, gqa, (1, 4, 3, 2), (1, 2, 3, 2), (1, 2, 3, 2), atol=1e-4)
+
+
+def test_attention_over_keys_padded_to_whole_vectors(device):
+    """Many queries over a number of keys that is no whole number of vectors (77 text tokens): the keys and values
+    padded with zeros, the padding's scores masked out, whatever mask the call gives; torch's values."""
+    shapes = (1, 2, 20, 8), (1, 2, 15, 8), (1, 2, 15, 8)
+    for kw in (dict(), dict(is_causal=True)):
+        compare(device, fn("scaled_dot_product_attention", **kw), *shapes, atol=1e-4)
+    compare(device, fn("scaled_dot_product_attention"), *shapes, (20, 15), atol=1e-4)  # a float mask
+    gqa = fn("scaled_dot_product_attention", enable_gqa=True)
+    compare(device, gqa, (1, 4, 20, 8), (1, 2, 15, 8), (1, 2, 15, 8), atol=1e-4)
+    run = fn("scaled_dot_product_attention")
+    inputs = [rand(*shapes[0]), rand(*shapes[1], seed=1), rand(*shapes[2], seed=2)]
+    rng = np.random.default_rng(3)
+    for mask in (rng.random((20, 15)) < 0.7, rng.random((2, 20, 1)) < 0.7):  # (one broadcast along the keys)
+        mask[..., 0] = True  # every query keeps a key
+        compare_with_fixed(device, run, run, inputs, [mask])
+    q, k, v = (Tensor(x, device=device) for x in inputs)
+    names = [kernel_name(i.ast) for i in q.scaled_dot_product_attention(k, v).schedule()]
+    keys = layout.whole_vectors(device, dtypes.float32, 15)  # (16 on the CPU; 15 where workgroups tile)
+    assert f"r_2_20_{keys}_8" in names, names  # the scores over the padded keys
 
 
 def test_attention_over_many_queries_reads_each_row_of_scores_along_memory(device):

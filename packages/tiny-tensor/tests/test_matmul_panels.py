@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tiny.codegen.lower import kernel_name
+from tiny.ir.device import Device
 from tiny.ir.schedule.layout import PANEL_MIN_B, PANEL_MIN_ROWS, panel_width
 from tiny.tensor import Tensor, dtypes
 
@@ -71,7 +72,7 @@ def test_gradients_through_the_panels() -> None:
     [
         ((64, 128), (128, 128), np.float32, "B fits in cache"),
         ((8, 512), (512, 512), np.float32, "too few rows of A to pay for the copy"),
-        ((64, 512), (512, 520), np.float32, "520 columns are not whole panels"),
+        ((64, 8192), (8192, 9), np.float32, "9 columns: a vector's padding would be most of them"),
         ((64, 512), (512, 512), np.int32, "integer products"),
     ],
 )
@@ -82,6 +83,25 @@ def test_products_that_read_b_in_place(
     out = Tensor(a, device=CPU) @ Tensor(b, device=CPU)
     assert len(_kernels(out)) == 1, why
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_columns_that_are_no_whole_panels_are_padded_to_them() -> None:
+    """B's columns padded with zeros to whole panels of one vector (an attention head of 40 in vectors of 16, where
+    the product took vectors of 8): C is computed in the padded width and cut back; the same values and gradients."""
+    lanes = Device[CPU].renderer.caps.vector_lanes(dtypes.float32)
+    m = 10 * lanes - 1  # one column short of whole vectors, and of whole pairs of them
+    assert panel_width(CPU, dtypes.float32, 64, m, 1024) == lanes
+    a, b, g = _arr(64, 1024), _arr(1024, m), _arr(64, m)
+    ta, tb = Tensor(a, device=CPU, requires_grad=True), Tensor(b, device=CPU, requires_grad=True)
+    out = ta @ tb
+    assert out.shape == (64, m)
+    # B padded, then copied into panels; the product; the target cut from its padded width
+    assert _kernels(out) == [f"E_1024_{m + 1}", f"E_10_1024_{lanes}", f"r_64_10_{lanes}_1024", f"E_64_{m}"]
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
+    (out * Tensor(g, device=CPU)).sum().backward()
+    assert ta.grad is not None and tb.grad is not None
+    np.testing.assert_allclose(ta.grad.numpy(), g @ b.T, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(tb.grad.numpy(), a.T @ g, rtol=1e-4, atol=1e-3)
 
 
 def test_a_weight_that_fits_the_cache_is_read_from_panels_too() -> None:

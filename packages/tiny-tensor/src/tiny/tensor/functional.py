@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 
 from tiny.ir.config import flag
 from tiny.ir.dtypes import dtypes
+from tiny.ir.schedule import layout
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.base import TensorBase
+from tiny.tensor.checks import first_device
 from tiny.tensor.shapes import prod
 from tiny.tensor.windows import strided
 
@@ -327,16 +329,31 @@ class FunctionalOps(TensorBase):
             heads = (hk, hq // hk)
             q = self.reshape(*self.shape[:-3], hk, hq // hk, length, emb)
             k, v = key.unsqueeze(-3), value.unsqueeze(-3)
-        keys = k.transpose(-1, -2)
         # many queries (a prompt, an encoder): the keys transposed once, so each row of scores is read along memory,
         # where each of its values was a key's row apart (one query, a decode step, reads each key's row in place)
         many = type(length) is int and length >= 16
+        n_keys = k.shape[-2]
+        # ... and their number padded to whole vectors, the padding's scores masked out (77 text tokens: the scores
+        # took no vectors at all, their softmax scalar rows)
+        padded = layout.whole_vectors(first_device(self.device), self.dtype, n_keys) if many else n_keys
+        if padded != n_keys:
+            k, v = (t.pad([(0, 0)] * (t.ndim - 2) + [(0, padded - n_keys), (0, 0)]) for t in (k, v))
+            inside = type(self).arange(padded, device=self.device) < n_keys
+            if attn_mask is not None:  # (a bool mask keeps nothing there, a float one adds -inf)
+                fill = False if attn_mask.dtype.is_bool else -math.inf
+                attn_mask = attn_mask.expand(*attn_mask.shape[:-1], n_keys)  # (a mask broadcast along the keys)
+                attn_mask = attn_mask.pad([(0, 0)] * (attn_mask.ndim - 1) + [(0, padded - n_keys)], value=fill)
+            elif not is_causal:
+                attn_mask = inside
+        keys = k.transpose(-1, -2)
         if many:
             keys = keys.contiguous()
         scores = q.matmul(keys) * (1 / math.sqrt(emb) if scale is None else scale)
         if is_causal:
             rows = type(self).arange(length, device=self.device).reshape(length, 1)
-            attn_mask = rows >= type(self).arange(k.shape[-2], device=self.device).reshape(1, k.shape[-2])
+            attn_mask = rows >= type(self).arange(padded, device=self.device).reshape(1, padded)
+            if padded != n_keys:
+                attn_mask = attn_mask & inside
         if attn_mask is not None:
             if heads is not None and attn_mask.ndim >= 3 and attn_mask.shape[-3] == heads[0] * heads[1]:
                 attn_mask = attn_mask.reshape(*attn_mask.shape[:-3], *heads, *attn_mask.shape[-2:])

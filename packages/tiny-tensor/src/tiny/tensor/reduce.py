@@ -508,18 +508,22 @@ class ReduceOps(TensorBase):
         n, m = x2.shape[-2], y2.shape[-1]
         acc = dtypes.float32 if dt.is_float and dt.itemsize < 4 else dt
         width = layout.panel_width(x.device, dt, prod(x2.shape[:-1]), m, k)  # (the scheduler's choice)
+        cols = -(-m // width) * width if width else m  # (B's columns padded with zeros to whole panels)
         if width:  # B copied into panels of `width` columns, each contiguous: C's columns in panels too
-            panels = y2._panels(width).transpose(-1, -2)  # (..., m / width, width, k)
+            padded = y2 if cols == m else y2.pad([(0, 0)] * (y2.ndim - 1) + [(0, cols - m)])
+            panels = padded._panels(width).transpose(-1, -2)  # (..., cols / width, width, k)
             a = x2._broadcast_to(batch + (n, k)).reshape(*batch, n, 1, 1, k)
             b = panels._broadcast_to(batch + panels.shape[-3:]).reshape(*batch, 1, *panels.shape[-3:])
-            full = batch + (n, m // width, width, k)
+            full = batch + (n, cols // width, width, k)
         else:
             a = x2._broadcast_to(batch + (n, k)).reshape(*batch, n, 1, k)
             b = y2._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(*batch, 1, m, k)
             full = batch + (n, m, k)
         product = (a * b).cast(acc)
         out = self._new(UOp(Ops.REDUCE_AXIS, acc, (product._broadcast_to(full).uop,), (Ops.ADD, (len(full) - 1,))))
-        out = out.reshape(*batch, n, m).cast(dt)
+        out = out.reshape(*batch, n, cols).cast(dt)
+        if cols != m:
+            out = out.shrink([None] * (out.ndim - 1) + [(0, m)])
         if self.ndim == 1:
             out = out.reshape(*out.shape[:-2], m) if w.ndim > 1 else out.reshape(*out.shape[:-2])
         elif w.ndim == 1:

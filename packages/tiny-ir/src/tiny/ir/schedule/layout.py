@@ -19,6 +19,7 @@ CHANNELS_LAST_MIN_WORK = 1 << 20
 PANEL_DTYPES = frozenset({dtypes.float32, dtypes.float64})
 PANEL_MIN_B = 1 << 16  # (was 1 << 18, a B past the cache: see panel_width)
 PANEL_MIN_ROWS = 64
+PANEL_MAX_PAD = 5  # B's columns padded to whole panels by at most a fifth of them
 
 
 def channels_last(device: str, dtype: DType, out_channels: int, work: int) -> bool:
@@ -45,14 +46,31 @@ def panel_width(device: str | tuple[str, ...], dtype: DType, rows: int, m: int, 
     in cache while every row block of A passes it. Even a B that fits the cache gains from 256 x 256 on: its rows,
     1 KB or more apart, fall in a few of the L1's sets and evict each other (8192 x 320 @ 320 x 320 on 2 AVX-512
     cores: 148 -> 450 GFLOPS; 1024 x 256 @ 256 x 256: 135 -> 253). Only where enough rows of A share the copy;
-    width is two hardware vectors, the tile's width. Not on several devices: the panels'
-    reshape would cut through the shards of a weight split along its columns."""
+    width is two hardware vectors, the tile's width, or one where m is no multiple of two (B's columns then padded
+    with zeros to whole panels). Not on several devices: the panels' reshape would cut through the shards of a
+    weight split along its columns."""
     if type(device) is tuple:
         return 0
     caps = Device[device].renderer.caps
     if caps.has_local or dtype not in PANEL_DTYPES or not all(type(x) is int for x in (rows, m, k)):
         return 0  # (nor where a size is symbolic)
-    width = 2 * caps.vector_lanes(dtype)
-    if m % width or m * k < PANEL_MIN_B or rows < PANEL_MIN_ROWS:
+    lanes = caps.vector_lanes(dtype)
+    if m * k < PANEL_MIN_B or rows < PANEL_MIN_ROWS or lanes < 2:
         return 0
-    return width
+    if m % (2 * lanes) == 0:
+        return 2 * lanes
+    # columns that are no whole number of tiles: panels one vector wide, the last padded with zeros (an attention
+    # head of 40 in 3 vectors of 16: its product with the probabilities took vectors of 8, half the machine's width)
+    return lanes if whole_vectors(device, dtype, m) % lanes == 0 else 0
+
+
+def whole_vectors(device: str, dtype: DType, n: int) -> int:
+    """n rounded up to whole vectors of `device` (a loop device's lanes for dtype) where that adds at most a fifth
+    (PANEL_MAX_PAD): the length to which a product pads what its vectors run along (B's columns, attention's keys);
+    n itself elsewhere, on a device with workgroups, or where n is symbolic."""
+    caps = Device[device].renderer.caps
+    if caps.has_local or type(n) is not int:
+        return n
+    lanes = caps.vector_lanes(dtype)
+    whole = -(-n // lanes) * lanes
+    return whole if lanes > 1 and (whole - n) * PANEL_MAX_PAD <= whole else n
