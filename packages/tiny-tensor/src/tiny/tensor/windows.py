@@ -448,6 +448,14 @@ class WindowOps(TensorBase):
         spatial = x.shape[2:]
         out = [_pool_out(s, k, st, p, d, ceil_mode) for s, k, st, p, d in zip(spatial, kernel, strides, pads, dils)]
         _check_pool(name, spatial, kernel, pads, dils, out)
+        if not return_indices and _pads_in_memory(x, kernel, pads, out, strides, dils):
+            # the padding written once, channels innermost, as the lowest value: the windows read it without a
+            # mask, in whole vectors of channels (a gate on each of k*k reads: ResNet-50's first pool 6.9 ms)
+            grown = [(0, 0), *((p, p) for p in pads), (0, 0)]
+            xl = x.permute(0, *range(2, nd + 2), 1).pad(grown, value=x.dtype.min).contiguous()
+            starts = [[k * d for k in range(ks)] for ks, d in zip(kernel, dils)]
+            y = _windows(_channels_first(xl), starts, strides, out).max(axis=tuple(range(2 + nd, 2 + 2 * nd)))
+            return y if batched else y.reshape(y.shape[1:])
         starts = [[k * d - p for k in range(ks)] for ks, d, p in zip(kernel, dils, pads)]
         win = _windows(x, starts, strides, out)
         inside = [_window_inside(s, st_k, st, o) for s, st_k, st, o in zip(spatial, starts, strides, out)]
@@ -707,6 +715,27 @@ def _channels_last(x: Tensor, weight: Tensor, out: Sequence[int]) -> bool:
         return False
     work = x.shape[0] * math.prod(out) * weight.shape[0] * math.prod(weight.shape[1:])
     return layout.channels_last(first_device(x.device), x.dtype, weight.shape[0], work)
+
+
+def _pads_in_memory(
+    x: Tensor,
+    kernel: Sequence[int],
+    pads: Sequence[int],
+    out: Sequence[int],
+    strides: Sequence[int],
+    dils: Sequence[int],
+) -> bool:
+    """Whether a max pool writes its padding into a channels-last copy of its input: padded, on a device and size
+    where convolutions keep channels innermost (tiny.ir.schedule.layout.channels_last), its windows inside the
+    padded input (not with ceil_mode's last window past it)."""
+    if not any(pads) or not x.dtype.is_float:
+        return False
+    fits = all(
+        (o - 1) * st + d * (k - 1) < s + 2 * p
+        for o, st, d, k, s, p in zip(out, strides, dils, kernel, x.shape[2:], pads)
+    )
+    work = x.shape[0] * x.shape[1] * math.prod(out) * math.prod(kernel)
+    return fits and layout.channels_last(first_device(x.device), x.dtype, x.shape[1], work)
 
 
 def _transposed_weight(w: Tensor, groups: int) -> Tensor:
