@@ -3,7 +3,8 @@
 Elementwise ops fuse into their consumers and into reductions; a reduction, its elementwise inputs and
 its elementwise epilogue are one kernel. A node becomes a buffer (a kernel output) only where it must:
 it was asked for, it is CONTIGUOUS or crosses devices, it is a reduction seen through a movement op or
-inside another reduction, or a chain of movement ops over it is not one View.
+inside another reduction, it is math over a reduction that a product reads broadcast (computed again for every
+column otherwise), or a chain of movement ops over it is not one View.
 
 Each kernel is a small AST: SINK(WRITE(DEFINE_GLOBAL, VIEW, value)) where value is built from
 READ(DEFINE_GLOBAL, VIEW), CONST(VIEW), ALU ops and REDUCE_AXIS (tiny.ir.spec.validate_ast checks the form).
