@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -250,6 +251,23 @@ def test_the_launcher_is_the_declared_function_and_keeps_its_signature() -> None
     assert threaded(out, a) is None  # (each thread's call runs the whole of this kernel, which has no thread number)
     alloc.copyout(memoryview(got).cast("B"), out)
     assert list(got) == [2.0, 4.0, 6.0, 8.0]
+
+
+@needs_cc
+def test_a_threaded_launch_runs_its_first_part_on_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launching thread would only wait for the pool: it runs part 0 itself and the workers the others, so a
+    launch wakes one worker fewer (a decode step's small products spent as long handing out parts as computing)."""
+    dev = Device["CPU"]
+    prog = CPUProgram(dev, "scale", dev.compile("void scale(float* out, int part) { out[part] = part; }"))
+    ran: dict[int, int] = {}
+    monkeypatch.setattr(
+        prog, "function", lambda *signature: lambda *args: ran.setdefault(args[-1], threading.get_ident())
+    )
+    monkeypatch.setattr(cpu, "share", lambda: 2)
+    prog.run((0,), 4)
+    assert sorted(ran) == [0, 1, 2, 3]
+    me = threading.get_ident()
+    assert ran[0] == me and all(ran[t] != me for t in (1, 2, 3))
 
 
 @needs_cc

@@ -361,8 +361,12 @@ class CPUProgram(Program):
             for t in range(threads):
                 fn(*bufs, *vals, t)
             return
+        # the first part on this thread, which would only wait: a launch wakes one worker fewer (a decode step's
+        # small products spent as long handing out their parts as computing them)
         pool = _pool(self.device.name, workers)
-        for f in [pool.submit(fn, *bufs, *vals, t) for t in range(threads)]:
+        parts = [pool.submit(fn, *bufs, *vals, t) for t in range(1, threads)]
+        fn(*bufs, *vals, 0)
+        for f in parts:
             f.result()
 
     def launcher(
