@@ -338,13 +338,14 @@ class FunctionalOps(TensorBase):
         padded = layout.whole_vectors(first_device(self.device), self.dtype, n_keys) if many else n_keys
         if padded != n_keys:
             k, v = (t.pad([(0, 0)] * (t.ndim - 2) + [(0, padded - n_keys), (0, 0)]) for t in (k, v))
-            inside = type(self).arange(padded, device=self.device) < n_keys
             if attn_mask is not None:  # (a bool mask keeps nothing there, a float one adds -inf)
                 fill = False if attn_mask.dtype.is_bool else -math.inf
                 attn_mask = attn_mask.expand(*attn_mask.shape[:-1], n_keys)  # (a mask broadcast along the keys)
                 attn_mask = attn_mask.pad([(0, 0)] * (attn_mask.ndim - 1) + [(0, padded - n_keys)], value=fill)
-            elif not is_causal:
-                attn_mask = inside
+            else:  # (the causal mask below takes it too)
+                inside = type(self).arange(padded, device=self.device) < n_keys
+                if not is_causal:
+                    attn_mask = inside
         keys = k.transpose(-1, -2)
         if many:
             keys = keys.contiguous()
