@@ -254,9 +254,12 @@ def test_the_launcher_is_the_declared_function_and_keeps_its_signature() -> None
 
 
 @needs_cc
-def test_a_threaded_launch_runs_its_first_part_on_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The launching thread would only wait for the pool: it runs part 0 itself and the workers the others, so a
-    launch wakes one worker fewer (a decode step's small products spent as long handing out parts as computing)."""
+def test_a_threaded_launch_on_python_threads_runs_its_first_part_on_the_calling_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where there is no pool in C (no C compiler beside CPU:LLVM, another calling convention), a kernel's parts go to
+    Python threads; the launching thread would only wait for them: it runs part 0 itself and the workers the others,
+    so a launch wakes one worker fewer."""
     dev = Device["CPU"]
     prog = CPUProgram(dev, "scale", dev.compile("void scale(float* out, int part) { out[part] = part; }"))
     ran: dict[int, int] = {}
@@ -264,6 +267,7 @@ def test_a_threaded_launch_runs_its_first_part_on_the_calling_thread(monkeypatch
         prog, "function", lambda *signature: lambda *args: ran.setdefault(args[-1], threading.get_ident())
     )
     monkeypatch.setattr(cpu, "share", lambda: 2)
+    monkeypatch.setattr(cpu, "_pool", lambda *key: None)
     prog.run((0,), 4)
     assert sorted(ran) == [0, 1, 2, 3]
     me = threading.get_ident()

@@ -23,7 +23,7 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 from tiny.ir.config import flag
@@ -40,6 +40,8 @@ from tiny.ir.device import (
     usable_cores,
 )
 from tiny.ir.device.collective import SHARED_MEMORY
+from tiny.runtime.cpu_pool import Pool, kernel_address, supported
+from tiny.runtime.cpu_pool import source as pool_source
 from tiny.runtime.cpu_queue import Queue, meet
 from tiny.runtime.llvm import INSTALL_HINT, LLVMCompiler, LoadedObject, host, llvmlite_present, require_llvmlite
 
@@ -148,10 +150,34 @@ def queued() -> bool:
 
 
 @cache
-def _pool(name: str, workers: int) -> ThreadPoolExecutor:
-    """A device's pool of worker threads (its share of the cores): its kernels share it, so that the devices together
-    never run more threads than there are cores."""
+def _threads(name: str, workers: int) -> ThreadPoolExecutor:
+    """A device's Python threads (its share of the cores), where its pool in C cannot be had: its kernels share them,
+    so that the devices together never run more threads than there are cores."""
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"tiny-{name}")
+
+
+@cache
+def _pool(name: str, workers: int, cc: str, pid: int) -> Pool | None:
+    """A device's pool of worker threads in C (its share of the cores less the thread that launches), built by the
+    C compiler `cc`; None where there is none to build it with or the platform passes arguments otherwise. One per
+    process (pid): a forked child has none of its parent's threads."""
+    if not cc or not supported():
+        return None
+    try:  # (a C compiler without C11's atomics or POSIX threads: the Python threads serve)
+        binary = ClangCompiler(cc).compile_cached(pool_source())
+    except CompileError:
+        return None
+    return Pool(load_library(binary, "cpu_pool"), workers - 1)
+
+
+def _pool_compiler(device: Compiled) -> str:
+    """The C compiler that builds a device's pool: the device's own, else (CPU:LLVM) any on PATH, else none."""
+    if cc := getattr(device, "cc", ""):
+        return cc
+    try:
+        return find_compiler()
+    except DeviceUnavailable:
+        return ""
 
 
 # how every kernel is compiled (with -march/-mcpu native); part of the disk cache's key, so a binary compiled with
@@ -304,6 +330,21 @@ def _dlclose(handle: int) -> None:
     _ctypes.dlclose(handle)
 
 
+def load_library(binary: bytes, name: str) -> ctypes.CDLL:
+    """A shared library loaded from its bytes, unloaded when the last of it and its ctypes functions is gone."""
+    # a file of its own name each time: the dynamic loader would hand back an earlier library by name
+    with tempfile.NamedTemporaryFile(prefix=f"tiny_{name}_", suffix=".so", delete=False) as f:
+        f.write(binary)
+    try:
+        lib = ctypes.CDLL(f.name)
+    finally:
+        os.unlink(f.name)
+    # unloaded when the last of the program and its ctypes functions (each holds the library) is gone: a process
+    # that builds many thousand kernels would otherwise run out of memory maps (vm.max_map_count, 5 a library)
+    weakref.finalize(lib, _dlclose, lib._handle).atexit = False
+    return lib
+
+
 class CPUProgram(Program):
     """A kernel of a shared library (what the C compiler makes), run by the calling thread or the pool."""
 
@@ -314,17 +355,12 @@ class CPUProgram(Program):
         self.declared: dict[tuple[int, int, bool], Any] = {}  # a ctypes function of the kernel for each signature
 
     def load(self, binary: bytes) -> Any:
-        # a file of its own name each time: the dynamic loader would hand back an earlier library by name
-        with tempfile.NamedTemporaryFile(prefix=f"tiny_{self.name}_", suffix=".so", delete=False) as f:
-            f.write(binary)
-        try:
-            lib = ctypes.CDLL(f.name)
-        finally:
-            os.unlink(f.name)
-        # unloaded when the last of the program and its ctypes functions (each holds the library) is gone: a process
-        # that builds many thousand kernels would otherwise run out of memory maps (vm.max_map_count, 5 a library)
-        weakref.finalize(lib, _dlclose, lib._handle).atexit = False
-        return lib
+        return load_library(binary, self.name)
+
+    @cached_property
+    def address(self) -> int:
+        """The kernel's address, where the pool in C calls it."""
+        return kernel_address(self.fn)
 
     def symbol(self) -> Any:
         """A new ctypes function object of the kernel (each with argtypes of its own), returning nothing."""
@@ -351,8 +387,8 @@ class CPUProgram(Program):
         return time.perf_counter() - start
 
     def run(self, bufs: tuple[Any, ...], threads: int, vals: tuple[int, ...] = ()) -> None:
-        """The kernel on the calling thread, now: one call, or one per part (its number last, gidx0) on the device's
-        threads; ctypes lets go of the GIL during each."""
+        """The kernel on the calling thread, now: one call, or one per part (its number last, gidx0) on this thread and
+        the device's pool (cpu_pool); ctypes lets go of the GIL during each."""
         fn = self.function(len(bufs), len(vals), threads > 1)
         if threads == 1:
             fn(*bufs, *vals)  # (addresses and ints: ctypes converts them by the declared argtypes)
@@ -361,10 +397,13 @@ class CPUProgram(Program):
             for t in range(threads):
                 fn(*bufs, *vals, t)
             return
-        # the first part on this thread, which would only wait: a launch wakes one worker fewer (a decode step's
-        # small products spent as long handing out their parts as computing them)
-        pool = _pool(self.device.name, workers)
-        parts = [pool.submit(fn, *bufs, *vals, t) for t in range(1, threads)]
+        pool = _pool(self.device.name, workers, _pool_compiler(self.device), os.getpid())
+        if pool is not None and len(bufs) + len(vals) <= pool.most_args:
+            pool.run(self.address, (*bufs, *vals), threads)
+            return
+        # the first part on this thread, which would only wait: a launch wakes one worker fewer
+        python_threads = _threads(self.device.name, workers)
+        parts = [python_threads.submit(fn, *bufs, *vals, t) for t in range(1, threads)]
         fn(*bufs, *vals, 0)
         for f in parts:
             f.result()

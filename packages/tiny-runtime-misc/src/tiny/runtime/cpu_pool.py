@@ -1,0 +1,75 @@
+"""A CPU device's worker threads, written in C (cpu_pool.c): a kernel's parts handed out and collected in about a
+microsecond while the workers are awake, where Python's ThreadPoolExecutor took 40-50 (a decode step's small
+products spent longer handing out their parts than computing them).
+
+The pool is compiled once by the CPU device's C compiler (and kept in the disk cache). Where it cannot be -- no C
+compiler (CPU:LLVM alone), a platform whose calling convention passes an int otherwise than a 64-bit integer, a
+kernel of more arguments than the pool passes -- the device hands its parts to Python threads instead."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import platform
+from collections.abc import Callable, Sequence
+
+from tiny.ir.config import flag
+
+SPIN = flag(
+    "CPU_SPIN",
+    int,
+    200,
+    "microseconds a CPU device's worker threads stay awake after a kernel, waiting for the next, before they sleep "
+    "(awake, a kernel's parts reach them in about 1 us; asleep, in tens)",
+)
+
+
+def source() -> str:
+    with open(os.path.join(os.path.dirname(__file__), "cpu_pool.c")) as f:
+        return f.read()
+
+
+def supported() -> bool:
+    """Whether this platform passes a kernel's arguments (pointers and ints) as the pool passes them: each as a 64-bit
+    integer, in a register or an 8-byte stack slot (x86-64 and AArch64, except Apple's, which packs the stack)."""
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        return True
+    return machine in ("aarch64", "arm64") and platform.system() != "Darwin"
+
+
+class Pool:
+    """`workers` threads in C beside the thread that gives a kernel, awake `spin_us` after each (CPU_SPIN); `run`
+    takes a kernel's address, its arguments (addresses and ints) and its number of parts."""
+
+    def __init__(self, library: ctypes.CDLL, workers: int, spin_us: int | None = None) -> None:
+        self.library = library  # (held: the threads run its code)
+        new, self._run, stop, most = (
+            library.tiny_pool_new,
+            library.tiny_pool_run,
+            library.tiny_pool_stop,
+            library.tiny_pool_most_args,
+        )
+        new.restype, new.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_int64]
+        self._run.restype = None
+        self._run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        stop.restype, stop.argtypes = None, [ctypes.c_void_p]
+        self.most_args: int = most()
+        self.handle = new(workers, max(0, SPIN.value if spin_us is None else spin_us) * 1000)
+        if not self.handle:
+            raise MemoryError("the CPU device's worker threads could not be made")
+        # the workers end at exit (the handle is never freed: a thread may still be leaving it)
+        atexit.register(stop, self.handle)
+
+    def run(self, kernel: int, args: Sequence[int], parts: int) -> None:
+        """kernel(*args, part) for each part in range(parts), on this thread and the workers; back when all are done
+        (ctypes lets go of the GIL meanwhile)."""
+        self._run(self.handle, kernel, len(args), (ctypes.c_int64 * len(args))(*args), parts)
+
+
+def kernel_address(function: Callable[..., None]) -> int:
+    """The address of the C function behind a ctypes function object."""
+    address = ctypes.cast(function, ctypes.c_void_p).value
+    assert address is not None
+    return address
