@@ -83,7 +83,7 @@ static int waiting(pool_t *p, uint32_t seen) { return job_of(atomic_load(&p->nex
 
 static void *worker(void *arg) {
   pool_t *p = arg;
-  uint32_t seen = job_of(atomic_load(&p->next));
+  uint32_t seen = 0; /* (jobs count from 1: a job given before this thread first looks is still one to help with) */
   for (;;) {
     int64_t until = now_ns() + p->spin_ns;
     for (int i = 1; waiting(p, seen); i++) {
@@ -148,3 +148,5 @@ void tiny_pool_stop(pool_t *p) {
 }
 
 int tiny_pool_most_args(void) { return MOST_ARGS; }
+
+int tiny_pool_workers(pool_t *p) { return p->workers; }

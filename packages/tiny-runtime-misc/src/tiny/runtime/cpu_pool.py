@@ -59,6 +59,8 @@ class Pool:
         self.handle = new(workers, max(0, SPIN.value if spin_us is None else spin_us) * 1000)
         if not self.handle:
             raise MemoryError("the CPU device's worker threads could not be made")
+        library.tiny_pool_workers.argtypes = [ctypes.c_void_p]
+        self.workers: int = library.tiny_pool_workers(self.handle)  # (those the system let it make)
         # the workers end at exit (the handle is never freed: a thread may still be leaving it)
         atexit.register(stop, self.handle)
 
