@@ -31,7 +31,8 @@ from kernel_helpers import (
     tensor,
 )
 
-from tiny.codegen.renderer.cstyle import PREFETCH_AHEAD, CRenderer
+from tiny.codegen.renderer.cstyle import CRenderer
+from tiny.codegen.renderer.prefetch import AHEAD as PREFETCH_AHEAD
 from tiny.ir.alu import exec_alu
 from tiny.ir.dtypes import DType, bf16_to_float, dtypes, float_to_bf16, truncate
 from tiny.ir.schedule import create_schedule

@@ -11,11 +11,24 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kernel_helpers import EXP2_INPUTS, NUMPY, Case, const, kernel_uops, make_cases, run_case, tensor
+from kernel_helpers import (
+    EXP2_INPUTS,
+    NUMPY,
+    Case,
+    const,
+    expand,
+    kernel_uops,
+    make_cases,
+    reduce,
+    renders_with,
+    run_case,
+    tensor,
+)
 
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower
 from tiny.codegen.opt import Opt, OptOps
+from tiny.codegen.renderer.amdgpu import AMDGPURenderer
 from tiny.codegen.renderer.llvmir import LLVMRenderer
 from tiny.codegen.vectorize import VectorTarget, vectorize
 from tiny.ir.alu import exec_alu
@@ -530,3 +543,17 @@ def test_only_a_reductions_update_may_fuse() -> None:
     (item,) = create_schedule([UOp(Ops.ADD, f32, (prod, tensor(4, 8)))]).items
     _, src = render(item.ast)
     assert "fmul float" in src and "fadd float" in src and "contract" not in src
+
+
+def test_a_matrix_vector_product_prefetches_its_rows_on_a_cpu_not_a_gpu() -> None:
+    """The streams of a 1 MB float16 matrix read side by side ask for their lines ahead through llvm.prefetch, as
+    the C renderer's do (tiny.codegen.renderer.prefetch); the AMD GPU's LLVM IR has none."""
+    w, x = tensor(1024, 512, dtype=dtypes.float16), tensor(1, 512)
+    target = reduce(UOp(Ops.CAST, dtypes.float32, (w,)) * expand(x, (1024, 512)), (1,))
+    cpu = "".join(
+        renders_with(LLVMRenderer("x86_64;vector_width=16;threads=2"))(i.ast)[0]
+        for i in create_schedule([target]).items
+    )
+    assert cpu.count("call void @llvm.prefetch.p0(") >= 2 and "declare void @llvm.prefetch.p0" in cpu
+    gpu = "".join(renders_with(AMDGPURenderer("gfx1100"))(i.ast)[0] for i in create_schedule([target]).items)
+    assert "prefetch" not in gpu

@@ -71,6 +71,7 @@ class AMDGPURenderer(LLVMRenderer):
 
     caps = RendererCaps(language="AMDGPU", has_local=True, has_shared=True)
     triple = "amdgcn-amd-amdhsa"
+    prefetch = False
     global_addrspace = 1
     local_addrspace = 3
 

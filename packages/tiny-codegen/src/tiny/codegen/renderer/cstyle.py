@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from tiny.codegen.renderer.prefetch import prefetches
 from tiny.codegen.renderer.walker import BracedRenderer, Walk, summed_vector
 from tiny.ir.device import VECTOR_DTYPES, RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes
@@ -817,73 +818,5 @@ class CRenderer(CStyleRenderer):
     def write_load(self, w: CWalk, u: UOp) -> str | None:
         name = super().write_load(w, u)
         if name is not None and (ahead := w.prefetches.get(u)) is not None:
-            w.line(f"__builtin_prefetch({w.names[u.address]}+{ahead}, 0, 0);")
+            w.line(f"__builtin_prefetch({w.names[u.address]}+{ahead}, 0, 0);")  # (read, no temporal locality)
         return name
-
-
-# Prefetches for the CPU. A loop that reads several streams of memory at once (a matrix-vector product reads 4 rows
-# of the matrix side by side) gets less from the hardware's own prefetcher than the memory could give: a float16
-# product over 23 MB read at 33 GB/s, and at 46 with each row's line 1 KB ahead asked for. A single stream (a sum)
-# reads as fast without; data read again (a matrix product's tiles) is in the caches.
-PREFETCH_AHEAD = 1024  # bytes ahead of a load that its prefetch reads
-PREFETCH_FROM = 1 << 18  # bytes a buffer needs for its reads to come from memory (smaller ones stay in the caches)
-PREFETCH_STEP = 256  # bytes a load may move by each time round its loop and still be a stream
-PREFETCH_STEP_LEAST = 16  # bytes: a stream that reaches a new line every 4+ times round is left to the hardware
-LINE = 64  # bytes of a cache line: one prefetch for the loads of a stream within one
-
-
-def prefetches(uops: list[UOp]) -> dict[UOp, int]:
-    """The loads to prefetch ahead of, each with how many elements ahead: the loads of an innermost loop that reads
-    two or more streams, each a global buffer of PREFETCH_FROM bytes or more read once (its address moves with every
-    loop around it) and on by PREFETCH_STEP_LEAST to PREFETCH_STEP bytes each time round; one load per cache line of
-    a stream."""
-    loops: list[UOp] = []
-    found: dict[UOp, dict[tuple, tuple[UOp, int]]] = {}  # innermost loop -> (buffer, base, line) -> load, ahead
-    for u in uops:
-        if u.op is Ops.RANGE:
-            loops.append(u)
-        elif u.op is Ops.ENDRANGE:
-            loops.pop()
-        elif u.op is Ops.LOAD and loops and (at := _stream(u, loops)) is not None:
-            found.setdefault(loops[-1], {}).setdefault(at[0], (u, at[1]))
-    out: dict[UOp, int] = {}
-    for lines in found.values():
-        if len({(buf, base, line * LINE // PREFETCH_AHEAD) for buf, base, line in lines}) >= 2:
-            out.update(lines.values())
-    return out
-
-
-def _stream(load: UOp, loops: list[UOp]) -> tuple[tuple, int] | None:
-    """(buffer, the offset less its constant, the constant's cache line) and the elements ahead to prefetch, for a
-    load of a stream (see prefetches); else None."""
-    addr = load.address
-    ptr, offset = addr.pointer.dtype, addr.offset
-    if not isinstance(ptr, PtrDType) or ptr.local or offset.dtype.count != 1:
-        return None
-    item = _element(ptr).itemsize
-    if ptr.size * item < PREFETCH_FROM or any(_step(offset, loop) == 0 for loop in loops):
-        return None
-    step = _step(offset, loops[-1])
-    if step is None or not PREFETCH_STEP_LEAST <= step * item <= PREFETCH_STEP:
-        return None
-    base, const = offset, 0
-    if offset.op is Ops.ADD and offset.src[1].op is Ops.CONST:
-        base, const = offset.src[0], offset.src[1].arg
-    return (addr.pointer, base, const * item // LINE), PREFETCH_AHEAD // item
-
-
-def _step(offset: UOp, loop: UOp) -> int | None:
-    """How many elements an offset moves by when the loop's counter goes up by one: for a sum of multiples of the
-    counter by constants and of terms the loop leaves alone; None for any other form."""
-    if offset is loop:
-        return 1
-    if loop not in offset.toposort:
-        return 0
-    if offset.op is Ops.ADD:
-        a, b = (_step(s, loop) for s in offset.src)
-        return None if a is None or b is None else a + b
-    if offset.op is Ops.MUL:
-        x, c = offset.src if offset.src[1].op is Ops.CONST else offset.src[::-1]
-        step = _step(x, loop) if c.op is Ops.CONST and isinstance(c.arg, int) else None
-        return None if step is None else step * c.arg
-    return None

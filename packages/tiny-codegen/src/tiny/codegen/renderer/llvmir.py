@@ -21,6 +21,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tiny.codegen.renderer.prefetch import prefetches
 from tiny.codegen.renderer.walker import ONE_METHOD_PER_OP, Walk, WalkingRenderer, summed_vector
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
@@ -176,6 +177,7 @@ class _Function(Walk):
         self.assigned = _assigned_inside(uops)
         self.loops: dict[UOp, _Loop] = {}  # each RANGE open
         self.ifs: dict[UOp, _If] = {}  # each IF open
+        self.prefetches: dict[UOp, int] = {}  # loads to prefetch ahead of (on a CPU), with the elements ahead
 
     def val(self, s: UOp) -> str:
         """The SSA value an op stands for (an accumulator's: the value it holds now)."""
@@ -217,6 +219,7 @@ class LLVMRenderer(WalkingRenderer):
     """LLVM IR for the CPU: one call per thread, its number (gidx0) an i32 argument after the variables."""
 
     caps = RendererCaps(language="LLVM", vector_width=8, narrow_vectors=True)
+    prefetch = True  # loads that stream through memory prefetch ahead (a CPU's; not a GPU's)
 
     def __init__(self, target: str = "") -> None:
         """target: 'machine;vector_width=N;threads=T;features' as the CPU device reports it (features: f16)."""
@@ -304,7 +307,10 @@ class LLVMRenderer(WalkingRenderer):
     rules = ONE_METHOD_PER_OP
 
     def render(self, name: str, uops: list[UOp]) -> str:
-        f = self.walk(_Function(uops))
+        f = _Function(uops)
+        if self.prefetch:
+            f.prefetches = prefetches(uops)
+        f = self.walk(f)
         header = [f'target triple = "{self.triple}"'] * bool(self.triple)
         header += [f'target datalayout = "{self.datalayout}"'] * bool(self.datalayout)
         helpers = _with_needs(f.helpers)
@@ -466,6 +472,11 @@ class LLVMRenderer(WalkingRenderer):
     def write_load(self, f: _Function, u: UOp) -> str:
         addr = u.address
         load = f"load {self.mtype(u.dtype)}, {self.ltype(addr.pointer.dtype)} {f.val(addr)}, align {u.dtype.itemsize}"
+        if (ahead := f.prefetches.get(u)) is not None:  # (tiny.codegen.renderer.prefetch: a stream of memory)
+            assert isinstance(addr.pointer.dtype, PtrDType) and addr.pointer.dtype.base is not None
+            at = f"{self.mtype(addr.pointer.dtype.base)}, ptr {f.val(addr)}, i64 {ahead}"
+            f.line(f"call void @llvm.prefetch.p0(ptr {f.value(f'getelementptr {at}')}, i32 0, i32 0, i32 1)")
+            f.declares.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
         if addr.gate is None:
             return self._loaded(f, u.dtype, load)
         assert u.alternative is not None
