@@ -101,7 +101,7 @@ def test_opens_and_runs_without_a_c_compiler(tmp_path: Path, monkeypatch: pytest
 
 
 def test_without_llvmlite_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(llvm_runtime, "llvm", None)
+    monkeypatch.setattr(llvm_runtime, "binding", lambda: None)
     with pytest.raises(DeviceUnavailable, match=r"llvmlite.*pip install llvmlite"):
         llvm_device()
 

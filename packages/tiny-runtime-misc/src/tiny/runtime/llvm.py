@@ -11,31 +11,38 @@ from __future__ import annotations
 
 import ctypes
 import platform
+import sys
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from tiny.ir.device import CompileError, Compiler, DeviceUnavailable
 
-try:
-    import llvmlite
-    import llvmlite.binding as llvm
-except ImportError:  # the CPU device's LLVM renderer says so when it is chosen
-    llvmlite = None
-    llvm = None
-
 INSTALL_HINT = "pip install llvmlite (tiny-tensor brings it; or pip install 'tiny-runtime-misc[llvm]')"
 OPT_LEVEL = 3
 
 
+@cache
+def binding() -> Any:
+    """llvmlite.binding, imported the first time CPU:LLVM needs it (its LLVM library maps 36 MB into the process: a
+    process on the C path alone, a language model's decoding, would hold it for nothing); None where llvmlite cannot
+    be imported (the CPU device's LLVM renderer says so when it is chosen)."""
+    try:
+        import llvmlite.binding
+    except ImportError:
+        return None
+    return llvmlite.binding
+
+
 def llvmlite_present() -> bool:
-    return llvm is not None
+    return binding() is not None
 
 
-def require_llvmlite() -> None:
-    """Raise DeviceUnavailable, saying how to install it, where llvmlite cannot be imported."""
-    if llvm is None:
+def require_llvmlite() -> Any:
+    """llvmlite.binding; DeviceUnavailable, saying how to install it, where llvmlite cannot be imported."""
+    if (llvm := binding()) is None:
         raise DeviceUnavailable(f"CPU:LLVM compiles with llvmlite, which is not installed: {INSTALL_HINT}")
+    return llvm
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ class Host:
 
 @cache
 def host() -> Host:
-    require_llvmlite()
+    llvm = require_llvmlite()
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     version = ".".join(str(v) for v in llvm.llvm_version_info)
@@ -63,14 +70,14 @@ def host() -> Host:
         llvm.get_process_triple(),
         llvm.get_host_cpu_name(),
         llvm.get_host_cpu_features().flatten(),
-        f"llvmlite {llvmlite.__version__}, LLVM {version}",
+        f"llvmlite {sys.modules['llvmlite'].__version__}, LLVM {version}",
     )
 
 
 def target_machine() -> Any:
     """A new target machine for the host: an execution engine takes the one it is given and frees it with itself."""
     h = host()
-    target = llvm.Target.from_triple(h.triple)
+    target = require_llvmlite().Target.from_triple(h.triple)
     return target.create_target_machine(cpu=h.cpu, features=h.features, opt=OPT_LEVEL, reloc="pic", jit=True)
 
 
@@ -83,7 +90,7 @@ class LLVMCompiler(Compiler):
 
     def compile(self, src: str) -> bytes:
         # a context and a target machine of its own: BEAM compiles on several threads at once
-        tm = target_machine()
+        tm, llvm = target_machine(), require_llvmlite()
         try:
             mod = llvm.parse_assembly(src, context=llvm.create_context())
             mod.verify()
@@ -103,6 +110,7 @@ class LoadedObject:
 
     def __init__(self, binary: bytes) -> None:
         # an engine of its own: kernels of the same name in different objects must not meet
+        llvm = require_llvmlite()
         self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine())
         self.engine.add_object_file(llvm.ObjectFileRef.from_data(binary))
         self.engine.finalize_object()
