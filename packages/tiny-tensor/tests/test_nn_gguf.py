@@ -259,3 +259,28 @@ def test_bad_magic_and_unsupported_type(tmp_path: Path) -> None:
     path = _write(tmp_path / "iq.gguf", {"w": (blocks, QT.IQ2_XXS)})
     with pytest.raises(ValueError, match="IQ2_XXS"):
         gguf_load(path)
+
+
+def test_the_biggest_tensors_are_read_first_and_handed_back_in_the_files_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tensor's bytes as read (and the fields made of them) are held beside its device copy while it is made: read
+    biggest first, the peak is the model's memory plus a small tensor's, not plus the embedding's twice (a 1B Q4_0
+    model's peak 0.66 -> 0.58 GB). The names come back in the file's order."""
+    rng = np.random.default_rng(0)
+    arrays = {"small": (4, 32), "big": (64, 32), "middle": (16, 32)}
+    path = _write(
+        tmp_path / "m.gguf", {n: (rng.standard_normal(s).astype(np.float32), None) for n, s in arrays.items()}
+    )
+    read: list[int] = []
+    real = np.fromfile
+
+    def fromfile(*args: object, **kwargs: object) -> np.ndarray:
+        out = real(*args, **kwargs)  # type: ignore[call-overload]
+        read.append(out.nbytes)
+        return out
+
+    monkeypatch.setattr(np, "fromfile", fromfile)
+    tensors, _ = gguf_load(path)
+    assert read == sorted(read, reverse=True) and len(read) == 3
+    assert list(tensors) == ["small", "big", "middle"]
