@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -542,3 +543,27 @@ def test_a_queue_runs_in_order_meets_others_and_says_what_failed() -> None:
     with pytest.raises(RuntimeError, match="a launch on A failed: invalid literal"):
         a.synchronize()
     a.synchronize()  # (said once)
+
+
+def test_a_device_that_cannot_start_keeps_nothing_of_its_caller() -> None:
+    """The error of a device that cannot start is no reference cycle: one kept its caller's frames, and their arrays,
+    until the cycle collector ran (the first tensor of a model's file, 36 MB, while the rest was read)."""
+
+    class Payload:
+        pass
+
+    def caller() -> weakref.ref:
+        payload = Payload()
+        try:
+            with Context(CC="no-such-compiler-here"):
+                Device["CPU:7"]
+        except DeviceUnavailable as e:
+            assert "no-such-compiler-here" in str(e)
+        return weakref.ref(payload)
+
+    gc.collect()
+    gc.disable()
+    try:
+        assert caller()() is None
+    finally:
+        gc.enable()

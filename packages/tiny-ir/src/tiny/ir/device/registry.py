@@ -89,9 +89,10 @@ class _Registry:
             try:
                 dev = cls(canon, renderer)
             except DeviceUnavailable as e:
-                opened = DeviceUnavailable(f"{canon}: {e}{LIST_HINT}")
-                opened.reason = str(e)  # what the listing shows
-                raise opened from None
+                # (raised as made, never a local: an exception held by a frame its traceback holds is a reference
+                # cycle, and it kept the frames of the callers, and their arrays, until the cycle collector ran: the
+                # first tensor of a model's file, 36 MB, while the rest was read)
+                raise _unavailable(canon, e) from None
             if DEBUG >= 1:
                 print(f"opened device {canon} with renderer {renderer}" + (f" ({d})" if (d := dev.describe()) else ""))
             self._open[canon] = dev
@@ -157,6 +158,13 @@ def opened_caps(name: str) -> RendererCaps | None:
 def _class_computes(base: str) -> bool:
     ep = device_entry_points().get(base)
     return ep is None or bool(getattr(ep.load(), "computes", True))
+
+
+def _unavailable(canon: str, why: DeviceUnavailable) -> DeviceUnavailable:
+    """The error a device that cannot start raises: its name, why, and where to see all of them."""
+    out = DeviceUnavailable(f"{canon}: {why}{LIST_HINT}")
+    out.reason = str(why)  # what the listing shows
+    return out
 
 
 def _fastest_present() -> str:
