@@ -172,8 +172,12 @@ def _pool(name: str, workers: int, cc: str, pid: int) -> Pool | None:
 
 def _pool_compiler(device: Compiled) -> str:
     """The C compiler that builds a device's pool: the device's own, else (CPU:LLVM) any on PATH, else none."""
-    if cc := getattr(device, "cc", ""):
-        return cc
+    return getattr(device, "cc", "") or _any_compiler()
+
+
+@cache
+def _any_compiler() -> str:
+    """find_compiler's answer, or "" where there is none (asked once: a launch asks for its pool each time)."""
     try:
         return find_compiler()
     except DeviceUnavailable:

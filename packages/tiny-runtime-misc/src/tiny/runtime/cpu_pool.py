@@ -61,8 +61,10 @@ class Pool:
             raise MemoryError("the CPU device's worker threads could not be made")
         library.tiny_pool_workers.argtypes = [ctypes.c_void_p]
         self.workers: int = library.tiny_pool_workers(self.handle)  # (those the system let it make)
-        # the workers end at exit (the handle is never freed: a thread may still be leaving it)
-        atexit.register(stop, self.handle)
+        # the workers end at exit (the handle is never freed: a thread may still be leaving it); not in a forked
+        # child, which has none of them (and may have a lock one of them held)
+        pid = os.getpid()
+        atexit.register(lambda: os.getpid() == pid and stop(self.handle))
 
     def run(self, kernel: int, args: Sequence[int], parts: int) -> None:
         """kernel(*args, part) for each part in range(parts), on this thread and the workers; back when all are done

@@ -293,8 +293,7 @@ def _bits(x: Tensor, amounts: list[int], shape: tuple[int, ...], mask: int) -> T
 
 def _joined(x: Tensor, table: np.ndarray, mask: int) -> Tensor:
     """_bits over a table of shift amounts, joined along its first dim of more than one (a module function, not a
-    closure that calls itself: that is a reference cycle, which kept x, and the file's bytes it was made from, until
-    the cycle collector ran: 37 MB over a 1B model's memory while its file was read)."""
+    closure that calls itself: that is a reference cycle, which kept x until the cycle collector ran)."""
     axis = next((i for i, n in enumerate(table.shape) if n > 1), None)
     if axis is None:
         amount = int(table.flat[0])
