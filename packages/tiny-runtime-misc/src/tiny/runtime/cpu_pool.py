@@ -1,6 +1,6 @@
-"""A CPU device's worker threads, written in C (cpu_pool.c): a kernel's parts handed out and collected in about a
-microsecond while the workers are awake, where Python's ThreadPoolExecutor took 40-50 (a decode step's small
-products spent longer handing out their parts than computing them).
+"""A CPU device's worker threads, written in C (cpu_pool.c): a kernel's two parts handed out and collected in about
+2 us (the ctypes call included) while the workers are awake, where Python's ThreadPoolExecutor took about 20 (a
+decode step's small products spent longer handing out their parts than computing them).
 
 The pool is compiled once by the CPU device's C compiler (and kept in the disk cache). Where it cannot be -- no C
 compiler (CPU:LLVM alone), a platform whose calling convention passes an int otherwise than a 64-bit integer, a
@@ -21,7 +21,7 @@ SPIN = flag(
     int,
     200,
     "microseconds a CPU device's worker threads stay awake after a kernel, waiting for the next, before they sleep "
-    "(awake, a kernel's parts reach them in about 1 us; asleep, in tens)",
+    "(a launch of two parts takes about 2 us while they are awake, about 13 when one must be woken)",
 )
 
 
