@@ -46,18 +46,20 @@ def _stream(load: UOp, loops: list[UOp]) -> tuple[tuple, int] | None:
     if not isinstance(ptr, PtrDType) or ptr.local or ptr.base is None or offset.dtype.count != 1:
         return None
     item = ptr.base.itemsize
-    if ptr.size * item < FROM or any(step(offset, loop) == 0 for loop in loops):
+    if ptr.size * item < FROM or any(_step(offset, loop) == 0 for loop in loops):
         return None
-    moves = step(offset, loops[-1])
+    moves = _step(offset, loops[-1])
     if moves is None or not STEP_LEAST <= moves * item <= STEP_MOST:
         return None
     base, const = offset, 0
-    if offset.op is Ops.ADD and offset.src[1].op is Ops.CONST:
-        base, const = offset.src[0], offset.src[1].arg
+    if offset.op is Ops.ADD:
+        first, last = offset.src
+        if last.op is Ops.CONST:
+            base, const = first, last.arg
     return (addr.pointer, base, const * item // LINE), AHEAD // item
 
 
-def step(offset: UOp, loop: UOp) -> int | None:
+def _step(offset: UOp, loop: UOp) -> int | None:
     """How many elements an offset moves by when the loop's counter goes up by one: for a sum of multiples of the
     counter by constants and of terms the loop leaves alone; None for any other form."""
     if offset is loop:
@@ -65,10 +67,10 @@ def step(offset: UOp, loop: UOp) -> int | None:
     if loop not in offset.toposort:
         return 0
     if offset.op is Ops.ADD:
-        a, b = (step(s, loop) for s in offset.src)
+        a, b = (_step(s, loop) for s in offset.src)
         return None if a is None or b is None else a + b
     if offset.op is Ops.MUL:
-        x, c = offset.src if offset.src[1].op is Ops.CONST else offset.src[::-1]
-        moves = step(x, loop) if c.op is Ops.CONST and isinstance(c.arg, int) else None
+        x, c = sorted(offset.src, key=lambda s: s.op is Ops.CONST)  # (the constant last)
+        moves = _step(x, loop) if c.op is Ops.CONST and isinstance(c.arg, int) else None
         return None if moves is None else moves * c.arg
     return None
