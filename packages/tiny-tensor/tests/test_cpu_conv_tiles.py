@@ -143,6 +143,22 @@ def test_a_strided_or_dilated_channels_last_convolution_writes_all_its_padding(k
     assert len(views) == 2 and not any(v.bands or v.mask for v in views)
 
 
+@pytest.mark.parametrize(("c", "stride", "spare"), [(512, 1, 16), (128, 2, 16), (256, 1, 16), (96, 1, 0), (64, 2, 0)])
+def test_a_channels_last_input_copy_leaves_a_line_after_positions_a_multiple_of_1kb_apart(
+    c: int, stride: int, spare: int
+) -> None:
+    """The padded channels-last copy a 3 x 3 convolution reads keeps a cache line of unused channels after each
+    position where the tile's positions would be a multiple of 1 KB apart (512 channels: 2 KB, or 4 KB at a stride
+    of 2, all in one or two of the L1's sets); the convolution reads its channels only."""
+    x = Tensor.empty(8, c, 14, 14, device="CPU").realize()
+    w = Tensor.empty(64, c, 3, 3, device="CPU").realize()
+    y = x.conv2d(w, padding=1, stride=stride)
+    item = max((i for i in y.schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
+    # the kernel's dims (n, y, x, cout, cin, ky, kx): the input's window reads run along cin
+    windows = [u.view for u in item.ast.toposort if u.op is Ops.READ and u.view.strides[4] == 1]
+    assert len(windows) == 9 and all(v.strides[2] == stride * (c + spare) for v in windows)
+
+
 def test_a_big_bodied_kernel_that_is_no_tile_is_held_to_a_lowering_size() -> None:
     """The MNIST CNN's backward: its second max pool's gradient through the batch norm is a 229-node body over a
     6 x 6 plane, which the rules wrote out whole for a vector of channels (288 values a thread with 8-lane vectors,

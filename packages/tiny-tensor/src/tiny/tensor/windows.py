@@ -137,7 +137,10 @@ class WindowOps(TensorBase):
             first = grown[0] if strides[0] == 1 and dils[0] == 1 else (0, 0)
             inner = [(lo - f, hi - g) for (lo, hi), (f, g) in zip(grown, [first] + [(0, 0)] * (nd - 1))]
             if any(lo or hi for lo, hi in inner):
-                xl = x.permute(0, *range(2, nd + 2), 1).pad([(0, 0), *inner, (0, 0)]).contiguous()
+                # (each position's channels then a line of spare ones, where the tile's reads would share few of
+                # the cache's sets: tiny.ir.schedule.layout.spare_channels)
+                spare = layout.spare_channels(first_device(x.device), x.dtype, c, strides[-1])
+                xl = x.permute(0, *range(2, nd + 2), 1).pad([(0, 0), *inner, (0, spare)]).contiguous()[..., :c]
             else:
                 xl = _channels_innermost(x)
             x = _channels_first(xl).pad([(0, 0), (0, 0), first, *([(0, 0)] * (nd - 1))])
