@@ -222,6 +222,30 @@ def test_toposort_of_a_wide_diamond_lattice_is_linear() -> None:
     assert len(n.toposort) == 2 + 60 * 2
 
 
+def test_a_record_below_is_computed_once_a_node_and_a_new_node_walks_only_itself() -> None:
+    """record_below keeps a per-node record in each node's dict: the first ask computes it for every node of the
+    graph (each after its sources), asking again computes nothing, and a node made over the graph computes its own
+    few (a pending tensor's graph grown by one op: not the whole graph again)."""
+    from tiny.ir.uop import record_below
+
+    calls: list[UOp] = []
+
+    def depth(u: UOp) -> int:
+        calls.append(u)
+        return 1 + max((s.__dict__["test.depth"] for s in u.src), default=0)
+
+    x = var("x", 0, 10)
+    n = x
+    for _ in range(5000):  # (deeper than Python's recursion)
+        n = n * 2
+    assert record_below(n, "test.depth", depth) == 5001
+    assert len(calls) == len(n.toposort)
+    calls.clear()
+    assert record_below(n, "test.depth", depth) == 5001 and not calls
+    m = n + 3  # m and the constant 3 are new
+    assert record_below(m, "test.depth", depth) == 5002 and set(calls) == {m, m.src[1]}
+
+
 # ---------------------------------------------------------------- printing
 
 

@@ -611,6 +611,18 @@ _new_object = object.__new__
 make_node = UOp.__new__
 
 
+def record_below(root: UOp, key: str, of: Callable[[UOp], Any]) -> Any:
+    """A per-node record kept in each node's dict under `key`: root's, computed by `of` for root and every node below
+    it that has none yet, each after its sources (so `of` reads its sources' records). A graph asked again costs a
+    lookup; a new node over a big graph, the walk over its few new nodes."""
+    d = root.__dict__
+    if key in d:
+        return d[key]
+    for x in _post_order(root, key):
+        x.__dict__[key] = of(x)
+    return d[key]
+
+
 def _post_order(root: UOp, lacking: str | None = None) -> list[UOp]:
     """root and the nodes below it, each after its sources (depth first, without recursion); with `lacking`, only
     those without that cached property: the walk stops at nodes that have it (a new node over a big graph whose

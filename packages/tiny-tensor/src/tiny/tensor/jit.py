@@ -30,7 +30,7 @@ from tiny.ir.config import PROFILE
 from tiny.ir.device import LAUNCHERS, Buffer, Device, GraphLaunch, buffer_of
 from tiny.ir.schedule import is_realized, rebind_graph
 from tiny.ir.sint import highest, unbind_size
-from tiny.ir.uop import Ops, UOp
+from tiny.ir.uop import Ops, UOp, record_below
 from tiny.tensor.creation import RNG
 from tiny.tensor.realize import JitError, Launch, capture, launcher_of, report_copy, report_kernel
 from tiny.tensor.shapes import prod
@@ -117,7 +117,16 @@ def _write_pending() -> None:
 
 
 def _assigns(u: UOp) -> bool:
-    return any(x.op is Ops.ASSIGN for x in u.toposort)
+    """Whether a graph holds a write (an ASSIGN): kept on each node, so that the pending tensors every call looks
+    at (a quantized model's weights are lazy graphs over their bytes) cost a lookup each, not a walk."""
+    return record_below(u, _ASSIGNS, _holds_assign)
+
+
+_ASSIGNS = "jit.assigns"  # the per-node record of _assigns
+
+
+def _holds_assign(u: UOp) -> bool:
+    return u.op is Ops.ASSIGN or any(s.__dict__[_ASSIGNS] for s in u.src)
 
 
 def _prepare(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Tensor]]:
