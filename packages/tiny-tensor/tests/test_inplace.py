@@ -311,3 +311,59 @@ def test_writes_through_slices_under_no_grad_reach_the_tensor(device: str) -> No
     want[:, 1:2] += 5
     want[0] = [7, 8, 9]
     np.testing.assert_array_equal(t.numpy(), want)
+
+
+# ---------------------------------------------------------------- several writes in one realize
+
+
+def test_writes_assigned_together_are_one_schedule_and_pending_readers_see_the_values_from_before(
+    device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A language model's keys and values into their caches: the two writes and what they compute are one schedule
+    (sequential assigns made one each), and a pending tensor that reads a cache sees it as before the writes."""
+    import tiny.tensor.tensor as tensor_module
+    from tiny.tensor.inplace import assign_together
+
+    keys, k = base(device)
+    values, v = base(device)
+    before = keys * 2  # pending, reads the keys' memory
+    new_k = Tensor(np.full((2, 4), -1.0, np.float32), device=device) * 3
+    new_v = Tensor(np.full((4,), 7.0, np.float32), device=device) + 1  # broadcast into the rows, as assign() does
+    schedules = []
+    made = tensor_module.create_schedule
+    monkeypatch.setattr(tensor_module, "create_schedule", lambda targets: schedules.append(targets) or made(targets))
+    assign_together((keys[1:3], new_k), (values[0:2], new_v))
+    assert len(schedules) == 2  # the pending reader (first), then both writes with what they compute
+    k[1:3], v[0:2] = -3.0, 8.0
+    np.testing.assert_array_equal(keys.numpy(), k)
+    np.testing.assert_array_equal(values.numpy(), v)
+    np.testing.assert_array_equal(before.numpy(), np.arange(12).reshape(3, 4) * 2)
+
+
+def test_writes_that_read_each_others_memory_are_done_in_order(device: str) -> None:
+    """As assign() one after another, of values made before either write (so each reads the other's memory from
+    before, as PyTorch's eager values would; one schedule may write one before computing the other), and two writes
+    into one buffer land in order."""
+    from tiny.tensor.inplace import assign_together
+
+    a = Tensor([1.0, 2.0], device=device).realize()
+    b = Tensor([10.0, 20.0], device=device).realize()
+    assign_together((a, b + 1), (b, a * 3))
+    np.testing.assert_array_equal(a.numpy(), [11.0, 21.0])
+    np.testing.assert_array_equal(b.numpy(), [3.0, 6.0])
+    t, x = base(device)
+    five, six = Tensor.full((2, 4), 5.0, device=device), Tensor.full((2, 4), 6.0, device=device)
+    assign_together((t[0:2], five), (t[1:3], six))
+    x[0:2], x[1:3] = 5.0, 6.0
+    np.testing.assert_array_equal(t.numpy(), x)
+
+
+def test_writes_assigned_together_refuse_what_assign_refuses(device: str) -> None:
+    from tiny.tensor.inplace import assign_together
+
+    t, _ = base(device)
+    u, _ = base(device)
+    with pytest.raises(ValueError, match="shape"):
+        assign_together((t, Tensor.ones(5, device=device)), (u, Tensor.ones(4, device=device)))
+    with pytest.raises(RuntimeError, match="expanded"):
+        assign_together((Tensor.ones(1, device=device).realize().expand(4), Tensor.ones(4, device=device)),)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tiny.tensor import Tensor
+from tiny.tensor.inplace import assign_together
 
 
 class KVCache:
@@ -25,6 +26,5 @@ class KVCache:
             self.keys = Tensor.zeros(*shape, dtype=k.dtype, device=k.device).contiguous().realize()
             self.values = Tensor.zeros(*shape, dtype=v.dtype, device=v.device).contiguous().realize()
         end = start_pos + length
-        self.keys[:, :, start_pos:end] = k
-        self.values[:, :, start_pos:end] = v
+        assign_together((self.keys[:, :, start_pos:end], k), (self.values[:, :, start_pos:end], v))
         return self.keys[:, :, :end], self.values[:, :, :end]
