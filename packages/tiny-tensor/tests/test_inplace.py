@@ -366,4 +366,4 @@ def test_writes_assigned_together_refuse_what_assign_refuses(device: str) -> Non
     with pytest.raises(ValueError, match="shape"):
         assign_together((t, Tensor.ones(5, device=device)), (u, Tensor.ones(4, device=device)))
     with pytest.raises(RuntimeError, match="expanded"):
-        assign_together((Tensor.ones(1, device=device).realize().expand(4), Tensor.ones(4, device=device)),)
+        assign_together((Tensor.ones(1, device=device).realize().expand(4), Tensor.ones(4, device=device)))
