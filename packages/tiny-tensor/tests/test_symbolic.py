@@ -344,3 +344,20 @@ def test_a_dot_product_over_a_symbolic_cache_reads_whole_vectors_on_the_cpu() ->
     for n in (1, 9, 64):
         got = (q * keys[:, :, : pos.bind(n)]).sum(-1).numpy()
         np.testing.assert_allclose(got, (q.numpy() * keys.numpy()[:, :, :n]).sum(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_graph_of_fixed_sizes_is_not_walked_for_bound_variables_again(device: str) -> None:
+    """Once a Variable was bound anywhere, each schedule looks for sizes over one in its graph. The answer is kept
+    on each node: a fixed-size graph asked again (a quantized model's lazy weights, read by every schedule of a
+    prompt) is not walked, and one over a bound size is still found and unbound."""
+    from tiny.ir.schedule import scheduler
+
+    Variable("seen", 1, 8).bind(3)  # (a bind made: schedules look)
+    weight = Tensor(RNG.standard_normal((4, 8)).astype(np.float32), device=device).realize() * 2  # lazy, fixed
+    assert scheduler._unbind([weight.uop]) is None
+    assert weight.uop.__dict__[scheduler._SIZES] is False  # the answer, kept
+    n = Variable("n", 1, 8).bind(5)
+    rows = weight[:, :n]
+    plain, _, values = scheduler._unbind([rows.uop])
+    assert rows.uop.__dict__[scheduler._SIZES] is True and list(values.values()) == [5]
+    np.testing.assert_allclose(rows.sum(1).numpy(), weight.numpy()[:, :5].sum(1), rtol=1e-5)

@@ -25,7 +25,7 @@ from tiny.ir.device.collective import IN_PLACE
 from tiny.ir.dtypes import dtypes, truncate
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
 from tiny.ir.schedule.cache import SCHEDULES, Schedule, ScheduleItem, Template, check_same, structure_of
-from tiny.ir.uop import GroupOp, Ops, UOp, binds_made, evaluate
+from tiny.ir.uop import GroupOp, Ops, UOp, binds_made, evaluate, record_below
 from tiny.ir.views import View, strides_for_shape
 
 
@@ -614,6 +614,8 @@ def _create_schedule(targets: list[UOp]) -> Schedule:
 def _unbind(targets: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, int]] | None:
     """The graph with each bound Variable in a size replaced by the Variable, each new node's bound original, and
     each Variable's value; None where the graph holds none."""
+    if not any(record_below(t, _SIZES, _sizes_below) for t in targets):
+        return None  # (no size over a Variable below: the walk below would find no bound one)
     found: dict[UOp, int] = {}
     done: dict[UOp, UOp] = {}
     for u in UOp(Ops.SINK, src=tuple(targets)).toposort:
@@ -628,6 +630,21 @@ def _unbind(targets: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, in
     if not found:
         return None
     return [done[t] for t in targets], {v: k for k, v in done.items() if v is not k}, found
+
+
+_SIZES = "schedule.sizes"  # the per-node record of _sizes_below
+
+
+def _sizes_below(u: UOp) -> bool:
+    """Whether u or a node below it has a size that is a node (a movement op's over a Variable, a CONST's): kept on
+    each node, so that a graph of fixed sizes asked again (a quantized model's lazy weights, in every schedule once
+    a Variable was ever bound) is not walked again. (Each source's record is there: record_below's order.)"""
+    arg = u.arg
+    if (u.op in GroupOp.Movement and u.argkey is not arg and sint.has_binds(arg)) or (
+        u.op is Ops.CONST and isinstance(arg, UOp)
+    ):
+        return True
+    return any(s.__dict__[_SIZES] for s in u.src)
 
 
 def rebind_graph(root: UOp, values: dict[UOp, int]) -> UOp:
