@@ -96,3 +96,31 @@ def test_a_spent_budget_ends_the_search_with_the_rules_choice_or_none(fresh_cach
     opts = beam_search(item.ast, dev, width=2, budget_s=0)
     assert "round" not in capsys.readouterr().err
     assert opts in (hand_opts(Kernel(item.ast, dev.renderer.caps)), [])
+
+
+def test_the_timer_writes_every_buffer_before_it_times() -> None:
+    """A CPU's fresh allocation that nothing wrote reads as one shared page of zeros, always in cache: timing a
+    candidate over it times reads that never reach memory (a 128 MB sum read 17% faster). The timer writes each
+    buffer it allocates once."""
+    from tiny.codegen.opt.beam import _Timer
+
+    ta = Tensor(np.ones((32, 24), np.float32), device="CPU").realize()
+    (item,) = (ta.sum(1)).schedule()
+    dev = Device["CPU"]
+    written: list[tuple[int, int]] = []
+    real_copyin = dev.allocator.copyin
+
+    class Spy:
+        def __getattr__(self, name: str):  # noqa: ANN204
+            return getattr(dev.allocator, name)
+
+        def copyin(self, dest, src) -> None:  # noqa: ANN001
+            written.append((dest, src.nbytes))
+            real_copyin(dest, src)
+
+    class Device_:
+        allocator = Spy()
+
+    timer = _Timer(item.ast, Device_())  # type: ignore[arg-type]
+    assert sorted(written) == sorted(zip(timer.bufs, timer.sizes))
+    timer.close()
