@@ -123,6 +123,11 @@ def test_gradients_through_batch_norm_statistics_realized_in_training(device: st
 CHANNELS_LAST_CASES = [
     ("conv1d", (2, 3, 20), (16, 3, 5), dict(padding=2)),
     ("conv2d", (2, 4, 9, 9), (16, 4, 3, 3), dict(stride=2, padding=1)),
+    # output channels in whole panels of two vectors: the weight copied in panels (layout.conv_panel_width)
+    ("conv2d", (2, 8, 6, 5), (64, 8, 3, 3), dict(padding=1)),
+    ("conv2d", (2, 16, 7, 7), (32, 16, 1, 1), dict(stride=2)),
+    ("conv1d", (2, 4, 12), (32, 4, 3), dict(padding=1)),
+    ("conv3d", (1, 2, 4, 4, 4), (32, 2, 3, 3, 3), dict(padding=1)),
     # positions 1 KB apart in the padded copy: a line of spare channels after each (layout.spare_channels)
     ("conv2d", (2, 256, 5, 4), (16, 256, 3, 3), dict(padding=1)),
     ("conv2d", (2, 128, 7, 7), (16, 128, 3, 3), dict(stride=2, padding=1)),

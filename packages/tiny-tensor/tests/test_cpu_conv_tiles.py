@@ -78,10 +78,10 @@ def test_a_cpu_convolution_keeps_output_channels_innermost(
     dx, dw = y.gradient(x, w, gradient=g)
     for t, channels in ((y, cout), (dx, c), (dw, cout)):
         item = max((i for i in t.schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
-        store = item.ast.src[0].view
-        inner = store.strides.index(1)
-        assert store.shape[inner] == channels
         k = Kernel(item.ast, CPU)
+        store = k.ast.src[0].view
+        inner = store.strides.index(1)
+        assert channels % store.shape[inner] == 0 and store.shape[inner] % 8 == 0  # (all of them, or a panel's)
         k.apply_opts(hand_opts(k))
         vector = [p.size for p in k.of_kind(Kind.UPCAST) if p.dim == inner]
         assert vector and vector[0] % 8 == 0
@@ -154,9 +154,27 @@ def test_a_channels_last_input_copy_leaves_a_line_after_positions_a_multiple_of_
     w = Tensor.empty(64, c, 3, 3, device="CPU").realize()
     y = x.conv2d(w, padding=1, stride=stride)
     item = max((i for i in y.schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
-    # the kernel's dims (n, y, x, cout, cin, ky, kx): the input's window reads run along cin
-    windows = [u.view for u in item.ast.toposort if u.op is Ops.READ and u.view.strides[4] == 1]
+    # the kernel's dims (n, y, x, [panels,] cout, cin, ky, kx): the input's window reads run along cin
+    windows = [u.view for u in item.ast.toposort if u.op is Ops.READ and u.view.strides[-3] == 1]
     assert len(windows) == 9 and all(v.strides[2] == stride * (c + spare) for v in windows)
+
+
+@pytest.mark.parametrize(("cout", "kernel"), [(128, 3), (256, 1), (48, 3)])
+def test_a_channels_last_convolution_reads_its_weight_in_panels_of_two_vectors(cout: int, kernel: int) -> None:
+    """The weight's copy is in panels (C_out / width, C_in, *kernel, width) where two vectors divide C_out: the
+    tile's vectors of output channels read one contiguous block down the reduction, where rows of all C_out put them
+    C_out apart; with C_out innermost otherwise (48 on AVX-512's 32-wide panels)."""
+    from tiny.ir.device import Device
+    from tiny.ir.dtypes import dtypes
+
+    lanes = Device["CPU"].renderer.caps.vector_lanes(dtypes.float32)
+    width = 2 * lanes if cout % (2 * lanes) == 0 else 0
+    x = Tensor.empty(8, 64, 14, 14, device="CPU").realize()
+    w = Tensor.empty(cout, 64, kernel, kernel, device="CPU").realize()
+    item = max((i for i in x.conv2d(w, padding=kernel // 2).schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
+    # the weight: the read that is the same for every position; its stride along C_in (third from the end)
+    (weight,) = [u.view for u in item.ast.toposort if u.op is Ops.READ and u.view.strides[0] == 0]
+    assert weight.strides[-3] == kernel * kernel * (width or cout)
 
 
 def test_a_big_bodied_kernel_that_is_no_tile_is_held_to_a_lowering_size() -> None:
@@ -203,13 +221,17 @@ def test_a_channels_last_convolution_tiles_seven_positions_on_sixteen_lane_vecto
 def test_a_convolution_over_a_weight_past_the_cache_loops_over_its_output_channel_blocks_outermost() -> None:
     """A 3 x 3 convolution of 1280 channels over 8 x 8 (a Stable Diffusion UNet's innermost stage): its weight, 59
     MB, is read once, each block of output channels' slice while every position passes it, where all of it streamed
-    past each tile of positions (2 x 1280 x 8 x 8 on 2 AVX-512 cores: 36 -> 23 ms); a weight that fits stays inner."""
-    for c, want in ((1280, True), (256, False)):
+    past each tile of positions (2 x 1280 x 8 x 8 on 2 AVX-512 cores: 36 -> 23 ms); a weight that fits stays inner.
+    The same for a weight copied in panels (1280 channels: 40 of 32) and one with all output channels innermost
+    (1296 and 272: no whole number of panels)."""
+    for c, want in ((1280, True), (1296, True), (272, False)):
         x = Tensor.empty(2, c, 8, 8, device="CPU").realize()
         weight = Tensor.empty(c, c, 3, 3, device="CPU").realize()
         item = max((i for i in x.conv2d(weight, padding=1).schedule() if i.ast.op is Ops.SINK), key=_reduced_elements)
         k = Kernel(item.ast, RendererCaps(language="C", vector_width=16, threads=2))
         k.apply_opts(hand_opts(k))
-        inner = item.ast.src[0].view.strides.index(1)
+        # the weight: read as vectors, the same for every position (n is its first dim); its blocks, the dims it
+        # varies along (its output channels', or its panels')
+        weight_view = next(u.view for u in k.ast.toposort if u.op is Ops.READ and u.view.strides[0] == 0)
         first = next(p for p in k.axes if p.kind in (Kind.GLOBAL, Kind.THREAD))
-        assert (first.dim == inner) is want, (c, [(p.kind, p.dim, p.size) for p in k.axes])
+        assert (weight_view.strides[first.dim] != 0) is want, (c, [(p.kind, p.dim, p.size) for p in k.axes])

@@ -155,11 +155,21 @@ class WindowOps(TensorBase):
             # (N, *out, C_out) in memory, output channels innermost: vectors of output channels, each lane's weights
             # read from a copy of the weight with C_out innermost; the result is a permuted view of it
             sp, ks = range(2, 2 + nd), range(2 + nd, 2 + 2 * nd)
+            # read from a copy of the weight in panels, each `width` output channels' weights one block (C_out /
+            # width, C_in, *kernel, width): a tile's vectors of them follow one another down the reduction, where
+            # with C_out innermost they lie C_out apart (a page past 1024 channels); C_out innermost where it is no
+            # whole number of panels. The result is a permuted view of it
+            width = layout.conv_panel_width(first_device(x.device), x.dtype, cout)
             a = win.permute(0, *sp, 1, *ks).reshape(n, *out, 1, c, *kernel)
-            wt = weight.permute(*range(1, nd + 2), 0).contiguous()  # (C_in, *kernel, C_out)
-            b = wt.permute(nd + 1, *range(nd + 1)).reshape(1, *([1] * nd), cout, c, *kernel)
-            y = (a * b).sum(axis=tuple(range(nd + 2, 2 * nd + 3))).contiguous()
-            y = _channels_first(y)
+            if width:
+                wt = weight.reshape(cout // width, width, c, *kernel).permute(0, *range(2, nd + 3), 1).contiguous()
+                b = wt.permute(0, nd + 2, *range(1, nd + 2)).reshape(1, *([1] * nd), cout // width, width, c, *kernel)
+                y = (a.reshape(n, *out, 1, 1, c, *kernel) * b).sum(axis=tuple(range(nd + 3, 2 * nd + 4)))
+            else:
+                wt = weight.permute(*range(1, nd + 2), 0).contiguous()  # (C_in, *kernel, C_out)
+                b = wt.permute(nd + 1, *range(nd + 1)).reshape(1, *([1] * nd), cout, c, *kernel)
+                y = (a * b).sum(axis=tuple(range(nd + 2, 2 * nd + 3)))
+            y = _channels_first(y.reshape(n, *out, cout).contiguous())
             win = a
         else:
             win = win.reshape(n, groups, 1, c // groups, *out, *kernel)
