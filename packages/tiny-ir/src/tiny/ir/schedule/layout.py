@@ -63,7 +63,7 @@ def conv_panel_width(device: str, dtype: DType, out_channels: int) -> int:
     A tile's vectors of output channels read, at each step of the reduction, one row of the copy's C_out: rows
     C_out apart, 4 KB at 1024 channels, in few of the L1's sets and a new page each step. In panels (C_out / width,
     C_in, *kernel, width) the tile reads one contiguous block, as a matrix product's B panels (panel_width).
-    ResNet-50's 1 x 1 convolutions on 2 AVX-512 cores: 84 -> 66 ms a batch of 8; its 3 x 3, 64 -> 61."""
+    ResNet-50's 1 x 1 convolutions on 2 AVX-512 cores: 89 -> 71 ms a batch of 8; its 3 x 3 and 7 x 7, 79 -> 67."""
     caps = Device[device].renderer.caps
     width = 2 * caps.vector_lanes(dtype)
     return width if not caps.has_local and width > 2 and out_channels % width == 0 else 0
