@@ -140,7 +140,8 @@ class WindowOps(TensorBase):
                 # (each position's channels then a line of spare ones, where the tile's reads would share few of
                 # the cache's sets: tiny.ir.schedule.layout.spare_channels)
                 spare = layout.spare_channels(first_device(x.device), x.dtype, c, strides[-1])
-                xl = x.permute(0, *range(2, nd + 2), 1).pad([(0, 0), *inner, (0, spare)]).contiguous()[..., :c]
+                xl = x.permute(0, *range(2, nd + 2), 1).pad([(0, 0), *inner, (0, spare)]).contiguous()
+                xl = xl[..., :c] if spare else xl
             else:
                 xl = _channels_innermost(x)
             x = _channels_first(xl).pad([(0, 0), (0, 0), first, *([(0, 0)] * (nd - 1))])
@@ -152,13 +153,12 @@ class WindowOps(TensorBase):
         starts = [[k * d - lo for k in range(ks)] for ks, d, (lo, _) in zip(kernel, dils, pads)]
         win = _windows(x, starts, strides, out)  # (N, C, *out, *kernel)
         if last:
-            # (N, *out, C_out) in memory, output channels innermost: vectors of output channels, each lane's weights
-            # read from a copy of the weight with C_out innermost; the result is a permuted view of it
+            # (N, *out, C_out) in memory, output channels innermost: vectors of output channels, their weights read
+            # from a copy of the weight in panels, each `width` output channels' one block (C_out / width, C_in,
+            # *kernel, width): a tile's vectors of them follow one another down the reduction, where with C_out
+            # innermost they lie C_out apart (a page past 1024 channels); C_out innermost where it is no whole number
+            # of panels. The result is a permuted view of it
             sp, ks = range(2, 2 + nd), range(2 + nd, 2 + 2 * nd)
-            # read from a copy of the weight in panels, each `width` output channels' weights one block (C_out /
-            # width, C_in, *kernel, width): a tile's vectors of them follow one another down the reduction, where
-            # with C_out innermost they lie C_out apart (a page past 1024 channels); C_out innermost where it is no
-            # whole number of panels. The result is a permuted view of it
             width = layout.conv_panel_width(first_device(x.device), x.dtype, cout)
             a = win.permute(0, *sp, 1, *ks).reshape(n, *out, 1, c, *kernel)
             if width:
