@@ -35,6 +35,7 @@ TILE_VALUES = 1024  # ... and to this many values per thread with the window's o
 UNROLL_LANES = 512  # ... and the innermost reduce dim is unrolled too where values per thread stay within this
 WEIGHT_CACHE = 1 << 24  # bytes of a tile's vector operand past which its blocks' loop goes outermost (past the L3)
 ROW_TILE_VECTORS = 8  # vector accumulators of a tile of rows (a product over a row-major weight: A's rows x W's)
+ROW_TILE_WIDE = 2  # ... times this with 16-lane vectors (AVX-512's 32 registers)
 LOWERED_NODES = 1 << 15  # a CPU kernel that is not a register tile lowers at most about this many nodes (AST nodes x
 # values per thread): a max pool's backward upcast whole (6 x 6 positions x 16 channels of a 229-node body) built
 # 130k nodes to simplify them to 1.8k, 2.0 s of a cold MNIST step's rendering, for the same speed as 72 values (0.15 ms)
@@ -146,11 +147,13 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
             stretch = room if in_vectors else min((tile_lanes if wide else TILE_STRETCH) // tile, values)
             # (rows: at most 4 a dim and 8 vectors in all, 4 rows of A x 2 of W: the accumulators and a step's loaded
             # vectors, 14, fit AVX2's 16 registers, where 4 x 4 spilled; 32 x 2048 x 2048 float32 6.0 -> 4.7 ms, Q4_0
-            # blocks 7.9 -> 5.3, 256 rows of Q4_K 89 -> 49)
+            # blocks 7.9 -> 5.3, 256 rows of Q4_K 89 -> 49. AVX-512's 32 registers take 4 x 4, 24: a float16 1B
+            # model's prompt of 32 tokens, 32 x 2048 @ 5632 x 2048 4.0 -> 2.5 ms, its prefill 346-351 -> 276-279 ms)
             # (7: the rows of 7, 14 and 28 positions of a convolution's last stages, which 8 and 4 leave at 2 or none;
             # and within the wide tile the whole of a small dim may fill it: 3 x 3 over 14 x 14 x 256 on 2 AVX-512
             # cores 141 -> 303 GFLOPS, over 7 x 7 x 512 87 -> 221)
-            sizes = tuple(s for s in (4, 2) if s * tile <= ROW_TILE_VECTORS) if rows else (16, 8, 7, 4, 3, 2)
+            most = ROW_TILE_VECTORS * (ROW_TILE_WIDE if lanes >= 16 else 1)
+            sizes = tuple(s for s in (4, 2) if s * tile <= most) if rows else (16, 8, 7, 4, 3, 2)
             attempt(OptOps.UPCAST, axis, _within(k, axis, sizes, room, stretch))
         _panel_order(k, out_dim, vector_loads, attempt)
         _weight_order(k, out_dim, vector_loads, attempt)
