@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tiny.codegen.dot4 import write_out_dot4
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, kernel_name, lower_kernel
 from tiny.codegen.narrow import narrow_loops
@@ -146,7 +147,8 @@ def _render(ast: UOp, renderer: Renderer, actions: Actions) -> Rendered:
 def _lower_passes(plan: Kernel, caps: RendererCaps) -> Lowered:
     """The passes before linearizing, a line each."""
     kernel = _lower(plan)  # loads, stores (index memory), loops or hardware ids, lanes, REDUCEs (tiny.codegen.lower)
-    sink = graph_rewrite(kernel.sink, symbolic, memo=kernel.simplified, name="symbolic")  # index math, constants
+    sink = write_out_dot4(kernel.sink, plan.ast, caps)  # byte products, where the renderer has no DOT4 of its own
+    sink = graph_rewrite(sink, symbolic, memo=kernel.simplified, name="symbolic")  # index math, constants
     sink = _narrowed(sink, caps)  # sums skip the iterations whose every lane reads padding (tiny.codegen.narrow)
     target = VectorTarget(caps.vector_width * 4, kernel.simplified, caps.narrow_vectors)  # (symbolic's memo)
     sink = graph_rewrite(sink, vectorize, ctx=target, name="vectorize")  # lanes alike become vector ops

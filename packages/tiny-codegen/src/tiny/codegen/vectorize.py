@@ -62,6 +62,11 @@ def _converts(frm: DType, to: DType) -> bool:
     return frm.scalar in NARROW_DTYPES and to.scalar in (dtypes.float32, dtypes.int32, dtypes.uint32)
 
 
+def _int_to_float(cast: UOp) -> bool:
+    """int32 to float32, lane for lane as the scalar conversion (a quantized product's int32 sums, scaled)."""
+    return cast.source.dtype.scalar == dtypes.int32 and cast.dtype.scalar == dtypes.float32
+
+
 def _shifts_within(x: UOp) -> bool:
     """A shift whose amount is a constant below the lanes' width (no test for a shift past it in vector code)."""
     if x.op not in (Ops.SHR, Ops.SHL):
@@ -106,7 +111,9 @@ def _push_down(vec: UOp, ctx: VectorTarget) -> UOp | None:
     # (shifts by constants and bit casts of same-sized lanes where narrow lanes are taken: a bfloat16's bits made a
     # float32's)
     exact_bits = ctx.narrow and (first.op is Ops.BITCAST or first.op in NARROW_ALU) and all(map(_shifts_within, lanes))
-    if first.op in VECTOR_ALU or first.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE) or exact_bits:
+    # (DOT4 reaches here only where the renderer writes it: tiny.codegen.dot4; int32 -> float32 where lanes convert)
+    lanewise = first.op is Ops.DOT4 or (ctx.narrow and first.op is Ops.CAST and _int_to_float(first))
+    if first.op in VECTOR_ALU or first.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE) or exact_bits or lanewise:
         if not all(_fits(x.dtype, n, nbytes, not whole) for x in first.src):
             return None
         return _lanewise(vec)

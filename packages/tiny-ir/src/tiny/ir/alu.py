@@ -81,6 +81,15 @@ def _shl(a: int, b: int, dtype: DType) -> int:
     return a << b if b < dtype.bits else 0
 
 
+def _dot4(a: int, b: int) -> int:
+    """Ops.DOT4: a's four bytes, unsigned, times b's, signed, summed."""
+    total = 0
+    for shift in (0, 8, 16, 24):
+        unsigned, signed = (a >> shift) & 0xFF, (((b >> shift) & 0xFF) ^ 0x80) - 0x80
+        total += unsigned * signed
+    return total
+
+
 _PY: dict[Ops, Callable[..., Any]] = {
     Ops.NEG: lambda a: (not a) if isinstance(a, bool) else -a,
     Ops.RECIP: _recip,
@@ -100,6 +109,7 @@ _PY: dict[Ops, Callable[..., Any]] = {
     Ops.AND: lambda a, b: a & b,
     Ops.OR: lambda a, b: a | b,
     Ops.XOR: lambda a, b: a ^ b,
+    Ops.DOT4: _dot4,
     Ops.WHERE: lambda c, a, b: a if c else b,
 }
 

@@ -82,6 +82,10 @@ class Ops(enum.Enum):
     # kernel AST memory ops (after the others: a pickle made before they were added names the ops by number)
     READ = enum.auto()  # src = (DEFINE_GLOBAL, VIEW): the buffer's element the view maps each point of the kernel to
     WRITE = enum.auto()  # src = (DEFINE_GLOBAL, VIEW, value): store the value there; a kernel AST is a SINK of WRITEs
+    # int32 (a, b) -> int32: the sum of the products of a's four bytes, unsigned, and b's, signed (x86's vpdpbusd,
+    # CUDA's __dp4a): a quantized product's int8 arithmetic, four products an op. The code generator writes it out
+    # in shifts, products and sums for a renderer whose RendererCaps.dot4 is off.
+    DOT4 = enum.auto()
 
     __hash__ = object.__hash__  # members are singletons; Enum's own hash (of the name) is a Python call
 
@@ -110,6 +114,7 @@ class GroupOp:
             Ops.XOR,
             Ops.SHL,
             Ops.SHR,
+            Ops.DOT4,
         }
     )
     Ternary = frozenset({Ops.WHERE})

@@ -87,7 +87,8 @@ def find_compiler() -> str:
 @cache
 def compiler_features(cc: str) -> frozenset[str]:
     """What this compiler can do on this host, found by compiling tiny probes: 'f16' (_Float16), 'mvec' (glibc's
-    vector math library for AVX2, linked with -lmvec)."""
+    vector math library for AVX2, linked with -lmvec), 'vnni' (x86's int8 dot products, AVX-512 VNNI or AVX-VNNI, in
+    what -march=native targets: the renderer's DOT4)."""
     mvec = (
         "typedef float v8 __attribute__((vector_size(32)));\nv8 _ZGVdN8v_exp2f(v8);\n"
         "int main(void) { v8 x = {0}; return (int)_ZGVdN8v_exp2f(x)[0] - 1; }"
@@ -95,6 +96,7 @@ def compiler_features(cc: str) -> frozenset[str]:
     probes = {
         "f16": (["-c"], "_Float16 f(_Float16 a, _Float16 b) { return a * b + (_Float16)1; }"),
         "mvec": (["-march=native", "-lmvec"], mvec),
+        "vnni": (["-c", "-march=native"], "#if !defined(__AVX512VNNI__) && !defined(__AVXVNNI__)\n#error\n#endif\n"),
     }
     out = set()
     for name, (flags, src) in probes.items():

@@ -172,7 +172,9 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.COPY: _copy_grad,
 }
 # no gradient flows through these: comparisons, integer and bit ops, rounding, bit casts, detach
-NO_GRADIENT = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.BITCAST})
+NO_GRADIENT = frozenset(
+    {Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.BITCAST, Ops.DOT4}
+)
 
 
 # a composite op's own derivative (a convolution's input gradient is a transposed convolution, not the window

@@ -296,6 +296,10 @@ class CStyleRenderer(BracedRenderer):
         target sums them faster than lane by lane; None: an add per lane."""
         return None
 
+    def dot4_helper(self, dt: DType) -> str:
+        """What a kernel with a DOT4 of dt defines first (a renderer whose caps take DOT4 writes it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no DOT4 (RendererCaps.dot4 is off)")
+
     def lane_sum_helper(self, dt: DType) -> str:
         """What a kernel that calls lane_sum for dt defines first."""
         return ""
@@ -375,6 +379,7 @@ class CStyleRenderer(BracedRenderer):
         helpers = "".join(self.lane_math_helper(op, s) for op, s in scalar_math)
         helpers += "".join(self.multiply_add_helper(dt) for dt in sorted(w.fused, key=repr))
         helpers += "".join(self.lane_sum_helper(dt) for dt in sorted(w.lane_sums, key=repr))
+        helpers += "".join(self.dot4_helper(dt) for dt in sorted({u.dtype for u in uops if u.op is Ops.DOT4}, key=repr))
         kernel = types + "".join(self.vector_prelude(dt) for dt in vectors) + helpers + kernel
         scalars = {_element(u.dtype).scalar for u in uops}
         uses_bf16 = self.emulate_bf16 and dtypes.bfloat16 in scalars
@@ -510,6 +515,12 @@ class CStyleRenderer(BracedRenderer):
 
     def barrier(self) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no barriers")
+
+
+def _byte_products(a: str, b: str) -> str:
+    """C for DOT4 on two ints: a's bytes, unsigned, times b's, signed, summed."""
+    terms = [f"(({a} >> {i}) & 255) * (int)(signed char)({b} >> {i})" for i in (0, 8, 16, 24)]
+    return "(" + " + ".join(terms) + ")"
 
 
 def _element(dt: DType) -> DType:
@@ -716,8 +727,38 @@ class CRenderer(CStyleRenderer):
         features = set(parts[-1].split(",")) if parts else {"f16", "bf16"}
         missing = {dtypes.float16} if "f16" not in features else set()
         all_ = frozenset(dtypes.all()) - missing
-        self.caps = RendererCaps(language="C", vector_width=width, threads=threads, dtypes=all_, narrow_vectors=True)
+        dot4 = "vnni" in features
+        caps = RendererCaps(
+            language="C", vector_width=width, threads=threads, dtypes=all_, narrow_vectors=True, dot4=dot4
+        )
+        self.caps = caps
         self.mvec = "mvec" in features
+
+    def alu(self, u: UOp, args: list[str]) -> str:
+        if u.op is Ops.DOT4:
+            return f"tiny_dot4_{self._fma_type(u.dtype)}({args[0]}, {args[1]})"
+        return super().alu(u, args)
+
+    def dot4_helper(self, dt: DType) -> str:
+        """tiny_dot4_<type>(a, b): VNNI's vpdpbusd on 4, 8 or 16 lanes (clang's or gcc's builtin) where the compiler
+        targets it, else (and for a scalar) the four products written out lane by lane."""
+        t, n = self._fma_type(dt), dt.count
+        if n == 1:
+            return f"static inline int tiny_dot4_int(int a, int b) {{ return {_byte_products('a', 'b')}; }}\n"
+        lanes = f"  {t} r;\n  for (int i = 0; i < {n}; i++) r[i] = {_byte_products('a[i]', 'b[i]')};\n  return r;\n"
+        if n not in (4, 8, 16):
+            return f"static inline {t} tiny_dot4_{t}({t} a, {t} b) {{\n{lanes}}}\n"
+        need = (
+            "defined(__AVX512VNNI__)"
+            if n == 16
+            else "defined(__AVXVNNI__) || defined(__AVX512VNNI__) && defined(__AVX512VL__)"
+        )
+        clang, gcc = f"__builtin_ia32_vpdpbusd{32 * n}", f"__builtin_ia32_vpdpbusd_v{n}si"
+        return (
+            f"static inline {t} tiny_dot4_{t}({t} a, {t} b) {{\n#if defined(__clang__) && ({need})\n"
+            f"  return {clang}(({t}){{0}}, a, b);\n#elif defined(__GNUC__) && ({need})\n"
+            f"  return {gcc}(({t}){{0}}, a, b);\n#else\n{lanes}#endif\n}}\n"
+        )
 
     def cast(self, u: UOp, x: str) -> str:
         """A vector conversion (narrow lanes to float32) lane by lane, as the scalar one; GNU C's cast of a vector

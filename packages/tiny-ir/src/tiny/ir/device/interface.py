@@ -31,8 +31,9 @@ from tiny.ir.uop import UOp
 # Compiler.compile_many and Compiled.compile_many, several kernels in one compiler run; 1.7:
 # RendererCaps.narrow_vectors; 1.8: Renderer.unavailable, why a renderer cannot be used here; 1.9:
 # Compiled.collective, a device's own all-reduce and all-gather; 1.10: Compiled.launch_with, a kernel that reads
-# other devices' memory; 1.11: launchers_changed and LAUNCHERS.epoch, launchers given before to be asked for again)
-INTERFACE_VERSION = (1, 11)
+# other devices' memory; 1.11: launchers_changed and LAUNCHERS.epoch, launchers given before to be asked for again;
+# 1.12: Ops.DOT4 and RendererCaps.dot4, a renderer that writes the op itself)
+INTERFACE_VERSION = (1, 12)
 
 
 # the dtypes kernels compute on in hardware vectors (RendererCaps.vector_lanes; the code generator's vector ops)
@@ -76,6 +77,9 @@ class RendererCaps:
     max_buffers: int = 0  # buffers and variables one kernel may bind (WebGPU: the adapter's limit); 0: no limit
     max_loop_iterations: int = 0  # loop iterations one thread may run in all (llvmpipe stops at 65535); 0: no limit
     supports_float_div: bool = True
+    # Ops.DOT4 (four byte products summed, tiny.ir.uop) in the renderer's own words, fast on the target (x86's VNNI);
+    # off: the code generator writes it out in shifts, products and sums, and no renderer sees the op
+    dot4: bool = False
 
     def vector_lanes(self, dtype: DType) -> int:
         """How many values of dtype one hardware vector holds (1: this dtype is not vectorized)."""

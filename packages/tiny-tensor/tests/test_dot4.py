@@ -1,0 +1,92 @@
+"""Tensor.dot4 (Ops.DOT4): each int32 as four bytes, the unsigned bytes of one times the signed bytes of the other,
+summed -- NumPy's values on every device, the extremes included. Where the renderer writes the op (RendererCaps.dot4:
+the CPU's C on an x86 host with VNNI) the kernel holds it a vector at a time; elsewhere the code generator writes it
+out in shifts and products (the same values: every device runs these tests)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tensor_helpers import small
+
+from tiny.codegen.program import render_for
+from tiny.codegen.renderer.cstyle import CRenderer
+from tiny.ir.uop import Ops
+from tiny.tensor import Device, Tensor
+
+
+def _reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.broadcast_arrays(a.astype(np.int32), b.astype(np.int32))
+    unsigned = np.ascontiguousarray(a).view(np.uint8).reshape(*a.shape, 4).astype(np.int32)
+    signed = np.ascontiguousarray(b).view(np.int8).reshape(*b.shape, 4).astype(np.int32)
+    return (unsigned * signed).sum(-1, dtype=np.int32)
+
+
+def _words(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    words = rng.integers(-(2**31), 2**31, shape, dtype=np.int64).astype(np.int32).reshape(-1)
+    extremes = np.array([0, -1, -(2**31), 2**31 - 1, 0x7F7F7F7F, -0x7F7F7F80, 0x00FF00FF, 0x01010101], np.int32)
+    words[: len(extremes)] = extremes[: len(words)]
+    return words.reshape(shape)
+
+
+def _dots(t: Tensor) -> list:
+    renderer = Device[t.device].renderer
+    uops = [u for item in t.schedule() if item.ast.op is Ops.SINK for u in render_for(item.ast, renderer).uops]
+    return [u for u in uops if u.op is Ops.DOT4]
+
+
+def test_dot4_matches_numpy(device: str) -> None:
+    shape = small(device, (96, 64), (3, 8))
+    a, b = _words(shape, 1), _words(shape, 2)
+    out = Tensor(a, device=device).dot4(Tensor(b, device=device))
+    dots = _dots(out)
+    if Device[device].renderer.caps.dot4:
+        assert dots and any(d.dtype.count > 1 for d in dots), "vpdpbusd a vector at a time"
+    else:
+        assert not dots, "written out for a renderer without DOT4"
+    np.testing.assert_array_equal(out.numpy(), _reference(a, b))
+
+
+def test_dot4_extremes_every_pair(device: str) -> None:
+    """Every pair of bytes at their extremes: 255 x -128 four times is the most negative sum, 255 x 127 the most."""
+    edges = np.array([0x00000000, 0xFFFFFFFF, 0x80808080, 0x7F7F7F7F, 0x01FF7F80], np.uint32).view(np.int32)
+    a, b = edges.reshape(-1, 1), edges.reshape(1, -1)
+    out = Tensor(a, device=device).dot4(Tensor(b, device=device)).numpy()
+    np.testing.assert_array_equal(out, _reference(a, b))
+    assert out.min() == 4 * 255 * -128 and out.max() == 4 * 255 * 127
+
+
+def test_dot4_summed_in_a_reduction(device: str) -> None:
+    """Inside a sum (a quantized product's block sums): int32 accumulation of DOT4s."""
+    rows, k = small(device, (32, 256), (4, 8))
+    a, b = _words((rows, k), 3), _words((k,), 4)
+    out = Tensor(a, device=device).dot4(Tensor(b, device=device)).sum(axis=1, dtype="int32")
+    np.testing.assert_array_equal(out.numpy(), _reference(a, b).sum(axis=1, dtype=np.int32))
+
+
+def test_dot4_broadcasts_a_python_int(device: str) -> None:
+    a = _words((small(device, 64, 8),), 5)
+    out = Tensor(a, device=device).dot4(0x01010101)  # the sum of a's bytes
+    np.testing.assert_array_equal(out.numpy(), a.view(np.uint8).reshape(-1, 4).astype(np.int32).sum(-1))
+
+
+@pytest.mark.parametrize("other", ["float32", "int8", "uint32"])
+def test_dot4_takes_int32_only(other: str) -> None:
+    with pytest.raises(TypeError, match="dot4 takes int32 tensors"):
+        Tensor([1, 2], dtype="int32").dot4(Tensor([1, 2], dtype=other))
+    with pytest.raises(TypeError, match="dot4 takes int32 tensors"):
+        Tensor([1, 2], dtype=other).dot4(Tensor([1, 2], dtype="int32"))
+
+
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+def test_c_renders_vnni_where_the_target_has_it(lanes: int) -> None:
+    """The C renderer with the 'vnni' feature: vpdpbusd's builtin for clang and gcc behind the compiler's own macros,
+    the bytes written out otherwise; without the feature the op never reaches it (caps.dot4 off)."""
+    from tiny.ir.dtypes import dtypes
+
+    with_vnni = CRenderer(f"x86_64;vector_width={lanes};threads=1;f16,vnni")
+    assert with_vnni.caps.dot4 and not CRenderer("x86_64;vector_width=16;threads=1;f16").caps.dot4
+    helper = with_vnni.dot4_helper(dtypes.int32.vec(lanes))
+    assert f"__builtin_ia32_vpdpbusd{32 * lanes}(" in helper and f"__builtin_ia32_vpdpbusd_v{lanes}si(" in helper
+    assert "(signed char)" in helper  # the lanes written out where the compiler does not target VNNI
