@@ -113,7 +113,7 @@ def test_bfloat16_bits_widen_shift_and_bitcast_in_vectors(device: str) -> None:
 
 
 def test_an_integer_dot_sums_its_lanes_at_once(device: str) -> None:
-    """int8 x int8 products summed in int32 (Q8_ACTIVATIONS' block sums): NumPy's values, the extremes included;
+    """int8 x int8 products summed in int32 (a quantized product's block sums): NumPy's values, the extremes included;
     where the CPU's renderers vectorize the sum, a vector's lanes are added by one reduction (C: tiny_vsum_*, clang's
     __builtin_reduce_add; LLVM IR: llvm.vector.reduce.add), not one extract and add per lane."""
     x, w = _values("int8", (4, 256), seed=5), _values("int8", (32, 256), seed=6)

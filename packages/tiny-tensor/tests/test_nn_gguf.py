@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from tiny.ir.config import Context
-from tiny.ir.device import buffer_of
+from tiny.ir.device import Device, buffer_of
+from tiny.ir.schedule import layout
 from tiny.ir.uop import Ops
 from tiny.nn.gguf import gguf_load
 from tiny.tensor import Tensor
+from tiny.tensor.byte_blocks import form_of
 
 gguf = pytest.importorskip("gguf")
 QT = gguf.GGMLQuantizationType
@@ -198,28 +200,40 @@ def _q8_0_product(x: np.ndarray, packed: np.ndarray, qtype: QT) -> np.ndarray:
     return (dots * scales[None] * dx.astype(np.float16).astype(np.float64)[:, None]).sum(axis=-1)
 
 
+def _multiplies_bytes(rows: int) -> bool:
+    return layout.byte_dot_rows(Device.DEFAULT, rows) > 0
+
+
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_1, QT.Q4_K], ids=lambda q: q.name)
-def test_q8_activations_give_llama_cpps_integer_product(tmp_path: Path, qtype: QT) -> None:
-    """Q8_ACTIVATIONS=1: linear() over integer blocks times a scale rounds x (up to 4 rows: decoding) to int8 a block
-    and sums each block's products in int32, as llama.cpp; the blocks with a minimum added (Q4_1, the K quants) and
-    more rows (a prompt) keep the float32 product."""
-    packed = _packed(qtype, 8, 512, seed=11)
-    w = gguf_load(_write(tmp_path / "q.gguf", {"w": (packed, qtype)}), dequantize=False)[0]["w"]
-    x = np.random.default_rng(12).standard_normal((3, 512)).astype(np.float32)
+def test_products_of_bytes_give_llama_cpps_integer_product(tmp_path: Path, qtype: QT) -> None:
+    """Where the device multiplies bytes (x86 with VNNI: the CPU's C), a Q8_0 or Q4_0 matrix is kept as int32 words
+    with 16 rows side by side, and linear() over it rounds x to int8 a block and sums each block's products in int32
+    (DOT4), as llama.cpp: NumPy's model of llama.cpp's product, for a decode step's row and a prompt's. The tensor is
+    still the gguf package's values bit for bit, and the device holds the file's bytes. With Q8_ACTIVATIONS=0 at
+    loading, and for the blocks with a minimum added (Q4_1, the K quants), the float32 product."""
+    packed = _packed(qtype, 48, 512, seed=11)
+    path = _write(tmp_path / "q.gguf", {"w": (packed, qtype)})
+    w = gguf_load(path, dequantize=False)[0]["w"]
+    with Context(Q8_ACTIVATIONS=0):
+        stored = gguf_load(path, dequantize=False)[0]["w"]
+    dense = quants.dequantize(packed, qtype)
+    x = np.random.default_rng(12).standard_normal((6, 512)).astype(np.float32)
     x[1, :32] = 0.0  # (a block of zeros: scale 0, quants 0)
-    with Context(Q8_ACTIVATIONS=1):
-        got = Tensor(x).realize().linear(w).numpy()
-    floats = Tensor(x).realize().linear(w).numpy()
-    if qtype in (QT.Q4_1, QT.Q4_K):
-        np.testing.assert_array_equal(got, floats)
-        return
-    want = _q8_0_product(x, packed, qtype)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
-    assert np.abs(floats - want).max() > 1e-4 * np.abs(want).max()  # (the float32 product is another number)
-    prompt = np.concatenate([x, x])
-    with Context(Q8_ACTIVATIONS=1):
-        rows6 = Tensor(prompt).linear(w).numpy()
-    np.testing.assert_array_equal(rows6, Tensor(prompt).linear(w).numpy())
+    floats = Tensor(x).realize().linear(stored).numpy()
+    np.testing.assert_allclose(floats, x.astype(np.float64) @ dense.T, rtol=1e-4, atol=1e-4 * np.abs(floats).max())
+    words = qtype in (QT.Q8_0, QT.Q4_0) and _multiplies_bytes(48)
+    assert (form_of(w) is not None) == words
+    for rows in (x[:1], x):  # (a decode step's row, and a prompt)
+        got = Tensor(rows).realize().linear(w).numpy()
+        if not words:
+            np.testing.assert_array_equal(got, floats[: len(rows)])
+            continue
+        want = _q8_0_product(rows, packed, qtype)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+        assert np.abs(floats[: len(rows)] - want).max() > 1e-4 * np.abs(want).max()  # (float32's is another number)
+    held = {id(buffer_of(u)): buffer_of(u).nbytes for u in w.uop.toposort if u.op is Ops.BUFFER}
+    assert sum(held.values()) == packed.nbytes
+    np.testing.assert_array_equal(w.numpy().view(np.uint32), dense.view(np.uint32))
 
 
 def test_metadata_round_trip(tmp_path: Path) -> None:

@@ -255,7 +255,9 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
     as the file has them."""
     from tiny.nn.gguf import gguf_load
 
-    tensors, meta = gguf_load(path, dequantize=False, device=device)  # (every type stays as stored)
+    # (every type stays as stored; Q8_0 and Q4_0 matrices as words for products of bytes where the device multiplies
+    # bytes, but the embedding table, read by rows: a tied output's product over it stays the float32 one)
+    tensors, meta = gguf_load(path, dequantize=False, device=device, lookups=("token_embd.weight",))
     arch = meta.get("general.architecture")
     if arch not in _GGUF_ARCHS:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (these are: {', '.join(_GGUF_ARCHS)})")

@@ -9,11 +9,15 @@ padding to the alignment (`general.alignment`, 32 by default), then the tensor d
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 
+from tiny.ir.device import Device
+from tiny.ir.schedule import layout
 from tiny.tensor import Tensor
+from tiny.tensor.byte_blocks import ByteBlocks, register
+from tiny.tensor.functional import Q8_ACTIVATIONS
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
@@ -332,6 +336,51 @@ def _lazy_q4_0(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> T
     return ((q.cast("float32") - 8.0) * d).reshape(shape)
 
 
+# ---------------------------------------------------------------- Q8_0 and Q4_0 as words (tiny.tensor.byte_blocks)
+#
+# Where the device multiplies bytes, a matrix's quants are kept as int32 words with rows side by side, which products
+# read (Tensor.linear); the float32 graph over them is the tensor, the same values as the stored form's.
+
+
+def _words_q8_0(raw: np.ndarray, shape: tuple[int, ...], lanes: int, device: str | None) -> Tensor:
+    form = _words(raw.reshape(-1, 34), 34, shape, lanes, device)
+    words = form.split(form.words)  # (rows / lanes, lanes, blocks, 8 words): byte i of word g is quant 4g + i
+    signed = _bits(words.reshape(*words.shape, 1), [0, 8, 16, 24], (1, 1, 1, 1, 4), 0xFF) ^ 0x80
+    d = form.split_scales
+    return register(((signed.cast("float32") - 128.0) * d.reshape(*d.shape, 1, 1)).reshape(shape), form)
+
+
+def _words_q4_0(raw: np.ndarray, shape: tuple[int, ...], lanes: int, device: str | None) -> Tensor:
+    form = _words(raw.reshape(-1, 18), 18, shape, lanes, device)
+    words = form.split(form.words)  # (rows / lanes, lanes, blocks, 4 words): nibble h of byte i of word m is
+    shifts = np.array([[0, 8, 16, 24], [4, 12, 20, 28]]).reshape(1, 1, 1, 2, 1, 4)  # quant 16h + 4m + i
+    nibbles = _joined(words.reshape(*words.shape[:3], 1, 4, 1), shifts, 15)
+    d = form.split_scales
+    return register(((nibbles.cast("float32") - 8.0) * d.reshape(*d.shape, 1, 1, 1)).reshape(shape), form)
+
+
+def _side_by_side(shape: tuple[int, ...], device: str | None) -> int:
+    """Rows of a matrix to keep side by side as words for products of bytes, where the device multiplies bytes and
+    Q8_ACTIVATIONS is on; else 0 (the blocks as stored)."""
+    if len(shape) != 2 or not Q8_ACTIVATIONS.value:
+        return 0
+    return layout.byte_dot_rows(Device.DEFAULT if device is None else device, shape[0])
+
+
+def _words(blocks: np.ndarray, hi: int, shape: tuple[int, ...], lanes: int, device: str | None) -> ByteBlocks:
+    """Bytes 2:hi of every block (its quants) as int32 words with `lanes` rows side by side, (rows / lanes, blocks a
+    row, words, lanes), and the scales (the f16 at byte 0) likewise, (rows / lanes, blocks a row, lanes)."""
+    lo = 2
+    rows, per_row = shape[0], blocks.shape[0] // shape[0]
+    words = np.ascontiguousarray(blocks[:, lo:hi]).view("<i4").reshape(rows // lanes, lanes, per_row, -1)
+    scales = np.ascontiguousarray(blocks[:, :2]).view("<f2").reshape(rows // lanes, lanes, per_row)
+    return ByteBlocks(
+        Tensor(np.ascontiguousarray(words.transpose(0, 2, 3, 1)), device=device),
+        Tensor(np.ascontiguousarray(scales.transpose(0, 2, 1)), device=device),
+        nibbles=hi - lo == 16,
+    )
+
+
 def _lazy_q4_1(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
     """(blocks, nibble, byte): the low nibbles of the 16 bytes are elements 0..15, the high ones 16..31."""
     blocks = raw.reshape(-1, 20)
@@ -458,6 +507,8 @@ _LAZY: dict[int, Callable[[np.ndarray, tuple[int, ...], str | None], Tensor]] = 
     30: _lazy_bf16,
 }
 
+_WORDS: dict[int, Callable[[np.ndarray, tuple[int, ...], int, str | None], Tensor]] = {2: _words_q4_0, 8: _words_q8_0}
+
 # ---------------------------------------------------------------- loading
 
 
@@ -466,7 +517,10 @@ def _align(offset: int, alignment: int) -> int:
 
 
 def gguf_load(
-    path: str | os.PathLike[str], dequantize: bool = True, device: str | None = None
+    path: str | os.PathLike[str],
+    dequantize: bool = True,
+    device: str | None = None,
+    lookups: Collection[str] = (),
 ) -> tuple[dict[str, Tensor], dict[str, object]]:
     """Read a GGUF file: its tensors by name (dequantized to float32) and its key/value metadata.
 
@@ -474,7 +528,9 @@ def gguf_load(
     tensors, together the file's bytes) and each tensor is a lazy float32 graph over them, which the kernels that read
     it compute (one kernel dequantizes a whole tensor; a matrix product over block-quantized values runs after one
     that dequantizes the weight for it, as the scheduler cannot yet index a block's scale from the product's flat
-    dim). F32 tensors are read as they are either way.
+    dim). F32 tensors are read as they are either way. Where the device multiplies bytes (x86 with VNNI), Q8_0 and
+    Q4_0 matrices are kept as int32 words with rows side by side instead, for products of bytes
+    (tiny.tensor.byte_blocks); the tensors named in `lookups` (an embedding table, read by rows) stay as stored.
 
     Shapes are in numpy/PyTorch order (GGUF stores dims innermost first). Supported tensor types:
     F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; others raise ValueError naming the
@@ -537,6 +593,9 @@ def gguf_load(
         # read, not mapped: pages of a mapping stay resident while it lives, beside the device's copy (a model would
         # take twice its file's size while loading)
         raw = np.fromfile(path, dtype=np.uint8, count=nbytes, offset=data_start + offset)
+        if not dequantize and ggml_type in _WORDS and name not in lookups and (lanes := _side_by_side(shape, device)):
+            tensors[name] = _WORDS[ggml_type](raw, shape, lanes, device)
+            continue
         if not dequantize and ggml_type in _LAZY:
             tensors[name] = _LAZY[ggml_type](raw, shape, device)
             continue

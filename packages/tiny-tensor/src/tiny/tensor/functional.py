@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 from tiny.ir.config import flag
 from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import layout
-from tiny.ir.uop import Ops, UOp
+from tiny.ir.uop import Ops
 from tiny.tensor.base import TensorBase
+from tiny.tensor.byte_blocks import byte_product, form_of
 from tiny.tensor.checks import first_device
 from tiny.tensor.shapes import prod
 from tiny.tensor.windows import strided
@@ -27,13 +28,11 @@ REDUCTIONS = ("none", "mean", "sum")
 Q8_ACTIVATIONS = flag(
     "Q8_ACTIVATIONS",
     int,
-    0,
-    "1: linear() over a GGUF weight of integer blocks times a scale (Q8_0, Q4_0, ...) rounds an input of up to 4 rows "
-    "(decoding) to 8 bits a block, as llama.cpp does, and sums each block's products in int32 (not yet faster)",
+    1,
+    "1: a GGUF weight of Q8_0 or Q4_0 blocks, loaded where the device multiplies bytes (x86 with VNNI: the CPU's C), "
+    "is kept as words and linear() over it rounds each block of its input to int8 and sums the products in int32, "
+    "as llama.cpp (tiny.tensor.byte_blocks); 0: dequantized to float32 in the product's kernel (read at loading)",
 )
-# the most rows Q8_ACTIVATIONS takes: the block sums of every row go through memory (rows x out x blocks int32, 740 MB
-# for a 512-token prompt through a 5632 x 2048 weight), where the float32 product keeps them in registers
-_Q8_ROWS = 4
 # the gap between 1 and the next float (torch.finfo(dtype).eps): rms_norm's default eps
 _MACHINE_EPS = {dtypes.float16: 2.0**-10, dtypes.bfloat16: 2.0**-7, dtypes.float32: 2.0**-23, dtypes.float64: 2.0**-52}
 
@@ -55,12 +54,9 @@ class FunctionalOps(TensorBase):
             raise ValueError(
                 f"linear() input's last dimension must be in_features={weight.shape[-1]}, got shape {self.shape}"
             )
-        blocks = weight.blocks() if weight.ndim == 2 else None
-        decoding = Q8_ACTIVATIONS.value and prod(self.shape[:-1]) <= _Q8_ROWS and self.dtype == dtypes.float32
-        integer = _integer_blocks(blocks) if blocks is not None and decoding else None
-        if integer is not None:
-            out = _q8_product(self, *integer)
-        elif blocks is not None:  # (each block's fields reach the product through views: one kernel)
+        if weight.ndim == 2 and self.dtype == dtypes.float32 and (form := form_of(weight)) is not None:
+            out = byte_product(self, form)  # (Q8_0, Q4_0 as words: tiny.tensor.byte_blocks)
+        elif weight.ndim == 2 and (blocks := weight.blocks()) is not None:  # (a block's fields reach it through views)
             x = self.reshape(*self.shape[:-1], 1, *blocks.shape[1:])
             out = (x * blocks.cast(x.dtype)).sum(axis=tuple(range(-(blocks.ndim - 1), 0)))
         else:
@@ -622,62 +618,3 @@ def _reduce_weighted(terms: Tensor, weights: Tensor, reduction: str, in_ndim: in
     if reduction == "sum":
         return terms.sum()
     return terms.reshape(()) if in_ndim == 1 else terms
-
-
-# ---------------------------------------------------------------- products over integer blocks
-
-
-def _integer_blocks(blocks: Tensor) -> tuple[Tensor, Tensor] | None:
-    """A weight's blocks (rows, k / n, *block) that are integers times one scale a block, as (quants, scales): the
-    integers as int32 (rows, k / n, *block), still computed from the file's bytes, and the scales (rows, k / n) in
-    float32. The blocks must be `cast(q) * scale` or `(cast(q) + c) * scale` (Q8_0, Q4_0, Q5_0), with q an integer
-    and c a constant; None for any other form (a minimum added, as Q4_1 and the K quants)."""
-    src = blocks.uop.source if blocks.uop.op is Ops.RESHAPE else blocks.uop
-    if src.op is not Ops.MUL or blocks.dtype != dtypes.float32:
-        return None
-    for values, scale in (src.src, src.src[::-1]):
-        offset = 0.0
-        if values.op is Ops.ADD and (c := _constant(values.src[1])) is not None:
-            values, offset = values.src[0], c
-        if values.op is not Ops.CAST or not values.source.dtype.is_int or not offset.is_integer():
-            continue
-        if values.source.dtype.itemsize > 1 or not _broadcast_over(scale, len(blocks.shape) - 2):
-            continue
-        quants = blocks._new(values.source).cast(dtypes.int32).reshape(blocks.shape)
-        if offset:
-            quants = quants + int(offset)
-        lead = (slice(None), slice(None))
-        return quants, blocks._new(scale).reshape(blocks.shape)[(*lead, *(0,) * (len(blocks.shape) - 2))]
-    return None
-
-
-def _constant(u: UOp) -> float | None:
-    """The value of a constant broadcast through views (and negated), else None."""
-    if u.op is Ops.CONST:
-        return float(u.arg)
-    if u.op in (Ops.EXPAND, Ops.RESHAPE):
-        return _constant(u.source)
-    if u.op is Ops.NEG and (c := _constant(u.source)) is not None:
-        return -c
-    return None
-
-
-def _broadcast_over(u: UOp, last: int) -> bool:
-    """Whether u is a value expanded over its last `last` dims (one per block)."""
-    return u.op is Ops.EXPAND and all(n == 1 for n in u.source.shape[len(u.shape) - last :])
-
-
-def _q8_product(x: Tensor, quants: Tensor, scales: Tensor) -> Tensor:
-    """x @ weight.T for a weight of integer blocks times a scale, as llama.cpp computes it: each block of x rounded to
-    int8 with its own scale (the largest magnitude / 127, kept as float16, as quantize_row_q8_0), each block's
-    products summed in int32, then scaled by both scales and summed in float32."""
-    rows, nblocks, *block = quants.shape
-    n, lead = prod(block), x.shape[:-1]
-    xb = x.reshape(*lead, nblocks, n)
-    scale = xb.abs().max(axis=-1, keepdim=True) / 127
-    v = xb * (scale > 0).where(1 / scale, 0.0)
-    xq = (v + (v < 0).where(-0.5, 0.5)).cast(dtypes.int8).contiguous()  # (roundf: halves away from 0)
-    dx = scale.cast(dtypes.float16).cast(dtypes.float32).reshape(*lead, 1, nblocks).contiguous()
-    xq = xq.reshape(*lead, 1, nblocks, *block).cast(dtypes.int32)
-    dots = (xq * quants).sum(axis=tuple(range(-len(block), 0)), dtype=dtypes.int32)
-    return (dots.cast(dtypes.float32) * scales * dx).sum(axis=-1)

@@ -296,6 +296,10 @@ class CStyleRenderer(BracedRenderer):
         target sums them faster than lane by lane; None: an add per lane."""
         return None
 
+    def dot4_added(self, w: CWalk, u: UOp, args: list[str]) -> str | None:
+        """An ADD of a DOT4 written as one accumulating call, or None (a renderer whose caps take DOT4 may)."""
+        return None
+
     def dot4_helper(self, dt: DType) -> str:
         """What a kernel with a DOT4 of dt defines first (a renderer whose caps take DOT4 writes it)."""
         raise NotImplementedError(f"{type(self).__name__} has no DOT4 (RendererCaps.dot4 is off)")
@@ -475,6 +479,8 @@ class CStyleRenderer(BracedRenderer):
         elif (vector := summed_vector(u)) is not None and (total := self.lane_sum(vector.dtype, w.names[vector])):
             expr = total
             w.lane_sums.add(vector.dtype)
+        elif op is Ops.ADD and self.caps.dot4 and (added := self.dot4_added(w, u, src)) is not None:
+            expr = added
         else:
             expr = self.alu(u, src)
         expr = self.rounded(u, expr)
@@ -736,28 +742,38 @@ class CRenderer(CStyleRenderer):
 
     def alu(self, u: UOp, args: list[str]) -> str:
         if u.op is Ops.DOT4:
-            return f"tiny_dot4_{self._fma_type(u.dtype)}({args[0]}, {args[1]})"
+            return f"tiny_dot4_{self._fma_type(u.dtype)}({self.const(0, u.dtype)}, {args[0]}, {args[1]})"
         return super().alu(u, args)
 
+    def dot4_added(self, w: CWalk, u: UOp, args: list[str]) -> str | None:
+        """x + DOT4(a, b), the DOT4 inlined, as one call that adds to x: vpdpbusd's accumulator (an add each
+        otherwise, and a zeroed register for each DOT4)."""
+        for x, dot in ((0, 1), (1, 0)):
+            term = u.src[dot]
+            if term.op is Ops.DOT4 and term in w.inlined:
+                a, b = (w.names[s] for s in term.src)
+                return f"tiny_dot4_{self._fma_type(u.dtype)}({args[x]}, {a}, {b})"
+        return None
+
     def dot4_helper(self, dt: DType) -> str:
-        """tiny_dot4_<type>(a, b): VNNI's vpdpbusd on 4, 8 or 16 lanes (clang's or gcc's builtin) where the compiler
-        targets it, else (and for a scalar) the four products written out lane by lane."""
+        """tiny_dot4_<type>(acc, a, b), acc + DOT4(a, b): VNNI's vpdpbusd on 4, 8 or 16 lanes (clang's or gcc's
+        builtin) where the compiler targets it, else (and for a scalar) the four products written out lane by lane."""
         t, n = self._fma_type(dt), dt.count
         if n == 1:
-            return f"static inline int tiny_dot4_int(int a, int b) {{ return {_byte_products('a', 'b')}; }}\n"
-        lanes = f"  {t} r;\n  for (int i = 0; i < {n}; i++) r[i] = {_byte_products('a[i]', 'b[i]')};\n  return r;\n"
+            return (
+                f"static inline int tiny_dot4_int(int s, int a, int b) {{ return s + {_byte_products('a', 'b')}; }}\n"
+            )
+        head = f"static inline {t} tiny_dot4_{t}({t} s, {t} a, {t} b) {{\n"
+        lanes = f"  for (int i = 0; i < {n}; i++) s[i] += {_byte_products('a[i]', 'b[i]')};\n  return s;\n"
         if n not in (4, 8, 16):
-            return f"static inline {t} tiny_dot4_{t}({t} a, {t} b) {{\n{lanes}}}\n"
-        need = (
-            "defined(__AVX512VNNI__)"
-            if n == 16
-            else "defined(__AVXVNNI__) || defined(__AVX512VNNI__) && defined(__AVX512VL__)"
-        )
+            return f"{head}{lanes}}}\n"
+        need = "defined(__AVX512VNNI__)"
+        if n < 16:  # (AVX-512 VNNI's narrower forms come with VL; AVX-VNNI has them alone)
+            need = f"defined(__AVXVNNI__) || {need} && defined(__AVX512VL__)"
         clang, gcc = f"__builtin_ia32_vpdpbusd{32 * n}", f"__builtin_ia32_vpdpbusd_v{n}si"
         return (
-            f"static inline {t} tiny_dot4_{t}({t} a, {t} b) {{\n#if defined(__clang__) && ({need})\n"
-            f"  return {clang}(({t}){{0}}, a, b);\n#elif defined(__GNUC__) && ({need})\n"
-            f"  return {gcc}(({t}){{0}}, a, b);\n#else\n{lanes}#endif\n}}\n"
+            f"{head}#if defined(__clang__) && ({need})\n  return {clang}(s, a, b);\n"
+            f"#elif defined(__GNUC__) && ({need})\n  return {gcc}(s, a, b);\n#else\n{lanes}#endif\n}}\n"
         )
 
     def cast(self, u: UOp, x: str) -> str:

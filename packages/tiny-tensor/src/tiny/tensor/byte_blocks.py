@@ -1,0 +1,145 @@
+"""Quantized weights multiplied as bytes, as llama.cpp multiplies them.
+
+A GGUF weight of integer blocks times a scale (Q8_0: 32 int8 and a float16 scale a block; Q4_0: 32 nibbles less 8)
+is kept by tiny.nn.gguf, where the device multiplies bytes (`tiny.ir.schedule.layout.byte_dot_rows`), as int32 words
+of four quants with `lanes` rows side by side: words (rows / lanes, blocks, words a block, lanes) and scales (rows /
+lanes, blocks, lanes). The weight itself stays the float32 graph over them that every other reader computes; the
+words are registered for it here (`register`), and `linear` asks `form_of` for them.
+
+A product x @ weight.T then rounds each block of 32 of x to int8 with its own scale (the largest magnitude / 127,
+kept as float16: llama.cpp's quantize_row_q8_0), packs them four a word, and sums each block's products in int32,
+four at a time (Ops.DOT4: the weight's bytes unsigned, x's signed, so Q8_0's quants are offset by 128 and Q4_0's
+nibbles taken as they are, each offset taken back as that many times the sum of x's block), then scales the block's
+sum by both scales and adds it up in float32. One kernel over the words: each lane a row, x's words broadcast.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tiny.ir.dtypes import dtypes
+from tiny.tensor.shapes import prod
+
+if TYPE_CHECKING:
+    from tiny.ir.uop import UOp
+    from tiny.tensor.tensor import Tensor
+
+BLOCK = 32  # quants a block
+WORDS = BLOCK // 4  # int32 words of x a block
+_LOW_NIBBLES = 0x0F0F0F0F
+_TOP_BITS = -0x7F7F7F80  # 0x80808080 as int32: an int8's top bit flipped makes it unsigned, offset by 128
+
+
+@dataclass(frozen=True, eq=False)
+class ByteBlocks:
+    """A weight (rows, k) as int32 words of its blocks' quants, `lanes` rows side by side, and its float16 scales."""
+
+    words: Tensor  # (rows / lanes, k / 32, 4 (Q4_0) or 8 (Q8_0), lanes) int32
+    scales: Tensor  # (rows / lanes, k / 32, lanes) float16
+    nibbles: bool  # Q4_0: word m's low nibbles are quants 4m .. 4m+3, its high ones 16+4m ..; less 8 each
+
+    @property
+    def lanes(self) -> int:
+        return self.words.shape[-1]
+
+    @property
+    def rows(self) -> int:
+        return self.words.shape[0] * self.lanes
+
+    @property
+    def blocks(self) -> int:
+        return self.words.shape[1]
+
+    def split(self, t: Tensor) -> Tensor:
+        """(rows / lanes, blocks, n, lanes) -> (rows / lanes, lanes, blocks, n), a view: row r at (r // lanes, r %
+        lanes). (Not reshaped to (rows, ...): no view of the words is, and a copy would be made.)"""
+        return t.permute(0, 3, 1, 2)
+
+    @property
+    def split_scales(self) -> Tensor:
+        """The scales as float32, (rows / lanes, lanes, blocks): a view of the float16s, widened."""
+        return self.words._new(self._graphs[0])
+
+    @property
+    def terms(self) -> list[Tensor]:
+        """The weight's 8 words of unsigned bytes a block, (1, rows / lanes, lanes, blocks) each, in the order of the
+        input's words."""
+        return [self.words._new(u) for u in self._graphs[1:]]
+
+    @functools.cached_property
+    def _graphs(self) -> tuple[UOp, ...]:
+        """split_scales' and terms' graphs, built once (a prompt's products are built again each time) and kept as
+        graphs, not tensors: a live tensor is looked over by every realize."""
+        words = self.split(self.words)
+        if self.nibbles:
+            terms = [(words[..., m] >> shift) & _LOW_NIBBLES for shift in (0, 4) for m in range(4)]
+        else:
+            terms = [words[..., g] ^ _TOP_BITS for g in range(WORDS)]
+        scales = self.scales.permute(0, 2, 1).cast(dtypes.float32)
+        return (scales.uop, *(t.reshape(1, *t.shape).uop for t in terms))
+
+    @property
+    def offset(self) -> int:
+        """What the terms' bytes hold over the quants: 8 for Q4_0's nibbles, 128 for Q8_0's flipped int8."""
+        return 8 if self.nibbles else 128
+
+
+_FORMS: weakref.WeakKeyDictionary[UOp, ByteBlocks] = weakref.WeakKeyDictionary()
+
+
+def register(weight: Tensor, form: ByteBlocks) -> Tensor:
+    """Record `form` as the words of `weight` (its float32 graph over them); returns weight."""
+    _FORMS[weight.uop] = form
+    return weight
+
+
+def form_of(weight: Tensor) -> ByteBlocks | None:
+    """The words registered for this weight, or None (any other tensor, or the weight computed into memory)."""
+    return _FORMS.get(weight.uop)
+
+
+def byte_product(x: Tensor, form: ByteBlocks) -> Tensor:
+    """x @ weight.T over its words, x float32 (..., k): as llama.cpp's vec_dot_q8_0_q8_0 / vec_dot_q4_0_q8_0."""
+    lead, blocks = x.shape[:-1], form.blocks
+    words, sums, dx = _rounded(x, blocks)
+    total = None
+    for w, xw in zip(form.terms, words):  # (1, groups, lanes, blocks) each, times x's word g: (n, 1, 1, blocks)
+        term = w.dot4(xw)
+        total = term if total is None else total + term
+    assert total is not None
+    total = total - sums * form.offset
+    out = (total.cast(dtypes.float32) * (form.split_scales * dx)).sum(axis=-1)  # (n, groups, lanes)
+    return out.reshape(*lead, form.rows)
+
+
+# the input last rounded: its node, and the graphs of its words (one a word of each block), block sums and scales;
+# the products that read one input (a layer's query, key and value) build them once. Graphs, not tensors: a live
+# tensor is looked over (and its graph rewritten) by every realize. (The node itself is the key: realizing anything
+# it reads makes the input's tensor hold another node.)
+_last: list[tuple[UOp, tuple[UOp, ...]]] = []
+
+
+def _rounded(x: Tensor, blocks: int) -> tuple[list[Tensor], Tensor, Tensor]:
+    """x (..., blocks * 32) rounded to int8 a block (quantize_row_q8_0): its words (n, 1, 1, blocks) for each word
+    of a block, each block's sum of quants and its scale (n, 1, 1, blocks)."""
+    if _last and _last[0][0] is x.uop:
+        *words_, sums_, dx_ = (x._new(u) for u in _last[0][1])
+        return words_, sums_, dx_
+    n = prod(x.shape[:-1])
+    xb = x.reshape(n, blocks, BLOCK)
+    scale = xb.abs().max(axis=-1, keepdim=True) / 127
+    v = xb * (scale > 0).where(1 / scale, 0.0)
+    q = (v + (v < 0).where(-0.5, 0.5)).cast(dtypes.int32)  # (roundf: halves away from 0), -127 .. 127
+    by_byte = q.reshape(n, blocks, WORDS, 4).permute(0, 2, 1, 3)
+    packed = by_byte.shrink((None, None, None, (0, 1))) & 0xFF
+    for i in range(1, 4):
+        packed = packed + ((by_byte.shrink((None, None, None, (i, i + 1))) & 0xFF) << (8 * i))
+    xw = packed.reshape(n, WORDS, blocks).contiguous()  # (n, 8, blocks): x's word g of each block
+    words = [xw.shrink((None, (g, g + 1), None)).reshape(n, 1, 1, blocks) for g in range(WORDS)]
+    sums = q.sum(axis=-1, dtype=dtypes.int32).reshape(n, 1, 1, blocks).contiguous()
+    dx = scale.reshape(n, 1, 1, blocks).cast(dtypes.float16).cast(dtypes.float32)
+    _last[:] = [(x.uop, tuple(t.uop for t in (*words, sums, dx)))]
+    return words, sums, dx
