@@ -809,12 +809,16 @@ def pretty(root: UOp, max_nodes: int = 400) -> str:
     return "\n".join(lines)
 
 
-def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
-    """Replace nodes by the mapping, rebuilding everything above them."""
+def substitute(root: UOp, mapping: dict[UOp, UOp], done: dict[UOp, UOp] | None = None) -> UOp:
+    """Replace nodes by the mapping, rebuilding everything above them. `done`: what earlier calls with the same
+    mapping made of their nodes (graphs that share nodes are rebuilt once), and where this call's are added."""
     if not mapping:
         return root
-    done: dict[UOp, UOp] = {}
+    if done is None:
+        done = {}
     for u in root.toposort:
+        if u in done:
+            continue
         if u in mapping:
             done[u] = mapping[u]
             continue

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tiny.ir.dtypes import dtypes
+from tiny.ir.uop import Ops, UOp
 from tiny.tensor.shapes import prod
 
 if TYPE_CHECKING:
-    from tiny.ir.uop import UOp
     from tiny.tensor.tensor import Tensor
 
 BLOCK = 32  # quants a block
@@ -105,14 +106,23 @@ def byte_product(x: Tensor, form: ByteBlocks) -> Tensor:
     """x @ weight.T over its words, x float32 (..., k): as llama.cpp's vec_dot_q8_0_q8_0 / vec_dot_q4_0_q8_0."""
     lead, blocks = x.shape[:-1], form.blocks
     words, sums, dx = _rounded(x, blocks)
-    total = None
-    for w, xw in zip(form.terms, words):  # (1, groups, lanes, blocks) each, times x's word g: (n, 1, 1, blocks)
-        term = w.dot4(xw)
-        total = term if total is None else total + term
-    assert total is not None
+    total = x._new(_dots(form._graphs[1:], words, (prod(lead), *form.words.shape[:1], form.lanes, blocks)))
     total = total - sums * form.offset
     out = (total.cast(dtypes.float32) * (form.split_scales * dx)).sum(axis=-1)  # (n, groups, lanes)
     return out.reshape(*lead, form.rows)
+
+
+def _dots(terms: Sequence[UOp], words: Sequence[UOp], shape: tuple[int, ...]) -> UOp:
+    """The sum of DOT4(term, word) over a block's words: each term (1, groups, lanes, blocks) and word (n, 1, 1,
+    blocks) broadcast to `shape`. Built as the graph directly: through Tensor's ops (checks, broadcasting, a tensor
+    each) a prompt's 113 products took 150 ms more to build than their kernels take to run."""
+    total: UOp | None = None
+    for term, word in zip(terms, words):
+        a, b = (u if u.shape == shape else UOp(Ops.EXPAND, u.dtype, (u,), shape) for u in (term, word))
+        dot = a.alu(Ops.DOT4, b)
+        total = dot if total is None else total + dot
+    assert total is not None
+    return total
 
 
 # the input last rounded: its node, and the graphs of its words (one a word of each block), block sums and scales;
@@ -122,12 +132,12 @@ def byte_product(x: Tensor, form: ByteBlocks) -> Tensor:
 _last: list[tuple[UOp, tuple[UOp, ...]]] = []
 
 
-def _rounded(x: Tensor, blocks: int) -> tuple[list[Tensor], Tensor, Tensor]:
-    """x (..., blocks * 32) rounded to int8 a block (quantize_row_q8_0): its words (n, 1, 1, blocks) for each word
-    of a block, each block's sum of quants and its scale (n, 1, 1, blocks)."""
+def _rounded(x: Tensor, blocks: int) -> tuple[tuple[UOp, ...], Tensor, Tensor]:
+    """x (..., blocks * 32) rounded to int8 a block (quantize_row_q8_0): the graphs of its words (n, 1, 1, blocks),
+    one for each word of a block, and each block's sum of quants and its scale (n, 1, 1, blocks)."""
     if _last and _last[0][0] is x.uop:
-        *words_, sums_, dx_ = (x._new(u) for u in _last[0][1])
-        return words_, sums_, dx_
+        *words_, sums_, dx_ = _last[0][1]
+        return tuple(words_), x._new(sums_), x._new(dx_)
     n = prod(x.shape[:-1])
     xb = x.reshape(n, blocks, BLOCK)
     scale = xb.abs().max(axis=-1, keepdim=True) / 127
@@ -138,8 +148,11 @@ def _rounded(x: Tensor, blocks: int) -> tuple[list[Tensor], Tensor, Tensor]:
     for i in range(1, 4):
         packed = packed + ((by_byte.shrink((None, None, None, (i, i + 1))) & 0xFF) << (8 * i))
     xw = packed.reshape(n, WORDS, blocks).contiguous()  # (n, 8, blocks): x's word g of each block
-    words = [xw.shrink((None, (g, g + 1), None)).reshape(n, 1, 1, blocks) for g in range(WORDS)]
+    words = tuple(
+        UOp(Ops.RESHAPE, xw.dtype, (UOp(Ops.SHRINK, xw.dtype, (xw.uop,), ((0, n), (g, g + 1), (0, blocks))),), shape)
+        for g, shape in zip(range(WORDS), [(n, 1, 1, blocks)] * WORDS)
+    )
     sums = q.sum(axis=-1, dtype=dtypes.int32).reshape(n, 1, 1, blocks).contiguous()
     dx = scale.reshape(n, 1, 1, blocks).cast(dtypes.float16).cast(dtypes.float32)
-    _last[:] = [(x.uop, tuple(t.uop for t in (*words, sums, dx)))]
+    _last[:] = [(x.uop, (*words, sums.uop, dx.uop))]
     return words, sums, dx

@@ -392,6 +392,7 @@ def _rebound(done: dict[UOp, UOp], held_too: bool) -> tuple[list[tuple[Tensor, U
     with held_too, also the computed nodes those tensors read (their buffers outlive the schedule)."""
     computed, rebound = done.keys(), []
     held: set[UOp] | None = set() if held_too else None
+    rebuilt: dict[UOp, UOp] = {}  # (the tensors' graphs share most of their nodes: each is rebuilt once)
     for t in Tensor._pending.alive():
         u = t.uop
         if (view := done.get(u)) is not None:
@@ -399,7 +400,7 @@ def _rebound(done: dict[UOp, UOp], held_too: bool) -> tuple[list[tuple[Tensor, U
             if held is not None:
                 held.add(u)
         elif not computed.isdisjoint(u.toposort):  # (listed pending: not memory)
-            rebound.append((t, substitute(u, done)))
+            rebound.append((t, substitute(u, done, rebuilt)))
             if held is not None:
                 held.update(computed & set(u.toposort))
     return rebound, held
