@@ -510,3 +510,21 @@ def test_long_float_chain_is_left_alone() -> None:
 
 def test_matcher_is_named() -> None:
     assert symbolic.name == "symbolic"
+
+
+def test_linear_forms_let_their_bases_go() -> None:
+    """The linear forms' memo holds each node weakly: a base's form (itself, coefficient 1) must not hold the node,
+    or every loop counter and load a kernel's index math reads would live on after the kernel is rendered."""
+    import gc
+    import weakref
+
+    from tiny.ir.symbolic import linear_form
+
+    r = UOp.range(16, 7)
+    load = UOp(Ops.SPECIAL, dtypes.int32, (), ("gidx0", 8))
+    expr = r * 4 + load * 64 + 3
+    assert linear_form(expr) == ({r: 4, load: 64}, 3) and linear_form(r) == ({r: 1}, 0)
+    alive = [weakref.ref(u) for u in (r, load, expr)]
+    del r, load, expr
+    gc.collect()
+    assert all(ref() is None for ref in alive)

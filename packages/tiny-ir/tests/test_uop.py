@@ -285,6 +285,21 @@ def test_substitute_rebuilds_above_the_replaced_nodes_only() -> None:
     assert substitute(e, {e: x}) is x
 
 
+def test_substitute_shares_what_it_rebuilt_across_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one `done` for several roots under one mapping (realize moving every live tensor onto new buffers), a
+    node below two roots is rebuilt once, and each root comes out as alone."""
+    x, y, z = var("x", 0, 10), var("y", 0, 10), var("z", 0, 10)
+    shared = (x * 3 + z) * 5
+    a, b = UOp(Ops.SINK, src=(shared + 1,)), UOp(Ops.SINK, src=(shared + 2,))
+    want = [substitute(r, {x: y}) for r in (a, b)]
+    rebuilt: list[UOp] = []
+    replace = UOp.replace
+    monkeypatch.setattr(UOp, "replace", lambda self, **kw: rebuilt.append(self) or replace(self, **kw))
+    done: dict[UOp, UOp] = {}
+    assert [substitute(r, {x: y}, done) for r in (a, b)] == want
+    assert rebuilt.count(shared) == 1 and len(rebuilt) == len(set(rebuilt))
+
+
 def test_substitute_does_not_look_inside_replacements() -> None:
     x, y = var("x", 0, 10), var("y", 0, 10)
     assert substitute(x + 1, {x: x + y, y: x}) is (x + y) + 1

@@ -97,3 +97,32 @@ def test_a_process_keeps_a_bounded_number_of_programs(device: str, monkeypatch: 
     assert len(realize.programs()) == 4
     np.testing.assert_allclose((x * 1.5).numpy(), np.arange(6) * 1.5)  # the first kernel again
     assert len(realize.programs()) == 4
+
+
+def test_each_kernels_lowered_graph_goes_once_it_is_rendered(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """get_programs keeps what a program needs (its source and its description), not each rendering's lowered
+    graph until the last kernel is compiled: a schedule's new kernels side by side were most of the memory a decode
+    step's capture took."""
+    import gc
+    import weakref
+
+    import tiny.codegen as codegen
+
+    x = Tensor(np.ones((16, 16), np.float32), device=device)
+    items = [i for i in create_schedule([((x @ x).relu() + x.sum() * x).uop]).items if i.ast.op.name == "SINK"]
+    assert len(items) >= 2
+    rendered: list[weakref.ref] = []
+    alive_at: list[int] = []
+    planned = codegen._planned_render
+
+    def watching(*args: object) -> object:
+        gc.collect()
+        alive_at.append(sum(r() is not None for r in rendered))
+        out = planned(*args)
+        rendered.append(weakref.ref(out.kernel.sink))
+        return out
+
+    monkeypatch.setattr(codegen, "_planned_render", watching)
+    dev = Device[device]
+    get_programs([(i.ast, dev) for i in items] * 2)  # (more kernels than compilers: some wait their turn)
+    assert alive_at and max(alive_at) == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import LoweredKernel, kernel_name, lower
@@ -52,8 +53,8 @@ def choose_opts(ast: UOp, device: Compiled) -> Actions:
 
 def get_program(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = None) -> CompiledProgram:
     """The compiled program that runs kernel `ast` on `device`, after `opts` (chosen by choose_opts if None)."""
-    r = _planned_render(ast, device, opts)  # the actions chosen; lowered ... rendered (tiny.codegen.program)
-    return to_program(r, device, _compile_many(device, [r])[0])  # compiled
+    program = _described(ast, device, opts)  # the actions chosen; lowered ... rendered (tiny.codegen.program)
+    return replace(program, binary=_compile_many(device, [program])[0])  # compiled
 
 
 COMPILE_TOGETHER = 4  # kernels a compiler run takes while another one is busy (but the schedule's last ones)
@@ -64,12 +65,12 @@ def get_programs(kernels: Sequence[tuple[UOp, Compiled]]) -> list[CompiledProgra
     handed to a compiler as soon as one is free (a process, or a library call that lets go of the interpreter lock:
     clang, NVRTC, LLVM, COMGR), on every core this process may use, while the next kernels are rendered. The kernels
     rendered while every compiler was busy go to the next free one together (Compiled.compile_many: one run of a
-    C compiler for several kernels)."""
+    C compiler for several kernels). Each kernel's lowered graph is let go as soon as it is rendered: a schedule's
+    new kernels held side by side until all were compiled were most of the memory a decode step's capture took."""
     workers = min(usable_cores(), len(kernels))
     if workers <= 1:
-        rendered = [(device, _planned_render(ast, device)) for ast, device in kernels]
-        return [to_program(r, device, _compile_many(device, [r])[0]) for device, r in rendered]
-    done: list[Rendered] = []
+        return [get_program(ast, device) for ast, device in kernels]
+    done: list[CompiledProgram] = []  # each kernel rendered and described, its binary to come
     binaries: list[Future[list[bytes]]] = []  # each job's binaries, in the order of its kernels
     jobs: list[list[int]] = []  # the kernels (indices into done) of each job
     waiting: dict[Compiled, list[int]] = {}  # rendered kernels no job has taken yet, by device
@@ -84,7 +85,7 @@ def get_programs(kernels: Sequence[tuple[UOp, Compiled]]) -> list[CompiledProgra
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for ast, device in kernels:
-            done.append(_planned_render(ast, device))
+            done.append(_described(ast, device))
             waiting.setdefault(device, []).append(len(done) - 1)
             hand_out(pool, workers - sum(not b.done() for b in binaries))
         for device, todo in list(waiting.items()):  # the last ones, shared out among the compilers
@@ -96,8 +97,13 @@ def get_programs(kernels: Sequence[tuple[UOp, Compiled]]) -> list[CompiledProgra
         out: list[CompiledProgram | None] = [None] * len(done)
         for todo, job in zip(jobs, binaries):
             for i, binary in zip(todo, job.result()):
-                out[i] = to_program(done[i], kernels[i][1], binary)
+                out[i] = replace(done[i], binary=binary)
     return [p for p in out if p is not None]
+
+
+def _described(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = None) -> CompiledProgram:
+    """The kernel rendered and described as a program without its binary yet (the rendering let go of)."""
+    return to_program(_planned_render(ast, device, opts), device, b"")
 
 
 def _planned_render(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = None) -> Rendered:
@@ -117,12 +123,12 @@ def _planned_render(ast: UOp, device: Compiled, opts: Sequence[Opt] | None = Non
     return r
 
 
-def _compile_many(device: Compiled, rendered: list[Rendered]) -> list[bytes]:
+def _compile_many(device: Compiled, programs: list[CompiledProgram]) -> list[bytes]:
     """Compiled.compile_many, a span on the calling thread's compiler track where profiling."""
-    srcs = [r.src for r in rendered]
+    srcs = [p.src for p in programs]
     if not profile.enabled():
         return [device.compile(srcs[0])] if len(srcs) == 1 else device.compile_many(srcs)
-    names = [r.kernel.name for r in rendered]
+    names = [p.name for p in programs]
     title = names[0] if len(names) == 1 else f"{len(names)} kernels"
     with profile.timed(profile.thread_track("compile"), title, "compile", device=device.name, kernels=names):
         return [device.compile(srcs[0])] if len(srcs) == 1 else device.compile_many(srcs)

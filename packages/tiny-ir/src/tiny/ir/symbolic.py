@@ -35,6 +35,7 @@ Linear = tuple[Terms, int]  # sum(k * base) + const
 # Memos of pure functions of a node, kept as long as the node lives. A chain of n additions then costs O(n):
 # each ADD combines the linear forms of its two sources, and a source found canonical is not checked again.
 _MISSING = object()
+_BASE = object()  # the memo's entry for a base, ({node: 1}, 0): an entry holding its own key would keep it forever
 _linear_memo: weakref.WeakKeyDictionary[UOp, Linear | None] = weakref.WeakKeyDictionary()
 _canonical_sums: weakref.WeakSet[UOp] = weakref.WeakSet()
 _too_big_chains: weakref.WeakSet[UOp] = weakref.WeakSet()
@@ -83,20 +84,26 @@ def _linear(u: UOp) -> Linear | None:
     Coefficients are wrapped to the dtype and never 0; a base whose bounds meet counts as its constant. The
     result is shared (memoized): copy the dict before changing it."""
     if (hit := _linear_memo.get(u, _MISSING)) is not _MISSING:
-        return hit  # type: ignore[return-value]
+        return ({u: 1}, 0) if hit is _BASE else hit  # type: ignore[return-value]
     stack: list[tuple[UOp, bool]] = [(u, False)]
     while stack:  # sources first, without recursing: sums can be thousands of nodes deep
         node, ready = stack.pop()
         if node in _linear_memo:
             continue
         if (parts := _parts(node)) is None:
-            _linear_memo[node] = _leaf(node)
+            leaf = _leaf(node)
+            _linear_memo[node] = _BASE if leaf[0] else leaf
         elif ready:
-            _linear_memo[node] = _combine(node.dtype, [(_linear_memo[s], k) for s, k in parts])
+            _linear_memo[node] = _combine(node.dtype, [(_memoized(s), k) for s, k in parts])
         else:
             stack.append((node, True))
             stack.extend((s, False) for s, _ in parts if s not in _linear_memo)
-    return _linear_memo[u]
+    return _memoized(u)
+
+
+def _memoized(u: UOp) -> Linear | None:
+    hit = _linear_memo[u]
+    return ({u: 1}, 0) if hit is _BASE else hit
 
 
 def _parts(node: UOp) -> list[tuple[UOp, int]] | None:
