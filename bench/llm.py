@@ -10,7 +10,8 @@ llama.cpp's converter lays them out. Each side then runs in its own process, so 
 
 Every side uses the same number of threads. Decoding is greedy: `--decode` tokens after a `--prompt`-token prompt,
 timed from the first generated token to the last (the prompt's pass is prefill, timed apart). Prefill is one pass
-over `--prefill` tokens (each length its own run, from an empty cache). The roofline is the bytes of weights one
+over `--prefill` tokens (each length its own run, from an empty cache) to the logits of the last position alone, as
+generation needs them (llama.cpp's eval; tiny's `LLM.prefill`; transformers' `logits_to_keep=1`). The roofline is the bytes of weights one
 token reads over the read bandwidth measured in the run (a `--threads`-thread sum over 1 GiB); decoding is reported
 as a fraction of it. Peak memory is each process's peak resident set, against the file's size.
 
@@ -187,10 +188,10 @@ def _side_tiny(model_path: str, args: dict[str, Any]) -> dict[str, Any]:
     llm = load(model_path, max_context=args["context"])
     vocab = llm.model.cfg.vocab_size
     prefill = {}
-    for n in args["prefill"]:
-        llm(_prompt(n, vocab))[0, -1].numpy()  # (builds the kernels for this length)
+    for n in args["prefill"]:  # (the logits of the last position alone, as llama.cpp's eval and generation)
+        llm.prefill(_prompt(n, vocab))  # (builds the kernels for this length)
         start = time.perf_counter()
-        llm(_prompt(n, vocab))[0, -1].numpy()
+        llm.prefill(_prompt(n, vocab))
         prefill[n] = n / (time.perf_counter() - start)
     prompt = _prompt(args["prompt"], vocab)
     llm.generate(prompt, max_new_tokens=3, stop=[])  # (the decode step is captured on its second call)
@@ -246,9 +247,9 @@ def _side_torch(model_path: str, args: dict[str, Any]) -> dict[str, Any]:
     with torch.inference_mode():
         for n in args["prefill"]:
             ids = torch.tensor([_prompt(n, vocab)])
-            model(ids)
+            model(ids, logits_to_keep=1)
             start = time.perf_counter()
-            model(ids)
+            model(ids, logits_to_keep=1)
             prefill[n] = n / (time.perf_counter() - start)
         ids = torch.tensor([_prompt(args["prompt"], vocab)])
         stamps: list[float] = []

@@ -55,6 +55,11 @@ class LLM:
         """The logits (batch, length, vocab) of token ids (length,) or (batch, length), from position 0."""
         return self.model(_tokens(ids, self.max_context, self.model.device), 0)
 
+    def prefill(self, ids: Sequence[int] | np.ndarray | Tensor) -> np.ndarray:
+        """The prompt `ids` (length,) into the KV cache from position 0, and the logits of its last position (vocab,):
+        what generation starts from (the output layer runs for that position alone)."""
+        return self.model(_tokens(ids, self.max_context, self.model.device), 0, last=True)[0, -1].numpy()
+
     def format_chat(self, messages: Sequence[dict[str, str]]) -> str:
         """The prompt for a conversation ({"role": ..., "content": ...} each), through the model's chat template
         (jinja2), ready for the assistant's reply; where the model has none, "role: content" lines."""
@@ -111,7 +116,7 @@ class LLM:
         _check_sampling(temperature, top_k, top_p)
         stops = set(self.eos_token_ids if stop is None else stop)
         rng = np.random.default_rng(seed)
-        logits = self.model(_tokens(prompt, self.max_context, self.model.device), 0, last=True)[0, -1].numpy()
+        logits = self.prefill(prompt)
         pos = len(prompt)
         for i in range(max_new_tokens):
             token = _sample(logits, temperature, top_k, top_p, rng)
