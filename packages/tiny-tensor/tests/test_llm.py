@@ -113,6 +113,29 @@ def test_the_decode_step_is_built_once(tmp_path: Path) -> None:
     assert len(model._step.recordings) == 1 and model._step.replays >= 40
 
 
+@pytest.mark.parametrize("name", ["llama3_gqa", "gpt2"])
+def test_prefill_pads_to_a_bucket_and_replays_its_pass(name: str, tmp_path: Path) -> None:
+    """LLM.prefill: the prompt padded after its end to a power of two (from 16), the pass over that length a TinyJit.
+    Its logits are the last position's of the unpadded pass (the padding comes after: no position attends to it),
+    replayed prompts of the length give their own logits, and what generate() continues from is the same."""
+    from tiny.llm import PROMPT_BUCKET
+
+    _saved(name, tmp_path)
+    model = load(tmp_path)
+    prompts = [PROMPT, PROMPT[::-1], [3, 1, 4, 1, 5, 9, 2], [2, 7, 1, 8, 2, 8, 1]]  # (7 tokens: padded to 16)
+    for ids in prompts:
+        want = model(ids).numpy()[0, -1]
+        np.testing.assert_allclose(model.prefill(ids), want, rtol=1e-5, atol=1e-5)
+    assert model._prompt.replays == len(prompts) - 2  # (the first warmed up, the second was captured)
+    assert len(model._prompt.recordings) == 1 and PROMPT_BUCKET == 16
+    long = list(range(1, 20))  # (19 tokens: padded to 32, a recording of its own)
+    np.testing.assert_allclose(model.prefill(long), model(long).numpy()[0, -1], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="one prompt"):
+        model.prefill([PROMPT, PROMPT])
+    with pytest.raises(ValueError, match="length >= 1"):
+        model.prefill([])
+
+
 def test_a_float32_folder_is_read_once_into_the_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Loading a float32 Hugging Face folder allocates its weights' bytes once: each weight is the buffer the file
     was read into (a copy besides made a 1B model's load peak at 10 GB for a 3.4 GB file), and the rest (the KV

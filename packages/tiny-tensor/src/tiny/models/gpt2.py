@@ -107,15 +107,24 @@ class GPT2:
             raise ValueError(
                 f"positions {start_pos}..{start_pos + length - 1} are past the model's context of {self.max_context}"
             )
-        positions = self.wpe.weight[start_pos : start_pos + length]
-        x = embed_rows(self.wte, tokens) + positions
+        return self.run(self.embed(tokens), start_pos, length - 1 if last else None)
+
+    def embed(self, tokens: Tensor | Any) -> Tensor:
+        """The tokens' embeddings (batch, length, hidden), without the positions' (run() adds those)."""
+        return embed_rows(self.wte, tokens)
+
+    def run(self, x: Tensor, start_pos: Any = 0, at: Any = None) -> Tensor:
+        """The embedded tokens x at positions start_pos.. through the blocks: logits, or of position `at` of x alone
+        (as Llama's)."""
+        length = x.shape[1]
+        x = x + self.wpe.weight[start_pos : start_pos + length]
         mask = None
         if length > 1:
             rows = Tensor.arange(length, device=x.device).reshape(length, 1) + start_pos
             mask = rows >= Tensor.arange(start_pos + length, device=x.device).reshape(1, -1)
         for block in self.h:
             x = block(x, start_pos, mask)
-        x = x[:, -1:] if last else x
+        x = x if at is None else x[:, at : at + 1]
         return self.ln_f(x).contiguous().linear(self.wte.weight).cast(dtypes.float32)
 
     def parameters_by_name(self) -> dict[str, tuple[Any, str, tuple[int, ...], bool]]:

@@ -199,7 +199,17 @@ class Llama:
             raise ValueError(
                 f"positions {start_pos}..{start_pos + length - 1} are past the model's context of {self.max_context}"
             )
-        x = embed_rows(self.model.embed_tokens, tokens)
+        return self.run(self.embed(tokens), start_pos, length - 1 if last else None)
+
+    def embed(self, tokens: Tensor | Any) -> Tensor:
+        """The tokens' embeddings (batch, length, hidden): what run() takes."""
+        return embed_rows(self.model.embed_tokens, tokens)
+
+    def run(self, x: Tensor, start_pos: Any = 0, at: Any = None) -> Tensor:
+        """The embedded tokens x (batch, length, hidden) at positions start_pos.. through the blocks (their keys and
+        values into the cache), the norm and the output: logits (batch, length, vocab), or of position `at` of x
+        alone (an int or a bound Variable; (batch, 1, vocab))."""
+        length = x.shape[1]
         cos = self.cos[start_pos : start_pos + length].reshape(1, 1, length, self.cfg.head_dim)
         sin = self.sin[start_pos : start_pos + length].reshape(1, 1, length, self.cfg.head_dim)
         mask = None
@@ -208,7 +218,7 @@ class Llama:
             mask = rows >= Tensor.arange(start_pos + length, device=x.device).reshape(1, -1)
         for layer in self.model.layers:
             x = layer(x, start_pos, cos, sin, mask)
-        x = x[:, -1:] if last else x
+        x = x if at is None else x[:, at : at + 1]
         return self.lm_head(self.model.norm(x).contiguous()).cast(dtypes.float32)
 
     def parameters_by_name(self) -> dict[str, tuple[Any, str, tuple[int, ...], bool]]:

@@ -154,6 +154,14 @@ class Buffer:
         else:
             self.copyin(src.copyout(memoryview(bytearray(src.nbytes))))
 
+    def release(self) -> None:
+        """Give the memory back now; the buffer stays, and is allocated again when next needed (its contents lost).
+        Only for a buffer of its own memory, with no views of it in use: theirs would be given back with it."""
+        if self._opaque is not None and self.base is None and not self.foreign:
+            assert self._allocator is not None
+            self._allocator.free(self._opaque, self.size * self.dtype.itemsize or 1)
+            self._opaque = self._allocator = None
+
     def __del__(self) -> None:
         if self._opaque is not None and self.base is None and not self.foreign:
             try:
