@@ -114,10 +114,13 @@ def test_the_decode_step_is_built_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["llama3_gqa", "gpt2"])
-def test_prefill_pads_to_a_bucket_and_replays_its_pass(name: str, tmp_path: Path) -> None:
+def test_prefill_pads_to_a_bucket_and_replays_its_pass(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """LLM.prefill: the prompt padded after its end to a power of two (from 16), the pass over that length a TinyJit.
     Its logits are the last position's of the unpadded pass (the padding comes after: no position attends to it),
     replayed prompts of the length give their own logits, and what generate() continues from is the same."""
+    import tiny.llm as llm_module
     from tiny.llm import PROMPT_BUCKET
 
     _saved(name, tmp_path)
@@ -130,6 +133,12 @@ def test_prefill_pads_to_a_bucket_and_replays_its_pass(name: str, tmp_path: Path
     assert len(model._prompt.recordings) == 1 and PROMPT_BUCKET == 16
     long = list(range(1, 20))  # (19 tokens: padded to 32, a recording of its own)
     np.testing.assert_allclose(model.prefill(long), model(long).numpy()[0, -1], rtol=1e-5, atol=1e-5)
+    assert len(model._prompt.recordings) == 1 and len(model._prompt.calls) == 2
+    calls = dict(model._prompt.calls)
+    monkeypatch.setattr(llm_module, "PROMPT_JIT_MOST", 16)  # (past it: the pass as it is, no recording)
+    for _ in range(3):
+        np.testing.assert_allclose(model.prefill(long), model(long).numpy()[0, -1], rtol=1e-5, atol=1e-5)
+    assert model._prompt.calls == calls and len(model._prompt.recordings) == 1
     with pytest.raises(ValueError, match="one prompt"):
         model.prefill([PROMPT, PROMPT])
     with pytest.raises(ValueError, match="length >= 1"):
