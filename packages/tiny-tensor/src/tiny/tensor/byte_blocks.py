@@ -148,11 +148,15 @@ def _rounded(x: Tensor, blocks: int) -> tuple[tuple[UOp, ...], Tensor, Tensor]:
     for i in range(1, 4):
         packed = packed + ((by_byte.shrink((None, None, None, (i, i + 1))) & 0xFF) << (8 * i))
     xw = packed.reshape(n, WORDS, blocks).contiguous()  # (n, 8, blocks): x's word g of each block
-    words = tuple(
-        UOp(Ops.RESHAPE, xw.dtype, (UOp(Ops.SHRINK, xw.dtype, (xw.uop,), ((0, n), (g, g + 1), (0, blocks))),), shape)
-        for g, shape in zip(range(WORDS), [(n, 1, 1, blocks)] * WORDS)
-    )
+    words = tuple(_word(xw.uop, g) for g in range(WORDS))
     sums = q.sum(axis=-1, dtype=dtypes.int32).reshape(n, 1, 1, blocks).contiguous()
     dx = scale.reshape(n, 1, 1, blocks).cast(dtypes.float16).cast(dtypes.float32)
     _last[:] = [(x.uop, (*words, sums.uop, dx.uop))]
     return words, sums, dx
+
+
+def _word(words: UOp, g: int) -> UOp:
+    """Word g of each block, (n, 1, 1, blocks), of the input's words (n, 8, blocks): a view."""
+    n, _, blocks = words.shape
+    view = UOp(Ops.SHRINK, words.dtype, (words,), ((0, n), (g, g + 1), (0, blocks)))
+    return UOp(Ops.RESHAPE, words.dtype, (view,), (n, 1, 1, blocks))

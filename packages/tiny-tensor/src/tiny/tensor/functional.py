@@ -54,7 +54,8 @@ class FunctionalOps(TensorBase):
             raise ValueError(
                 f"linear() input's last dimension must be in_features={weight.shape[-1]}, got shape {self.shape}"
             )
-        if weight.ndim == 2 and self.dtype == dtypes.float32 and (form := form_of(weight)) is not None:
+        one_device = type(self.device) is str and self.device == weight.device  # (else the float path says why)
+        if weight.ndim == 2 and self.dtype == dtypes.float32 and one_device and (form := form_of(weight)) is not None:
             out = byte_product(self, form)  # (Q8_0, Q4_0 as words: tiny.tensor.byte_blocks)
         elif weight.ndim == 2 and (blocks := weight.blocks()) is not None:  # (a block's fields reach it through views)
             x = self.reshape(*self.shape[:-1], 1, *blocks.shape[1:])
