@@ -327,7 +327,9 @@ _BITS = {Ops.AND, Ops.OR, Ops.XOR}
 def _alu_cases() -> list[tuple[Ops, DType]]:
     cases = []
     for op in sorted(GroupOp.ALU, key=lambda o: o.name):
-        if op in _FLOAT_ONLY:
+        if op is Ops.DOT4:  # (int32s of four bytes each)
+            cases += [(op, dtypes.int32)]
+        elif op in _FLOAT_ONLY:
             cases += [(op, dt) for dt in _FLOAT_DTYPES]
         elif op in _INT_ONLY:
             cases += [(op, dt) for dt in _INTS]
