@@ -11,6 +11,7 @@ from tensor_helpers import small
 
 from tiny.codegen.program import render_for
 from tiny.codegen.renderer.cstyle import CRenderer
+from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import Ops
 from tiny.tensor import Device, Tensor
 
@@ -90,3 +91,28 @@ def test_c_renders_vnni_where_the_target_has_it(lanes: int) -> None:
     helper = with_vnni.dot4_helper(dtypes.int32.vec(lanes))
     assert f"__builtin_ia32_vpdpbusd{32 * lanes}(" in helper and f"__builtin_ia32_vpdpbusd_v{lanes}si(" in helper
     assert "(signed char)" in helper  # the lanes written out where the compiler does not target VNNI
+
+
+def test_a_byte_product_is_one_tiled_kernel_over_the_threads() -> None:
+    """A Q4_0 weight as words (16 rows side by side) times a decode row: the product is one kernel whose rules take a
+    vector of 16 rows x 4 (DOT4 a vector at a time, its int32 sums converted a vector at a time) and split it over
+    the threads (DOT4 counts as four multiply-adds: counted as one, the kernel ran on one thread)."""
+    from tiny.codegen.opt.actions import OptOps
+    from tiny.codegen.program import rules_actions
+    from tiny.tensor.byte_blocks import ByteBlocks, byte_product
+
+    renderer = Device["CPU"].renderer
+    if not renderer.caps.dot4 or renderer.caps.vector_lanes(dtypes.int32) != 16:
+        pytest.skip("the CPU's C renderer here writes no DOT4 of 16 lanes (no AVX-512 VNNI)")
+    rows, k = 2048, 2048
+    words = Tensor(_words((rows // 16, k // 32, 4, 16), 7))
+    scales = Tensor(np.full((rows // 16, k // 32, 16), 0.01, np.float16))
+    out = byte_product(Tensor(np.ones((1, k), np.float32)), ByteBlocks(words, scales, nibbles=True))
+    products = [i.ast for i in out.schedule() if i.ast.op is Ops.SINK and any(u.op is Ops.DOT4 for u in i.ast.toposort)]
+    assert len(products) == 1
+    opts = rules_actions(products[0], renderer).opts
+    upcasts = sorted(o.arg for o in opts if o.op is OptOps.UPCAST)
+    assert upcasts == [4, 16] and not any(o.op is OptOps.UNROLL for o in opts), opts
+    assert renderer.caps.threads < 2 or any(o.op is OptOps.THREAD for o in opts), opts
+    uops = render_for(products[0], renderer).uops
+    assert any(u.op is Ops.CAST and u.dtype.count == 16 and u.src[0].dtype.scalar == dtypes.int32 for u in uops)
