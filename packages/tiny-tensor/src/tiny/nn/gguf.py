@@ -343,7 +343,7 @@ def _lazy_q4_0(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> T
 
 
 def _words_q8_0(raw: np.ndarray, shape: tuple[int, ...], lanes: int, device: str | None) -> Tensor:
-    form = _words(raw.reshape(-1, 34), 34, shape, lanes, device)
+    form = _words(raw.reshape(-1, 34), shape, lanes, device)
     words = form.split(form.words)  # (rows / lanes, lanes, blocks, 8 words): byte i of word g is quant 4g + i
     signed = _bits(words.reshape(*words.shape, 1), [0, 8, 16, 24], (1, 1, 1, 1, 4), 0xFF) ^ 0x80
     d = form.split_scales
@@ -351,7 +351,7 @@ def _words_q8_0(raw: np.ndarray, shape: tuple[int, ...], lanes: int, device: str
 
 
 def _words_q4_0(raw: np.ndarray, shape: tuple[int, ...], lanes: int, device: str | None) -> Tensor:
-    form = _words(raw.reshape(-1, 18), 18, shape, lanes, device)
+    form = _words(raw.reshape(-1, 18), shape, lanes, device)
     words = form.split(form.words)  # (rows / lanes, lanes, blocks, 4 words): nibble h of byte i of word m is
     shifts = np.array([[0, 8, 16, 24], [4, 12, 20, 28]]).reshape(1, 1, 1, 2, 1, 4)  # quant 16h + 4m + i
     nibbles = _joined(words.reshape(*words.shape[:3], 1, 4, 1), shifts, 15)
@@ -367,17 +367,17 @@ def _side_by_side(shape: tuple[int, ...], device: str | None) -> int:
     return layout.byte_dot_rows(Device.DEFAULT if device is None else device, shape[0])
 
 
-def _words(blocks: np.ndarray, hi: int, shape: tuple[int, ...], lanes: int, device: str | None) -> ByteBlocks:
-    """Bytes 2:hi of every block (its quants) as int32 words with `lanes` rows side by side, (rows / lanes, blocks a
-    row, words, lanes), and the scales (the f16 at byte 0) likewise, (rows / lanes, blocks a row, lanes)."""
-    lo = 2
+def _words(blocks: np.ndarray, shape: tuple[int, ...], lanes: int, device: str | None) -> ByteBlocks:
+    """The quants of every block (its bytes after the f16 scale at 0: Q8_0's 32, Q4_0's 16) as int32 words with
+    `lanes` rows side by side, (rows / lanes, blocks a row, words, lanes), and the scales likewise, (rows / lanes,
+    blocks a row, lanes)."""
     rows, per_row = shape[0], blocks.shape[0] // shape[0]
-    words = np.ascontiguousarray(blocks[:, lo:hi]).view("<i4").reshape(rows // lanes, lanes, per_row, -1)
+    words = np.ascontiguousarray(blocks[:, 2:]).view("<i4").reshape(rows // lanes, lanes, per_row, -1)
     scales = np.ascontiguousarray(blocks[:, :2]).view("<f2").reshape(rows // lanes, lanes, per_row)
     return ByteBlocks(
         Tensor(np.ascontiguousarray(words.transpose(0, 2, 3, 1)), device=device),
         Tensor(np.ascontiguousarray(scales.transpose(0, 2, 1)), device=device),
-        nibbles=hi - lo == 16,
+        nibbles=blocks.shape[1] == 18,
     )
 
 

@@ -748,11 +748,10 @@ class CRenderer(CStyleRenderer):
     def dot4_added(self, w: CWalk, u: UOp, args: list[str]) -> str | None:
         """x + DOT4(a, b), the DOT4 inlined, as one call that adds to x: vpdpbusd's accumulator (an add each
         otherwise, and a zeroed register for each DOT4)."""
-        for x, dot in ((0, 1), (1, 0)):
-            term = u.src[dot]
+        for term, other in zip(u.src, reversed(args)):  # (either source may be the DOT4, the other the sum so far)
             if term.op is Ops.DOT4 and term in w.inlined:
                 a, b = (w.names[s] for s in term.src)
-                return f"tiny_dot4_{self._fma_type(u.dtype)}({args[x]}, {a}, {b})"
+                return f"tiny_dot4_{self._fma_type(u.dtype)}({other}, {a}, {b})"
         return None
 
     def dot4_helper(self, dt: DType) -> str:
