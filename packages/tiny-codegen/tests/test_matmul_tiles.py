@@ -18,7 +18,7 @@ from tiny.codegen.opt import Kind
 from tiny.codegen.opt.heuristic import hand_opts
 from tiny.codegen.renderer.cstyle import CRenderer
 from tiny.ir.device import RendererCaps
-from tiny.ir.dtypes import dtypes
+from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.schedule import create_schedule
 from tiny.ir.uop import Ops, UOp
 
@@ -157,10 +157,12 @@ def test_rows_of_four_are_half_vectors_and_masks_stay_whole() -> None:
     assert not any(u.dtype.count == 4 for u in uops if u.op in (Ops.CMPLT, Ops.WHERE))
 
 
-def matvec_rows(m: int, n: int, k: int) -> UOp:
+def matvec_rows(m: int, n: int, k: int, weight: DType = dtypes.float32) -> UOp:
     """C (m, n) = A (m, k) @ W.T with W (n, k) row-major, as a linear layer reads its weight: neither input is
-    read along C's rows (n), both along the reduction."""
-    a, w = tensor(m, k), tensor(n, k)
+    read along C's rows (n), both along the reduction. A weight of another dtype is cast to float32 as it is read."""
+    a, w = tensor(m, k), tensor(n, k, dtype=weight)
+    if weight != dtypes.float32:
+        w = UOp(Ops.CAST, dtypes.float32, (w,))
     full = (m, n, k)
     prod = expand(move(Ops.RESHAPE, a, (m, 1, k)), full) * expand(move(Ops.RESHAPE, w, (1, n, k)), full)
     return ast_of(move(Ops.RESHAPE, reduce(prod, (2,)), (m, n)))
@@ -169,13 +171,14 @@ def matvec_rows(m: int, n: int, k: int) -> UOp:
 def test_a_row_major_weight_is_read_along_its_rows() -> None:
     """A matrix-vector product (a decode step's layers): no vector of outputs, whose lanes would load a row apart;
     each output accumulates in a vector along its row of W (8 lanes of AVX2), four rows of W a step sharing the
-    vector of x; the rows of A (a prompt) and of W are a tile of 4 x 2 vectors (8 accumulators: with a step's 6 loaded
-    vectors they fit AVX2's 16 registers; 4 x 4 spilled), each loaded vector of W serving four rows of A,
-    with the loop over A's rows innermost (W's rows of a tile stay in cache for every row of A)."""
+    vector of x, each row a whole cache line a step (two vectors); the rows of A (a prompt) and of W are a tile of
+    4 x 2 vectors (8 accumulators: with a step's 6 loaded vectors they fit AVX2's 16 registers; 4 x 4 spilled), each
+    loaded vector of W serving four rows of A, with the loop over A's rows innermost (W's rows of a tile stay in cache
+    for every row of A)."""
     k = Kernel(matvec_rows(1, 256, 512), CPU)
     k.apply_opts(hand_opts(k))
     assert {p.dim: p.size for p in k.of_kind(Kind.UPCAST)} == {0: 4}, "four rows of W, no vector of them"
-    assert [p.size for p in k.of_kind(Kind.UNROLL)] == [8]
+    assert [p.size for p in k.of_kind(Kind.UNROLL)] == [16], "a cache line of each row a step"
     uops = vector_uops(matvec_rows(1, 256, 512), CPU, hand_opts(Kernel(matvec_rows(1, 256, 512), CPU)))
     assert any(u.op is Ops.LOAD and u.dtype.count == 8 for u in uops), "vector loads along the row"
     assert len([u for u in uops if u.op is Ops.ASSIGN and u.dtype.count == 8]) == 4, "a vector accumulator a row"
@@ -197,6 +200,22 @@ def test_a_prompt_over_a_row_major_weight_tiles_4_x_4_rows_on_avx512() -> None:
     k = Kernel(matvec_rows(1, 256, 512), RendererCaps(language="C", vector_width=16, threads=2))
     k.apply_opts(hand_opts(k))
     assert {p.dim: p.size for p in k.of_kind(Kind.UPCAST)} == {0: 4}, "a decode step's: four rows of W, as before"
+    assert [p.size for p in k.of_kind(Kind.UNROLL)] == [16], "a float32 row's cache line: one vector"
+
+
+def test_a_decode_step_reads_a_whole_cache_line_of_each_float16_row() -> None:
+    """A matrix-vector product over a float16 weight (a decode step's) reads a whole cache line of each row a step,
+    two vectors of 16 lanes where one was half a line (its streams' prefetches each line twice: 2048 x 5632 from
+    memory on 2 AVX-512 cores 46.0 -> 48.6 GB/s, a float16 1B model's decode 5.9% faster); a prompt's tile of rows
+    keeps one vector a step (its 16 accumulators and 8 loads fill the registers)."""
+    caps = RendererCaps(language="C", vector_width=16, threads=2)
+    k = Kernel(matvec_rows(1, 256, 512, dtypes.float16), caps)
+    k.apply_opts(hand_opts(k))
+    assert {p.dim: p.size for p in k.of_kind(Kind.UPCAST)} == {0: 4}
+    assert [p.size for p in k.of_kind(Kind.UNROLL)] == [32]
+    k = Kernel(matvec_rows(32, 256, 512, dtypes.float16), caps)
+    k.apply_opts(hand_opts(k))
+    assert [p.size for p in k.of_kind(Kind.UNROLL)] == [16]
 
 
 def test_two_reductions_of_a_kernel_accumulate_in_vectors() -> None:
