@@ -19,6 +19,7 @@ import pytest
 
 from tiny.ir.config import Context
 from tiny.ir.device import (
+    LAUNCHERS,
     Buffer,
     CompiledProgram,
     CompileError,
@@ -255,6 +256,40 @@ def test_the_launcher_is_the_declared_function_and_keeps_its_signature() -> None
 
 
 @needs_cc
+def test_a_threaded_launcher_finds_the_pool_once_and_a_forked_child_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A threaded kernel's launcher is the pool's call itself, the pool found when the launcher is made: a launch looks
+    nothing up (a decode step's few hundred launches each spent about 2 us on the device's share of the cores and its
+    pool). In a forked child, which has none of the pool's threads, launchers given before are stale and the new ones
+    find the child's own pool."""
+    dev = Device["CPU"]
+    src = "void fill(float* out, int part) { for (int i = 0; i < 4; i++) out[part * 4 + i] = part + 1; }"
+    prog = CPUProgram(dev, "fill", dev.compile(src))
+    alloc = CPUAllocator(dev.queue)
+    out, got = alloc.alloc(32), (ctypes.c_float * 8)()
+    monkeypatch.setattr(cpu, "share", lambda: 2)
+    launch = prog.launcher(1, (2, 1, 1), (1, 1, 1))
+
+    def asked(*args: object) -> None:
+        raise AssertionError("a launch looked up the device's threads or pool")
+
+    monkeypatch.setattr(cpu, "share", asked)
+    monkeypatch.setattr(cpu, "_pool", asked)
+    launch(out)
+    alloc.copyout(memoryview(got).cast("B"), out)
+    assert list(got) == [1.0] * 4 + [2.0] * 4
+    monkeypatch.undo()
+    if not hasattr(os, "fork"):
+        return
+    epoch = LAUNCHERS.epoch
+    read, write = os.pipe()
+    if (pid := os.fork()) == 0:  # the child: its launchers are asked for again
+        os.write(write, b"1" if LAUNCHERS.epoch != epoch else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1" and LAUNCHERS.epoch == epoch
+
+
+@needs_cc
 def test_a_threaded_launch_on_python_threads_runs_its_first_part_on_the_calling_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -392,6 +427,32 @@ def test_allocator_alignment_and_caps() -> None:
     for size in (1, 3, 16, 1000, 4097):
         opaque = alloc.alloc(size)
         assert isinstance(opaque, int) and opaque % ALIGN == 0
+
+
+def test_a_big_allocation_is_a_mapping_of_its_own_in_huge_pages() -> None:
+    """An allocation of HUGE_FROM bytes or more is a mapping of its own that the system may back with transparent huge
+    pages (a model's weights: fewer TLB misses); smaller ones come from the allocator as before."""
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not cpu.HUGE_PAGES or not thp.exists() or "[never]" in thp.read_text():
+        pytest.skip("no transparent huge pages on this system")
+    alloc = CPUAllocator(Device["CPU"].queue)
+    big, small = alloc.alloc(cpu.HUGE_FROM * 3), alloc.alloc(4096)
+    assert big % ALIGN == 0
+    alloc.copyin(big, memoryview(b"x" * 64))
+    assert bytes(alloc.as_memoryview(big, 2)) == b"xx"
+
+    def advised(address: int) -> bool:  # the mapping holding an address, as /proc/self/smaps says of it
+        mapping = ""
+        for line in Path("/proc/self/smaps").read_text().splitlines():
+            if "-" in line.split(" ")[0] and ":" not in line.split(" ")[0]:
+                lo, hi = (int(x, 16) for x in line.split(" ")[0].split("-"))
+                mapping = "here" if lo <= address < hi else ""
+            elif mapping and line.startswith("VmFlags:"):
+                return " hg" in line
+        raise AssertionError(f"no mapping holds {address:#x}")
+
+    assert advised(big) and not advised(small)
+    alloc.free(big, cpu.HUGE_FROM * 3)
 
 
 def test_an_allocation_the_host_cannot_hold_says_what_was_asked_and_what_there_is() -> None:

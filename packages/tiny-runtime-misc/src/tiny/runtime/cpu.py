@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import _ctypes
 import ctypes
+import mmap
 import os
 import platform
 import re
@@ -55,6 +56,8 @@ THREADS = flag(
 CC = flag("CC", str, "", "the C compiler the CPU device uses; empty finds clang, then gcc, on PATH")
 
 ALIGN = 64  # bytes; one cache line, enough for any vector ISA
+HUGE_FROM = 1 << 21  # bytes from which an allocation is a mapping of its own, in huge pages (CPUAllocator._mapped)
+HUGE_PAGES = hasattr(mmap, "MADV_HUGEPAGE")  # (Linux's transparent huge pages; elsewhere the system's malloc)
 
 
 @cache
@@ -170,6 +173,11 @@ def _pool(name: str, workers: int, cc: str, pid: int) -> Pool | None:
     except CompileError:
         return None
     return Pool(load_library(binary, "cpu_pool"), workers - 1)
+
+
+# a forked child has none of its parent's pool threads: the launchers given before (each calls a pool) are asked for
+# again there, and find the child's own pool
+os.register_at_fork(after_in_child=launchers_changed)
 
 
 def _pool_compiler(device: Compiled) -> str:
@@ -289,14 +297,31 @@ class CPUAllocator(LRUAllocator):
         super().__init__()
         # the device's launches: done before the host touches its memory (alone: launches that always run when given)
         self.queue = queue if queue is not None else Queue("CPU", lambda: False)
-        self.owners: dict[int, ctypes.Array] = {}  # each allocation's address -> the array that holds its memory
+        self.owners: dict[int, Any] = {}  # each allocation's address -> the ctypes object that holds its memory
 
     def _alloc(self, size: int) -> Any:
+        if size >= HUGE_FROM and HUGE_PAGES:
+            return self._mapped(size)
         try:
             raw = (ctypes.c_uint8 * (size + ALIGN))()
         except OverflowError:  # (ctypes: larger than the address space)
             raise MemoryError(f"{size} bytes are more than this process can address") from None
         addr = (ctypes.addressof(raw) + ALIGN - 1) // ALIGN * ALIGN
+        self.owners[addr] = raw
+        return addr
+
+    def _mapped(self, size: int) -> int:
+        """Memory of a mapping of its own, which the system backs with its transparent huge pages (2 MB on x86-64)
+        where it has them free: a model's weights read through them miss the TLB far less (a 1B model's decode step
+        on 2 AVX-512 cores: float32 49 -> 44 ms, Q4_0 1.7% and float16 1% faster). Only the pages written are
+        allocated, as with any other."""
+        try:
+            mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, OverflowError):  # (ENOMEM, or past what an mmap length holds)
+            raise MemoryError(f"{size} bytes could not be mapped") from None
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+        raw = ctypes.c_uint8.from_buffer(mapping)  # (which holds the mapping: unmapped once it is dropped)
+        addr = ctypes.addressof(raw)
         self.owners[addr] = raw
         return addr
 
@@ -403,8 +428,7 @@ class CPUProgram(Program):
             for t in range(threads):
                 fn(*bufs, *vals, t)
             return
-        pool = _pool(self.device.name, workers, _pool_compiler(self.device), os.getpid())
-        if pool is not None and len(bufs) + len(vals) <= pool.most_args:
+        if (pool := self._pool(workers, len(bufs) + len(vals))) is not None:
             pool.run(self.address, (*bufs, *vals), threads)
             return
         # the first part on this thread, which would only wait: a launch wakes one worker fewer
@@ -413,6 +437,11 @@ class CPUProgram(Program):
         fn(*bufs, *vals, 0)
         for f in parts:
             f.result()
+
+    def _pool(self, workers: int, n_args: int) -> Pool | None:
+        """The device's pool in C for `workers` threads (this one among them), where it takes n_args arguments."""
+        pool = _pool(self.device.name, workers, _pool_compiler(self.device), os.getpid())
+        return pool if pool is not None and n_args <= pool.most_args else None
 
     def launcher(
         self, n_bufs: int, global_size: tuple[int, int, int], local_size: tuple[int, int, int]
@@ -428,6 +457,9 @@ class CPUProgram(Program):
         # this launcher stale: launchers_changed, see CPUDevice.__init__)
         if threads == 1:  # one thread: the ctypes function itself, which takes the opaques (addresses) as is
             return work
+        # several: straight to the pool, found now (the threads a device shares out change only as devices open)
+        if (workers := share()) > 1 and (pool := self._pool(workers, n_bufs)) is not None:
+            return pool.launcher(self.address, n_bufs, threads)
         return lambda *bufs: work(bufs, threads)
 
 

@@ -71,6 +71,12 @@ class Pool:
         (ctypes lets go of the GIL meanwhile)."""
         self._run(self.handle, kernel, len(args), (ctypes.c_int64 * len(args))(*args), parts)
 
+    def launcher(self, kernel: int, n_args: int, parts: int) -> Callable[..., None]:
+        """run() of one kernel and count of parts as a function of its n_args arguments alone: what a launch repeated
+        many times calls (a decode step launches a few hundred), without looking up anything else each time."""
+        run, handle, array = self._run, self.handle, ctypes.c_int64 * n_args
+        return lambda *args: run(handle, kernel, n_args, array(*args), parts)
+
 
 def kernel_address(function: Callable[..., None]) -> int:
     """The address of the C function behind a ctypes function object."""
