@@ -9,13 +9,15 @@ llama.cpp's converter lays them out. Each side then runs in its own process, so 
 - transformers: `LlamaForCausalLM` from the folder, eager, in float32 and in bfloat16.
 
 Every side uses the same number of threads. Decoding is greedy: `--decode` tokens after a `--prompt`-token prompt,
-timed from the first generated token to the last (the prompt's pass is prefill, timed apart). Prefill is one pass
-over `--prefill` tokens (each length its own run, from an empty cache) to the logits of the last position alone, as
-generation needs them (llama.cpp's eval; tiny's `LLM.prefill`; transformers' `logits_to_keep=1`), timed after one
-pass (two for tiny: its pass over a prompt length is a TinyJit, built on the first and captured on the second). The
-roofline is the bytes of weights one token reads over the read bandwidth measured in the run (a `--threads`-thread
-sum over 1 GiB); decoding is reported as a fraction of it. Peak memory is each process's peak resident set, against
-the file's size.
+timed from the first generated token to the last (the prompt's pass is prefill, timed apart), `--rounds` times: the
+sides of one file are all loaded, each in its process, and timed in turns, so that a change in the machine's speed
+meets them alike; a side's figure is the median of its rounds, its ratio the median of the rounds' ratios. Prefill
+is one pass over `--prefill` tokens (each length its own run, from an empty cache) to the logits of the last
+position alone, as generation needs them (llama.cpp's eval; tiny's `LLM.prefill`; transformers' `logits_to_keep=1`),
+timed after one pass (two for tiny: its pass over a prompt length is a TinyJit, built on the first and captured on
+the second). The roofline is the bytes of weights one token reads over the read bandwidth measured in the run (a
+`--threads`-thread sum over 1 GiB); decoding is reported as a fraction of it. Peak memory is each process's peak
+resident set, against the file's size.
 
     python -m bench.llm                          # the 1B model, every format and side; table on stdout
     python -m bench.llm --formats Q4_0 --sides tiny,llama.cpp
@@ -29,10 +31,13 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -167,9 +172,10 @@ class Run:
     side: str
     fmt: str
     prefill: dict[int, float]
-    decode: float
+    decode: float  # the median of its rounds
     peak: int
     note: str = ""
+    rounds: list[float] = field(default_factory=list)  # decode tokens/s of each round, in the order timed
 
 
 def _peak_bytes() -> int:
@@ -184,77 +190,89 @@ def _prompt(n: int, vocab: int) -> list[int]:
     return [int(x) for x in np.random.default_rng(n).integers(1, vocab, n)]
 
 
-def _side_tiny(model_path: str, args: dict[str, Any]) -> dict[str, Any]:
-    from tiny.llm import load
+class _TinySide:
+    def __init__(self, model_path: str, args: dict[str, Any]) -> None:
+        from tiny.llm import load
 
-    llm = load(model_path, max_context=args["context"])
-    vocab = llm.model.cfg.vocab_size
-    prefill = {}
-    for n in args["prefill"]:  # (the logits of the last position alone, as llama.cpp's eval and generation)
+        self.args = args
+        self.llm = load(model_path, max_context=args["context"])
+        self.vocab = self.llm.model.cfg.vocab_size
+        self.llm.generate(_prompt(args["prompt"], self.vocab), max_new_tokens=3, stop=[])  # (captured on its 2nd)
+
+    def prefill(self, n: int) -> float:
+        """Tokens/s of one pass to the last position's logits (as llama.cpp's eval and generation need them)."""
         for _ in range(2):  # (a length's first pass builds its kernels, its second is captured: TinyJit replays)
-            llm.prefill(_prompt(n, vocab))
+            self.llm.prefill(_prompt(n, self.vocab))
         start = time.perf_counter()
-        llm.prefill(_prompt(n, vocab))
-        prefill[n] = n / (time.perf_counter() - start)
-    prompt = _prompt(args["prompt"], vocab)
-    llm.generate(prompt, max_new_tokens=3, stop=[])  # (the decode step is captured on its second call)
-    stamps = []
-    for _ in llm.stream(prompt, max_new_tokens=args["decode"], stop=[]):
-        stamps.append(time.perf_counter())
-    return {"prefill": prefill, "decode": (len(stamps) - 1) / (stamps[-1] - stamps[0])}
+        self.llm.prefill(_prompt(n, self.vocab))
+        return n / (time.perf_counter() - start)
+
+    def decode(self, n: int) -> float:
+        stamps = []
+        for _ in self.llm.stream(_prompt(self.args["prompt"], self.vocab), max_new_tokens=n, stop=[]):
+            stamps.append(time.perf_counter())
+        return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
-def _side_llama_cpp(model_path: str, args: dict[str, Any]) -> dict[str, Any]:
-    import llama_cpp
+class _LlamaCppSide:
+    def __init__(self, model_path: str, args: dict[str, Any]) -> None:
+        import llama_cpp
 
-    threads = args["threads"]
-    llm = llama_cpp.Llama(
-        model_path,
-        n_ctx=args["context"],
-        n_threads=threads,
-        n_threads_batch=threads,
-        n_batch=max(args["prefill"] + [args["prompt"]]),
-        n_ubatch=max(args["prefill"] + [args["prompt"]]),
-        verbose=False,
-        kv_overrides={"tokenizer.ggml.model": "none"},  # (the files carry no vocabulary: ids in, ids out)
-    )
-    vocab = llm.n_vocab()
-    prefill = {}
-    for n in args["prefill"]:
-        for timed in (False, True):
-            llm.reset()
-            llm._ctx.kv_cache_clear()
+        threads, self.args = args["threads"], args
+        self.llm = llama_cpp.Llama(
+            model_path,
+            n_ctx=args["context"],
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_batch=max(args["prefill"] + [args["prompt"]]),
+            n_ubatch=max(args["prefill"] + [args["prompt"]]),
+            verbose=False,
+            kv_overrides={"tokenizer.ggml.model": "none"},  # (the files carry no vocabulary: ids in, ids out)
+        )
+        self.vocab = self.llm.n_vocab()
+
+    def _empty(self) -> None:
+        self.llm.reset()
+        self.llm._ctx.kv_cache_clear()
+
+    def prefill(self, n: int) -> float:
+        for _ in range(2):  # (the second pass timed)
+            self._empty()
             start = time.perf_counter()
-            llm.eval(_prompt(n, vocab))
-            if timed:
-                prefill[n] = n / (time.perf_counter() - start)
-    llm.reset()
-    llm._ctx.kv_cache_clear()
-    stamps = []
-    for _ in llm.generate(_prompt(args["prompt"], vocab), top_k=1, top_p=1.0, temp=0.0, reset=True):
-        stamps.append(time.perf_counter())
-        if len(stamps) == args["decode"]:
-            break
-    return {"prefill": prefill, "decode": (len(stamps) - 1) / (stamps[-1] - stamps[0])}
+            self.llm.eval(_prompt(n, self.vocab))
+        return n / (time.perf_counter() - start)
+
+    def decode(self, n: int) -> float:
+        self._empty()
+        stamps = []
+        for _ in self.llm.generate(_prompt(self.args["prompt"], self.vocab), top_k=1, top_p=1.0, temp=0.0, reset=True):
+            stamps.append(time.perf_counter())
+            if len(stamps) == n:
+                break
+        return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
-def _side_torch(model_path: str, args: dict[str, Any]) -> dict[str, Any]:
-    import torch
-    import transformers
+class _TorchSide:
+    def __init__(self, model_path: str, args: dict[str, Any]) -> None:
+        import torch
+        import transformers
 
-    torch.set_num_threads(args["threads"])
-    dtype = torch.bfloat16 if args["torch_dtype"] == "bfloat16" else torch.float32
-    model = transformers.LlamaForCausalLM.from_pretrained(model_path, torch_dtype=dtype).eval()
-    vocab = model.config.vocab_size
-    prefill = {}
-    with torch.inference_mode():
-        for n in args["prefill"]:
-            ids = torch.tensor([_prompt(n, vocab)])
-            model(ids, logits_to_keep=1)
+        self.torch, self.transformers, self.args = torch, transformers, args
+        torch.set_num_threads(args["threads"])
+        dtype = torch.bfloat16 if args["torch_dtype"] == "bfloat16" else torch.float32
+        self.model = transformers.LlamaForCausalLM.from_pretrained(model_path, torch_dtype=dtype).eval()
+        self.vocab = self.model.config.vocab_size
+
+    def prefill(self, n: int) -> float:
+        ids = self.torch.tensor([_prompt(n, self.vocab)])
+        with self.torch.inference_mode():
+            self.model(ids, logits_to_keep=1)
             start = time.perf_counter()
-            model(ids, logits_to_keep=1)
-            prefill[n] = n / (time.perf_counter() - start)
-        ids = torch.tensor([_prompt(args["prompt"], vocab)])
+            self.model(ids, logits_to_keep=1)
+        return n / (time.perf_counter() - start)
+
+    def decode(self, n: int) -> float:
+        torch, transformers = self.torch, self.transformers
         stamps: list[float] = []
 
         class Stamp(transformers.StoppingCriteria):
@@ -262,57 +280,138 @@ def _side_torch(model_path: str, args: dict[str, Any]) -> dict[str, Any]:
                 stamps.append(time.perf_counter())
                 return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
-        model.generate(
-            ids,
-            max_new_tokens=args["decode"],
-            min_new_tokens=args["decode"],
-            do_sample=False,
-            stopping_criteria=transformers.StoppingCriteriaList([Stamp()]),
-        )
-    return {"prefill": prefill, "decode": (len(stamps) - 1) / (stamps[-1] - stamps[0])}
+        with torch.inference_mode():
+            self.model.generate(
+                torch.tensor([_prompt(self.args["prompt"], self.vocab)]),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                stopping_criteria=transformers.StoppingCriteriaList([Stamp()]),
+            )
+        return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
-SIDE_RUNNERS = {"tiny": _side_tiny, "llama.cpp": _side_llama_cpp, "torch": _side_torch}
+SIDE_RUNNERS = {"tiny": _TinySide, "llama.cpp": _LlamaCppSide, "torch": _TorchSide}
 
 
 def _child(spec: str) -> None:
-    """Run one side (the JSON spec) and print its figures as one JSON line."""
+    """One side (the JSON spec), kept in this process: its prefill figures on a READY line, then a DECODE line for each
+    `decode` line read (the parent times the sides' decoding in turns), then its peak memory on a RESULT line."""
     job = json.loads(spec)
-    out = SIDE_RUNNERS[job["side"]](job["model"], job)
-    out["peak"] = _peak_bytes()
-    print("RESULT " + json.dumps(out), flush=True)
+    side = SIDE_RUNNERS[job["side"]](job["model"], job)
+    print("READY " + json.dumps({"prefill": {n: side.prefill(n) for n in job["prefill"]}}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "decode":
+            break
+        print("DECODE " + json.dumps(side.decode(job["decode"])), flush=True)
+    print("RESULT " + json.dumps({"peak": _peak_bytes()}), flush=True)
 
 
-def run_side(side: str, fmt: str, model: Path, args: argparse.Namespace, torch_dtype: str = "") -> Run:
-    job = {
-        "side": side,
-        "model": str(model),
-        "threads": args.threads,
-        "prefill": args.prefill,
-        "prompt": args.prompt,
-        "decode": args.decode,
-        "context": args.context,
-        "torch_dtype": torch_dtype,
-    }
-    env = dict(os.environ)
-    env |= {"OMP_NUM_THREADS": str(args.threads), "THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    try:
-        proc = subprocess.run(
+class _SideFailed(Exception):
+    pass
+
+
+class _Child:
+    """A side's process (bench.llm --child), spoken to a line at a time; killed past its time limit."""
+
+    def __init__(self, side: str, model: Path, args: argparse.Namespace, torch_dtype: str = "") -> None:
+        job = {
+            "side": side,
+            "model": str(model),
+            "threads": args.threads,
+            "prefill": args.prefill,
+            "prompt": args.prompt,
+            "decode": args.decode,
+            "context": args.context,
+            "torch_dtype": torch_dtype,
+        }
+        env = dict(os.environ)
+        threads = str(args.threads)
+        env |= {"OMP_NUM_THREADS": threads, "THREADS": threads, "MKL_NUM_THREADS": threads}
+        self.limit, self.errors = args.side_timeout, tempfile.TemporaryFile(mode="w+")  # (stderr: not a pipe to fill)
+        self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.llm", "--child", json.dumps(job)],
             env=env,
-            capture_output=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.errors,
             text=True,
             cwd=Path(__file__).resolve().parent.parent,
-            timeout=args.side_timeout,
         )
-    except subprocess.TimeoutExpired:
-        return Run(side, fmt, {}, float("nan"), 0, f"over {args.side_timeout} s")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return Run(side, fmt, {}, float("nan"), 0, f"failed: {tail}")
-    out = json.loads(lines[-1][len("RESULT ") :])
-    return Run(side, fmt, {int(k): v for k, v in out["prefill"].items()}, out["decode"], out["peak"])
+        self.timer = threading.Timer(args.side_timeout, self.proc.kill)
+        self.timer.start()
+
+    def expect(self, tag: str) -> Any:
+        """The JSON of the next line the side prints that starts with `tag`."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(tag + " "):
+                return json.loads(line[len(tag) + 1 :])
+        self.proc.wait()
+        if not self.timer.is_alive():
+            raise _SideFailed(f"over {self.limit} s")
+        self.errors.seek(0)
+        raise _SideFailed(f"failed: {(self.errors.read().strip().splitlines() or ['(no output)'])[-1]}")
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # (it ended: expect() says why)
+
+    def close(self) -> None:
+        self.timer.cancel()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.errors.close()
+
+
+def run_sides(fmt: str, model: Path, sides: list[str], args: argparse.Namespace, torch_dtype: str = "") -> list[Run]:
+    """The sides on one model file, each in its own process, all started before any is timed: each reports its
+    prefill, then their decoding is timed in turns, `--rounds` times (the first side to go alternating), so that a
+    change in the machine's speed meets every side alike (this VM's memory bandwidth moves between runs by up to
+    1.5x); a side's decode figure is the median of its rounds."""
+    children: dict[str, _Child] = {}
+    prefill: dict[str, dict[int, float]] = {}
+    decodes: dict[str, list[float]] = {side: [] for side in sides}
+    notes: dict[str, str] = {}
+    try:
+        for side in sides:  # (one at a time: loading is not timed, but two loading at once would slow each other)
+            children[side] = _Child(side, model, args, torch_dtype)
+            try:
+                prefill[side] = {int(k): v for k, v in children[side].expect("READY")["prefill"].items()}
+            except _SideFailed as e:
+                notes[side] = str(e)
+        live = [side for side in sides if side not in notes]
+        for r in range(args.rounds):
+            for side in live if r % 2 == 0 else live[::-1]:
+                if side in notes:
+                    continue
+                children[side].send("decode")
+                try:
+                    decodes[side].append(children[side].expect("DECODE"))
+                except _SideFailed as e:
+                    notes[side] = str(e)
+        runs = []
+        for side in sides:
+            peak = 0
+            if side not in notes:
+                children[side].send("done")
+                try:
+                    peak = children[side].expect("RESULT")["peak"]
+                except _SideFailed as e:
+                    notes[side] = str(e)
+            if side in notes:
+                runs.append(Run(side, fmt, {}, float("nan"), 0, notes[side]))
+            else:
+                runs.append(Run(side, fmt, prefill[side], statistics.median(decodes[side]), peak, "", decodes[side]))
+        return runs
+    finally:
+        for child in children.values():
+            child.close()
 
 
 # ---------------------------------------------------------------- the roofline
@@ -354,6 +453,14 @@ def _fmt(x: float, digits: int = 1) -> str:
     return "-" if x != x else f"{x:.{digits}f}"
 
 
+def _ratio(run: Run, ref: Run) -> float:
+    """A side's decode over the reference's: the median of the rounds' ratios, each of two figures timed one after
+    the other (where both have every round), else of the medians."""
+    if run.rounds and len(run.rounds) == len(ref.rounds):
+        return statistics.median(a / b for a, b in zip(run.rounds, ref.rounds))
+    return run.decode / ref.decode
+
+
 def table(runs: list[Run], files: dict[str, Path], bandwidth: float, prefill: list[int]) -> str:
     head = ["format", "side", "decode tok/s", "vs llama.cpp", "of roofline"]
     head += [f"prefill {n} tok/s" for n in prefill] + [f"vs llama.cpp ({n})" for n in prefill]
@@ -365,7 +472,7 @@ def table(runs: list[Run], files: dict[str, Path], bandwidth: float, prefill: li
         roof = bandwidth / weight_bytes_per_token(path) if path else float("nan")
         size = path.stat().st_size if path else float("nan")
         cells = [r.fmt, r.side, _fmt(r.decode, 2)]
-        cells.append(_fmt(r.decode / ref.decode, 2) + "x" if ref and ref.decode == ref.decode else "-")
+        cells.append(_fmt(_ratio(r, ref), 2) + "x" if ref and ref.decode == ref.decode else "-")
         cells.append(_fmt(r.decode / roof, 2) if roof == roof else "-")
         cells += [_fmt(r.prefill.get(n, float("nan"))) for n in prefill]
         for n in prefill:
@@ -384,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sides", default=",".join(SIDES), help="sides to run (default: %(default)s)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for every side (default: cores)")
     p.add_argument("--prompt", type=int, default=32, help="prompt tokens before decoding (default: %(default)s)")
-    p.add_argument("--decode", type=int, default=128, help="tokens decoded (default: %(default)s)")
+    p.add_argument("--decode", type=int, default=128, help="tokens decoded a round (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=3, help="decode rounds, the sides in turns (default: %(default)s)")
     p.add_argument("--prefill", default="32,512", help="prefill lengths (default: %(default)s)")
     p.add_argument("--folder", type=Path, help="where the model files go (default: ~/.cache/tiny/bench-llm/...)")
     p.add_argument("--markdown", type=Path, help="also write the table to this file")
@@ -404,20 +512,20 @@ def main(argv: list[str] | None = None) -> int:
     make_files(folder, QUICK if args.quick else FULL, formats)
     files = {fmt: folder / f"model-{fmt}.gguf" for fmt in formats}
     bandwidth = read_bandwidth(args.threads)
-    runs = []
+    runs: list[Run] = []
+
+    def ran(new: list[Run]) -> None:
+        runs.extend(new)
+        for run in new:
+            print(f"{run.fmt} {run.side}: {run}", file=sys.stderr)
+
     for fmt in formats:
-        for side in sides:
-            if side == "torch":
-                continue
-            runs.append(run_side(side, fmt, files[fmt], args))
-            print(f"{fmt} {side}: {runs[-1]}", file=sys.stderr)
+        ran(run_sides(fmt, files[fmt], [side for side in sides if side != "torch"], args))
     if "torch" in sides:
         for dtype, fmt in (("float32", "F32"), ("bfloat16", "BF16")):
-            runs.append(run_side("torch", fmt, folder / "hf", args, dtype))
-            print(f"{fmt} torch: {runs[-1]}", file=sys.stderr)
+            ran(run_sides(fmt, folder / "hf", ["torch"], args, dtype))
         if "tiny" in sides:
-            runs.append(run_side("tiny", "F32 (folder)", folder / "hf", args))
-            print(f"hf tiny: {runs[-1]}", file=sys.stderr)
+            ran(run_sides("F32 (folder)", folder / "hf", ["tiny"], args))
     text = table(runs, files, bandwidth, args.prefill)
     text += f"\n\nread bandwidth ({args.threads}-thread sum of 1 GiB): {bandwidth / 1e9:.1f} GB/s"
     print(text)

@@ -447,20 +447,19 @@ class CPUProgram(Program):
         self, n_bufs: int, global_size: tuple[int, int, int], local_size: tuple[int, int, int]
     ) -> Callable[..., None]:
         threads = global_size[0]
-        work: Callable[..., None] = self.function(n_bufs, 0, False) if threads == 1 else self.run
-        if queued():  # several CPU devices open: each launch goes to the device's thread
-            put = self.device.queue._put
-            if threads == 1:
-                return lambda *bufs: put(work, bufs)
-            return lambda *bufs: put(work, (bufs, threads))
-        # one CPU device open: a launch runs where it is given, with no call between (a second device opening makes
-        # this launcher stale: launchers_changed, see CPUDevice.__init__)
         if threads == 1:  # one thread: the ctypes function itself, which takes the opaques (addresses) as is
-            return work
-        # several: straight to the pool, found now (the threads a device shares out change only as devices open)
-        if (workers := share()) > 1 and (pool := self._pool(workers, n_bufs)) is not None:
-            return pool.launcher(self.address, n_bufs, threads)
-        return lambda *bufs: work(bufs, threads)
+            run: Callable[..., None] = self.function(n_bufs, 0, False)
+        elif (workers := share()) > 1 and (pool := self._pool(workers, n_bufs)) is not None:
+            run = pool.launcher(self.address, n_bufs, threads)  # (straight to the pool, found now)
+        else:
+            run = lambda *bufs: self.run(bufs, threads)  # noqa: E731
+        # the threads a device shares out and its pool change only as devices open, which makes this launcher stale
+        # (launchers_changed, see CPUDevice.__init__): with one CPU device open a launch runs where it is given, with
+        # no call between; with several, on the device's thread
+        if queued():
+            put = self.device.queue._put
+            return lambda *bufs: put(run, bufs)
+        return run
 
 
 class LLVMProgram(CPUProgram):
