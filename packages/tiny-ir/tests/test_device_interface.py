@@ -135,6 +135,10 @@ def test_a_programs_default_launcher_calls_it_with_the_grid_and_no_wait() -> Non
     launch = Recording(None, "k", b"").launcher(2, (4, 1, 1), (8, 1, 1))  # type: ignore[arg-type]
     assert launch("out", "in") is None
     assert calls == [(("out", "in"), {"global_size": (4, 1, 1), "local_size": (8, 1, 1)})]
+    # (1.13) a kernel over Variables: their values after the opaques, handed on as vals
+    launch = Recording(None, "k", b"").launcher(2, (4, 1, 1), (8, 1, 1), n_vals=2)  # type: ignore[arg-type]
+    assert launch("out", "in", 7, 9) is None
+    assert calls[-1] == (("out", "in"), {"global_size": (4, 1, 1), "local_size": (8, 1, 1), "vals": (7, 9)})
 
 
 # ---------------------------------------------------------------- buffers

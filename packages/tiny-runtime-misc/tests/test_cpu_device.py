@@ -256,6 +256,23 @@ def test_the_launcher_is_the_declared_function_and_keeps_its_signature() -> None
 
 
 @needs_cc
+def test_a_launcher_takes_the_kernels_variables_after_its_buffers() -> None:
+    """Program.launcher's n_vals (interface 1.13): a kernel over a Variable launched as launch(*opaques, *values), on
+    one thread (the ctypes function declared with its int) and on the pool (each part's number after it)."""
+    dev = Device["CPU"]
+    one = "void one(float* out, int n) { for (int i = 0; i < n; i++) out[i] = n; }"
+    parts = "void parts(float* out, int n, int part) { for (int i = 0; i < n; i++) out[part * 4 + i] = part * 10 + n; }"
+    alloc = CPUAllocator(dev.queue)
+    got = (ctypes.c_float * 8)()
+    for src, threads, want in ((one, 1, [3, 3, 3, 0, 0, 0, 0, 0]), (parts, 2, [3, 3, 3, 0, 13, 13, 13, 0])):
+        name = src.split("(")[0].split()[-1]
+        out = alloc.alloc(32)
+        CPUProgram(dev, name, dev.compile(src)).launcher(1, (threads, 1, 1), (1, 1, 1), n_vals=1)(out, 3)
+        alloc.copyout(memoryview(got).cast("B"), out)
+        assert list(got) == want, (name, list(got))
+
+
+@needs_cc
 def test_a_threaded_launcher_finds_the_pool_once_and_a_forked_child_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """A threaded kernel's launcher is the pool's call itself, the pool found when the launcher is made: a launch looks
     nothing up (a decode step's few hundred launches each spent about 2 us on the device's share of the cores and its

@@ -124,6 +124,35 @@ def test_kv_cache_step_is_one_capture(device: str) -> None:
     assert len(jitted.recordings) == 1 and jitted.replays == most - 2
 
 
+def test_a_replayed_kernel_over_a_variable_is_launched_with_its_value(
+    device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel whose grid does not depend on its Variables (a decode step's attention over the cache) replays through
+    its launcher, given this call's values after its buffers (Program.launcher's n_vals), not through the runner's
+    general call (on the CPU a few microseconds a launch: 64 a step of a 1B model)."""
+    from tiny.tensor.realize import Launch
+
+    a = RNG.standard_normal((4, 64)).astype(np.float32)
+    x = Tensor(a, device=device).realize()
+    n = Variable("n", 1, 64)
+
+    @TinyJit
+    def f(m: object) -> Tensor:
+        return (x[:, :m] * 2).sum(1).realize()
+
+    for i in (5, 9):
+        f(n.bind(i))
+    (rec,) = f.recordings.values()
+    launches = [ln for ln in rec.launches if ln.program is not None and ln.program.var_names]
+    assert launches and all(ln.with_values for ln in launches)
+    for ln in launches:  # (a frozen dataclass: its runner's general call swapped for one that refuses)
+        refuse = type("Refusing", (), {"__call__": lambda *args, **kw: pytest.fail("launched through the runner")})
+        object.__setattr__(ln, "runner", refuse())
+    for i in (1, 17, 64):
+        np.testing.assert_allclose(f(n.bind(i)).numpy(), (a[:, :i] * 2).sum(1), rtol=1e-5, atol=1e-5)
+    assert isinstance(launches[0], Launch)
+
+
 def test_jit_replays_across_values_and_rebinds_its_outputs(device: str) -> None:
     a = RNG.standard_normal((3, 50)).astype(np.float32)
     x = Tensor(a, device=device).realize()

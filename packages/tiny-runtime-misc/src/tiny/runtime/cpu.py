@@ -444,15 +444,15 @@ class CPUProgram(Program):
         return pool if pool is not None and n_args <= pool.most_args else None
 
     def launcher(
-        self, n_bufs: int, global_size: tuple[int, int, int], local_size: tuple[int, int, int]
+        self, n_bufs: int, global_size: tuple[int, int, int], local_size: tuple[int, int, int], n_vals: int = 0
     ) -> Callable[..., None]:
         threads = global_size[0]
         if threads == 1:  # one thread: the ctypes function itself, which takes the opaques (addresses) as is
-            run: Callable[..., None] = self.function(n_bufs, 0, False)
-        elif (workers := share()) > 1 and (pool := self._pool(workers, n_bufs)) is not None:
-            run = pool.launcher(self.address, n_bufs, threads)  # (straight to the pool, found now)
+            run: Callable[..., None] = self.function(n_bufs, n_vals, False)
+        elif (workers := share()) > 1 and (pool := self._pool(workers, n_bufs + n_vals)) is not None:
+            run = pool.launcher(self.address, n_bufs + n_vals, threads)  # (straight to the pool, found now)
         else:
-            run = lambda *bufs: self.run(bufs, threads)  # noqa: E731
+            run = lambda *args: self.run(args[:n_bufs], threads, args[n_bufs:])  # noqa: E731
         # the threads a device shares out and its pool change only as devices open, which makes this launcher stale
         # (launchers_changed, see CPUDevice.__init__): with one CPU device open a launch runs where it is given, with
         # no call between; with several, on the device's thread

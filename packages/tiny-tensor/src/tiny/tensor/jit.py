@@ -339,11 +339,11 @@ def _relaunch(rec: _Recording) -> None:
     neither is a launcher.)"""
     rec.epoch = LAUNCHERS.epoch
     rec.launches = [
-        replace(ln, launch=launcher_of(p, ln.runner))
+        replace(ln, launch=launch, with_values=bool(p.var_names))
         if (p := ln.program) is not None
         and ln.runner is not None
-        and not p.var_names
         and all(b.device == p.device for b in ln.buffers)
+        and (launch := launcher_of(p, ln.runner)) is not None
         else ln
         for ln in rec.launches
     ]
@@ -359,7 +359,9 @@ def _replay_launches(rec: _Recording, handles: list[Any], swap: dict[Buffer, Buf
             args = list(args)
             for j, k in patches:
                 args[j] = handles[k]
-        if ln.program.var_names:  # this call's values of its Variables
+        if ln.with_values:  # (a kernel's launch, given this call's values of its Variables)
+            ln.launch(*args, *[by_name[n] for n in ln.program.var_names])  # type: ignore[misc]
+        elif ln.program.var_names:  # (its grid over them, or it reads other devices' memory: the runner's call)
             prog = ln.program
             vals = tuple(by_name[n] for n in prog.var_names)
             ln.runner(*args, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals)  # type: ignore[misc]

@@ -45,6 +45,7 @@ class Launch:
     program: CompiledProgram | None = None  # None: a copy from buffers[1] into buffers[0]
     runner: Program | None = None
     launch: Callable[..., None] | None = None  # the runner's launch on the buffers' opaques (Program.launcher)
+    with_values: bool = False  # ... which takes the values of the program's Variables after them
 
 
 class JitError(RuntimeError):
@@ -85,11 +86,12 @@ def capture() -> Iterator[list[Launch]]:
 
 class Built(NamedTuple):
     """A kernel built for a device: the program, its loaded runner, and the runner's call that launches it on the
-    kernel's buffers without waiting (Program.launcher)."""
+    kernel's buffers (then its Variables' values) without waiting (Program.launcher); None where its grid is over
+    its Variables (each launch is then the runner's call with the grid of its values)."""
 
     program: CompiledProgram
     runner: Program
-    launch: Callable[..., None]
+    launch: Callable[..., None] | None
 
 
 Programs = dict[tuple[UOp, str], Built]
@@ -125,9 +127,12 @@ def _launches_current() -> None:
             built[key] = Built(prog, runner, launcher_of(prog, runner))
 
 
-def launcher_of(prog: CompiledProgram, runner: Program) -> Callable[..., None]:
-    """The runner's launch of the program on its buffers' opaques, with the program's grid (Program.launcher)."""
-    return runner.launcher(prog.n_buffers, prog.global_size, prog.local_size)
+def launcher_of(prog: CompiledProgram, runner: Program) -> Callable[..., None] | None:
+    """The runner's launch of the program on its buffers' opaques, then its Variables' values, with the program's grid
+    (Program.launcher); None where the grid is over its Variables."""
+    if not all(type(g) is int for g in prog.global_size):
+        return None
+    return runner.launcher(prog.n_buffers, prog.global_size, prog.local_size, len(prog.var_names))
 
 
 def compiled(ast: UOp, device: str) -> tuple[CompiledProgram, Program]:
@@ -202,19 +207,25 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
             found = _compiled(ast, device, built)
         prog, runner, launch = found
         vals: tuple[int, ...] = ()
+        given: tuple[int, ...] = ()  # (the values the launch takes after the opaques)
         if prog.var_names:  # a kernel over symbolic sizes: their values are its integer arguments
             vals = _values(prog, var_vals)
-            launch = functools.partial(runner, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals)
+            if launch is None:  # (its grid over them)
+                launch = functools.partial(runner, global_size=prog.grid(vals), local_size=prog.local_size, vals=vals)
+            else:
+                given = vals
         others = False
         for b in buffers:  # (a loop, not a call: asked of every launch, and nearly always all on one device)
             if b.device != device:  # it reads other devices' memory: launched when they meet it
                 launch, others = _launch_with(device, _other_devices(buffers, device), runner, prog, vals), True
+                given = ()
                 _launches_current()
                 break
+        assert launch is not None
         if not timed:  # (the usual run: launched, not waited for)
-            launch(*map(_opaque, buffers))  # (the opaques allocated when first asked for)
+            launch(*map(_opaque, buffers), *given)  # (the opaques allocated when first asked for)
         if _captures:
-            _captures[-1].append(Launch(buffers, prog, runner, launch))
+            _captures[-1].append(Launch(buffers, prog, runner, launch, bool(given)))
         GlobalCounters.kernels += 1
         GlobalCounters.flops += prog.flops
         GlobalCounters.mem_bytes += prog.mem_bytes

@@ -32,8 +32,9 @@ from tiny.ir.uop import UOp
 # RendererCaps.narrow_vectors; 1.8: Renderer.unavailable, why a renderer cannot be used here; 1.9:
 # Compiled.collective, a device's own all-reduce and all-gather; 1.10: Compiled.launch_with, a kernel that reads
 # other devices' memory; 1.11: launchers_changed and LAUNCHERS.epoch, launchers given before to be asked for again;
-# 1.12: Ops.DOT4 and RendererCaps.dot4, a renderer that writes the op itself)
-INTERFACE_VERSION = (1, 12)
+# 1.12: Ops.DOT4 and RendererCaps.dot4, a renderer that writes the op itself; 1.13: Program.launcher's n_vals, a
+# launch given the values of the kernel's Variables after its opaques)
+INTERFACE_VERSION = (1, 13)
 
 
 # the dtypes kernels compute on in hardware vectors (RendererCaps.vector_lanes; the code generator's vector ops)
@@ -189,11 +190,15 @@ class Program:
         raise NotImplementedError
 
     def launcher(
-        self, n_bufs: int, global_size: tuple[int, int, int], local_size: tuple[int, int, int]
+        self, n_bufs: int, global_size: tuple[int, int, int], local_size: tuple[int, int, int], n_vals: int = 0
     ) -> Callable[..., None]:
-        """A call that launches the kernel on the opaques of `n_bufs` buffers (and no integer variables) with this
-        grid, without waiting: what realize() calls for each kernel it runs, so a runtime may give a leaner one than
-        __call__ (the CPU's is the ctypes function itself)."""
+        """A call that launches the kernel on the opaques of `n_bufs` buffers, then the values of its `n_vals` integer
+        variables, with this grid, without waiting: what realize() and TinyJit call for each kernel they run, so a
+        runtime may give a leaner one than __call__ (the CPU's is the ctypes function itself)."""
+        if n_vals:
+            return lambda *args: self(
+                *args[:n_bufs], global_size=global_size, local_size=local_size, vals=args[n_bufs:]
+            )
         return functools.partial(self, global_size=global_size, local_size=local_size)
 
 
