@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
@@ -51,6 +51,7 @@ class _Recording:
     graph: Callable[[list[tuple[Any, ...]]], None] | None = None  # the device's one-submission replay, if it has one
     variables: tuple[str, ...] = ()  # the Variables its kernels take, by name (each call's values are launched)
     epoch: int = -1  # the LAUNCHERS.epoch its launches were given in
+    given: tuple[int | None, ...] = ()  # each tensor of `outputs` in order: the input it is (its position), or None
 
 
 class TinyJit(Generic[R]):
@@ -153,12 +154,13 @@ def _prepare(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Tensor]]:
 
 
 def _is_whole_buffer(u: UOp) -> bool:
-    base = u if u.op is Ops.BUFFER else u.src[0] if u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER else None
-    if base is None:
+    if u.op is Ops.BUFFER:
+        return True
+    if u.op is not Ops.RESHAPE or (base := u.src[0]).op is not Ops.BUFFER:
         return False
     shape = u.shape  # (a symbolic shape views its buffer's first elements: whole where its largest size fills it)
     n = math.prod(shape) if all(type(s) is int for s in shape) else highest(prod(shape))
-    return buffer_of(base).size == n
+    return base.arg[1] == n  # (a BUFFER's arg: its number and size)
 
 
 def _memory(t: Tensor) -> Buffer:
@@ -171,15 +173,19 @@ def _signature(args: tuple, kwargs: dict, tensors: list[Tensor], values: dict[UO
     """What a recording is valid for: tensor shapes, dtypes, devices and sharing, and the other arguments' values.
     A bound Variable counts by the Variable (its value goes into `values`): one recording for all of them."""
     first: dict[Buffer, int] = {}
-    shapes = tuple(
-        (_unbound(t.shape, values), t.dtype, t.device, first.setdefault(_memory(t), i)) for i, t in enumerate(tensors)
-    )
+    shapes = []
+    for i, t in enumerate(tensors):  # (a loop: a comprehension is a call on Python 3.11; this runs every call)
+        u = t.uop
+        shapes.append((_unbound(u.shape, values), u.dtype, u.device, first.setdefault(_memory(t), i)))
     others = tuple(_static(a, values) for a in args) + tuple((k, _static(v, values)) for k, v in kwargs.items())
-    return shapes, others
+    return tuple(shapes), others
 
 
 def _unbound(shape: tuple, values: dict[UOp, int]) -> tuple:
-    return tuple(unbind_size(s, values) if isinstance(s, UOp) else s for s in shape)
+    for s in shape:
+        if type(s) is not int:
+            return tuple(unbind_size(s, values) if isinstance(s, UOp) else s for s in shape)
+    return shape  # (sizes all ints: the shape itself)
 
 
 def _given(args: tuple, kwargs: dict, tensors: list[Tensor]) -> frozenset[str]:
@@ -216,18 +222,22 @@ def _leaves(x: Any) -> list[Any]:
     return [x]
 
 
-def _rebuild(x: Any, inputs: dict[Buffer, Tensor]) -> Any:
+def _given_back(out: Any, inputs: list[Buffer]) -> tuple[int | None, ...]:
+    """For each tensor of a function's result (in _leaves' order): the position of the input it is, or None."""
+    position = {b: i for i, b in enumerate(inputs)}
+    tensors = [t for t in _leaves(out) if isinstance(t, Tensor)]
+    return tuple(None if t.uop.op is Ops.MULTI else position.get(t._buffer()) for t in tensors)
+
+
+def _rebuild(x: Any, tensors: list[Tensor], given: Iterator[int | None]) -> Any:
     """The function's result with each tensor a new Tensor on the recorded (now overwritten) buffer, or the new
-    input where the function returned an input."""
+    input where the function returned an input (`given`: the input position of each tensor in turn, or None)."""
     if isinstance(x, Tensor):
-        if x.uop.op is Ops.MULTI:  # (a tensor on several devices: on the recorded buffers)
-            return Tensor(x.uop)
-        given = inputs.get(x._buffer())
-        return given if given is not None else Tensor(x.uop)
+        return tensors[place] if (place := next(given)) is not None else Tensor(x.uop)
     if isinstance(x, (list, tuple)):
-        return type(x)(_rebuild(v, inputs) for v in x)
+        return type(x)(_rebuild(v, tensors, given) for v in x)
     if isinstance(x, dict):
-        return {k: _rebuild(v, inputs) for k, v in x.items()}
+        return {k: _rebuild(v, tensors, given) for k, v in x.items()}
     return x
 
 
@@ -255,7 +265,9 @@ def _record(launches: list[Launch], inputs: list[Buffer], out: Any, given: froze
         patches.append([(j, position[b]) for j, b in enumerate(ln.buffers) if b in position])
     written = {b for ln in launches for j, b in enumerate(ln.buffers) if _writes(ln, j)} - set(inputs)
     graph = _graph(launches, args) if not variables else None  # (a graph's launches have fixed integer arguments)
-    return _Recording(launches, inputs, written, out, args, patches, (before, after), graph, variables)
+    rec = _Recording(launches, inputs, written, out, args, patches, (before, after), graph, variables)
+    rec.given = _given_back(out, inputs)
+    return rec
 
 
 def _graph(launches: list[Launch], args: list[list[Any]]) -> Callable[[list[tuple[Any, ...]]], None] | None:
@@ -330,7 +342,7 @@ def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> A
     else:
         _replay_launches(rec, handles, dict(zip(rec.inputs, new)), {v.arg[0]: n for v, n in values.items()})
     outputs = _rebound(rec.outputs, values) if rec.variables else rec.outputs
-    return _rebuild(outputs, dict(zip(rec.inputs, tensors)))
+    return _rebuild(outputs, tensors, iter(rec.given))
 
 
 def _relaunch(rec: _Recording) -> None:
