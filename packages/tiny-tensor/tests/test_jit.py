@@ -210,3 +210,24 @@ def test_a_capture_gives_back_what_its_launches_alone_hold(device: str, monkeypa
     assert 0 < len([n for n in news if n >= x.nbytes]) <= 5, news  # (held to the end: 9)
     for _ in range(2):
         np.testing.assert_allclose(jf(Tensor(x + 1, device=device)).numpy(), want + 1.5**8, rtol=1e-5)
+
+
+def test_a_replay_hands_back_an_input_it_returns_and_looks_up_no_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A function that returns one of its inputs beside a result gets the very tensor passed in back; which results
+    are inputs is worked out once, when recorded: a replay asks no tensor for its buffer (each ask was a realize()
+    and a lookup on every call)."""
+
+    @TinyJit
+    def both(x: Tensor, y: Tensor) -> tuple[Tensor, list[Tensor]]:
+        return (x + y).realize(), [y, x]
+
+    for _ in range(2):
+        both(Tensor(arr(4)), Tensor(arr(4)))
+    (rec,) = both.recordings.values()
+    assert rec.given == (None, 1, 0)
+    x, y = Tensor(arr(4)).realize(), Tensor(arr(4)).realize()
+    monkeypatch.setattr(Tensor, "_buffer", lambda self: pytest.fail("a replay looked up a tensor's buffer"))
+    total, (back_y, back_x) = both(x, y)
+    monkeypatch.undo()
+    assert back_y is y and back_x is x
+    np.testing.assert_allclose(total.numpy(), x.numpy() + y.numpy())
