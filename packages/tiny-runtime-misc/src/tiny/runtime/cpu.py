@@ -319,7 +319,10 @@ class CPUAllocator(LRUAllocator):
             mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         except (OSError, OverflowError):  # (ENOMEM, or past what an mmap length holds)
             raise MemoryError(f"{size} bytes could not be mapped") from None
-        mapping.madvise(mmap.MADV_HUGEPAGE)
+        try:
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # (a kernel built without transparent huge pages: small pages, as malloc's)
+            pass
         raw = ctypes.c_uint8.from_buffer(mapping)  # (which holds the mapping: unmapped once it is dropped)
         addr = ctypes.addressof(raw)
         self.owners[addr] = raw

@@ -347,8 +347,8 @@ def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> A
 
 def _relaunch(rec: _Recording) -> None:
     """The recording's kernel launches asked for again: a runtime said the launchers it gave before are stale. (A
-    kernel over Variables launches through its runner, one that reads other devices' memory through launch_with:
-    neither is a launcher.)"""
+    kernel whose grid is over its Variables launches through its runner, one that reads other devices' memory through
+    launch_with: neither is a launcher.)"""
     rec.epoch = LAUNCHERS.epoch
     rec.launches = [
         replace(ln, launch=launch, with_values=bool(p.var_names))
