@@ -248,6 +248,19 @@ def test_the_language_model_benchmark_runs(tmp_path: Path) -> None:
     assert "read bandwidth" in done.stdout
 
 
+def test_the_language_model_benchmark_pairs_its_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.llm times the sides' decoding in turns: a side's ratio to llama.cpp is the median of the rounds' ratios,
+    each of two figures timed one after the other (this VM's memory bandwidth moves: one process decoding F32 went
+    from 63 to 48 ms a token mid-run), where the medians of each side would pair figures of different moments."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.llm import Run, _ratio
+
+    tiny, ref = Run("tiny", "F32", {}, 20.0, 0, rounds=[10.0, 20.0, 30.0]), Run("llama.cpp", "F32", {}, 25.0, 0)
+    ref.rounds = [8.0, 25.0, 30.0]
+    assert _ratio(tiny, ref) == 1.0  # (the rounds' ratios 1.25, 0.8, 1.0; the medians' 20 / 25 = 0.8)
+    assert _ratio(Run("tiny", "F32", {}, 20.0, 0), ref) == 0.8  # (no rounds: the medians)
+
+
 def _installed(module: str) -> bool:
     import importlib.util
 
