@@ -156,11 +156,14 @@ def _prepare(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Tensor]]:
 def _is_whole_buffer(u: UOp) -> bool:
     if u.op is Ops.BUFFER:
         return True
-    if u.op is not Ops.RESHAPE or (base := u.src[0]).op is not Ops.BUFFER:
+    if u.op is not Ops.RESHAPE:
+        return False
+    (base,) = u.src
+    if base.op is not Ops.BUFFER:
         return False
     shape = u.shape  # (a symbolic shape views its buffer's first elements: whole where its largest size fills it)
     n = math.prod(shape) if all(type(s) is int for s in shape) else highest(prod(shape))
-    return base.arg[1] == n  # (a BUFFER's arg: its number and size)
+    return base.shape == (n,)  # (a BUFFER's shape: its size)
 
 
 def _memory(t: Tensor) -> Buffer:
