@@ -19,7 +19,7 @@ from tiny import nn
 from tiny.ir import profile
 from tiny.ir.config import Context
 from tiny.nn.state import get_parameters
-from tiny.tensor import GlobalCounters, Tensor, TinyJit, realize
+from tiny.tensor import GlobalCounters, Tensor, TinyJit, Variable, realize
 
 # the trace-event format (the "Trace Event Format" document Chrome's tracing and Perfetto read): a JSON object whose
 # traceEvents is a list of events, each with a one-letter phase `ph`; complete events ("X") carry name, ts and dur in
@@ -137,6 +137,18 @@ def test_a_copy_between_devices_is_a_span_on_the_device_it_goes_to() -> None:
     names = tracks(profile.trace())
     copies = [e for e in profile.events() if e["cat"] == "copy"]
     assert [(e["name"], names[e["tid"]], e["args"]["bytes"]) for e in copies] == [("copy CPU -> PYTHON", "PYTHON", 24)]
+
+
+def test_a_kernel_over_variables_named_as_a_span_s_fields_keeps_their_values(device: str) -> None:
+    """A kernel's Variables are its span's args by name: ones named `start` or `seconds` (a language model's prompt
+    chunk at a start position) are args like any other, not the span's own start and length."""
+    base = Tensor(np.arange(16, dtype=np.float32), device=device).realize()
+    start, seconds = Variable("start", 0, 8).bind(3), Variable("seconds", 0, 8).bind(2)
+    with Context(PROFILE="1"):
+        got = (base[start : start + 4] + base[seconds : seconds + 4]).numpy()
+    np.testing.assert_equal(got, [3 + 2, 4 + 3, 5 + 4, 6 + 5])
+    kernels = [e for e in profile.events() if e["cat"] == "kernel"]
+    assert any(e["args"].get("start") == 3 and e["args"].get("seconds") == 2 for e in kernels), kernels
 
 
 SCRIPT = """

@@ -34,7 +34,7 @@ def enabled() -> bool:
     return PROFILE.value not in ("", "0")
 
 
-def span(track: str, name: str, cat: str, start: float, seconds: float, **args: Any) -> None:
+def span(track: str, name: str, cat: str, start: float, seconds: float, /, **args: Any) -> None:
     """A finished piece of work: `start` from time.perf_counter(), lasting `seconds`."""
     global _armed
     with _lock:
@@ -47,7 +47,7 @@ def span(track: str, name: str, cat: str, start: float, seconds: float, **args: 
 
 
 @contextmanager
-def timed(track: str, name: str, cat: str, **args: Any) -> Iterator[dict[str, Any]]:
+def timed(track: str, name: str, cat: str, /, **args: Any) -> Iterator[dict[str, Any]]:
     """A span around the with-block; the block may add to the dict it is given (the span's args)."""
     start = time.perf_counter()
     try:
