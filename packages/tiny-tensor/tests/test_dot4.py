@@ -87,10 +87,49 @@ def test_c_renders_vnni_where_the_target_has_it(lanes: int) -> None:
     from tiny.ir.dtypes import dtypes
 
     with_vnni = CRenderer(f"x86_64;vector_width={lanes};threads=1;f16,vnni")
-    assert with_vnni.caps.dot4 and not CRenderer("x86_64;vector_width=16;threads=1;f16").caps.dot4
+    assert with_vnni.caps.dot4 and not CRenderer("x86_64;vector_width=16;threads=1;f16").caps.dot4  # (nor avx2)
     helper = with_vnni.dot4_helper(dtypes.int32.vec(lanes))
     assert f"__builtin_ia32_vpdpbusd{32 * lanes}(" in helper and f"__builtin_ia32_vpdpbusd_v{lanes}si(" in helper
     assert "(signed char)" in helper  # the lanes written out where the compiler does not target VNNI
+
+
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+def test_c_renders_byte_pairs_exactly_without_vnni(lanes: int, tmp_path) -> None:
+    """The C renderer with the 'avx2' feature and no 'vnni' takes DOT4 too: x86's pmaddubsw and pmaddwd (SSSE3's for
+    4 lanes), a's bytes split into their low 7 bits and their top bit so that no int16 pair saturates. Compiled for
+    AVX2 without VNNI and run on every pair of the extremes: NumPy's sums, 255 x -128 four times included."""
+    import shutil
+    import subprocess
+
+    from tiny.runtime.cpu import host_vector_width
+
+    renderer = CRenderer(f"x86_64;vector_width={lanes};threads=1;f16,avx2")
+    assert renderer.caps.dot4
+    vec = dtypes.int32.vec(lanes)
+    helper = renderer.dot4_helper(vec)
+    width = "256" if lanes >= 8 else "128"
+    assert f"__builtin_ia32_pmaddubsw{width}(" in helper and f"__builtin_ia32_pmaddwd{width}(" in helper
+    cc = shutil.which("clang-19") or shutil.which("clang") or shutil.which("gcc")
+    if cc is None or host_vector_width() < 8 or " avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("no C compiler, or no AVX2 on this host to run the byte pairs on")
+    edges = np.array([0x00000000, 0xFFFFFFFF, 0x80808080, 0x7F7F7F7F, 0x01FF7F80, 0x80FF0001], np.uint32).view(np.int32)
+    a, b = np.meshgrid(edges, edges, indexing="ij")
+    a, b = a.reshape(-1), b.reshape(-1)
+    a, b = (np.resize(x, -(-len(x) // lanes) * lanes) for x in (a, b))
+    t = renderer.vector_type_name(vec)
+    src = (
+        f"#include <stdio.h>\n{renderer.vector_typedef(vec)}{helper}"
+        f"int main(void) {{\n  int a[] = {{{', '.join(map(str, a.tolist()))}}};\n"
+        f"  int b[] = {{{', '.join(map(str, b.tolist()))}}};\n"
+        f"  for (int i = 0; i < {len(a)}; i += {lanes}) {{\n    {t} x, y, s = {{0}};\n"
+        f"    __builtin_memcpy(&x, a + i, sizeof x); __builtin_memcpy(&y, b + i, sizeof y);\n"
+        f"    s = tiny_dot4_{t}(s + 1, x, y);\n    for (int j = 0; j < {lanes}; j++) printf(\"%d\\n\", s[j]);\n  }}\n}}\n"
+    )
+    exe = tmp_path / "dot4"
+    flags = ["-O2", "-mavx2", "-mno-avx512vnni", "-mno-avxvnni"] if "clang" in cc else ["-O2", "-mavx2"]
+    subprocess.run([cc, *flags, "-x", "c", "-", "-o", str(exe)], input=src.encode(), check=True)
+    got = np.array(subprocess.run([str(exe)], capture_output=True, check=True).stdout.split(), np.int64)
+    np.testing.assert_array_equal(got, _reference(a, b).astype(np.int64) + 1)
 
 
 def test_a_byte_product_is_one_tiled_kernel_over_the_threads() -> None:

@@ -85,6 +85,18 @@ def test_bit_fields_shifted_by_constants_are_vector_shifts(device: str, dtype: s
     np.testing.assert_allclose(out.numpy(), np.stack(want), rtol=1e-5, atol=1e-4)
 
 
+def test_int32_bytes_packed_by_constant_shifts(device: str) -> None:
+    """Four bytes packed into an int32 with constant left shifts, as a Q8_0 product packs its input's quants: each
+    vector's amounts are a vector of constants, a plain shift (its guard for amounts past the width compared the
+    vector as a 64-bit integer, which C refuses, on hosts whose int32 lanes are 8)."""
+    n = small(device, 256, 16)
+    parts = np.random.default_rng(6).integers(-128, 128, (4, n)).astype(np.int32)
+    t = Tensor(parts, device=device)
+    words = (t[0] & 255) | ((t[1] & 255) << 8) | ((t[2] & 255) << 16) | (t[3] << 24)
+    want = (parts[0] & 255) | ((parts[1] & 255) << 8) | ((parts[2] & 255) << 16) | (parts[3] << 24)
+    np.testing.assert_array_equal(words.numpy(), want)
+
+
 def test_a_shift_by_a_loaded_amount_stays_scalar_and_saturates(device: str) -> None:
     """A shift amount read from memory may be the lanes' width or more (0, as tiny.ir.alu says; C and x86 would take
     it modulo the width): it keeps the scalar code and its test."""

@@ -165,11 +165,14 @@ def test_a_product_over_a_lazy_weight_matches_numpy(tmp_path: Path, qtype: QT) -
 def test_a_linear_layer_over_a_lazy_weight_is_one_kernel(tmp_path: Path, qtype: QT) -> None:
     """x.linear(w) (what nn.Linear and the language models call) reads a quantized weight as its blocks
     (Tensor.blocks): the dequantization runs inside the product's kernel, with no float32 copy of the weight; one row
-    of it picked by a bound Variable (a decode step's token embedding) is a view of its blocks."""
+    of it picked by a bound Variable (a decode step's token embedding) is a view of its blocks. (Loaded with
+    Q8_ACTIVATIONS=0: where the device multiplies bytes, a Q8_0 or Q4_0 product otherwise rounds x to int8 first, in
+    kernels of its own; test_products_of_bytes_give_llama_cpps_integer_product.)"""
     from tiny.tensor import Variable
 
     packed = _packed(qtype, 8, 512, seed=9)
-    w = gguf_load(_write(tmp_path / "q.gguf", {"w": (packed, qtype)}), dequantize=False)[0]["w"]
+    with Context(Q8_ACTIVATIONS=0):
+        w = gguf_load(_write(tmp_path / "q.gguf", {"w": (packed, qtype)}), dequantize=False)[0]["w"]
     dense = quants.dequantize(packed, qtype)
     x = np.random.default_rng(10).standard_normal((3, 512)).astype(np.float32)
     out = Tensor(x).realize().linear(w)
@@ -206,8 +209,8 @@ def _multiplies_bytes(rows: int) -> bool:
 
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_1, QT.Q4_K], ids=lambda q: q.name)
 def test_products_of_bytes_give_llama_cpps_integer_product(tmp_path: Path, qtype: QT) -> None:
-    """Where the device multiplies bytes (x86 with VNNI: the CPU's C), a Q8_0 or Q4_0 matrix is kept as int32 words
-    with 16 rows side by side, and linear() over it rounds x to int8 a block and sums each block's products in int32
+    """Where the device multiplies bytes (x86 with VNNI or AVX2: the CPU's C), a Q8_0 or Q4_0 matrix is kept as int32
+    words with a vector's rows side by side, and linear() over it rounds x to int8 a block and sums each block's products in int32
     (DOT4), as llama.cpp: NumPy's model of llama.cpp's product, for a decode step's row and a prompt's. The tensor is
     still the gguf package's values bit for bit, and the device holds the file's bytes. With Q8_ACTIVATIONS=0 at
     loading, and for the blocks with a minimum added (Q4_1, the K quants), the float32 product."""

@@ -91,7 +91,8 @@ def find_compiler() -> str:
 def compiler_features(cc: str) -> frozenset[str]:
     """What this compiler can do on this host, found by compiling tiny probes: 'f16' (_Float16), 'mvec' (glibc's
     vector math library for AVX2, linked with -lmvec), 'vnni' (x86's int8 dot products, AVX-512 VNNI or AVX-VNNI, in
-    what -march=native targets: the renderer's DOT4)."""
+    what -march=native targets: the renderer's DOT4), 'avx2' (AVX2 there: its byte products, pmaddubsw, make the
+    renderer's DOT4 where there is no VNNI)."""
     mvec = (
         "typedef float v8 __attribute__((vector_size(32)));\nv8 _ZGVdN8v_exp2f(v8);\n"
         "int main(void) { v8 x = {0}; return (int)_ZGVdN8v_exp2f(x)[0] - 1; }"
@@ -100,6 +101,7 @@ def compiler_features(cc: str) -> frozenset[str]:
         "f16": (["-c"], "_Float16 f(_Float16 a, _Float16 b) { return a * b + (_Float16)1; }"),
         "mvec": (["-march=native", "-lmvec"], mvec),
         "vnni": (["-c", "-march=native"], "#if !defined(__AVX512VNNI__) && !defined(__AVXVNNI__)\n#error\n#endif\n"),
+        "avx2": (["-c", "-march=native"], "#if !defined(__AVX2__)\n#error\n#endif\n"),
     }
     out = set()
     for name, (flags, src) in probes.items():

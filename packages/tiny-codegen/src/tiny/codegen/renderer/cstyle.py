@@ -318,7 +318,8 @@ class CStyleRenderer(BracedRenderer):
         bits = u.dtype.scalar.itemsize * 8
         amount = u.src[1]
         text = f"({a}{'<<' if u.op is Ops.SHL else '>>'}{b})"
-        if amount.op is Ops.CONST and 0 <= amount.arg < bits:
+        low, high = _lane_bounds(amount)
+        if 0 <= low and high < bits:  # (a constant, or an amount known in range: a nibble's 0 or 4, in every lane)
             return text
         far = f"({a}>>{bits - 1})" if u.op is Ops.SHR and u.dtype.scalar.kind == "i" else "0"
         return f"({self._wide(b)}>={bits}?{far}:{text})"
@@ -529,6 +530,44 @@ def _byte_products(a: str, b: str) -> str:
     return "(" + " + ".join(terms) + ")"
 
 
+def _byte_pairs(n: int) -> str:
+    """The body of DOT4 on n int32 lanes (s += DOT4(a, b)) in x86's byte products, a hardware vector at a time (32
+    bytes, or 16 for n = 4): pmaddubsw sums two products of unsigned by signed bytes in int16, pmaddwd two of those in
+    int32. pmaddubsw saturates where both of a pair's unsigned bytes are past 127 (255 x -128 twice), so a's bytes go
+    as their low 7 bits and, apart, their top bit (times 128): each sum exact. Where a's bytes are known to be below
+    128 (Q4_0's nibbles) the compiler drops the top bits' products."""
+    size = 32 if n >= 8 else 16
+    suffix = "256" if size == 32 else "128"
+    one = ", ".join(["1"] * (size // 2))
+    return (
+        f"  typedef char tiny_q __attribute__((vector_size({size})));\n"
+        f"  typedef short tiny_h __attribute__((vector_size({size})));\n"
+        f"  typedef int tiny_d __attribute__((vector_size({size})));\n"
+        f"  const tiny_h one = {{{one}}};\n"
+        f"  for (int p = 0; p < {n * 4 // size}; p++) {{\n"
+        f"    tiny_d x, y, acc;\n"
+        f"    __builtin_memcpy(&x, (char *)&a + {size} * p, {size});\n"
+        f"    __builtin_memcpy(&y, (char *)&b + {size} * p, {size});\n"
+        f"    __builtin_memcpy(&acc, (char *)&s + {size} * p, {size});\n"
+        f"    tiny_d low = x & 0x7F7F7F7F, top = (x >> 7) & 0x01010101;\n"
+        f"    acc += (tiny_d)__builtin_ia32_pmaddwd{suffix}(__builtin_ia32_pmaddubsw{suffix}((tiny_q)low, (tiny_q)y), one);\n"
+        f"    acc += (tiny_d)__builtin_ia32_pmaddwd{suffix}(__builtin_ia32_pmaddubsw{suffix}((tiny_q)top, (tiny_q)y), one) << 7;\n"
+        f"    __builtin_memcpy((char *)&s + {size} * p, &acc, {size});\n"
+        f"  }}\n  return s;\n"
+    )
+
+
+def _lane_bounds(u: UOp) -> tuple[int | float, int | float]:
+    """The least and greatest value of any lane of u: a vector's lanes each bounded as a scalar is (UOp.vmin_vmax
+    gives a vector its dtype's whole range)."""
+    if u.dtype.count > 1 and u.op is Ops.VECTORIZE:
+        bounds = [_lane_bounds(s) for s in u.src]
+        return min(b[0] for b in bounds), max(b[1] for b in bounds)
+    if u.dtype.count > 1 and u.op is Ops.CONST:
+        return u.arg, u.arg
+    return u.vmin_vmax
+
+
 def _element(dt: DType) -> DType:
     """A value's dtype, or the dtype a pointer points to."""
     return dt.base if isinstance(dt, PtrDType) and dt.base is not None else dt
@@ -733,7 +772,7 @@ class CRenderer(CStyleRenderer):
         features = set(parts[-1].split(",")) if parts else {"f16", "bf16"}
         missing = {dtypes.float16} if "f16" not in features else set()
         all_ = frozenset(dtypes.all()) - missing
-        dot4 = "vnni" in features
+        dot4 = "vnni" in features or "avx2" in features
         caps = RendererCaps(
             language="C", vector_width=width, threads=threads, dtypes=all_, narrow_vectors=True, dot4=dot4
         )
@@ -756,7 +795,8 @@ class CRenderer(CStyleRenderer):
 
     def dot4_helper(self, dt: DType) -> str:
         """tiny_dot4_<type>(acc, a, b), acc + DOT4(a, b): VNNI's vpdpbusd on 4, 8 or 16 lanes (clang's or gcc's
-        builtin) where the compiler targets it, else (and for a scalar) the four products written out lane by lane."""
+        builtin) where the compiler targets it; else AVX2's (SSSE3's for 4 lanes) byte products (_byte_pairs); else
+        (and for a scalar) the four products written out lane by lane."""
         t, n = self._fma_type(dt), dt.count
         if n == 1:
             return (
@@ -770,9 +810,11 @@ class CRenderer(CStyleRenderer):
         if n < 16:  # (AVX-512 VNNI's narrower forms come with VL; AVX-VNNI has them alone)
             need = f"defined(__AVXVNNI__) || {need} && defined(__AVX512VL__)"
         clang, gcc = f"__builtin_ia32_vpdpbusd{32 * n}", f"__builtin_ia32_vpdpbusd_v{n}si"
+        pairs = "defined(__SSSE3__)" if n == 4 else "defined(__AVX2__)"
         return (
             f"{head}#if defined(__clang__) && ({need})\n  return {clang}(s, a, b);\n"
-            f"#elif defined(__GNUC__) && ({need})\n  return {gcc}(s, a, b);\n#else\n{lanes}#endif\n}}\n"
+            f"#elif defined(__GNUC__) && ({need})\n  return {gcc}(s, a, b);\n"
+            f"#elif {pairs}\n{_byte_pairs(n)}#else\n{lanes}#endif\n}}\n"
         )
 
     def cast(self, u: UOp, x: str) -> str:
