@@ -385,6 +385,16 @@ def test_attention_over_many_queries_reads_each_row_of_scores_along_memory(devic
             assert all(s in (0, 1) for s in reads), reads
 
 
+def test_attention_over_many_computed_queries_computes_each_once(device):
+    """Many queries that are computed (a language model's rotated ones) are a buffer of their own before the scores:
+    fused into the product with the keys, each query was computed again for every key, or every vector of keys."""
+    x = Tensor(rand(1, 2, 32, 40), device=device)
+    k, v = (Tensor(rand(1, 2, 24, 40, seed=i), device=device) for i in (1, 2))
+    kernels = [i.ast for i in x.sin().scaled_dot_product_attention(k, v).schedule() if i.ast.op is Ops.SINK]
+    computing = [ast for ast in kernels if any(u.op is Ops.SIN for u in ast.toposort)]
+    assert len(computing) == 1 and not any(u.op is Ops.REDUCE_AXIS for u in computing[0].toposort)
+
+
 def test_batch_norm_outside_training_computes_each_channels_factors_once(device):
     """With running statistics, each channel's scale and shift are computed once, into buffers of their own, as
     PyTorch computes them: the kernel that normalizes reads them and takes no square root (fused into it, every

@@ -114,35 +114,90 @@ def test_the_decode_step_is_built_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["llama3_gqa", "gpt2"])
-def test_prefill_pads_to_a_bucket_and_replays_its_pass(
-    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """LLM.prefill: the prompt padded after its end to a power of two (from 16), the pass over that length a TinyJit.
-    Its logits are the last position's of the unpadded pass (the padding comes after: no position attends to it),
-    replayed prompts of the length give their own logits, and what generate() continues from is the same."""
-    import tiny.llm as llm_module
+def test_prefill_runs_in_chunks_each_a_replayed_pass(name: str, tmp_path: Path) -> None:
+    """LLM.prefill: the prompt in chunks of `prompt_chunk` tokens (16 for these small models: their weights are few
+    bytes beside a chunk's activations), the last padded after its end to a power of two (from 16), each a pass of
+    one TinyJit at its start position. The logits are the last position's of the whole prompt in one unpadded pass,
+    replayed prompts give their own, and generation after a prompt of several chunks is transformers' own."""
     from tiny.llm import PROMPT_BUCKET
 
-    _saved(name, tmp_path)
+    ref = _saved(name, tmp_path)
     model = load(tmp_path)
+    assert model.prompt_chunk == PROMPT_BUCKET == 16
     prompts = [PROMPT, PROMPT[::-1], [3, 1, 4, 1, 5, 9, 2], [2, 7, 1, 8, 2, 8, 1]]  # (7 tokens: padded to 16)
     for ids in prompts:
         want = model(ids).numpy()[0, -1]
         np.testing.assert_allclose(model.prefill(ids), want, rtol=1e-5, atol=1e-5)
     assert model._prompt.replays == len(prompts) - 2  # (the first warmed up, the second was captured)
-    assert len(model._prompt.recordings) == 1 and PROMPT_BUCKET == 16
-    long = list(range(1, 20))  # (19 tokens: padded to 32, a recording of its own)
-    np.testing.assert_allclose(model.prefill(long), model(long).numpy()[0, -1], rtol=1e-5, atol=1e-5)
-    assert len(model._prompt.recordings) == 1 and len(model._prompt.calls) == 2
-    calls = dict(model._prompt.calls)
-    monkeypatch.setattr(llm_module, "PROMPT_JIT_MOST", 16)  # (past it: the pass as it is, no recording)
-    for _ in range(3):
+    long = [(7 * i) % 97 for i in range(1, 41)]  # (40 tokens: 16 at 0, 16 at 16, 8 padded to 16 at 32)
+    for _ in range(2):
         np.testing.assert_allclose(model.prefill(long), model(long).numpy()[0, -1], rtol=1e-5, atol=1e-5)
-    assert model._prompt.calls == calls and len(model._prompt.recordings) == 1
+    assert len(model._prompt.recordings) == 1 and model._prompt.replays == len(prompts) - 2 + 6
+    ids = torch.tensor([long])
+    with torch.no_grad():
+        generated = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
+    want_tokens = generated[0, len(long) :].tolist()
+    assert model.generate(long, max_new_tokens=16, stop=[])[: len(want_tokens)] == want_tokens
     with pytest.raises(ValueError, match="one prompt"):
         model.prefill([PROMPT, PROMPT])
     with pytest.raises(ValueError, match="length >= 1"):
         model.prefill([])
+
+
+def test_a_long_prompt_takes_no_more_memory_than_a_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a chunk's pass is recorded, a prompt of many chunks takes no more memory at once than a short prompt: its
+    chunks replay in the recording's buffers (in one pass, a 512-token prompt of a 1B model held its 32 heads'
+    scores, 2 x 33 MB, besides the rest of its activations)."""
+    from tiny.tensor import Device
+
+    _saved("llama3_gqa", tmp_path)
+    model = load(tmp_path)
+    for _ in range(3):
+        model.prefill(PROMPT)
+    allocator = Device[Device.DEFAULT].allocator
+    live, most = [0], [0]
+    alloc, free = allocator.alloc, allocator.free
+
+    def counted_alloc(size: int) -> object:
+        live[0] += size
+        most[0] = max(most[0], live[0])
+        return alloc(size)
+
+    def counted_free(opaque: object, size: int) -> None:
+        live[0] -= size
+        free(opaque, size)
+
+    monkeypatch.setattr(allocator, "alloc", counted_alloc)
+    monkeypatch.setattr(allocator, "free", counted_free)
+    model.prefill(PROMPT)
+    short = most[0]
+    most[0] = live[0] = 0
+    model.prefill([(5 * i) % 97 for i in range(1, 113)])  # (7 chunks of 16)
+    assert 0 < most[0] <= short
+
+
+def test_the_prompt_chunk_keeps_a_pass_within_a_share_of_the_weights(tmp_path: Path) -> None:
+    """prompt_chunk: the largest power of two (16 to 512) whose estimated activations stay within SCRATCH_SHARE of the
+    weights' bytes: more tokens a pass for a model of more bytes, fewer for a longer context."""
+    import tiny.llm as llm_module
+    from tiny.models.llama import Llama, LlamaConfig
+    from tiny.nn import skip_init
+
+    cfg = LlamaConfig(
+        vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+    )  # fmt: skip
+    model = Llama(cfg, max_context=128)
+    weights = llm_module._weight_bytes(model)
+    assert weights == 4 * (2 * 8192 * 256 + 2 * (256 * 256 * 2 + 2 * 256 * 128 + 3 * 256 * 768 + 2 * 256) + 256)
+    per_token = 4 * (2 * 4 * 128 + 3 * 768 + 8 * 256)
+    chunk = llm_module.prompt_chunk(model)
+    assert chunk * per_token <= weights * llm_module.SCRATCH_SHARE < 2 * chunk * per_token and chunk == 64
+    longer = Llama(cfg, max_context=512)  # (4 x the scores a token)
+    assert llm_module.prompt_chunk(longer) == 32
+    with skip_init():
+        unread = Llama(cfg, max_context=128)  # (weights not made yet hold no memory: the floor, PROMPT_BUCKET)
+    assert llm_module.prompt_chunk(unread) == 16
 
 
 def test_a_float32_folder_is_read_once_into_the_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

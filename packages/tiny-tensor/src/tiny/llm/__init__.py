@@ -1,7 +1,7 @@
 """Language models: `load(path)` a Hugging Face model folder, then `model(ids)` for logits and `model.generate(ids)`.
 
-The prompt runs in one pass (prefill); each new token then runs through one jitted decode step whose position is a
-bound Variable, so the step's kernels are built once for every position and replayed. Sampling (greedy,
+The prompt runs in jitted passes over chunks of it (prefill); each new token then runs through one jitted decode step.
+Their positions are bound Variables, so each pass's kernels are built once for every position and replayed. Sampling (greedy,
 temperature, top-k, top-p, with a seed) happens on the host over the last position's logits.
 
 >>> from tiny.llm import load  # doctest: +SKIP
@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from tiny.ir.device import buffer_of
 from tiny.ir.schedule import is_memory, is_realized
+from tiny.ir.uop import Ops
 from tiny.llm.gguf_tokenizer import special_tokens, tokenizer_from_metadata
 from tiny.models.gpt2 import GPT2, GPT2Config
 from tiny.models.hf import read_weights
@@ -51,6 +53,7 @@ class LLM:
         self._token = Variable("token", 0, model.cfg.vocab_size - 1)
         self._step = TinyJit(self._decode)
         self._prompt = TinyJit(self._prefill)
+        self.prompt_chunk = prompt_chunk(model)
 
     def __call__(self, ids: Sequence[int] | np.ndarray | Tensor) -> Tensor:
         """The logits (batch, length, vocab) of token ids (length,) or (batch, length), from position 0."""
@@ -60,25 +63,31 @@ class LLM:
         """The prompt `ids` (length,) into the KV cache from position 0, and the logits of its last position (vocab,):
         what generation starts from (the output layer runs for that position alone).
 
-        The prompt is padded to a whole number of PROMPT_BUCKET tokens (a power of two from it, at most the
-        context), and the pass over a padded length of up to PROMPT_JIT_MOST is a TinyJit: its kernels replay from
-        its third prompt on, with no graph built (the Python of a 32-token prompt took three times its kernels'
-        time). The padding comes after the prompt: no position of the prompt attends to it, and the cache's places
-        it fills are written again by the tokens generated there."""
+        The prompt runs in chunks of `prompt_chunk` tokens, the last one padded to a power of two of at least
+        PROMPT_BUCKET (at most the context); each is one pass at its start position (a bound Variable, a multiple of
+        the chunk) through a TinyJit of its padded length: its kernels are built once for every chunk and prompt of
+        that length and replay with no graph built (the Python of a 32-token pass took three times its kernels' time).
+        A pass holds the activations of its chunk alone (a 512-token prompt of a 1B Q4_0 model in one pass held 175
+        MB more than the weights, the scores of 32 heads x 512 x 512 twice). The padding comes after the prompt: no
+        position of the prompt attends to it, and the cache's places it fills are written again by the tokens
+        generated there."""
         given = _token_ids(ids, self.max_context)
         if given.shape[0] != 1:
             raise ValueError(f"prefill() takes one prompt (length,), got token ids of shape {given.shape}")
-        length = given.shape[1]
-        padded = np.zeros((1, min(self.max_context, max(PROMPT_BUCKET, 1 << (length - 1).bit_length()))), np.int32)
-        padded[0, :length] = given[0]
-        x = self.model.embed(Tensor(padded, device=self.model.device))
-        at = Variable("at", 0, padded.shape[1] - 1).bind(length - 1)  # (the prompt's last position, in the padding's)
-        if padded.shape[1] > PROMPT_JIT_MOST:
-            return self._prefill(x, at)[0, 0].numpy()
-        return self._prompt(x, at)[0, 0].numpy()
+        chunk = self.prompt_chunk
+        for start in range(0, given.shape[1], chunk):
+            part = given[0, start : start + chunk]
+            size = min(self.max_context - start, max(PROMPT_BUCKET, 1 << (len(part) - 1).bit_length()))
+            padded = np.zeros((1, size), np.int32)
+            padded[0, : len(part)] = part
+            at = Variable("chunk", 0, (self.max_context - size) // chunk).bind(start // chunk)
+            last = Variable("at", 0, size - 1).bind(len(part) - 1)  # (the chunk's last position, in the padding's)
+            # (the embeddings an argument only: no name holds a chunk's while the next chunk's are made)
+            logits = self._prompt(self.model.embed(Tensor(padded, device=self.model.device)), at, last)
+        return logits[0, 0].numpy()
 
-    def _prefill(self, x: Tensor, at: Any) -> Tensor:
-        return self.model.run(x, 0, at).realize()
+    def _prefill(self, x: Tensor, chunk: Any, at: Any) -> Tensor:
+        return self.model.run(x, chunk * self.prompt_chunk, at).realize()
 
     def format_chat(self, messages: Sequence[dict[str, str]]) -> str:
         """The prompt for a conversation ({"role": ..., "content": ...} each), through the model's chat template
@@ -149,9 +158,38 @@ class LLM:
 
 # prompts are padded to a power of two of at least this many tokens (LLM.prefill): one jitted pass a length
 PROMPT_BUCKET = 16
-# ... and jitted up to this many: a longer prompt's kernels outweigh its graph's building (512 tokens of a 1B Q4_0
-# model: 1.4 s against 0.3), and a recording holds its activations (the pass of 512: 80 MB more at the peak)
-PROMPT_JIT_MOST = 128
+# ... and longer ones run in chunks (LLM.prompt_chunk) of at most this many tokens, a power of two
+PROMPT_CHUNK_MOST = 512
+# ... fewer where a chunk's activations would pass this share of the weights' bytes: a pass's memory is then about
+# the model's, whatever the prompt (a 1B model at a context of 520: Q4_0 in chunks of 64, Q8_0 128, F16 256, F32 512)
+SCRATCH_SHARE = 1 / 16
+
+
+def prompt_chunk(model: Llama | GPT2) -> int:
+    """The tokens of one prefill pass of `model`: the largest power of two from PROMPT_BUCKET to PROMPT_CHUNK_MOST
+    whose activations stay within SCRATCH_SHARE of the weights' bytes. A token's, estimated: its scores over the
+    context and their softmax, the feed-forward's hidden values (3 of them), and 8 of the model's width, in float32."""
+    cfg = model.cfg
+    if isinstance(cfg, GPT2Config):
+        heads, width, ffn = cfg.n_head, cfg.n_embd, cfg.n_inner or 4 * cfg.n_embd
+    else:
+        heads, width, ffn = cfg.num_attention_heads, cfg.hidden_size, cfg.intermediate_size
+    per_token = 4 * (2 * heads * model.max_context + 3 * ffn + 8 * width)
+    budget = SCRATCH_SHARE * _weight_bytes(model)
+    chunk = PROMPT_CHUNK_MOST
+    while chunk > PROMPT_BUCKET and chunk * per_token > budget:
+        chunk //= 2
+    return chunk
+
+
+def _weight_bytes(model: Llama | GPT2) -> int:
+    """The bytes of memory the model's weights read (a quantized weight's blocks; a tied weight once)."""
+    held: dict[int, int] = {}
+    for owner, attr, _, _ in model.parameters_by_name().values():
+        for node in getattr(owner, attr).uop.toposort:
+            if node.op is Ops.BUFFER:
+                held[id(node)] = buffer_of(node).nbytes
+    return sum(held.values())
 
 
 def _tokens(ids: Any, context: int, device: str | None) -> Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tiny.models.kv_cache import KVCache
+from tiny.models.kv_cache import KVCache, causal_mask
 from tiny.models.rows import embed_rows
 from tiny.nn import Embedding, LayerNorm, Linear
 from tiny.tensor import Tensor, dtypes
@@ -118,10 +118,7 @@ class GPT2:
         (as Llama's)."""
         length = x.shape[1]
         x = x + self.wpe.weight[start_pos : start_pos + length]
-        mask = None
-        if length > 1:
-            rows = Tensor.arange(length, device=x.device).reshape(length, 1) + start_pos
-            mask = rows >= Tensor.arange(start_pos + length, device=x.device).reshape(1, -1)
+        mask = causal_mask(length, start_pos, x.device)
         for block in self.h:
             x = block(x, start_pos, mask)
         x = x if at is None else x[:, at : at + 1]

@@ -28,3 +28,15 @@ class KVCache:
         end = start_pos + length
         assign_together((self.keys[:, :, start_pos:end], k), (self.values[:, :, start_pos:end], v))
         return self.keys[:, :, :end], self.values[:, :, :end]
+
+
+def causal_mask(length: int, start_pos: Any, device: str | None) -> Tensor | None:
+    """Which keys each of `length` queries at positions start_pos.. sees (length, start_pos + length): every cached
+    position before start_pos, and its own chunk's up to itself. None for one query (it sees all). start_pos may be
+    a bound Variable: the mask is the chunk's triangle padded with True on the left, so a jitted pass over a chunk
+    of a prompt replays at every chunk's position."""
+    if length == 1:
+        return None
+    own = Tensor.ones(length, length, dtype="bool", device=device).tril()
+    return own.pad(((0, 0), (start_pos, 0)), value=True)
+

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tiny.models.kv_cache import KVCache
+from tiny.models.kv_cache import KVCache, causal_mask
 from tiny.models.rows import embed_rows
 from tiny.nn import Embedding, Linear, RMSNorm
 from tiny.tensor import Tensor, dtypes
@@ -212,10 +212,7 @@ class Llama:
         length = x.shape[1]
         cos = self.cos[start_pos : start_pos + length].reshape(1, 1, length, self.cfg.head_dim)
         sin = self.sin[start_pos : start_pos + length].reshape(1, 1, length, self.cfg.head_dim)
-        mask = None
-        if length > 1:  # query i (at start_pos + i) sees the keys up to its own position
-            rows = Tensor.arange(length, device=x.device).reshape(length, 1) + start_pos
-            mask = rows >= Tensor.arange(start_pos + length, device=x.device).reshape(1, -1)
+        mask = causal_mask(length, start_pos, x.device)
         for layer in self.model.layers:
             x = layer(x, start_pos, cos, sin, mask)
         x = x if at is None else x[:, at : at + 1]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from tiny.ir.config import flag
 from tiny.ir.dtypes import dtypes
-from tiny.ir.schedule import layout
+from tiny.ir.schedule import is_memory, layout
 from tiny.ir.uop import Ops
 from tiny.tensor.base import TensorBase
 from tiny.tensor.byte_blocks import byte_product, form_of
@@ -346,6 +346,8 @@ class FunctionalOps(TensorBase):
         keys = k.transpose(-1, -2)
         if many:
             keys = keys.contiguous()
+            if not is_memory(q.uop):  # (computed queries, as rotated ones, in memory: a kernel of scores whose keys
+                q = q.contiguous()  # are no whole vectors (a prompt's chunk over the cache) computed them again a key)
         scores = q.matmul(keys) * (1 / math.sqrt(emb) if scale is None else scale)
         if is_causal:
             rows = type(self).arange(length, device=self.device).reshape(length, 1)
