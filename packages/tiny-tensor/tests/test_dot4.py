@@ -123,7 +123,7 @@ def test_c_renders_byte_pairs_exactly_without_vnni(lanes: int, tmp_path) -> None
         f"  int b[] = {{{', '.join(map(str, b.tolist()))}}};\n"
         f"  for (int i = 0; i < {len(a)}; i += {lanes}) {{\n    {t} x, y, s = {{0}};\n"
         f"    __builtin_memcpy(&x, a + i, sizeof x); __builtin_memcpy(&y, b + i, sizeof y);\n"
-        f"    s = tiny_dot4_{t}(s + 1, x, y);\n    for (int j = 0; j < {lanes}; j++) printf(\"%d\\n\", s[j]);\n  }}\n}}\n"
+        f'    s = tiny_dot4_{t}(s + 1, x, y);\n    for (int j = 0; j < {lanes}; j++) printf("%d\\n", s[j]);\n  }}\n}}\n'
     )
     exe = tmp_path / "dot4"
     flags = ["-O2", "-mavx2", "-mno-avx512vnni", "-mno-avxvnni"] if "clang" in cc else ["-O2", "-mavx2"]

@@ -58,6 +58,21 @@ def test_float64_product_uses_panels_of_its_own_width() -> None:
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-10, atol=1e-10)
 
 
+def test_a_float16_b_is_copied_into_float16_panels() -> None:
+    """A float16 weight times float32 activations (a float16 model's prompt): its panels are float16, half the bytes
+    of a float32 copy (the copy of a 1B model's 5632 x 2048 weight was 46 MB a product), widened as the product reads
+    them."""
+    from tiny.ir.uop import Ops
+
+    a, b = _arr(64, 512), _arr(512, 1024, dtype=np.float16)
+    widened = Tensor(np.ascontiguousarray(b.T), device=CPU).cast("float32")  # (as tiny.nn.gguf reads an F16 matrix)
+    for out in (Tensor(a, device=CPU) @ Tensor(b, device=CPU), Tensor(a, device=CPU).linear(widened)):
+        items = [i for i in out.schedule() if i.ast.op is Ops.SINK]
+        assert len(items) == 2
+        assert items[0].buffers[0].dtype == dtypes.float16 and items[0].buffers[0].size == 512 * 1024  # (the panels)
+        np.testing.assert_allclose(out.numpy(), a @ b.astype(np.float32), rtol=1e-4, atol=1e-3)
+
+
 def test_gradients_through_the_panels() -> None:
     a, b, g = _arr(64, 512), _arr(512, 512), _arr(64, 512)
     ta, tb = Tensor(a, device=CPU, requires_grad=True), Tensor(b, device=CPU, requires_grad=True)

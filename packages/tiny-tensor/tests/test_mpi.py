@@ -137,8 +137,8 @@ def test_mnist_over_processes(mpirun, tmp_path) -> None:  # noqa: ANN001
     assert alone.returncode == 0, alone.stderr
     want, got = safe_load(str(tmp_path / "one.safetensors")), safe_load(str(tmp_path / "alone.safetensors"))
     assert want.keys() == got.keys()
-    for name in want:
-        np.testing.assert_allclose(got[name].numpy(), want[name].numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+    for name in want:  # (a weight whose gradient is near 0 moves with its rounding: 1e-5 is 1% of a step of lr 1e-3)
+        np.testing.assert_allclose(got[name].numpy(), want[name].numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
     two = run([*mpirun, "-n", "2", *cmd, "--save", str(tmp_path / "two.safetensors")])
     assert two.returncode == 0, two.stderr
     assert "on 2 MPI processes (each on" in two.stdout and (tmp_path / "two.safetensors").exists()

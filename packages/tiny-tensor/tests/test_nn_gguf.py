@@ -210,10 +210,10 @@ def _multiplies_bytes(rows: int) -> bool:
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_1, QT.Q4_K], ids=lambda q: q.name)
 def test_products_of_bytes_give_llama_cpps_integer_product(tmp_path: Path, qtype: QT) -> None:
     """Where the device multiplies bytes (x86 with VNNI or AVX2: the CPU's C), a Q8_0 or Q4_0 matrix is kept as int32
-    words with a vector's rows side by side, and linear() over it rounds x to int8 a block and sums each block's products in int32
-    (DOT4), as llama.cpp: NumPy's model of llama.cpp's product, for a decode step's row and a prompt's. The tensor is
-    still the gguf package's values bit for bit, and the device holds the file's bytes. With Q8_ACTIVATIONS=0 at
-    loading, and for the blocks with a minimum added (Q4_1, the K quants), the float32 product."""
+    words with a vector's rows side by side, and linear() over it rounds x to int8 a block and sums each block's
+    products in int32 (DOT4), as llama.cpp: NumPy's model of llama.cpp's product, for a decode step's row and a
+    prompt's. The tensor is still the gguf package's values bit for bit, and the device holds the file's bytes. With
+    Q8_ACTIVATIONS=0 at loading, and for the blocks with a minimum added (Q4_1, the K quants), the float32 product."""
     packed = _packed(qtype, 48, 512, seed=11)
     path = _write(tmp_path / "q.gguf", {"w": (packed, qtype)})
     w = gguf_load(path, dequantize=False)[0]["w"]

@@ -1,8 +1,8 @@
 """Language models: `load(path)` a Hugging Face model folder, then `model(ids)` for logits and `model.generate(ids)`.
 
-The prompt runs in jitted passes over chunks of it (prefill); each new token then runs through one jitted decode step.
-Their positions are bound Variables, so each pass's kernels are built once for every position and replayed. Sampling (greedy,
-temperature, top-k, top-p, with a seed) happens on the host over the last position's logits.
+The prompt runs in jitted passes over chunks of it (prefill); each new token then runs through one jitted decode
+step. Their positions are bound Variables, so each pass's kernels are built once for every position and replayed.
+Sampling (greedy, temperature, top-k, top-p, with a seed) happens on the host over the last position's logits.
 
 >>> from tiny.llm import load  # doctest: +SKIP
 >>> model = load("path/to/folder")  # doctest: +SKIP

@@ -39,4 +39,3 @@ def causal_mask(length: int, start_pos: Any, device: str | None) -> Tensor | Non
         return None
     own = Tensor.ones(length, length, dtype="bool", device=device).tril()
     return own.pad(((0, 0), (start_pos, 0)), value=True)
-

@@ -61,7 +61,7 @@ class FunctionalOps(TensorBase):
             x = self.reshape(*self.shape[:-1], 1, *blocks.shape[1:])
             out = (x * blocks.cast(x.dtype)).sum(axis=tuple(range(-(blocks.ndim - 1), 0)))
         else:
-            out = self.matmul(weight.T if weight.ndim == 2 else weight)
+            out = self.matmul(_stored(weight).T if weight.ndim == 2 else weight)
         return out if bias is None else out + bias
 
     def blocks(self) -> Tensor | None:
@@ -621,3 +621,14 @@ def _reduce_weighted(terms: Tensor, weights: Tensor, reduction: str, in_ndim: in
     if reduction == "sum":
         return terms.sum()
     return terms.reshape(()) if in_ndim == 1 else terms
+
+
+def _stored(weight: Tensor) -> Tensor:
+    """A weight that is a float widened from a narrower one (a float16 GGUF matrix read as float32), as stored: a
+    product widens it as it reads it, and the copy of it in panels a prompt's product makes holds half the bytes.
+    Where it takes gradients, the weight itself."""
+    u = weight.uop
+    if weight.requires_grad or u.op is not Ops.CAST or not u.dtype.is_float:
+        return weight
+    source = u.source
+    return weight._new(source) if source.dtype.is_float and source.dtype.itemsize < u.dtype.itemsize else weight

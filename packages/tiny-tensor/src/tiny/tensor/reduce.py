@@ -500,6 +500,7 @@ class ReduceOps(TensorBase):
         if y.device != x.device:
             raise ValueError(f"tensors are on different devices: {x.device} and {y.device}; use .to()")
         dt = least_upper_dtype(x.dtype, y.dtype)
+        stored = y  # (B's panels are copied in its own dtype: float16 ones half the bytes, widened as they are read)
         x, y = x.cast(dt), y.cast(dt)
         x2 = x.reshape(1, x.shape[0]) if x.ndim == 1 else x
         y2 = y.reshape(y.shape[0], 1) if y.ndim == 1 else y
@@ -510,8 +511,9 @@ class ReduceOps(TensorBase):
         width = layout.panel_width(x.device, dt, prod(x2.shape[:-1]), m, k)  # (the scheduler's choice)
         cols = -(-m // width) * width if width else m  # (B's columns padded with zeros to whole panels)
         if width:  # B copied into panels of `width` columns, each contiguous: C's columns in panels too
-            padded = y2 if cols == m else y2.pad([(0, 0)] * (y2.ndim - 1) + [(0, cols - m)])
-            panels = padded._panels(width).transpose(-1, -2)  # (..., cols / width, width, k)
+            b2 = stored.reshape(y2.shape)
+            padded = b2 if cols == m else b2.pad([(0, 0)] * (b2.ndim - 1) + [(0, cols - m)])
+            panels = padded._panels(width).cast(dt).transpose(-1, -2)  # (..., cols / width, width, k)
             a = x2._broadcast_to(batch + (n, k)).reshape(*batch, n, 1, 1, k)
             b = panels._broadcast_to(batch + panels.shape[-3:]).reshape(*batch, 1, *panels.shape[-3:])
             full = batch + (n, cols // width, width, k)

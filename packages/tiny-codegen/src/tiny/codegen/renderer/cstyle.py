@@ -538,6 +538,7 @@ def _byte_pairs(n: int) -> str:
     128 (Q4_0's nibbles) the compiler drops the top bits' products."""
     size = 32 if n >= 8 else 16
     suffix = "256" if size == 32 else "128"
+    madd, maddubs = f"__builtin_ia32_pmaddwd{suffix}", f"__builtin_ia32_pmaddubsw{suffix}"
     one = ", ".join(["1"] * (size // 2))
     return (
         f"  typedef char tiny_q __attribute__((vector_size({size})));\n"
@@ -550,8 +551,8 @@ def _byte_pairs(n: int) -> str:
         f"    __builtin_memcpy(&y, (char *)&b + {size} * p, {size});\n"
         f"    __builtin_memcpy(&acc, (char *)&s + {size} * p, {size});\n"
         f"    tiny_d low = x & 0x7F7F7F7F, top = (x >> 7) & 0x01010101;\n"
-        f"    acc += (tiny_d)__builtin_ia32_pmaddwd{suffix}(__builtin_ia32_pmaddubsw{suffix}((tiny_q)low, (tiny_q)y), one);\n"
-        f"    acc += (tiny_d)__builtin_ia32_pmaddwd{suffix}(__builtin_ia32_pmaddubsw{suffix}((tiny_q)top, (tiny_q)y), one) << 7;\n"
+        f"    acc += (tiny_d){madd}({maddubs}((tiny_q)low, (tiny_q)y), one);\n"
+        f"    acc += (tiny_d){madd}({maddubs}((tiny_q)top, (tiny_q)y), one) << 7;\n"
         f"    __builtin_memcpy((char *)&s + {size} * p, &acc, {size});\n"
         f"  }}\n  return s;\n"
     )
