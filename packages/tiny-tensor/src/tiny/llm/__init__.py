@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tiny.ir.device import buffer_of
+from tiny.ir.dtypes import DType
 from tiny.ir.schedule import is_memory, is_realized
 from tiny.ir.uop import Ops
 from tiny.llm.gguf_tokenizer import special_tokens, tokenizer_from_metadata
@@ -80,14 +81,14 @@ class LLM:
             size = min(self.max_context - start, max(PROMPT_BUCKET, 1 << (len(part) - 1).bit_length()))
             padded = np.zeros((1, size), np.int32)
             padded[0, : len(part)] = part
-            at = Variable("chunk", 0, (self.max_context - size) // chunk).bind(start // chunk)
+            index = Variable("chunk", 0, (self.max_context - size) // chunk).bind(start // chunk)
             last = Variable("at", 0, size - 1).bind(len(part) - 1)  # (the chunk's last position, in the padding's)
             # (the embeddings an argument only: no name holds a chunk's while the next chunk's are made)
-            logits = self._prompt(self.model.embed(Tensor(padded, device=self.model.device)), at, last)
+            logits = self._prompt(self.model.embed(Tensor(padded, device=self.model.device)), index, last)
         return logits[0, 0].numpy()
 
-    def _prefill(self, x: Tensor, chunk: Any, at: Any) -> Tensor:
-        return self.model.run(x, chunk * self.prompt_chunk, at).realize()
+    def _prefill(self, x: Tensor, index: Any, last: Any) -> Tensor:
+        return self.model.run(x, index * self.prompt_chunk, last).realize()
 
     def format_chat(self, messages: Sequence[dict[str, str]]) -> str:
         """The prompt for a conversation ({"role": ..., "content": ...} each), through the model's chat template
@@ -244,12 +245,22 @@ def _sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rn
 # ---------------------------------------------------------------- loading
 
 
-def load(path: str | os.PathLike, device: str | None = None, max_context: int | None = None) -> LLM:
+def load(
+    path: str | os.PathLike,
+    device: str | None = None,
+    max_context: int | None = None,
+    cache_dtype: DType | str | None = None,
+) -> LLM:
     """A model from a Hugging Face folder (config.json, model.safetensors or its sharded index, and tokenizer.json
-    if there is one). Weights are read lazily from the files straight into the device's memory."""
+    if there is one) or a GGUF file. Weights are read lazily from the files straight into the device's memory.
+
+    cache_dtype: what the KV cache keeps, float32 or float16 (half the memory and the bytes a decode step's attention
+    reads). None: float16 for a GGUF file, as llama.cpp keeps its cache; float32 for a folder, as transformers."""
     folder = Path(path)
-    if folder.is_file() and folder.suffix == ".gguf":
-        return _load_gguf(folder, device, max_context)
+    gguf = folder.is_file() and folder.suffix == ".gguf"
+    kept = _cache_dtype(cache_dtype, dtypes.float16 if gguf else dtypes.float32)
+    if gguf:
+        return _load_gguf(folder, device, max_context, kept)
     if not folder.is_dir():
         raise FileNotFoundError(f"load() takes a Hugging Face model folder or a .gguf file; {str(folder)!r} is neither")
     config_path = folder / "config.json"
@@ -262,13 +273,26 @@ def load(path: str | os.PathLike, device: str | None = None, max_context: int | 
     model: Llama | GPT2
     with skip_init():  # (the weights come from the files: no random ones first)
         if arch == "GPT2LMHeadModel":
-            model = GPT2(GPT2Config.from_hf(cfg), max_context, device)
+            model = GPT2(GPT2Config.from_hf(cfg), max_context, device, kept)
         else:
-            model = Llama(LlamaConfig.from_hf(cfg), max_context, device)
+            model = Llama(LlamaConfig.from_hf(cfg), max_context, device, cache_dtype=kept)
     weights = read_weights(folder, device)
     _load_weights(model, weights, folder)
     template, special = _chat_template(folder)
     return LLM(model, _tokenizer(folder), _eos(cfg, folder), template, special)
+
+
+# the dtypes a KV cache may keep
+CACHE_DTYPES = ("float32", "float16")
+
+
+def _cache_dtype(given: DType | str | None, default: DType) -> DType:
+    if given is None:
+        return default
+    name = given.name if isinstance(given, DType) else given
+    if name not in CACHE_DTYPES:
+        raise ValueError(f"cache_dtype must be one of {', '.join(CACHE_DTYPES)} (or None), got {given!r}")
+    return getattr(dtypes, name)
 
 
 def _load_weights(model: Llama | GPT2, weights: dict[str, Tensor], folder: Path, lazy: bool = False) -> None:
@@ -325,7 +349,7 @@ _GGUF_BLOCK = {
 _GGUF_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
-def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
+def _load_gguf(path: Path, device: str | None, max_context: int | None, cache_dtype: DType) -> LLM:
     """A LLaMA-family model from a GGUF file as llama.cpp writes it: its metadata is the config (and the tokenizer and
     chat template, where it has them), its tensors (any type tiny.nn.gguf reads, kept as stored: the kernels that
     read them dequantize) the weights under llama.cpp's names. llama.cpp's converter orders a LLaMA's query and key
@@ -371,7 +395,7 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None) -> LLM:
     )
     factors = tensors.pop("rope_freqs.weight", None)
     with skip_init():
-        model = Llama(config, max_context, device, None if factors is None else factors.numpy())
+        model = Llama(config, max_context, device, None if factors is None else factors.numpy(), cache_dtype)
     weights: dict[str, Tensor] = {"model.embed_tokens.weight": tensors.pop("token_embd.weight")}
     weights["model.norm.weight"] = tensors.pop("output_norm.weight")
     if not tied:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tiny.llm import LLM, load
+from tiny.llm import CACHE_DTYPES, LLM, load
 
 
 def parser() -> argparse.ArgumentParser:
@@ -22,7 +22,6 @@ def parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
     srv.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
     srv.add_argument("--device", default=None, help="the device to run on (default: the fastest one here)")
-    srv.add_argument("--max-context", type=int, default=None, help="the KV cache's length (default: the model's)")
     for name, what in (("generate", "continue a prompt"), ("chat", "talk, one line at a time (empty line: quit)")):
         s = sub.add_parser(name, help=what, description=what)
         s.add_argument("--model", required=True, help="a Hugging Face model folder or a .gguf file")
@@ -34,14 +33,21 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
         s.add_argument("--top-p", type=float, default=1.0, help="sample among the most likely tokens up to this mass")
         s.add_argument("--seed", type=int, default=None, help="the sampling's seed")
+    for s in sub.choices.values():
         s.add_argument("--max-context", type=int, default=None, help="the KV cache's length (default: the model's)")
+        s.add_argument(
+            "--cache-dtype",
+            choices=CACHE_DTYPES,
+            default=None,
+            help="what the KV cache keeps (default: float16 for a .gguf file, as llama.cpp; float32 for a folder)",
+        )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        model = load(args.model, device=args.device, max_context=args.max_context)
+        model = load(args.model, device=args.device, max_context=args.max_context, cache_dtype=args.cache_dtype)
         if model.tokenizer is None:
             raise ValueError(
                 f"{args.model} has no tokenizer (tokenizer.json or a GGUF vocabulary): this command reads text"

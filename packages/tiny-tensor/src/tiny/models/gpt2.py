@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tiny.ir.dtypes import DType
 from tiny.models.kv_cache import KVCache, causal_mask
 from tiny.models.rows import embed_rows
 from tiny.nn import Embedding, LayerNorm, Linear
@@ -46,11 +47,11 @@ class GPT2Config:
 
 
 class GPT2Attention:
-    def __init__(self, cfg: GPT2Config, max_context: int, device: str | None) -> None:
+    def __init__(self, cfg: GPT2Config, max_context: int, device: str | None, cache_dtype: DType | None) -> None:
         self.cfg, self.max_context = cfg, max_context
         self.c_attn = Linear(cfg.n_embd, 3 * cfg.n_embd, device=device)
         self.c_proj = Linear(cfg.n_embd, cfg.n_embd, device=device)
-        self.cache = KVCache(max_context)
+        self.cache = KVCache(max_context, cache_dtype)
 
     def __call__(self, x: Tensor, start_pos: Any, mask: Tensor | None) -> Tensor:
         batch, length, embd = x.shape
@@ -75,9 +76,9 @@ class GPT2MLP:
 
 
 class GPT2Block:
-    def __init__(self, cfg: GPT2Config, max_context: int, device: str | None) -> None:
+    def __init__(self, cfg: GPT2Config, max_context: int, device: str | None, cache_dtype: DType | None) -> None:
         self.ln_1 = LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon, device=device)
-        self.attn = GPT2Attention(cfg, max_context, device)
+        self.attn = GPT2Attention(cfg, max_context, device, cache_dtype)
         self.ln_2 = LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon, device=device)
         self.mlp = GPT2MLP(cfg, device)
 
@@ -88,15 +89,22 @@ class GPT2Block:
 
 
 class GPT2:
-    """GPT2LMHeadModel; `transformer.*` in the weights' names (or none: the base model's files)."""
+    """GPT2LMHeadModel; `transformer.*` in the weights' names (or none: the base model's files). cache_dtype: what
+    the KV cache keeps (None: the activations' float32; KVCache)."""
 
-    def __init__(self, cfg: GPT2Config, max_context: int | None = None, device: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: GPT2Config,
+        max_context: int | None = None,
+        device: str | None = None,
+        cache_dtype: DType | None = None,
+    ) -> None:
         self.cfg = cfg
         self.max_context = min(max_context or cfg.n_positions, cfg.n_positions)
         self.device = device
         self.wte = Embedding(cfg.vocab_size, cfg.n_embd, device=device)
         self.wpe = Embedding(cfg.n_positions, cfg.n_embd, device=device)
-        self.h = [GPT2Block(cfg, self.max_context, device) for _ in range(cfg.n_layer)]
+        self.h = [GPT2Block(cfg, self.max_context, device, cache_dtype) for _ in range(cfg.n_layer)]
         self.ln_f = LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon, device=device)
 
     def __call__(self, tokens: Tensor | Any, start_pos: Any = 0, last: bool = False) -> Tensor:

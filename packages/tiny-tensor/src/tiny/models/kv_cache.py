@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tiny.ir.dtypes import DType
 from tiny.tensor import Tensor
 from tiny.tensor.inplace import assign_together
 
@@ -11,10 +12,14 @@ from tiny.tensor.inplace import assign_together
 class KVCache:
     """Keys and values of shape (batch, heads, position, head_dim), preallocated for max_context positions (made on
     the first step, and again when the batch changes). A step writes its keys and values at start_pos (an int, or a
-    bound Variable, so that a jitted step replays for every position) and attends over the cache up to its end."""
+    bound Variable, so that a jitted step replays for every position) and attends over the cache up to its end.
 
-    def __init__(self, max_context: int) -> None:
-        self.max_context = max_context
+    dtype: what the cache keeps (None: the keys' own dtype). float16 halves its memory and the bytes a decode step's
+    attention reads, as llama.cpp keeps its cache; a step still gets its keys and values in its own dtype (each
+    widened as read)."""
+
+    def __init__(self, max_context: int, dtype: DType | None = None) -> None:
+        self.max_context, self.dtype = max_context, dtype
         self.keys: Tensor | None = None
         self.values: Tensor | None = None
 
@@ -23,11 +28,14 @@ class KVCache:
         batch, heads, length, head_dim = k.shape
         if self.keys is None or self.values is None or self.keys.shape[0] != batch:
             shape = (batch, heads, self.max_context, head_dim)
-            self.keys = Tensor.zeros(*shape, dtype=k.dtype, device=k.device).contiguous().realize()
-            self.values = Tensor.zeros(*shape, dtype=v.dtype, device=v.device).contiguous().realize()
-        end = start_pos + length
-        assign_together((self.keys[:, :, start_pos:end], k), (self.values[:, :, start_pos:end], v))
-        return self.keys[:, :, :end], self.values[:, :, :end]
+            kept = self.dtype or k.dtype
+            self.keys = Tensor.zeros(*shape, dtype=kept, device=k.device).contiguous().realize()
+            self.values = Tensor.zeros(*shape, dtype=kept, device=v.device).contiguous().realize()
+        end, kept = start_pos + length, self.keys.dtype
+        assign_together(
+            (self.keys[:, :, start_pos:end], k.cast(kept)), (self.values[:, :, start_pos:end], v.cast(kept))
+        )
+        return self.keys[:, :, :end].cast(k.dtype), self.values[:, :, :end].cast(v.dtype)
 
 
 def causal_mask(length: int, start_pos: Any, device: str | None) -> Tensor | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from tiny.ir.dtypes import DType
 from tiny.models.kv_cache import KVCache, causal_mask
 from tiny.models.rows import embed_rows
 from tiny.nn import Embedding, Linear, RMSNorm
@@ -108,14 +109,14 @@ def _rotate_half(x: Tensor) -> Tensor:
 
 
 class Attention:
-    def __init__(self, cfg: LlamaConfig, max_context: int, device: str | None) -> None:
+    def __init__(self, cfg: LlamaConfig, max_context: int, device: str | None, cache_dtype: DType | None) -> None:
         self.cfg, self.max_context = cfg, max_context
         hd, heads, kv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         self.q_proj = Linear(cfg.hidden_size, heads * hd, bias=cfg.attention_bias, device=device)
         self.k_proj = Linear(cfg.hidden_size, kv * hd, bias=cfg.attention_bias, device=device)
         self.v_proj = Linear(cfg.hidden_size, kv * hd, bias=cfg.attention_bias, device=device)
         self.o_proj = Linear(heads * hd, cfg.hidden_size, bias=False, device=device)
-        self.cache = KVCache(max_context)
+        self.cache = KVCache(max_context, cache_dtype)
 
     def __call__(self, x: Tensor, start_pos: Any, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
         cfg = self.cfg
@@ -142,8 +143,8 @@ class FeedForward:
 
 
 class Block:
-    def __init__(self, cfg: LlamaConfig, max_context: int, device: str | None) -> None:
-        self.self_attn = Attention(cfg, max_context, device)
+    def __init__(self, cfg: LlamaConfig, max_context: int, device: str | None, cache_dtype: DType | None) -> None:
+        self.self_attn = Attention(cfg, max_context, device, cache_dtype)
         self.mlp = FeedForward(cfg, device)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
@@ -158,15 +159,15 @@ class Block:
 class _Inner:
     """`model.` in the weights' names: the embedding, the blocks and the final norm."""
 
-    def __init__(self, cfg: LlamaConfig, max_context: int, device: str | None) -> None:
+    def __init__(self, cfg: LlamaConfig, max_context: int, device: str | None, cache_dtype: DType | None) -> None:
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, device=device)
-        self.layers = [Block(cfg, max_context, device) for _ in range(cfg.num_hidden_layers)]
+        self.layers = [Block(cfg, max_context, device, cache_dtype) for _ in range(cfg.num_hidden_layers)]
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
 
 
 class Llama:
     """LlamaForCausalLM: `model.*` and `lm_head.weight` as Hugging Face names them (lm_head is the embedding where
-    the config ties them)."""
+    the config ties them). cache_dtype: what the KV cache keeps (None: the activations' float32; KVCache)."""
 
     def __init__(
         self,
@@ -174,10 +175,11 @@ class Llama:
         max_context: int | None = None,
         device: str | None = None,
         rope_factors: np.ndarray | None = None,
+        cache_dtype: DType | None = None,
     ) -> None:
         self.cfg, self.device = cfg, device
         self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
-        self.model = _Inner(cfg, self.max_context, device)
+        self.model = _Inner(cfg, self.max_context, device, cache_dtype)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device)
         positions = np.arange(self.max_context, dtype=np.float32)[:, None]
         angles = positions * rope_frequencies(cfg, rope_factors)[None, :]
