@@ -259,6 +259,9 @@ def _record(launches: list[Launch], inputs: list[Buffer], out: Any, given: froze
     internal = _internal(launches, set(inputs) | kept | views | {b.base for b in views})
     before = sum(b.nbytes for b in internal)
     plan = _plan(launches, internal)
+    for b in internal:  # (the capture's last pass still holds its own: given back first, for the plan to take)
+        if plan[b] is not b:
+            b.release()
     launches = [replace(ln, buffers=tuple(plan.get(b, b) for b in ln.buffers)) for ln in launches]
     after = sum(b.nbytes for b in set(plan.values()))
     position = {b: i for i, b in enumerate(inputs)}
