@@ -103,5 +103,6 @@ def test_ops_pickle_by_name_and_read_pickles_made_by_number() -> None:
             return Ops, (Ops.LOAD.value,)
 
     assert pickle.loads(pickle.dumps(ByNumber())) is Ops.LOAD
-    # READ and WRITE came after the others, DOT4 after them: the ops before kept the numbers such recordings hold
-    assert sorted(Ops, key=lambda op: op.value)[-3:] == [Ops.READ, Ops.WRITE, Ops.DOT4]
+    # READ and WRITE came after the others, DOT4 and SDOT4 after them: the ops before kept the numbers such recordings
+    # hold
+    assert sorted(Ops, key=lambda op: op.value)[-4:] == [Ops.READ, Ops.WRITE, Ops.DOT4, Ops.SDOT4]

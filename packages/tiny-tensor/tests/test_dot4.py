@@ -72,6 +72,33 @@ def test_dot4_broadcasts_a_python_int(device: str) -> None:
     np.testing.assert_array_equal(out.numpy(), a.view(np.uint8).reshape(-1, 4).astype(np.int32).sum(-1))
 
 
+def _signed_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.broadcast_arrays(a.astype(np.int32), b.astype(np.int32))
+    first = np.ascontiguousarray(a).view(np.int8).reshape(*a.shape, 4).astype(np.int32)
+    second = np.ascontiguousarray(b).view(np.int8).reshape(*b.shape, 4).astype(np.int32)
+    return (first * second).sum(-1, dtype=np.int32)
+
+
+def _no_minus_128(words: np.ndarray) -> np.ndarray:
+    """The words with every byte of -128 made -127 (SDOT4's b never holds -128)."""
+    as_bytes = words.copy().view(np.int8)
+    as_bytes[as_bytes == -128] = -127
+    return as_bytes.view(np.int32)
+
+
+def test_sdot4_matches_numpy(device: str) -> None:
+    """Ops.SDOT4 (a quantized product's Q8_0 quants times its rounded input, both signed): NumPy's sums on every
+    device, a's extremes included; the renderer's own where its caps have it (x86's psignb and pmaddubsw on AVX2),
+    written out elsewhere."""
+    shape = small(device, (96, 64), (3, 8))
+    a, b = _words(shape, 11), _no_minus_128(_words(shape, 12))
+    out = Tensor(a, device=device)._alu(Ops.SDOT4, Tensor(b, device=device))
+    renderer = Device[device].renderer
+    uops = [u for item in out.schedule() if item.ast.op is Ops.SINK for u in render_for(item.ast, renderer).uops]
+    assert any(u.op is Ops.SDOT4 for u in uops) == renderer.caps.dot4
+    np.testing.assert_array_equal(out.numpy(), _signed_reference(a, b))
+
+
 @pytest.mark.parametrize("other", ["float32", "int8", "uint32"])
 def test_dot4_takes_int32_only(other: str) -> None:
     with pytest.raises(TypeError, match="dot4 takes int32 tensors"):
@@ -88,32 +115,39 @@ def test_c_renders_vnni_where_the_target_has_it(lanes: int) -> None:
 
     with_vnni = CRenderer(f"x86_64;vector_width={lanes};threads=1;f16,vnni")
     assert with_vnni.caps.dot4 and not CRenderer("x86_64;vector_width=16;threads=1;f16").caps.dot4  # (nor avx2)
-    helper = with_vnni.dot4_helper(dtypes.int32.vec(lanes))
+    helper = with_vnni.dot4_helper(dtypes.int32.vec(lanes), False)
     assert f"__builtin_ia32_vpdpbusd{32 * lanes}(" in helper and f"__builtin_ia32_vpdpbusd_v{lanes}si(" in helper
     assert "(signed char)" in helper  # the lanes written out where the compiler does not target VNNI
+    assert not with_vnni.caps.sdot4  # (DOT4 over offset quants there: SDOT4 takes two vpdpbusd)
+    signed = with_vnni.dot4_helper(dtypes.int32.vec(lanes), True)
+    assert signed.count(f"__builtin_ia32_vpdpbusd{32 * lanes}(") == 2 and "tiny_sdot4_" in signed
 
 
+@pytest.mark.parametrize("signed", [False, True])
 @pytest.mark.parametrize("lanes", [4, 8, 16])
-def test_c_renders_byte_pairs_exactly_without_vnni(lanes: int, tmp_path) -> None:
+def test_c_renders_byte_pairs_exactly_without_vnni(lanes: int, signed: bool, tmp_path) -> None:
     """The C renderer with the 'avx2' feature and no 'vnni' takes DOT4 too: x86's pmaddubsw and pmaddwd (SSSE3's for
-    4 lanes), a's bytes split into their low 7 bits and their top bit so that no int16 pair saturates. Compiled for
-    AVX2 without VNNI and run on every pair of the extremes: NumPy's sums, 255 x -128 four times included."""
+    4 lanes), a's bytes split into their low 7 bits and their top bit so that no int16 pair saturates; and SDOT4
+    faster (caps.sdot4): |a| times b with a's sign (psignb), one pmaddubsw. Compiled for AVX2 without VNNI and run on
+    every pair of the extremes: NumPy's sums, 255 x -128 four times included (SDOT4: -128 x 127 and -128 x -127; its
+    b never holds -128)."""
     import shutil
     import subprocess
 
     from tiny.runtime.cpu import compiler_features
 
     renderer = CRenderer(f"x86_64;vector_width={lanes};threads=1;f16,avx2")
-    assert renderer.caps.dot4
+    assert renderer.caps.dot4 and renderer.caps.sdot4
     vec = dtypes.int32.vec(lanes)
-    helper = renderer.dot4_helper(vec)
+    helper = renderer.dot4_helper(vec, signed)
     width = "256" if lanes >= 8 else "128"
     assert f"__builtin_ia32_pmaddubsw{width}(" in helper and f"__builtin_ia32_pmaddwd{width}(" in helper
+    assert (f"__builtin_ia32_psignb{width}(" in helper) == signed
     cc = shutil.which("clang-19") or shutil.which("clang") or shutil.which("gcc")
     if cc is None or "avx2" not in compiler_features(cc):
         pytest.skip("no C compiler, or no AVX2 on this host to run the byte pairs on")
     edges = np.array([0x00000000, 0xFFFFFFFF, 0x80808080, 0x7F7F7F7F, 0x01FF7F80, 0x80FF0001], np.uint32).view(np.int32)
-    a, b = np.meshgrid(edges, edges, indexing="ij")
+    a, b = np.meshgrid(edges, _no_minus_128(edges) if signed else edges, indexing="ij")
     a, b = a.reshape(-1), b.reshape(-1)
     a, b = (np.resize(x, -(-len(x) // lanes) * lanes) for x in (a, b))
     t = renderer.vector_type_name(vec)
@@ -123,13 +157,15 @@ def test_c_renders_byte_pairs_exactly_without_vnni(lanes: int, tmp_path) -> None
         f"  int b[] = {{{', '.join(map(str, b.tolist()))}}};\n"
         f"  for (int i = 0; i < {len(a)}; i += {lanes}) {{\n    {t} x, y, s = {{0}};\n"
         f"    __builtin_memcpy(&x, a + i, sizeof x); __builtin_memcpy(&y, b + i, sizeof y);\n"
-        f'    s = tiny_dot4_{t}(s + 1, x, y);\n    for (int j = 0; j < {lanes}; j++) printf("%d\\n", s[j]);\n  }}\n}}\n'
+        f"    s = {'tiny_sdot4' if signed else 'tiny_dot4'}_{t}(s + 1, x, y);\n"
+        f'    for (int j = 0; j < {lanes}; j++) printf("%d\\n", s[j]);\n  }}\n}}\n'
     )
     exe = tmp_path / "dot4"
     flags = ["-O2", "-mavx2", "-mno-avx512vnni", "-mno-avxvnni"] if "clang" in cc else ["-O2", "-mavx2"]
     subprocess.run([cc, *flags, "-x", "c", "-", "-o", str(exe)], input=src.encode(), check=True)
     got = np.array(subprocess.run([str(exe)], capture_output=True, check=True).stdout.split(), np.int64)
-    np.testing.assert_array_equal(got, _reference(a, b).astype(np.int64) + 1)
+    want = (_signed_reference if signed else _reference)(a, b)
+    np.testing.assert_array_equal(got, want.astype(np.int64) + 1)
 
 
 def test_a_byte_product_is_one_tiled_kernel_over_the_threads() -> None:

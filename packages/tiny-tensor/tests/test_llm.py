@@ -611,6 +611,33 @@ def test_quantized_weights_stay_quantized_in_device_memory(qtype: str, tmp_path:
     assert len(model.generate(PROMPT, max_new_tokens=6, stop=[])) == 6  # (the jitted decode step over the blocks)
 
 
+def test_q8_0_products_of_signed_bytes_equal_those_of_offset_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Q8_0's quants times the rounded input as signed bytes both (Ops.SDOT4, where the renderer has it faster: AVX2
+    without VNNI) or offset by 128 (Ops.DOT4, less 128 times the input's sums): the same integer sums, so the same
+    logits (the float32 sums of the blocks aside, which a kernel's plan may order differently). Each renderer's way is
+    forced in turn."""
+    from dataclasses import replace
+
+    from tiny.tensor import Device
+    from tiny.tensor.byte_blocks import form_of
+
+    renderer = Device[Device.DEFAULT].renderer
+    if not renderer.caps.dot4:
+        pytest.skip(f"{Device.DEFAULT}'s renderer multiplies no bytes (RendererCaps.dot4 off): Q8_0 stays float32")
+    ref = _saved("llama3_gqa", tmp_path / "hf")
+    _write_gguf(ref, tmp_path / "m.gguf", "Q8_0")
+    got = {}
+    for signed in (False, True):
+        monkeypatch.setattr(renderer, "caps", replace(renderer.caps, sdot4=signed))
+        model = load(tmp_path / "m.gguf")
+        form = form_of(model.model.model.layers[0].mlp.up_proj.weight)
+        assert form is not None and form.signed == signed and form.offset == (0 if signed else 128)
+        got[signed] = model(PROMPT).numpy()
+    np.testing.assert_allclose(got[True], got[False], rtol=1e-6, atol=1e-6 * np.abs(got[False]).max())
+
+
 @pytest.mark.parametrize(
     ("qtype", "tolerance", "q8"),
     [("F32", 1e-3, 0), ("F16", 3e-3, 0), ("Q8_0", 0.03, 0), ("Q4_0", 0.1, 0), ("Q8_0", 0.03, 1), ("Q4_0", 0.1, 1)],

@@ -90,6 +90,11 @@ def _dot4(a: int, b: int) -> int:
     return total
 
 
+def _sdot4(a: int, b: int) -> int:
+    """Ops.SDOT4: a's four bytes times b's, both signed, summed."""
+    return sum(((((a >> s) & 0xFF) ^ 0x80) - 0x80) * ((((b >> s) & 0xFF) ^ 0x80) - 0x80) for s in (0, 8, 16, 24))
+
+
 _PY: dict[Ops, Callable[..., Any]] = {
     Ops.NEG: lambda a: (not a) if isinstance(a, bool) else -a,
     Ops.RECIP: _recip,
@@ -110,6 +115,7 @@ _PY: dict[Ops, Callable[..., Any]] = {
     Ops.OR: lambda a, b: a | b,
     Ops.XOR: lambda a, b: a ^ b,
     Ops.DOT4: _dot4,
+    Ops.SDOT4: _sdot4,
     Ops.WHERE: lambda c, a, b: a if c else b,
 }
 

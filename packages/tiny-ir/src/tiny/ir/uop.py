@@ -86,6 +86,10 @@ class Ops(enum.Enum):
     # CUDA's __dp4a): a quantized product's int8 arithmetic, four products an op. The code generator writes it out
     # in shifts, products and sums for a renderer whose RendererCaps.dot4 is off.
     DOT4 = enum.auto()
+    # int32 (a, b) -> int32: the sum of the products of a's four bytes and b's, both signed (ARM's sdot), where no
+    # byte of b is -128 (what a renderer may assume: x86's AVX2 multiplies |a| by b with a's sign, in pmaddubsw, and
+    # -128 has no positive); a quantized product's rounded input (-127 .. 127) is such a b. Written out as DOT4 is.
+    SDOT4 = enum.auto()
 
     __hash__ = object.__hash__  # members are singletons; Enum's own hash (of the name) is a Python call
 
@@ -115,6 +119,7 @@ class GroupOp:
             Ops.SHL,
             Ops.SHR,
             Ops.DOT4,
+            Ops.SDOT4,
         }
     )
     Ternary = frozenset({Ops.WHERE})

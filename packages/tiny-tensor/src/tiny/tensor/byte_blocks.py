@@ -9,8 +9,9 @@ words are registered for it here (`register`), and `linear` asks `form_of` for t
 A product x @ weight.T then rounds each block of 32 of x to int8 with its own scale (the largest magnitude / 127,
 kept as float16: llama.cpp's quantize_row_q8_0), packs them four a word, and sums each block's products in int32,
 four at a time (Ops.DOT4: the weight's bytes unsigned, x's signed, so Q8_0's quants are offset by 128 and Q4_0's
-nibbles taken as they are, each offset taken back as that many times the sum of x's block), then scales the block's
-sum by both scales and adds it up in float32. One kernel over the words: each lane a row, x's words broadcast.
+nibbles taken as they are, each offset taken back as that many times the sum of x's block; Q8_0's as they are, both
+signed, in Ops.SDOT4 where the renderer has it faster: RendererCaps.sdot4), then scales the block's sum by both
+scales and adds it up in float32. One kernel over the words: each lane a row, x's words broadcast.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tiny.ir.device import Device
 from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import Ops, UOp
 from tiny.tensor.shapes import prod
@@ -77,15 +79,22 @@ class ByteBlocks:
         words = self.split(self.words)
         if self.nibbles:
             terms = [(words[..., m] >> shift) & _LOW_NIBBLES for shift in (0, 4) for m in range(4)]
+        elif self.signed:
+            terms = [words[..., g] for g in range(WORDS)]
         else:
             terms = [words[..., g] ^ _TOP_BITS for g in range(WORDS)]
         scales = self.scales.permute(0, 2, 1).cast(dtypes.float32)
         return (scales.uop, *(t.reshape(1, *t.shape).uop for t in terms))
 
+    @functools.cached_property
+    def signed(self) -> bool:
+        """Whether the terms are the quants themselves, signed (Q8_0's, where the renderer takes SDOT4 faster)."""
+        return not self.nibbles and Device[self.words.device].renderer.caps.sdot4
+
     @property
     def offset(self) -> int:
-        """What the terms' bytes hold over the quants: 8 for Q4_0's nibbles, 128 for Q8_0's flipped int8."""
-        return 8 if self.nibbles else 128
+        """What the terms' bytes hold over the quants: 8 for Q4_0's nibbles, 128 for Q8_0's flipped int8, 0 signed."""
+        return 8 if self.nibbles else 0 if self.signed else 128
 
 
 _FORMS: weakref.WeakKeyDictionary[UOp, ByteBlocks] = weakref.WeakKeyDictionary()
@@ -106,20 +115,22 @@ def byte_product(x: Tensor, form: ByteBlocks) -> Tensor:
     """x @ weight.T over its words, x float32 (..., k): as llama.cpp's vec_dot_q8_0_q8_0 / vec_dot_q4_0_q8_0."""
     lead, blocks = x.shape[:-1], form.blocks
     words, sums, dx = _rounded(x, blocks)
-    total = x._new(_dots(form._graphs[1:], words, (prod(lead), *form.words.shape[:1], form.lanes, blocks)))
-    total = total - sums * form.offset
+    shape = (prod(lead), *form.words.shape[:1], form.lanes, blocks)
+    total = x._new(_dots(form._graphs[1:], words, shape, Ops.SDOT4 if form.signed else Ops.DOT4))
+    if form.offset:
+        total = total - sums * form.offset
     out = (total.cast(dtypes.float32) * (form.split_scales * dx)).sum(axis=-1)  # (n, groups, lanes)
     return out.reshape(*lead, form.rows)
 
 
-def _dots(terms: Sequence[UOp], words: Sequence[UOp], shape: tuple[int, ...]) -> UOp:
-    """The sum of DOT4(term, word) over a block's words: each term (1, groups, lanes, blocks) and word (n, 1, 1,
-    blocks) broadcast to `shape`. Built as the graph directly: through Tensor's ops (checks, broadcasting, a tensor
-    each) a prompt's 113 products took 150 ms more to build than their kernels take to run."""
+def _dots(terms: Sequence[UOp], words: Sequence[UOp], shape: tuple[int, ...], op: Ops) -> UOp:
+    """The sum of DOT4(term, word) (op: DOT4 or SDOT4) over a block's words: each term (1, groups, lanes, blocks) and
+    word (n, 1, 1, blocks) broadcast to `shape`. Built as the graph directly: through Tensor's ops (checks,
+    broadcasting, a tensor each) a prompt's 113 products took 150 ms more to build than their kernels take to run."""
     total: UOp | None = None
     for term, word in zip(terms, words):
         a, b = (u if u.shape == shape else UOp(Ops.EXPAND, u.dtype, (u,), shape) for u in (term, word))
-        dot = a.alu(Ops.DOT4, b)
+        dot = a.alu(op, b)
         total = dot if total is None else total + dot
     assert total is not None
     return total

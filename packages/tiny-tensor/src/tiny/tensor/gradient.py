@@ -173,7 +173,7 @@ RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
 }
 # no gradient flows through these: comparisons, integer and bit ops, rounding, bit casts, detach
 NO_GRADIENT = frozenset(
-    {Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.BITCAST, Ops.DOT4}
+    {Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.BITCAST, Ops.DOT4, Ops.SDOT4}
 )
 
 

@@ -300,8 +300,8 @@ class CStyleRenderer(BracedRenderer):
         """An ADD of a DOT4 written as one accumulating call, or None (a renderer whose caps take DOT4 may)."""
         return None
 
-    def dot4_helper(self, dt: DType) -> str:
-        """What a kernel with a DOT4 of dt defines first (a renderer whose caps take DOT4 writes it)."""
+    def dot4_helper(self, dt: DType, signed: bool) -> str:
+        """What a kernel with a DOT4 (SDOT4: signed) of dt defines first (a renderer whose caps take DOT4 writes it)."""
         raise NotImplementedError(f"{type(self).__name__} has no DOT4 (RendererCaps.dot4 is off)")
 
     def lane_sum_helper(self, dt: DType) -> str:
@@ -384,7 +384,8 @@ class CStyleRenderer(BracedRenderer):
         helpers = "".join(self.lane_math_helper(op, s) for op, s in scalar_math)
         helpers += "".join(self.multiply_add_helper(dt) for dt in sorted(w.fused, key=repr))
         helpers += "".join(self.lane_sum_helper(dt) for dt in sorted(w.lane_sums, key=repr))
-        helpers += "".join(self.dot4_helper(dt) for dt in sorted({u.dtype for u in uops if u.op is Ops.DOT4}, key=repr))
+        dots = {(u.dtype, u.op is Ops.SDOT4) for u in uops if u.op in (Ops.DOT4, Ops.SDOT4)}
+        helpers += "".join(self.dot4_helper(dt, signed) for dt, signed in sorted(dots, key=repr))
         kernel = types + "".join(self.vector_prelude(dt) for dt in vectors) + helpers + kernel
         scalars = {_element(u.dtype).scalar for u in uops}
         uses_bf16 = self.emulate_bf16 and dtypes.bfloat16 in scalars
@@ -524,22 +525,37 @@ class CStyleRenderer(BracedRenderer):
         raise NotImplementedError(f"{type(self).__name__} has no barriers")
 
 
-def _byte_products(a: str, b: str) -> str:
-    """C for DOT4 on two ints: a's bytes, unsigned, times b's, signed, summed."""
-    terms = [f"(({a} >> {i}) & 255) * (int)(signed char)({b} >> {i})" for i in (0, 8, 16, 24)]
+def _byte_products(a: str, b: str, signed: bool = False) -> str:
+    """C for DOT4 on two ints: a's bytes, unsigned (SDOT4: signed), times b's, signed, summed."""
+    first = "(int)(signed char)({a} >> {i})" if signed else "(({a} >> {i}) & 255)"
+    terms = [f"{first.format(a=a, i=i)} * (int)(signed char)({b} >> {i})" for i in (0, 8, 16, 24)]
     return "(" + " + ".join(terms) + ")"
 
 
-def _byte_pairs(n: int) -> str:
-    """The body of DOT4 on n int32 lanes (s += DOT4(a, b)) in x86's byte products, a hardware vector at a time (32
-    bytes, or 16 for n = 4): pmaddubsw sums two products of unsigned by signed bytes in int16, pmaddwd two of those in
-    int32. pmaddubsw saturates where both of a pair's unsigned bytes are past 127 (255 x -128 twice), so a's bytes go
-    as their low 7 bits and, apart, their top bit (times 128): each sum exact. Where a's bytes are known to be below
-    128 (Q4_0's nibbles) the compiler drops the top bits' products."""
+def _byte_pairs(n: int, signed: bool) -> str:
+    """The body of DOT4 (SDOT4: signed) on n int32 lanes (s += DOT4(a, b)) in x86's byte products, a hardware vector
+    at a time (32 bytes, or 16 for n = 4): pmaddubsw sums two products of unsigned by signed bytes in int16, pmaddwd
+    two of those in int32. DOT4: pmaddubsw saturates where both of a pair's unsigned bytes are past 127 (255 x -128
+    twice), so a's bytes go as their low 7 bits and, apart, their top bit (times 128): each sum exact. Where a's bytes
+    are known to be below 128 (Q4_0's nibbles) the compiler drops the top bits' products. SDOT4: |a| (-128's is 128,
+    unsigned) times b with a's sign (psignb), one product a pair: exact where no byte of b is -128 (Ops.SDOT4's
+    contract; |a| x |b| then at most 128 x 127, twice 32512)."""
     size = 32 if n >= 8 else 16
     suffix = "256" if size == 32 else "128"
     madd, maddubs = f"__builtin_ia32_pmaddwd{suffix}", f"__builtin_ia32_pmaddubsw{suffix}"
     one = ", ".join(["1"] * (size // 2))
+    if signed:
+        sign = f"__builtin_ia32_psignb{suffix}"
+        products = (
+            f"    tiny_q ax = {sign}((tiny_q)x, (tiny_q)x), sy = {sign}((tiny_q)y, (tiny_q)x);\n"
+            f"    acc += (tiny_d){madd}({maddubs}(ax, sy), one);\n"
+        )
+    else:
+        products = (
+            "    tiny_d low = x & 0x7F7F7F7F, top = (x >> 7) & 0x01010101;\n"
+            f"    acc += (tiny_d){madd}({maddubs}((tiny_q)low, (tiny_q)y), one);\n"
+            f"    acc += (tiny_d){madd}({maddubs}((tiny_q)top, (tiny_q)y), one) << 7;\n"
+        )
     return (
         f"  typedef char tiny_q __attribute__((vector_size({size})));\n"
         f"  typedef short tiny_h __attribute__((vector_size({size})));\n"
@@ -550,12 +566,15 @@ def _byte_pairs(n: int) -> str:
         f"    __builtin_memcpy(&x, (char *)&a + {size} * p, {size});\n"
         f"    __builtin_memcpy(&y, (char *)&b + {size} * p, {size});\n"
         f"    __builtin_memcpy(&acc, (char *)&s + {size} * p, {size});\n"
-        f"    tiny_d low = x & 0x7F7F7F7F, top = (x >> 7) & 0x01010101;\n"
-        f"    acc += (tiny_d){madd}({maddubs}((tiny_q)low, (tiny_q)y), one);\n"
-        f"    acc += (tiny_d){madd}({maddubs}((tiny_q)top, (tiny_q)y), one) << 7;\n"
+        f"{products}"
         f"    __builtin_memcpy((char *)&s + {size} * p, &acc, {size});\n"
         f"  }}\n  return s;\n"
     )
+
+
+def _dot4_name(u: UOp) -> str:
+    """The C helper's name (less its type) for a DOT4 or SDOT4."""
+    return "tiny_sdot4" if u.op is Ops.SDOT4 else "tiny_dot4"
 
 
 def _lane_bounds(u: UOp) -> tuple[int | float, int | float]:
@@ -774,48 +793,62 @@ class CRenderer(CStyleRenderer):
         missing = {dtypes.float16} if "f16" not in features else set()
         all_ = frozenset(dtypes.all()) - missing
         dot4 = "vnni" in features or "avx2" in features
+        sdot4 = "avx2" in features and "vnni" not in features  # (VNNI's SDOT4 takes two vpdpbusd: DOT4's one)
         caps = RendererCaps(
-            language="C", vector_width=width, threads=threads, dtypes=all_, narrow_vectors=True, dot4=dot4
+            language="C",
+            vector_width=width,
+            threads=threads,
+            dtypes=all_,
+            narrow_vectors=True,
+            dot4=dot4,
+            sdot4=sdot4,
         )
         self.caps = caps
         self.mvec = "mvec" in features
 
     def alu(self, u: UOp, args: list[str]) -> str:
-        if u.op is Ops.DOT4:
-            return f"tiny_dot4_{self._fma_type(u.dtype)}({self.const(0, u.dtype)}, {args[0]}, {args[1]})"
+        if u.op in (Ops.DOT4, Ops.SDOT4):
+            return f"{_dot4_name(u)}_{self._fma_type(u.dtype)}({self.const(0, u.dtype)}, {args[0]}, {args[1]})"
         return super().alu(u, args)
 
     def dot4_added(self, w: CWalk, u: UOp, args: list[str]) -> str | None:
         """x + DOT4(a, b), the DOT4 inlined, as one call that adds to x: vpdpbusd's accumulator (an add each
         otherwise, and a zeroed register for each DOT4)."""
         for term, other in zip(u.src, reversed(args)):  # (either source may be the DOT4, the other the sum so far)
-            if term.op is Ops.DOT4 and term in w.inlined:
+            if term.op in (Ops.DOT4, Ops.SDOT4) and term in w.inlined:
                 a, b = (w.names[s] for s in term.src)
-                return f"tiny_dot4_{self._fma_type(u.dtype)}({other}, {a}, {b})"
+                return f"{_dot4_name(term)}_{self._fma_type(u.dtype)}({other}, {a}, {b})"
         return None
 
-    def dot4_helper(self, dt: DType) -> str:
-        """tiny_dot4_<type>(acc, a, b), acc + DOT4(a, b): VNNI's vpdpbusd on 4, 8 or 16 lanes (clang's or gcc's
-        builtin) where the compiler targets it; else AVX2's (SSSE3's for 4 lanes) byte products (_byte_pairs); else
-        (and for a scalar) the four products written out lane by lane."""
-        t, n = self._fma_type(dt), dt.count
+    def dot4_helper(self, dt: DType, signed: bool) -> str:
+        """tiny_dot4_<type>(acc, a, b), acc + DOT4(a, b) (tiny_sdot4_<type>: SDOT4): VNNI's vpdpbusd on 4, 8 or 16
+        lanes (clang's or gcc's builtin) where the compiler targets it (SDOT4: over a's bytes offset by 128, less 128
+        times b's sum, a second one); else AVX2's (SSSE3's for 4 lanes) byte products (_byte_pairs); else (and for a
+        scalar) the four products written out lane by lane."""
+        t, n, name = self._fma_type(dt), dt.count, "tiny_sdot4" if signed else "tiny_dot4"
         if n == 1:
-            return (
-                f"static inline int tiny_dot4_int(int s, int a, int b) {{ return s + {_byte_products('a', 'b')}; }}\n"
-            )
-        head = f"static inline {t} tiny_dot4_{t}({t} s, {t} a, {t} b) {{\n"
-        lanes = f"  for (int i = 0; i < {n}; i++) s[i] += {_byte_products('a[i]', 'b[i]')};\n  return s;\n"
+            written = _byte_products("a", "b", signed)
+            return f"static inline int {name}_int(int s, int a, int b) {{ return s + {written}; }}\n"
+        head = f"static inline {t} {name}_{t}({t} s, {t} a, {t} b) {{\n"
+        lanes = f"  for (int i = 0; i < {n}; i++) s[i] += {_byte_products('a[i]', 'b[i]', signed)};\n  return s;\n"
         if n not in (4, 8, 16):
             return f"{head}{lanes}}}\n"
         need = "defined(__AVX512VNNI__)"
         if n < 16:  # (AVX-512 VNNI's narrower forms come with VL; AVX-VNNI has them alone)
             need = f"defined(__AVXVNNI__) || {need} && defined(__AVX512VL__)"
-        clang, gcc = f"__builtin_ia32_vpdpbusd{32 * n}", f"__builtin_ia32_vpdpbusd_v{n}si"
+        vnni = []
+        for builtin in (f"__builtin_ia32_vpdpbusd{32 * n}", f"__builtin_ia32_vpdpbusd_v{n}si"):  # (clang's, gcc's)
+            if signed:  # (0x80808080: each byte's top bit)
+                vnni.append(
+                    f"  {t} top = a - a - 2139062144;\n  return {builtin}(s, a ^ top, b) - {builtin}(a - a, top, b);\n"
+                )
+            else:
+                vnni.append(f"  return {builtin}(s, a, b);\n")
         pairs = "defined(__SSSE3__)" if n == 4 else "defined(__AVX2__)"
         return (
-            f"{head}#if defined(__clang__) && ({need})\n  return {clang}(s, a, b);\n"
-            f"#elif defined(__GNUC__) && ({need})\n  return {gcc}(s, a, b);\n"
-            f"#elif {pairs}\n{_byte_pairs(n)}#else\n{lanes}#endif\n}}\n"
+            f"{head}#if defined(__clang__) && ({need})\n{vnni[0]}"
+            f"#elif defined(__GNUC__) && ({need})\n{vnni[1]}"
+            f"#elif {pairs}\n{_byte_pairs(n, signed)}#else\n{lanes}#endif\n}}\n"
         )
 
     def cast(self, u: UOp, x: str) -> str:

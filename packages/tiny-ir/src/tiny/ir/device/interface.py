@@ -33,8 +33,8 @@ from tiny.ir.uop import UOp
 # Compiled.collective, a device's own all-reduce and all-gather; 1.10: Compiled.launch_with, a kernel that reads
 # other devices' memory; 1.11: launchers_changed and LAUNCHERS.epoch, launchers given before to be asked for again;
 # 1.12: Ops.DOT4 and RendererCaps.dot4, a renderer that writes the op itself; 1.13: Program.launcher's n_vals, a
-# launch given the values of the kernel's Variables after its opaques)
-INTERFACE_VERSION = (1, 13)
+# launch given the values of the kernel's Variables after its opaques; 1.14: Ops.SDOT4 and RendererCaps.sdot4)
+INTERFACE_VERSION = (1, 14)
 
 
 # the dtypes kernels compute on in hardware vectors (RendererCaps.vector_lanes; the code generator's vector ops)
@@ -81,6 +81,10 @@ class RendererCaps:
     # Ops.DOT4 (four byte products summed, tiny.ir.uop) in the renderer's own words, fast on the target (x86's VNNI);
     # off: the code generator writes it out in shifts, products and sums, and no renderer sees the op
     dot4: bool = False
+    # Ops.SDOT4 (signed bytes both) as fast as DOT4 or faster (x86's AVX2 without VNNI: DOT4's unsigned bytes there
+    # take two byte products, SDOT4's one): a quantized product of signed quants (Q8_0) takes it; else DOT4 over
+    # quants offset by 128, less 128 times the input's sum. Only with dot4 on (the renderer writes SDOT4 as DOT4).
+    sdot4: bool = False
 
     def vector_lanes(self, dtype: DType) -> int:
         """How many values of dtype one hardware vector holds (1: this dtype is not vectorized)."""
