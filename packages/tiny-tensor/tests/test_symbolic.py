@@ -391,3 +391,24 @@ def test_a_graph_of_fixed_sizes_is_not_walked_for_bound_variables_again(device: 
     plain, _, values = scheduler._unbind([rows.uop])
     assert rows.uop.__dict__[scheduler._SIZES] is True and list(values.values()) == [5]
     np.testing.assert_allclose(rows.sum(1).numpy(), weight.numpy()[:, :5].sum(1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("reduce", ["max", "sum"])
+def test_a_reduction_over_a_symbolic_length_takes_rows_side_by_side(device: str, reduce: str) -> None:
+    """A reduction read along a symbolic dim (a prompt chunk's softmax over the keys so far), which no action cuts:
+    on a CPU the rules take a vector of rows instead (each row's chain of maxima a lane of it, where one scalar chain
+    ran after another: 4.5x faster); the values those of NumPy on every device."""
+    from tiny.codegen.opt.actions import OptOps
+    from tiny.codegen.program import rules_actions
+    from tiny.ir.uop import Ops
+
+    xn = np.random.default_rng(3).standard_normal((48, 64)).astype(np.float32)
+    n = Variable("n", 1, 64).bind(37)
+    out = getattr(Tensor(xn, device=device)[:, :n], reduce)(axis=1)
+    renderer = Device[device].renderer
+    items = [i.ast for i in out.schedule() if i.ast.op is Ops.SINK]
+    assert len(items) == 1
+    opts = rules_actions(items[0], renderer).opts
+    if not renderer.caps.has_local:
+        assert any(o.op is OptOps.UPCAST for o in opts), opts
+    np.testing.assert_allclose(out.numpy(), getattr(xn[:, :37], reduce)(axis=1), rtol=1e-5, atol=1e-5)
