@@ -327,7 +327,7 @@ _BITS = {Ops.AND, Ops.OR, Ops.XOR}
 def _alu_cases() -> list[tuple[Ops, DType]]:
     cases = []
     for op in sorted(GroupOp.ALU, key=lambda o: o.name):
-        if op in (Ops.DOT4, Ops.SDOT4):  # (int32s of four bytes each)
+        if op in GroupOp.ByteDots:  # (int32s of four bytes each)
             cases += [(op, dtypes.int32)]
         elif op in _FLOAT_ONLY:
             cases += [(op, dt) for dt in _FLOAT_DTYPES]

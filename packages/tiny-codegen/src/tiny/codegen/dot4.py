@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tiny.ir.device import RendererCaps
 from tiny.ir.pattern import PatternMatcher, UPat, graph_rewrite
-from tiny.ir.uop import Ops, UOp
+from tiny.ir.uop import GroupOp, Ops, UOp
 
 
 def _byte_products(dot: UOp) -> UOp:
@@ -30,12 +30,12 @@ def _signed_byte(x: UOp, shift: int) -> UOp:
     return high.alu(Ops.SHR, x.const_like(24))
 
 
-written_out = PatternMatcher([(UPat((Ops.DOT4, Ops.SDOT4), name="dot"), _byte_products)], name="dot4 written out")
+written_out = PatternMatcher([(UPat(GroupOp.ByteDots, name="dot"), _byte_products)], name="dot4 written out")
 
 
 def write_out_dot4(sink: UOp, ast: UOp, caps: RendererCaps) -> UOp:
     """The lowered kernel `sink` of `ast` with its DOT4s written out, unless the renderer writes them (caps.dot4) or
     the kernel has none (looked for in the AST, a node an op where the lowered kernel has one a lane)."""
-    if caps.dot4 or all(u.op not in (Ops.DOT4, Ops.SDOT4) for u in ast.toposort):
+    if caps.dot4 or all(u.op not in GroupOp.ByteDots for u in ast.toposort):
         return sink
     return graph_rewrite(sink, written_out, name="dot4 written out")

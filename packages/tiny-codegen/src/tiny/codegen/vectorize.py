@@ -14,7 +14,7 @@ from tiny.codegen.lower import VECTOR_REDUCE, contiguous
 from tiny.ir.device import VECTOR_DTYPES
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import PatternMatcher, UPat
-from tiny.ir.uop import Ops, UOp
+from tiny.ir.uop import GroupOp, Ops, UOp
 
 # ALU ops every renderer that forms vectors computes on them (math functions by a vector library or lane by lane)
 VECTOR_ALU = frozenset(
@@ -112,7 +112,7 @@ def _push_down(vec: UOp, ctx: VectorTarget) -> UOp | None:
     # float32's)
     exact_bits = ctx.narrow and (first.op is Ops.BITCAST or first.op in NARROW_ALU) and all(map(_shifts_within, lanes))
     # (DOT4 reaches here only where the renderer writes it: tiny.codegen.dot4; int32 -> float32 where lanes convert)
-    lanewise = first.op in (Ops.DOT4, Ops.SDOT4) or (ctx.narrow and first.op is Ops.CAST and _int_to_float(first))
+    lanewise = first.op in GroupOp.ByteDots or (ctx.narrow and first.op is Ops.CAST and _int_to_float(first))
     if first.op in VECTOR_ALU or first.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE) or exact_bits or lanewise:
         if not all(_fits(x.dtype, n, nbytes, not whole) for x in first.src):
             return None

@@ -95,7 +95,7 @@ def _check_alu(u: UOp) -> None:
     _check(all(s.dtype == u.dtype for s in u.src), u, "operands must have the result's dtype")
     if u.op in (Ops.IDIV, Ops.SHL, Ops.SHR):
         _check(u.dtype.scalar.is_int, u, "integer op on a non-integer dtype")
-    if u.op in (Ops.DOT4, Ops.SDOT4):
+    if u.op in GroupOp.ByteDots:
         _check(u.dtype.scalar == dtypes.int32, u, f"{u.op.name} takes and gives int32 (four bytes each)")
     if u.op in (Ops.FDIV, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC):
         _check(u.dtype.scalar.is_float, u, "float op on a non-float dtype")

@@ -131,6 +131,7 @@ class GroupOp:
     # ops that keep 0 at 0: padding can be pushed through them without a mask
     ZeroPreserving = frozenset({Ops.ADD, Ops.MUL, Ops.NEG, Ops.AND, Ops.OR, Ops.XOR, Ops.CAST, Ops.BITCAST})
     Reduce = frozenset({Ops.ADD, Ops.MUL, Ops.MAX})
+    ByteDots = frozenset({Ops.DOT4, Ops.SDOT4})  # four byte products summed: a renderer's own where caps.dot4
 
 
 _ONE_INPUT = (

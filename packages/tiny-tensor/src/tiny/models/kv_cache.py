@@ -31,7 +31,7 @@ class KVCache:
             kept = self.dtype or k.dtype
             self.keys = Tensor.zeros(*shape, dtype=kept, device=k.device).contiguous().realize()
             self.values = Tensor.zeros(*shape, dtype=kept, device=v.device).contiguous().realize()
-        end, kept = start_pos + length, self.keys.dtype
+        end, kept = start_pos + length, self.keys.dtype  # (made with the first step's dtype where none was given)
         assign_together(
             (self.keys[:, :, start_pos:end], k.cast(kept)), (self.values[:, :, start_pos:end], v.cast(kept))
         )

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from tiny.codegen.opt.actions import MAX_THREADS, Kernel, KernelOptError, Kind, Opt, OptOps
 from tiny.ir.dtypes import dtypes
 from tiny.ir.sint import highest
-from tiny.ir.uop import Ops, UOp
+from tiny.ir.uop import GroupOp, Ops, UOp
 from tiny.ir.views import View
 
 THREAD_MIN_WORK = 1 << 20  # iterations below which splitting across threads costs more than it saves
@@ -73,7 +73,7 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
     few = caps.has_shared and bool(k.reduce_dims) and math.prod(_n(k.full_shape[d]) for d in outputs) < FEW_OUTPUTS
     reuse = {d for d in outputs if any(_broadcast(v, d) for v in loads) and k.reduce_dims}
     tiled = k.reduce_dims and reuse and not few and len(k.ast.toposort) <= TILE_NODES
-    dots = sum(u.op in (Ops.DOT4, Ops.SDOT4) for u in k.ast.toposort)  # (each four multiply-adds of bytes)
+    dots = sum(u.op in GroupOp.ByteDots for u in k.ast.toposort)  # (each four multiply-adds of bytes)
     if not tiled and not caps.has_local:  # (GPU kernels keep their plans: not measured there)
         held = max(1, LOWERED_NODES // len(k.ast.toposort))
         max_lanes = held if max_lanes is None else min(max_lanes, held)

@@ -384,7 +384,7 @@ class CStyleRenderer(BracedRenderer):
         helpers = "".join(self.lane_math_helper(op, s) for op, s in scalar_math)
         helpers += "".join(self.multiply_add_helper(dt) for dt in sorted(w.fused, key=repr))
         helpers += "".join(self.lane_sum_helper(dt) for dt in sorted(w.lane_sums, key=repr))
-        dots = {(u.dtype, u.op is Ops.SDOT4) for u in uops if u.op in (Ops.DOT4, Ops.SDOT4)}
+        dots = {(u.dtype, u.op is Ops.SDOT4) for u in uops if u.op in GroupOp.ByteDots}
         helpers += "".join(self.dot4_helper(dt, signed) for dt, signed in sorted(dots, key=repr))
         kernel = types + "".join(self.vector_prelude(dt) for dt in vectors) + helpers + kernel
         scalars = {_element(u.dtype).scalar for u in uops}
@@ -807,7 +807,7 @@ class CRenderer(CStyleRenderer):
         self.mvec = "mvec" in features
 
     def alu(self, u: UOp, args: list[str]) -> str:
-        if u.op in (Ops.DOT4, Ops.SDOT4):
+        if u.op in GroupOp.ByteDots:
             return f"{_dot4_name(u)}_{self._fma_type(u.dtype)}({self.const(0, u.dtype)}, {args[0]}, {args[1]})"
         return super().alu(u, args)
 
@@ -815,7 +815,7 @@ class CRenderer(CStyleRenderer):
         """x + DOT4(a, b), the DOT4 inlined, as one call that adds to x: vpdpbusd's accumulator (an add each
         otherwise, and a zeroed register for each DOT4)."""
         for term, other in zip(u.src, reversed(args)):  # (either source may be the DOT4, the other the sum so far)
-            if term.op in (Ops.DOT4, Ops.SDOT4) and term in w.inlined:
+            if term.op in GroupOp.ByteDots and term in w.inlined:
                 a, b = (w.names[s] for s in term.src)
                 return f"{_dot4_name(term)}_{self._fma_type(u.dtype)}({other}, {a}, {b})"
         return None
