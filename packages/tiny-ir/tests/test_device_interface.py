@@ -310,6 +310,25 @@ def test_disk_cache_round_trips_python_values(cachedb: Path) -> None:
     assert diskcache.cache_get("things", "key") == 2
 
 
+def test_cache_keys_are_blake2_and_load_no_openssl() -> None:
+    """Keys are 256-bit BLAKE2b digests, made without hashlib's import, which maps OpenSSL's library into the
+    process (3.6 MB resident, a tenth of a small model's memory over its weights) for nothing but a key."""
+    import hashlib
+
+    assert diskcache.digest(b"kernel") == hashlib.blake2b(b"kernel", digest_size=32).hexdigest()
+    script = (
+        "import sys\n"
+        "from tiny.ir.device import Compiler\n"
+        "class C(Compiler):\n"
+        "    def compile(self, src): return src.encode()\n"
+        "assert C('test:openssl').compile_cached('src') == b'src'\n"
+        "print(sorted(m for m in sys.modules if 'hashlib' in m or m == '_ssl'))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+
+
 def test_a_damaged_entry_is_a_miss(cachedb: Path) -> None:
     diskcache.cache_put("things", "key", 1)
     conn = sqlite3.connect(cachedb)

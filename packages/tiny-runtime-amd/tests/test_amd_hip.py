@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,8 +32,24 @@ def _library_or_skip() -> hip.HIPLibrary:
         pytest.skip(str(e))
 
 
-def test_library_without_a_gpu_says_so() -> None:
+def test_no_kernel_driver_is_said_without_loading_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where there is no /dev/kfd, HIP can find no GPU: the device says so without loading libamdhip64 (which, with
+    ROCm's runtime, stayed mapped in every process that looked for a default device)."""
+
+    def loaded() -> hip.HIPLibrary:
+        raise AssertionError("libamdhip64 was loaded")
+
+    monkeypatch.setattr(hip, "KFD_PATH", "/dev/not-a-kfd")
+    monkeypatch.setattr(hip, "_library", loaded)
+    with pytest.raises(DeviceUnavailable, match=r"HIP finds no AMD GPU without /dev/not-a-kfd: no amdgpu kernel"):
+        HIPDevice("HIP", "AMDGPU")
+
+
+def test_library_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The library is there (and, as far as the device can see, the kernel driver: a file stands in for /dev/kfd)
+    but HIP finds no GPU: the library's own answer, with its version."""
     lib = _library_or_skip()
+    monkeypatch.setattr(hip, "KFD_PATH", str(tmp_path))
     count = ctypes.c_int(0)
     if lib.lib.hipInit(0) == 0 and lib.lib.hipGetDeviceCount(ctypes.byref(count)) == 0 and count.value > 0:
         pytest.skip("HIP finds a GPU here")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tiny.ir.config import Context
+from tiny.ir.dtypes import dtypes
 from tiny.llm import load
 from tiny.tensor.realize import programs
 
@@ -177,8 +178,9 @@ def test_a_long_prompt_takes_no_more_memory_than_a_chunk(tmp_path: Path, monkeyp
 
 
 def test_the_prompt_chunk_keeps_a_pass_within_a_share_of_the_weights(tmp_path: Path) -> None:
-    """prompt_chunk: the largest power of two (16 to 512) whose estimated activations stay within SCRATCH_SHARE of the
-    weights' bytes: more tokens a pass for a model of more bytes, fewer for a longer context."""
+    """prompt_chunk: the largest power of two (16 to 512) whose estimated activations and the KV cache together stay
+    within SCRATCH_SHARE of the weights' bytes: more tokens a pass for a model of more bytes, fewer for a longer
+    context or a wider cache."""
     import tiny.llm as llm_module
     from tiny.models.llama import Llama, LlamaConfig
     from tiny.nn import skip_init
@@ -187,14 +189,20 @@ def test_the_prompt_chunk_keeps_a_pass_within_a_share_of_the_weights(tmp_path: P
         vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
     )  # fmt: skip
-    model = Llama(cfg, max_context=128)
+    model = Llama(cfg, max_context=128, cache_dtype=dtypes.float16)
     weights = llm_module._weight_bytes(model)
     assert weights == 4 * (2 * 8192 * 256 + 2 * (256 * 256 * 2 + 2 * 256 * 128 + 3 * 256 * 768 + 2 * 256) + 256)
     per_token = 4 * (2 * 4 * 128 + 3 * 768 + 8 * 256)
+    cache = 2 * 2 * 128 * (2 * 64) * 2  # (keys and values, 2 layers, 128 positions, 2 heads of 64, float16)
     chunk = llm_module.prompt_chunk(model)
-    assert chunk * per_token <= weights * llm_module.SCRATCH_SHARE < 2 * chunk * per_token and chunk == 64
-    longer = Llama(cfg, max_context=512)  # (4 x the scores a token)
-    assert llm_module.prompt_chunk(longer) == 32
+    budget = weights * llm_module.SCRATCH_SHARE - cache
+    assert chunk * per_token <= budget < 2 * chunk * per_token and chunk == 32
+    assert 2 * chunk * per_token <= weights * llm_module.SCRATCH_SHARE  # (64 without the cache counted)
+    wider = Llama(cfg, max_context=128)  # (a float32 cache, as the activations)
+    budget = weights * llm_module.SCRATCH_SHARE - 2 * cache
+    assert llm_module.prompt_chunk(wider) == 32 and 32 * per_token <= budget
+    longer = Llama(cfg, max_context=512, cache_dtype=dtypes.float16)  # (4 x the scores a token, 4 x the cache)
+    assert llm_module.prompt_chunk(longer) == 16
     with skip_init():
         unread = Llama(cfg, max_context=128)  # (weights not made yet hold no memory: the floor, PROMPT_BUCKET)
     assert llm_module.prompt_chunk(unread) == 16

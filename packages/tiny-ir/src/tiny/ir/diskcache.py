@@ -15,8 +15,18 @@ from typing import Any
 
 from tiny.ir.config import CACHEDB, CACHELEVEL, cache_dir
 
+try:  # CPython's own BLAKE2: importing hashlib loads OpenSSL's library, 3.6 MB resident in every process, for a key
+    from _blake2 import blake2b as _blake2b
+except ImportError:  # (a Python without it)
+    from hashlib import blake2b as _blake2b
+
 _VERSION = 1  # bump when what is stored changes meaning
 _local = threading.local()
+
+
+def digest(data: bytes) -> str:
+    """The key of `data` in a cache: 256 bits of BLAKE2b, in hex."""
+    return _blake2b(data, digest_size=32).hexdigest()
 
 
 def _path() -> str:

@@ -161,22 +161,30 @@ class LLM:
 PROMPT_BUCKET = 16
 # ... and longer ones run in chunks (LLM.prompt_chunk) of at most this many tokens, a power of two
 PROMPT_CHUNK_MOST = 512
-# ... fewer where a chunk's activations would pass this share of the weights' bytes: a pass's memory is then about
-# the model's, whatever the prompt (a 1B model at a context of 520: Q4_0 in chunks of 64, Q8_0 128, F16 256, F32 512)
+# ... fewer where a chunk's activations and the KV cache together would pass this share of the weights' bytes: the
+# memory a model takes is then about its weights', whatever the prompt (a 1B model at a context of 520 with a float16
+# cache: Q4_0 in chunks of 32, Q8_0 128, F16 256; F32 512 with a float32 cache)
 SCRATCH_SHARE = 1 / 16
 
 
 def prompt_chunk(model: Llama | GPT2) -> int:
     """The tokens of one prefill pass of `model`: the largest power of two from PROMPT_BUCKET to PROMPT_CHUNK_MOST
-    whose activations stay within SCRATCH_SHARE of the weights' bytes. A token's, estimated: its scores over the
-    context and their softmax, the feed-forward's hidden values (3 of them), and 8 of the model's width, in float32."""
+    whose activations and the KV cache stay within SCRATCH_SHARE of the weights' bytes. A token's activations,
+    estimated: its scores over the context and their softmax, the feed-forward's hidden values (3 of them), and 8 of
+    the model's width, in float32. (The cache counts: a 4-bit 1B model's float16 cache is 3.5% of its weights, and
+    in chunks of 64 its peak was 1.27x its file; in chunks of 32, as fast, 1.22x.)"""
     cfg = model.cfg
     if isinstance(cfg, GPT2Config):
         heads, width, ffn = cfg.n_head, cfg.n_embd, cfg.n_inner or 4 * cfg.n_embd
+        caches, kv_width = [block.attn.cache for block in model.h], width
     else:
         heads, width, ffn = cfg.num_attention_heads, cfg.hidden_size, cfg.intermediate_size
+        caches = [block.self_attn.cache for block in model.model.layers]
+        kv_width = cfg.num_key_value_heads * cfg.head_dim
     per_token = 4 * (2 * heads * model.max_context + 3 * ffn + 8 * width)
-    budget = SCRATCH_SHARE * _weight_bytes(model)
+    kept = (caches[0].dtype or dtypes.float32).itemsize if caches else 4  # (none given: the activations' float32)
+    cache = 2 * len(caches) * model.max_context * kv_width * kept  # (keys and values, every layer)
+    budget = SCRATCH_SHARE * _weight_bytes(model) - cache
     chunk = PROMPT_CHUNK_MOST
     while chunk > PROMPT_BUCKET and chunk * per_token > budget:
         chunk //= 2

@@ -9,7 +9,6 @@ per (kernel, device, renderer target, code generator), so a kernel is searched o
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import pathlib
 import pickle
@@ -24,7 +23,7 @@ from tiny.codegen.opt.heuristic import hand_opts
 from tiny.codegen.program import Rendered, render_kernel, to_program
 from tiny.ir.config import flag
 from tiny.ir.device import Compiled, CompiledProgram, CompileError, usable_cores
-from tiny.ir.diskcache import cache_get, cache_put
+from tiny.ir.diskcache import cache_get, cache_put, digest
 from tiny.ir.dtypes import PtrDType
 from tiny.ir.sint import kernel_variables
 from tiny.ir.uop import Ops, UOp
@@ -80,13 +79,13 @@ def _codegen_digest() -> str:
     the actions' meaning changes with how Kernel numbers a kernel's dims, and the speed of each candidate with how
     the renderers write it."""
     here = pathlib.Path(__file__).parent
-    return hashlib.sha256(b"".join(f.read_bytes() for f in sorted(here.glob("*.py")))).hexdigest()
+    return digest(b"".join(f.read_bytes() for f in sorted(here.glob("*.py"))))
 
 
 def _search_key(ast: UOp, device: Compiled, width: int) -> str:
     meta = f"\0{device.name}\0{device.renderer_name}\0{device.renderer.target}\0{width}\0{_codegen_digest()}"
     blob = pickle.dumps(ast) + meta.encode()
-    return hashlib.sha256(blob).hexdigest()
+    return digest(blob)
 
 
 class _Timer:

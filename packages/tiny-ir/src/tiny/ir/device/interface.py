@@ -9,7 +9,6 @@ of UOps from the device op set (tiny.ir.spec).
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import os
 from collections import defaultdict
@@ -19,7 +18,7 @@ from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
 from tiny.ir.device.collective import Collective
-from tiny.ir.diskcache import cache_get, cache_put
+from tiny.ir.diskcache import cache_get, cache_put, digest
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.sint import sym_eval
 from tiny.ir.tensorcore import TensorCore  # noqa: F401  (re-exported: renderers declare theirs)
@@ -158,7 +157,7 @@ class Compiler:
         return [self.compile(src) for src in srcs]
 
     def _key(self, src: str) -> str:
-        return hashlib.sha256(f"{self.cachekey}\0{src}".encode()).hexdigest()
+        return digest(f"{self.cachekey}\0{src}".encode())
 
     def compile_cached(self, src: str) -> bytes:
         return self.compile_many_cached([src])[0]

@@ -255,6 +255,10 @@ class HIPDevice(Compiled):
     renderers = ("AMDGPU", "HIP")
 
     def __init__(self, name: str, renderer: str) -> None:
+        if os.name == "posix" and not os.path.exists(KFD_PATH):  # (ROCm's HIP reaches its GPUs through /dev/kfd)
+            # the library is not loaded to find that out: it and ROCm's runtime behind it stayed mapped in every
+            # process that opened a device without naming one (4 MB resident, and its start-up's allocations)
+            raise DeviceUnavailable(f"HIP finds no AMD GPU without {KFD_PATH}: no amdgpu kernel driver is loaded")
         self.hip = _library()
         self.index = DeviceName.parse(name).index
         self.target = open_gpu(self.hip, self.index)
