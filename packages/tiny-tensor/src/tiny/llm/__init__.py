@@ -145,7 +145,8 @@ class LLM:
             )
         _check_sampling(temperature, top_k, top_p)
         stops = set(self.eos_token_ids if stop is None else stop)
-        rng = np.random.default_rng(seed)
+        # (greedy draws nothing: numpy.random, and the OpenSSL it imports for seeds, 6 MB resident, stay unloaded)
+        rng = np.random.default_rng(seed) if temperature else None
         logits = self.prefill(prompt)
         pos = len(prompt)
         for i in range(max_new_tokens):
@@ -235,8 +236,8 @@ def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
-def _sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
-    if temperature == 0:
+def _sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: Any) -> int:
+    if temperature == 0 or rng is None:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / temperature
     order = np.argsort(-z, kind="stable")

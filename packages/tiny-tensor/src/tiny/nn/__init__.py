@@ -8,7 +8,9 @@ submodules optim (optimizers, schedules), state (state dicts, safetensors, torch
 (1, 2)
 """
 
-from tiny.nn import datasets, gguf, mpi, optim, state
+import importlib
+from typing import Any
+
 from tiny.nn.layers import (
     BatchNorm1d,
     BatchNorm2d,
@@ -56,3 +58,13 @@ __all__ = [
     "InstanceNorm",
     "LayerNorm2d",
 ]
+
+# the submodules are imported when first named (nn.optim ...): a program that only runs a model loads no optimizer,
+# dataset reader or MPI (and the compression modules these import)
+_SUBMODULES = ("datasets", "gguf", "mpi", "optim", "state")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tiny.nn.{name}")
+    raise AttributeError(f"module 'tiny.nn' has no attribute {name!r}")
