@@ -471,6 +471,18 @@ def test_where(device, dtype):
     check(device, lambda c, x, y: c.where(x, y), np.where, cond, a, b, in_dtypes=[BOOL, dtype, dtype], out_dtype=dtype)
 
 
+def test_a_choice_between_conditions_in_a_vector_kernel(device):
+    """where() over conditions (bools) chosen by a condition, inside a kernel of float vectors: on the CPU a vector
+    of masks, chosen bit by bit (its helper for float vectors did not take them: the C did not compile)."""
+    a, b, c = (random_array((64,), F32, seed=s) for s in (13, 14, 15))
+    check(
+        device,
+        lambda x, y, z: (x < y).where(y < z, x < z).where(x * 2, -1.0),
+        lambda x, y, z: np.where(np.where(x < y, y < z, x < z), x * 2, -1.0).astype(np.float32),
+        a, b, c,
+    )  # fmt: skip
+
+
 def test_where_scalars_and_nonbool_condition(device):
     cond = random_array((3, 4), BOOL, seed=11)
     x = random_array((3, 4), F32, seed=12)

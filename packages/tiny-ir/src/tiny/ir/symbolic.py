@@ -78,6 +78,13 @@ def linear_form(u: UOp) -> tuple[dict[UOp, int], int] | None:
     return None if lin is None else (dict(lin[0]), lin[1])
 
 
+def known_multiple(u: UOp) -> int:
+    """The largest int known to divide the int expression u: the gcd of its constant and its terms' coefficients (the
+    keys of a prompt chunk's attention so far, chunk * 32 + 32: 32); 1 where that is all that is known."""
+    lin = _linear(u)
+    return (math.gcd(lin[1], *lin[0].values()) or 1) if lin is not None else 1
+
+
 def _linear(u: UOp) -> Linear | None:
     """u as sum(k * base) + const, reading through ADD, NEG and MUL by a constant; None past _MAX_TERMS terms.
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType
 from tiny.ir.sint import sadd, sfloordiv, smul
+from tiny.ir.symbolic import known_multiple
 from tiny.ir.tensorcore import TensorCore
 from tiny.ir.uop import Ops, UOp
 from tiny.ir.views import Band, Mask, View
@@ -323,10 +324,10 @@ class Kernel:
         if not 0 <= opt.axis < len(axes):
             raise KernelOptError(f"{opt}: axis {opt.axis} does not exist; this kernel has {len(axes)} axes")
         part = axes[opt.axis]
-        if type(part.size) is not int and opt.op not in (OptOps.GROUP, OptOps.GROUPTOP):
+        if type(part.size) is not int and opt.op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.UPCAST, OptOps.UNROLL):
             raise KernelOptError(
                 f"{opt}: axis {opt.axis} has a symbolic size ({part.size!r}), which only GROUP cuts (padded to a "
-                "multiple of its threads)"
+                "multiple of its threads), and UPCAST and UNROLL by an amount it is known to be a multiple of"
             )
         handler = {
             OptOps.UPCAST: self._upcast,
@@ -344,6 +345,10 @@ class Kernel:
         self.applied.append(opt)
 
     def _amount(self, opt: Opt, part: Part) -> int:
+        if type(part.size) is not int:  # (a Variable's: cut by an amount that divides it for every value it takes)
+            if opt.arg <= 1 or known_multiple(part.size) % opt.arg != 0:
+                raise KernelOptError(f"{opt}: {opt.arg} does not split the symbolic size {part.size!r} for every value")
+            return opt.arg
         amt = part.size if opt.arg == 0 else opt.arg
         if amt <= 1 or part.size % amt != 0:
             raise KernelOptError(f"{opt}: {amt} does not split a part of size {part.size}")

@@ -256,6 +256,8 @@ class CStyleRenderer(BracedRenderer):
             return f"tiny_{self.math_fns[op]}_{dt.scalar.name}({args[0]})"
         if op in self.math_fns:
             return self.float_math(self.math_fns[op], args, dt)
+        if op is Ops.WHERE and dt.count > 1 and dt.is_bool:  # (masks of all-ones lanes: chosen bit by bit)
+            return f"(({args[0]}&{args[1]})|(~{args[0]}&{args[2]}))"
         if op is Ops.WHERE and dt.count > 1:
             return f"tiny_vwhere_{self.vector_type_name(dt)}({', '.join(args)})"
         if op is Ops.NEG:
