@@ -172,8 +172,8 @@ def prompt_chunk(model: Llama | GPT2) -> int:
     """The tokens of one prefill pass of `model`: the largest power of two from PROMPT_BUCKET to PROMPT_CHUNK_MOST
     whose activations and the KV cache stay within SCRATCH_SHARE of the weights' bytes. A token's activations,
     estimated: its scores over the context and their softmax, the feed-forward's hidden values (3 of them), and 8 of
-    the model's width, in float32. (The cache counts: a 4-bit 1B model's float16 cache is 3.5% of its weights, and
-    in chunks of 64 its peak was 1.27x its file; in chunks of 32, as fast, 1.22x.)"""
+    the model's width, in float32. (The cache counts: a 4-bit 1B model's float16 cache is 3.5% of its weights; in
+    chunks of 64 its peak was 1.27x its file, in chunks of 32, as fast, 1.22x.)"""
     cfg = model.cfg
     if isinstance(cfg, GPT2Config):
         heads, width, ffn = cfg.n_head, cfg.n_embd, cfg.n_inner or 4 * cfg.n_embd
