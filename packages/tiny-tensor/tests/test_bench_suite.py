@@ -261,6 +261,21 @@ def test_the_language_model_benchmark_pairs_its_rounds(monkeypatch: pytest.Monke
     assert _ratio(Run("tiny", "F32", {}, 20.0, 0), ref) == 0.8  # (no rounds: the medians)
 
 
+def test_the_language_model_benchmark_counts_a_prompts_fastest_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A side's prefill figure is its fastest of PREFILL_RUNS timed passes (one alone moved by a quarter between runs
+    on this VM), every side timed alike: here on a clock that each pass moves by 3, 1 and 2 seconds."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    import bench.llm as llm
+
+    clock, steps = [0.0], iter([3.0, 1.0, 2.0])
+
+    def run() -> None:
+        clock[0] += next(steps)
+
+    monkeypatch.setattr(llm.time, "perf_counter", lambda: clock[0])
+    assert llm.PREFILL_RUNS == 3 and llm._fastest(64, run) == 64.0
+
+
 def _installed(module: str) -> bool:
     import importlib.util
 
