@@ -533,13 +533,19 @@ def test_linear_forms_let_their_bases_go() -> None:
 def test_a_sum_of_terms_is_known_to_be_a_multiple_of_their_common_factor() -> None:
     """known_multiple: the gcd of a size's constant and its terms' coefficients, true for every value of its
     Variables (a prompt chunk's keys so far, chunk * 32 + 32, is a multiple of 32); 1 where nothing more is known."""
-    from tiny.ir.sint import Variable, sadd, smul, ssimplify
+    from tiny.ir.sint import Variable, sadd, smul, ssimplify, sym_eval
     from tiny.ir.symbolic import known_multiple
 
     chunk, pos = Variable("chunk", 0, 15), Variable("pos", 0, 511)
-    assert known_multiple(ssimplify(smul(sadd(chunk, 1), 32))) == 32
-    assert known_multiple(ssimplify(sadd(smul(chunk, 48), smul(pos, 64)))) == 16
-    assert known_multiple(ssimplify(sadd(smul(chunk, 32), 12))) == 4
-    assert known_multiple(ssimplify(sadd(pos, 1))) == known_multiple(pos) == 1
-    for c in range(16):  # (what it says holds at every value)
-        assert (c * 48 + 300 * 64) % 16 == 0 and (c * 32 + 12) % 4 == 0
+    sizes = {
+        ssimplify(smul(sadd(chunk, 1), 32)): 32,
+        ssimplify(sadd(smul(chunk, 48), smul(pos, 64))): 16,
+        ssimplify(sadd(smul(chunk, 32), 12)): 4,
+        ssimplify(sadd(pos, 1)): 1,
+        pos: 1,
+    }
+    for size, multiple in sizes.items():
+        assert known_multiple(size) == multiple, (size, known_multiple(size))
+        values = [sym_eval(size, {"chunk": c, "pos": p}) for c in range(16) for p in (0, 7, 300, 511)]
+        assert all(v % multiple == 0 for v in values)  # (what it says holds at every value)
+        assert multiple == 1 or any(v % (2 * multiple) for v in values)  # (and no more is known)
