@@ -236,8 +236,8 @@ def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
-def _sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: Any) -> int:
-    if temperature == 0 or rng is None:
+def _sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator | None) -> int:
+    if rng is None:  # (greedy: temperature 0)
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / temperature
     order = np.argsort(-z, kind="stable")

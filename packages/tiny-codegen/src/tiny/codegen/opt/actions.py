@@ -287,7 +287,7 @@ class Kernel:
 
     @property
     def symbolic(self) -> bool:
-        """Whether a size is a Variable's (such a part is not cut: how many times would it split?)."""
+        """Whether a size is a Variable's (cut only by GROUP, or by an amount it is known to be a multiple of)."""
         return any(type(p.size) is not int for p in self.parts)
 
     @property

@@ -403,11 +403,12 @@ def _whole(k: Kernel, dim: int) -> tuple[int, ...]:
 def _beside_symbolic(
     k: Kernel, dim: int, lanes: int, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]
 ) -> None:
-    """The reduction `dim`, read along memory, is symbolic (a prompt chunk's scores over the keys so far), which no
-    action cuts: instead a vector of the innermost whole output dim (rows side by side, each its own lanes: their
+    """The reduction `dim`, read along memory, is symbolic and not known to be a multiple of a vector's lanes (so no
+    action cuts it): instead a vector of the innermost whole output dim (rows side by side, each its own lanes: their
     loads a row apart, but the reductions' chains a vector at a time, where each row's was a scalar's one after
-    another). A 1B model's prompt of 512 tokens in chunks of 256: the softmax's maxima and sums 401 -> 89 ms. (An
-    elementwise kernel over such a dim gains nothing so: its gathers and scatters cost what the vector math saves.)"""
+    another). A 1B model's prompt of 512 tokens in chunks of 256, before such a dim's multiples were known: the
+    softmax's maxima and sums 401 -> 89 ms. (An elementwise kernel over such a dim gains nothing so: its gathers and
+    scatters cost what the vector math saves.)"""
     if type(k.full_shape[dim]) is int:
         return
     static = [p for p in k.axes if p.kind is Kind.GLOBAL and type(p.size) is int and p.size > 1]
@@ -416,7 +417,7 @@ def _beside_symbolic(
 
 
 def _n(size: int | UOp) -> int:
-    """A size as the rules weigh it: a symbolic one at its largest value (it is never cut: the actions refuse it)."""
+    """A size as the rules weigh it: a symbolic one at its largest value."""
     return size if type(size) is int else highest(size)
 
 
