@@ -15,7 +15,7 @@ import pytest
 from tiny.ir.config import Context
 from tiny.ir.dtypes import dtypes
 from tiny.llm import load
-from tiny.tensor.realize import programs
+from tiny.tensor.realize import capture, programs
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -461,6 +461,9 @@ def _write_gguf(ref: object, path: Path, qtype: str, metadata: Callable[[Any], N
             a = state[f"model.layers.{i}.{hf}"]
             a = permute(a, heads) if "q_proj" in hf else permute(a, kv) if "k_proj" in hf else a
             put(f"blk.{i}.{name}", a)
+        for p in "qkv":  # (Qwen2's biases)
+            if (bias := state.get(f"model.layers.{i}.self_attn.{p}_proj.bias")) is not None:
+                put(f"blk.{i}.attn_{p}.bias", permute(bias, heads if p == "q" else kv) if p != "v" else bias)
     put("output_norm.weight", state["model.norm.weight"])
     if not cfg.tie_word_embeddings:
         put("output.weight", state["lm_head.weight"])
@@ -625,6 +628,48 @@ def test_the_server_refuses_bad_requests_and_serves_two_clients(server) -> None:
         t.join()
     assert [s for s, _ in results] == [200, 200]
     assert results[0][1]["choices"][0]["text"] == results[1][1]["choices"][0]["text"]  # (greedy: the same answer)
+
+
+def test_a_gguf_layers_query_key_and_value_are_one_product(tmp_path: Path) -> None:
+    """A GGUF file's query, key and value weights (and Qwen2's biases) are read as one tensor a layer and computed by
+    one kernel, not three; the model's three weights are views of it, and assigning one runs the three products
+    apart again. Both give transformers' logits."""
+    from tiny.ir.device import buffer_of
+    from tiny.ir.uop import Ops
+    from tiny.tensor import Tensor
+
+    ref = _saved("qwen2", tmp_path / "hf")
+    _write_gguf(ref, tmp_path / "m.gguf", "F32")
+    llm = load(tmp_path / "m.gguf", cache_dtype="float32")
+    with torch.no_grad():
+        want = ref(torch.tensor([PROMPT])).logits[0].numpy()
+
+    def memory(b: Any) -> Any:  # (a kernel may read a view of a buffer: a Buffer of its own over the memory)
+        return b if b.base is None else b.base
+
+    def readers() -> tuple[list[int], np.ndarray]:
+        """How many kernels of a pass over one token (a decode step's) read each layer's query, key or value
+        weights; the logits of the prompt, then."""
+        x = llm.model.embed(Tensor([PROMPT[:1]])).realize()
+        with capture() as launches:
+            llm.model.run(x).realize()
+        counts = []
+        for layer in llm.model.model.layers:
+            a = layer.self_attn
+            weights = [p.weight.uop for p in (a.q_proj, a.k_proj, a.v_proj)]
+            held = {id(memory(buffer_of(u))) for w in weights for u in w.toposort if u.op is Ops.BUFFER}
+            counts.append(sum(any(id(memory(b)) in held for b in k.buffers) for k in launches))
+        return counts, llm.model(Tensor([PROMPT])).numpy()[0]
+
+    counts, joined = readers()
+    assert counts == [1, 1]
+    np.testing.assert_allclose(joined, want, rtol=1e-4, atol=1e-4)
+    for layer in llm.model.model.layers:
+        for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            p.weight = Tensor(p.weight.numpy())
+    counts, apart = readers()
+    assert counts == [3, 3]
+    np.testing.assert_allclose(apart, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "F16", "Q4_K", "Q6_K"])

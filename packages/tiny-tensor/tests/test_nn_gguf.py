@@ -301,3 +301,42 @@ def test_the_biggest_tensors_are_read_first_and_handed_back_in_the_files_order(
     tensors, _ = gguf_load(path)
     assert read == sorted(read, reverse=True) and len(read) == 3
     assert list(tensors) == ["small", "big", "middle"]
+
+
+@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.Q8_0, QT.Q4_0, QT.Q4_K], ids=lambda q: q.name)
+def test_tensors_joined_by_rows_are_read_as_one(tmp_path: Path, qtype: QT) -> None:
+    """gguf_load's joins: each layer's query, key and value weights (and biases) read as one tensor of their rows
+    one after another, of their type (Q8_0 and Q4_0 as words for products of bytes where the device multiplies
+    bytes): its values are the parts' and a product over it is the parts' products. A layer whose parts differ in
+    type, or that lacks one, keeps them apart under their own names; so does a file that has the joined name."""
+    ends = {"weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"), "bias": ("attn_q.bias", "attn_k.bias")}
+    joins = {"attn_qkv.weight": ends["weight"], "attn_qk.bias": ends["bias"]}
+    rows = {"attn_q.weight": 16, "attn_k.weight": 8, "attn_v.weight": 8}
+    parts = {end: (_packed(qtype, n, 256, seed=n + i), qtype) for i, (end, n) in enumerate(rows.items())}
+    biases = {"attn_q.bias": np.arange(16, dtype=np.float32), "attn_k.bias": np.arange(8, dtype=np.float32) + 0.5}
+    other = QT.F16 if qtype == QT.F32 else QT.F32
+    tensors = {f"blk.0.{end}": part for end, part in parts.items()}
+    tensors |= {f"blk.0.{end}": (a, None) for end, a in biases.items()}
+    tensors |= {f"blk.1.{end}": part for end, part in parts.items() if end != "attn_v.weight"}  # (no value)
+    tensors |= {f"blk.2.{end}": part for end, part in parts.items() if end != "attn_v.weight"}
+    tensors["blk.2.attn_v.weight"] = (_packed(other, 8, 256, seed=3), other)  # (of another type)
+    tensors |= {f"blk.3.{end}": part for end, part in parts.items()}
+    tensors["blk.3.attn_qkv.weight"] = (np.ones(4, np.float32), None)  # (the joined name taken)
+    path = _write(tmp_path / "q.gguf", tensors)
+    loaded = gguf_load(path, dequantize=False, joins=joins)[0]
+    apart = gguf_load(path, dequantize=False)[0]
+    assert sorted(loaded) == sorted(
+        ["blk.0.attn_qkv.weight", "blk.0.attn_qk.bias"] + [n for n in tensors if not n.startswith("blk.0.")]
+    )
+    joined = loaded["blk.0.attn_qkv.weight"]
+    assert joined.shape == (32, 256)
+    # (the product first: a weight computed into memory is no longer the graph its words are registered for)
+    assert (form_of(joined) is not None) == (form_of(apart["blk.0.attn_q.weight"]) is not None)
+    x = Tensor(np.random.default_rng(4).standard_normal((3, 256)).astype(np.float32)).realize()
+    products = np.concatenate([x.linear(apart[f"blk.0.{end}"]).numpy() for end in ends["weight"]], axis=-1)
+    np.testing.assert_allclose(x.linear(joined).numpy(), products, rtol=1e-5, atol=1e-5 * np.abs(products).max())
+    want = np.concatenate([quants.dequantize(parts[end][0], qtype) for end in ends["weight"]])
+    np.testing.assert_array_equal(joined.numpy(), want)
+    np.testing.assert_array_equal(loaded["blk.0.attn_qk.bias"].numpy(), np.concatenate(list(biases.values())))
+    for name in ("blk.1.attn_q.weight", "blk.2.attn_v.weight", "blk.3.attn_k.weight"):
+        np.testing.assert_array_equal(loaded[name].numpy(), apart[name].numpy())

