@@ -15,9 +15,10 @@ meets them alike; a side's figure is the median of its rounds, its ratio the med
 is one pass over `--prefill` tokens (each length its own run, from an empty cache) to the logits of the last
 position alone, as generation needs them (llama.cpp's eval; tiny's `LLM.prefill`; transformers' `logits_to_keep=1`),
 timed after one pass (two for tiny: its pass over a prompt length is a TinyJit, built on the first and captured on
-the second). The roofline is the bytes of weights one token reads over the read bandwidth measured in the run (a
-`--threads`-thread sum over 1 GiB); decoding is reported as a fraction of it. Peak memory is each process's peak
-resident set, against the file's size.
+the second). The roofline is the bytes of weights one token reads over the read bandwidth (a `--threads`-thread sum
+over 1 GiB), measured before each decode round; decoding is reported as a fraction of it (the median of the rounds'
+fractions, each against its own measurement). Peak memory is each process's peak resident set, against the file's
+size.
 
     python -m bench.llm                          # the 1B model, every format and side; table on stdout
     python -m bench.llm --formats Q4_0 --sides tiny,llama.cpp
@@ -178,6 +179,7 @@ class Run:
     peak: int
     note: str = ""
     rounds: list[float] = field(default_factory=list)  # decode tokens/s of each round, in the order timed
+    bandwidths: list[float] = field(default_factory=list)  # the read bandwidth measured just before each round
 
 
 def _peak_bytes() -> int:
@@ -387,14 +389,23 @@ class _Child:
         self.errors.close()
 
 
-def run_sides(fmt: str, model: Path, sides: list[str], args: argparse.Namespace, torch_dtype: str = "") -> list[Run]:
+def run_sides(
+    fmt: str,
+    model: Path,
+    sides: list[str],
+    args: argparse.Namespace,
+    torch_dtype: str = "",
+    bandwidth: Callable[[], float] | None = None,
+) -> list[Run]:
     """The sides on one model file, each in its own process, all started before any is timed: each reports its
     prefill, then their decoding is timed in turns, `--rounds` times (the first side to go alternating), so that a
     change in the machine's speed meets every side alike (this VM's memory bandwidth moves between runs by up to
-    1.5x); a side's decode figure is the median of its rounds."""
+    1.5x); a side's decode figure is the median of its rounds. `bandwidth()`, where given, is measured before each
+    round (the sides idle), for the roofline of that round."""
     children: dict[str, _Child] = {}
     prefill: dict[str, dict[int, float]] = {}
     decodes: dict[str, list[float]] = {side: [] for side in sides}
+    bandwidths: list[float] = []
     notes: dict[str, str] = {}
     try:
         for side in sides:  # (one at a time: loading is not timed, but two loading at once would slow each other)
@@ -405,6 +416,8 @@ def run_sides(fmt: str, model: Path, sides: list[str], args: argparse.Namespace,
                 notes[side] = str(e)
         live = [side for side in sides if side not in notes]
         for r in range(args.rounds):
+            if bandwidth is not None and live:
+                bandwidths.append(bandwidth())
             for side in live if r % 2 == 0 else live[::-1]:
                 if side in notes:
                     continue
@@ -425,7 +438,8 @@ def run_sides(fmt: str, model: Path, sides: list[str], args: argparse.Namespace,
             if side in notes:
                 runs.append(Run(side, fmt, {}, float("nan"), 0, notes[side]))
             else:
-                runs.append(Run(side, fmt, prefill[side], statistics.median(decodes[side]), peak, "", decodes[side]))
+                median = statistics.median(decodes[side])
+                runs.append(Run(side, fmt, prefill[side], median, peak, "", decodes[side], bandwidths))
         return runs
     finally:
         for child in children.values():
@@ -435,15 +449,33 @@ def run_sides(fmt: str, model: Path, sides: list[str], args: argparse.Namespace,
 # ---------------------------------------------------------------- the roofline
 
 
-def read_bandwidth(threads: int) -> float:
-    """Bytes per second of a `threads`-thread sum over 1 GiB of float32 (PyTorch's sum, the best of 5)."""
-    import torch
+class ReadBandwidth:
+    """Bytes per second of a `threads`-thread sum over 1 GiB of float32 (PyTorch's sum, the best of 5), each call
+    measured again (the GiB made once)."""
 
-    torch.set_num_threads(threads)
-    x = torch.ones(2**28, dtype=torch.float32)
-    x.sum()
-    best = min(_timed(lambda: x.sum()) for _ in range(5))
-    return x.numel() * 4 / best
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.x: Any = None
+
+    def __call__(self) -> float:
+        import torch
+
+        torch.set_num_threads(self.threads)
+        if self.x is None:
+            self.x = torch.ones(2**28, dtype=torch.float32)
+            self.x.sum()
+        best = min(_timed(lambda: self.x.sum()) for _ in range(5))
+        return self.x.numel() * 4 / best
+
+
+def of_roofline(run: Run, bytes_per_token: int, bandwidth: float) -> float:
+    """A side's decode as a fraction of the roofline (the read bandwidth over the bytes a token reads): the median of
+    its rounds' fractions, each against the bandwidth measured just before it (the machine's speed drifts within a
+    run: the same read measured 32 GB/s at the start of one and 22 around its Q8_0 rounds), where it has them; else
+    its median against `bandwidth`."""
+    if run.rounds and len(run.bandwidths) == len(run.rounds):
+        return statistics.median(d * bytes_per_token / bw for d, bw in zip(run.rounds, run.bandwidths))
+    return run.decode * bytes_per_token / bandwidth
 
 
 def _timed(fn: Any) -> float:
@@ -487,11 +519,11 @@ def table(runs: list[Run], files: dict[str, Path], bandwidth: float, prefill: li
     for r in runs:
         ref = next((x for x in runs if x.fmt == r.fmt and x.side == "llama.cpp"), None)
         path = files.get(r.fmt)
-        roof = bandwidth / weight_bytes_per_token(path) if path else float("nan")
+        per_token = weight_bytes_per_token(path) if path else 0
         size = path.stat().st_size if path else float("nan")
         cells = [r.fmt, r.side, _fmt(r.decode, 2)]
         cells.append(_fmt(_ratio(r, ref), 2) + "x" if ref and ref.decode == ref.decode else "-")
-        cells.append(_fmt(r.decode / roof, 2) if roof == roof else "-")
+        cells.append(_fmt(of_roofline(r, per_token, bandwidth), 2) if per_token and r.decode == r.decode else "-")
         cells += [_fmt(r.prefill.get(n, float("nan"))) for n in prefill]
         for n in prefill:
             mine, theirs = r.prefill.get(n, float("nan")), ref.prefill.get(n, float("nan")) if ref else float("nan")
@@ -529,7 +561,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.folder or cache_folder(args.quick)
     make_files(folder, QUICK if args.quick else FULL, formats)
     files = {fmt: folder / f"model-{fmt}.gguf" for fmt in formats}
-    bandwidth = read_bandwidth(args.threads)
+    measure = ReadBandwidth(args.threads)
+    bandwidth = measure()
     runs: list[Run] = []
 
     def ran(new: list[Run]) -> None:
@@ -538,14 +571,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{run.fmt} {run.side}: {run}", file=sys.stderr)
 
     for fmt in formats:
-        ran(run_sides(fmt, files[fmt], [side for side in sides if side != "torch"], args))
+        ran(run_sides(fmt, files[fmt], [side for side in sides if side != "torch"], args, bandwidth=measure))
     if "torch" in sides:
         for dtype, fmt in (("float32", "F32"), ("bfloat16", "BF16")):
             ran(run_sides(fmt, folder / "hf", ["torch"], args, dtype))
         if "tiny" in sides:
             ran(run_sides("F32 (folder)", folder / "hf", ["tiny"], args))
     text = table(runs, files, bandwidth, args.prefill)
-    text += f"\n\nread bandwidth ({args.threads}-thread sum of 1 GiB): {bandwidth / 1e9:.1f} GB/s"
+    text += f"\n\nread bandwidth ({args.threads}-thread sum of 1 GiB): {bandwidth / 1e9:.1f} GB/s at the start"
+    around = [bw for r in runs if r.side == "tiny" for bw in r.bandwidths]
+    if around:  # (each format's roofline is against the bandwidth measured before each of its rounds)
+        text += f"; {min(around) / 1e9:.1f}-{max(around) / 1e9:.1f} GB/s before the decode rounds"
     print(text)
     if args.markdown:
         args.markdown.write_text(text + "\n")

@@ -261,6 +261,19 @@ def test_the_language_model_benchmark_pairs_its_rounds(monkeypatch: pytest.Monke
     assert _ratio(Run("tiny", "F32", {}, 20.0, 0), ref) == 0.8  # (no rounds: the medians)
 
 
+def test_the_language_model_benchmarks_roofline_is_each_rounds_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A side's fraction of the roofline is the median of its rounds' fractions, each against the read bandwidth
+    measured just before that round (the machine's speed drifts within a run), not all against the bandwidth of the
+    run's start; without a bandwidth a round, the median decode against the given one."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.llm import Run, of_roofline
+
+    run = Run("tiny", "Q4_0", {}, 20.0, 0, rounds=[10.0, 20.0, 30.0], bandwidths=[1e9, 4e9, 3e9])
+    # (roofs of 10, 40 and 30 tokens/s at 1e8 bytes a token: fractions 1.0, 0.5 and 1.0; the start's 4e9: 20 / 40)
+    assert of_roofline(run, 10**8, 4e9) == 1.0
+    assert of_roofline(Run("tiny", "Q4_0", {}, 20.0, 0, rounds=[10.0, 20.0, 30.0]), 10**8, 4e9) == 0.5
+
+
 def test_the_language_model_benchmark_counts_a_prompts_fastest_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """A side's prefill figure is its fastest of PREFILL_RUNS timed passes (one alone moved by a quarter between runs
     on this VM), every side timed alike: here on a clock that each pass moves by 3, 1 and 2 seconds."""
