@@ -127,7 +127,14 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         if out_dim is not None and not rows:
             # (8: half an AVX-512 vector where whole ones do not divide the outputs: an attention head of 40, whose
             # product with the values took vectors of 4: 2 x 8 x 1024 x 40, 64 -> 10 ms)
-            attempt(OptOps.UPCAST, _axis(k, out_dim), (2 * lanes, lanes, 8, 4, 2) + _whole(k, out_dim))
+            # an exp (log, sin) the output dim does not index, computed in the kernel (a decode step's probabilities
+            # fused into their product with the values: one a key, shared by the head dim) is computed again for
+            # each tile along that dim: on a CPU the whole dim in one tile where it fits (8 heads x 4 queries x 64
+            # float16 values over 96 keys on 2 AVX2 cores, 4 x 16 a tile: 48 -> 26 us)
+            axis = _axis(k, out_dim)
+            whole = axis is not None and not caps.has_local and _n(k.axes[axis].size) <= TILE_LANES
+            if not (whole and _computed_across(k, out_dim) and attempt(OptOps.UPCAST, axis, (0,))):
+                attempt(OptOps.UPCAST, axis, (2 * lanes, lanes, 8, 4, 2) + _whole(k, out_dim))
         # more outputs per loaded value: first along dims the vectors are broadcast along (each row of the tile
         # reuses the vectors and costs one scalar), innermost first
         tile_dims = sorted(reuse - {out_dim}, key=lambda d: (not any(_broadcast(v, d) for v in vector_loads), -d))
@@ -392,6 +399,20 @@ def _within(
     limit = room if whole_room is None else whole_room
     whole = (0,) if _n(k.axes[axis].size) <= min(SMALL_DIM, limit) and _whole(k, k.axes[axis].dim) else ()
     return tuple(a for a in amounts if a <= room) + whole
+
+
+def _computed_across(k: Kernel, dim: int) -> bool:
+    """Whether the kernel computes an exp, log or sine of values that do not vary along `dim` (its reads all
+    broadcast along it)."""
+    for u in k.ast.toposort:
+        if u.op in _TRANSCENDENTAL:
+            reads = [r for r in u.toposort if r.op is Ops.READ]
+            if reads and all(_broadcast(r.view, dim) for r in reads):
+                return True
+    return False
+
+
+_TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN)
 
 
 def _whole(k: Kernel, dim: int) -> tuple[int, ...]:
