@@ -471,7 +471,7 @@ class ReadBandwidth:
 def of_roofline(run: Run, bytes_per_token: int, bandwidth: float) -> float:
     """A side's decode as a fraction of the roofline (the read bandwidth over the bytes a token reads): the median of
     its rounds' fractions, each against the bandwidth measured just before it (the machine's speed drifts within a
-    run: the same read measured 32 GB/s at the start of one and 22 around its Q8_0 rounds), where it has them; else
+    run: one read 29.7 GB/s at its start and 22.9-26.3 before its Q8_0 rounds), where it has them; else
     its median against `bandwidth`."""
     if run.rounds and len(run.bandwidths) == len(run.rounds):
         return statistics.median(d * bytes_per_token / bw for d, bw in zip(run.rounds, run.bandwidths))
