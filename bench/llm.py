@@ -579,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
             ran(run_sides("F32 (folder)", folder / "hf", ["tiny"], args))
     text = table(runs, files, bandwidth, args.prefill)
     text += f"\n\nread bandwidth ({args.threads}-thread sum of 1 GiB): {bandwidth / 1e9:.1f} GB/s at the start"
-    around = [bw for r in runs if r.side == "tiny" for bw in r.bandwidths]
+    around = [bw for r in runs for bw in r.bandwidths]
     if around:  # (each format's roofline is against the bandwidth measured before each of its rounds)
         text += f"; {min(around) / 1e9:.1f}-{max(around) / 1e9:.1f} GB/s before the decode rounds"
     print(text)

@@ -358,7 +358,7 @@ _GGUF_BLOCK = {
 # each layer's query, key and value weights (and biases) read as one tensor where they are of one type (gguf_load's
 # joins): one product reads them, and the model's three weights are views of it (Attention.join)
 _QKV_JOINS = {f"attn_qkv.{kind}": tuple(f"attn_{p}.{kind}" for p in "qkv") for kind in ("weight", "bias")}
-_QKV = ("attn_qkv.weight", "attn_qkv.bias")
+_QKV = tuple(_QKV_JOINS)
 
 
 _GGUF_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}

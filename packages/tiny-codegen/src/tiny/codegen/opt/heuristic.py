@@ -43,6 +43,7 @@ ROW_TILE_WIDE = 2  # ... times this with 16-lane vectors (AVX-512's 32 registers
 # the L3; a prompt's 32 x 5632 x 2048, 4 tokens x 32 rows 0.91 -> 0.80 ms
 DOT_TILE_VECTORS = 8
 LINE = 64  # bytes of a cache line
+_TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN)  # (what _computed_across looks for)
 LOWERED_NODES = 1 << 15  # a CPU kernel that is not a register tile lowers at most about this many nodes (AST nodes x
 # values per thread): a max pool's backward upcast whole (6 x 6 positions x 16 channels of a 229-node body) built
 # 130k nodes to simplify them to 1.8k, 2.0 s of a cold MNIST step's rendering, for the same speed as 72 values (0.15 ms)
@@ -410,9 +411,6 @@ def _computed_across(k: Kernel, dim: int) -> bool:
             if reads and all(_broadcast(r.view, dim) for r in reads):
                 return True
     return False
-
-
-_TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN)
 
 
 def _whole(k: Kernel, dim: int) -> tuple[int, ...]:
