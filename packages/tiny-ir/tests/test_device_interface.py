@@ -433,6 +433,30 @@ def test_a_flag_parses_the_environment_once_per_change(monkeypatch: pytest.Monke
         assert DEBUG.value == 1
 
 
+def test_a_flag_keeps_its_value_until_the_environment_or_an_override_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flags are read on every op: a read is a plain attribute (the parsed value in the flag's __dict__), forgotten by
+    every way os.environ is written (set, update, setdefault, pop, del) and by Context."""
+    monkeypatch.setenv("DEBUG", "1")
+    assert DEBUG.value == 1 and vars(DEBUG)["value"] == 1
+    writes = [
+        lambda: os.environ.update(DEBUG="2"),
+        lambda: os.environ.pop("DEBUG"),
+        lambda: os.environ.setdefault("DEBUG", "3"),
+        lambda: os.environ.__delitem__("DEBUG"),
+        lambda: os.environ.__setitem__("DEBUG", "4"),
+    ]
+    for write, expected in zip(writes, (2, 0, 3, 0, 4)):
+        write()
+        assert "value" not in vars(DEBUG) and DEBUG.value == expected and vars(DEBUG)["value"] == expected
+    os.environ["DEBUG"] = "not a number"  # (refused where it is read, as before the value was kept)
+    with pytest.raises(ValueError, match="DEBUG='not a number': expected int"):
+        _ = DEBUG.value
+    os.environ["DEBUG"] = "5"
+    with Context(DEBUG=6):
+        assert DEBUG.value == 6
+    assert DEBUG.value == 5
+
+
 def test_every_flag_is_declared_with_type_default_and_doc() -> None:
     for name, flag in FLAGS.items():
         assert flag.name == name and name.isupper()

@@ -14,15 +14,49 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T", int, str)
 
-# os.environ.get is a Python-level mapping lookup (about a microsecond) and flags are read on every op; where CPython
-# keeps the environment in a dict of encoded keys and values (os.environ._data on POSIX), a flag reads that dict
-# (every write through os.environ lands there) and parses the value again only when it changed
-_ENV_DATA: dict | None = getattr(os.environ, "_data", None)
+# Flags are read on every op, so a read is a plain attribute: each flag keeps its parsed value in its __dict__ (see
+# _Parsed) and forgets it when its variable is written or Context overrides it. Every write through os.environ
+# (monkeypatch.setenv too) lands in the dict of encoded keys and values os.environ keeps on POSIX and Windows
+# (os.environ._data); it is replaced here by _WatchedEnviron, which tells the flags of the written key. Where that dict
+# is not there, a read looks the variable up every time.
 _encode = getattr(os.environ, "encodekey", None)
 _decode = getattr(os.environ, "decodevalue", None)
-if not isinstance(_ENV_DATA, dict) or _encode is None or _decode is None:
+_WATCHING: dict[Any, list[Flag]] = {}  # each flag by its variable's encoded name
+
+
+class _WatchedEnviron(dict):
+    """os.environ's own dict (os._Environ writes it with these two, and nothing else): a write of a flag's variable
+    has the flag parse it again when next read."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        for f in _WATCHING.get(key, ()):
+            f.forget()
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        for f in _WATCHING.get(key, ()):
+            f.forget()
+
+
+_ENV_DATA: dict | None = getattr(os.environ, "_data", None)
+if type(_ENV_DATA) is dict and _encode is not None and _decode is not None:
+    _ENV_DATA = os.environ._data = _WatchedEnviron(_ENV_DATA)  # type: ignore[attr-defined]
+else:
     _ENV_DATA = None
-_UNREAD = object()  # the raw value of a flag not read yet
+
+
+class _Parsed:
+    """Flag.value: the override in force or the environment's value parsed, kept in the flag's __dict__ (which a read
+    then finds first: this descriptor has no __set__) until forget(); raises where the variable does not parse."""
+
+    def __get__(self, flag: Flag | None, owner: type | None = None) -> Any:
+        if flag is None:
+            return self
+        value = flag._override[-1] if flag._override else flag._parse(flag._environment())
+        if _ENV_DATA is not None:
+            flag.__dict__["value"] = value
+        return value
 
 
 @dataclass
@@ -32,21 +66,19 @@ class Flag(Generic[T]):
     default: T
     doc: str
     _override: list[T] = field(default_factory=list, repr=False)
-    _raw: Any = field(default=_UNREAD, init=False, repr=False, compare=False)  # the environment's value last parsed
-    _parsed: Any = field(default=None, init=False, repr=False, compare=False)  # ... and what it parsed to
     _key: Any = field(default=None, init=False, repr=False, compare=False)  # the name as _ENV_DATA holds it
+    value = _Parsed()  # (a plain attribute once read)
 
     def __post_init__(self) -> None:
         self._key = _encode(self.name) if _ENV_DATA is not None else self.name
+        _WATCHING.setdefault(self._key, []).append(self)
 
-    @property
-    def value(self) -> T:
-        if self._override:
-            return self._override[-1]
-        raw = _ENV_DATA.get(self._key) if _ENV_DATA is not None else os.environ.get(self.name)
-        if raw != self._raw:
-            self._parsed, self._raw = self._parse(raw), raw
-        return self._parsed
+    def forget(self) -> None:
+        """The environment or an override changed: parse again at the next read."""
+        self.__dict__.pop("value", None)
+
+    def _environment(self) -> Any:
+        return _ENV_DATA.get(self._key) if _ENV_DATA is not None else os.environ.get(self.name)
 
     def _parse(self, raw: Any) -> T:
         text = _decode(raw) if _ENV_DATA is not None and raw is not None else raw
@@ -148,12 +180,14 @@ def Context(**values: int | str) -> Iterator[None]:  # noqa: N802  (used like a 
     flags = []
     for name, v in values.items():
         FLAGS[name]._override.append(v)
+        FLAGS[name].forget()
         flags.append(FLAGS[name])
     try:
         yield
     finally:
         for f in flags:
             f._override.pop()
+            f.forget()
 
 
 def cache_dir() -> str:

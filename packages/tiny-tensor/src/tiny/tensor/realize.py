@@ -186,7 +186,8 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
     if debug >= 1 and items:
         kernels = sum(1 for i in items if i.ast.op is Ops.SINK)
         print(f"schedule: {kernels} kernel(s), {len(items) - kernels} copy(ies)")
-    _build_ahead(items, built)
+    if len(items) > 1:  # (one step builds its own kernel below)
+        _build_ahead(items, built)
     if _captures:
         _release_unheld(_captures[-1])
     for item in items:

@@ -41,6 +41,7 @@ from tiny.tensor.windows import WindowOps
 
 Scalar = int | float | bool
 _new_tensor = object.__new__
+_MULTI = Ops.MULTI  # (an Enum member as a global: see tiny.ir.schedule.cache._BUFFER)
 _NP_TO_DTYPE = {np.dtype(d.fmt): d for d in dtypes.all() if d.fmt is not None}
 
 
@@ -141,8 +142,12 @@ class Tensor(
             uop = no_grad_wrap(uop)
         if type(uop.device) is tuple:  # (_expanded written out: it runs for every op)
             uop = expand_multi(uop)
-        t = self._operand(uop)
-        t._track()
+        t = _new_tensor(Tensor)  # (_operand and _track written out)
+        t._requires_grad = t.grad = None
+        t.uop = uop
+        Tensor._live.add(t)
+        if not is_realized(uop):
+            Tensor._pending.add(t)
         return t
 
     def _operand(self, uop: UOp) -> Tensor:
@@ -178,7 +183,7 @@ class Tensor(
 
     def realize(self, *others: Tensor) -> Tensor:
         """Compute this tensor (and others) now; the result lives in a buffer on the device."""
-        if others or self.uop.op is Ops.MULTI:  # (a tensor on several devices: each device's part)
+        if others or self.uop.op is _MULTI:  # (a tensor on several devices: each device's part)
             targets = [u for t in (self, *others) for u in shards_of(t.uop) if not is_realized(u)]
         else:  # (the usual call: one tensor)
             targets = [] if is_realized(self.uop) else [self.uop]
@@ -390,17 +395,18 @@ def _upload(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
 def _rebound(done: dict[UOp, UOp], held_too: bool) -> tuple[list[tuple[Tensor, UOp]], set[UOp] | None]:
     """The live tensors that read computed nodes, each with the graph it holds from now on (reading their buffers);
     with held_too, also the computed nodes those tensors read (their buffers outlive the schedule)."""
-    computed, rebound = done.keys(), []
+    rebound: list[tuple[Tensor, UOp]] = []
     held: set[UOp] | None = set() if held_too else None
-    rebuilt: dict[UOp, UOp] = {}  # (the tensors' graphs share most of their nodes: each is rebuilt once)
+    rebuilt: dict[UOp, UOp] | None = None  # (the tensors' graphs share most of their nodes: each is rebuilt once)
     for t in Tensor._pending.alive():
         u = t.uop
         if (view := done.get(u)) is not None:
             rebound.append((t, view))
             if held is not None:
                 held.add(u)
-        elif not computed.isdisjoint(u.toposort):  # (listed pending: not memory)
+        elif not done.keys().isdisjoint(u.toposort):  # (listed pending: not memory)
+            rebuilt = {} if rebuilt is None else rebuilt
             rebound.append((t, substitute(u, done, rebuilt)))
             if held is not None:
-                held.update(computed & set(u.toposort))
+                held.update(done.keys() & set(u.toposort))
     return rebound, held

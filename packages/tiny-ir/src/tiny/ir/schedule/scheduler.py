@@ -586,7 +586,7 @@ def create_schedule(targets: list[UOp]) -> Schedule:
     with the schedule (var_vals), and what the targets become is bound again."""
     if PROFILE.value or VIZ.value:  # (two reads of a flag: what watching costs when it is off)
         return _create_schedule_seen(targets)
-    return _create_schedule(targets)
+    return _create_schedule(targets) if binds_made() else _schedule(targets)
 
 
 def _create_schedule_seen(targets: list[UOp]) -> Schedule:
