@@ -223,8 +223,11 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
                 _launches_current()
                 break
         assert launch is not None
-        if not timed:  # (the usual run: launched, not waited for)
-            launch(*map(_opaque, buffers), *given)  # (the opaques allocated when first asked for)
+        if not timed:  # (the usual run: launched, not waited for; the opaques allocated when first asked for)
+            if given:
+                launch(*map(_opaque, buffers), *given)
+            else:  # (no list built for the values: nearly every launch)
+                launch(*map(_opaque, buffers))
         if _captures:
             _captures[-1].append(Launch(buffers, prog, runner, launch, bool(given)))
         GlobalCounters.kernels += 1

@@ -13,7 +13,7 @@ from tiny.ir.device import Device, buffer_of, device_computes, new_buffer
 from tiny.ir.device.collective import concat, copy_to
 from tiny.ir.dtypes import DType, dtypes, to_dtype
 from tiny.ir.multi import devices_of, expand_multi, multi, relayout, shard
-from tiny.ir.schedule import ScheduleItem, create_schedule, is_memory, is_realized
+from tiny.ir.schedule import Schedule, ScheduleItem, create_schedule, is_memory, is_realized
 from tiny.ir.schedule.memory import share_memory
 from tiny.ir.sint import check_size, is_size_expr, sym_eval, variables
 from tiny.ir.uop import GroupOp, Ops, UOp, substitute
@@ -195,8 +195,7 @@ class Tensor(
         # them again (autograd keeps the schedule's graphs: saved tensors)
         rebound, held = _rebound(done, len(sched.fresh) > 1 and not saves_graphs(sched.reads))
         if held is not None:
-            kept = {b for u in held for b in done[u].toposort if b.op is Ops.BUFFER}
-            share_memory(sched.items, [buffer_of(b) for b in sched.fresh if b not in kept])
+            _share_unheld(sched, done, held)
         run_schedule(sched.items, sched.var_vals)
         record_origins(done, sched.reads)
         for t, u in rebound:  # every tensor reads what was computed from its buffer from now on
@@ -390,6 +389,14 @@ def _upload(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
     if data.size:
         buffer_of(node).copyin(memoryview(data.reshape(-1).view(np.uint8)))
     return UOp(Ops.RESHAPE, dt, (node,), tuple(arr.shape))
+
+
+def _share_unheld(sched: Schedule, done: dict[UOp, UOp], held: set[UOp]) -> None:
+    """Let the buffers a schedule makes share memory (tiny.ir.schedule.memory), but those that live tensors read
+    (the views of `held` nodes): they outlive the schedule. (A function of its own: a comprehension over `done` in
+    Tensor.realize would make it a cell there, on every realize.)"""
+    kept = {b for u in held for b in done[u].toposort if b.op is Ops.BUFFER}
+    share_memory(sched.items, [buffer_of(b) for b in sched.fresh if b not in kept])
 
 
 def _rebound(done: dict[UOp, UOp], held_too: bool) -> tuple[list[tuple[Tensor, UOp]], set[UOp] | None]:

@@ -221,7 +221,9 @@ def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     node = make_node(UOp, _BUFFER_OP, dtype, src, (next(_buffer_ids), size))  # (UOp(...): see make_node)
     buffer = _new_object(Buffer)  # Buffer(device, size, dtype), its __init__ called from here rather than from C
     buffer.__init__(device, size, dtype)
-    _keep_buffer(node, buffer)
+    entry = _BufferEntry(node, _drop_buffer)  # (_keep_buffer written out: a schedule makes its buffers here)
+    entry.key, entry.buffer = id(node), buffer
+    _BUFFERS[entry.key] = entry
     return node
 
 

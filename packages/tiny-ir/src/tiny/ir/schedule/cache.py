@@ -99,25 +99,26 @@ def structure_of(targets: list[UOp]) -> Structure | None:
     root, buffers, devices = shape
     if len(devices) == 1:  # (the usual case: one device)
         (name,) = devices
-        if not device_computes(name):
+        # (a device with caps is open and computes: only one without is asked whether it computes)
+        if (caps := opened_caps(name)) is None and not device_computes(name):
             return None  # values there become views of a buffer's memory: BUFFERs that are not new memory
-        key = (_COMPOSED, root, name, _caps_token(name))
+        key = (_COMPOSED, root, name, _caps_token(caps))
         return _new_tuple(Structure, (key, tuple(targets), buffers))  # (without the NamedTuple's Python __new__)
     names = tuple(sorted(devices))
     if not all(map(device_computes, names)):
         return None
-    caps = tuple(_caps_token(d) for d in names)
-    return Structure((_COMPOSED, root, names, caps), tuple(targets), buffers)
+    tokens = tuple(_caps_token(opened_caps(d)) for d in names)
+    return Structure((_COMPOSED, root, names, tokens), tuple(targets), buffers)
 
 
 _CAPS: dict[int, object] = {}  # every caps object a key has named, by id (kept, so that no other takes its id)
 
 
-def _caps_token(device: str) -> int | None:
-    """The caps of a device (opened: see opened_caps) in a key: the caps object's id (hashing a dataclass of many
-    fields is slow), None for a device not opened. Caps equal but not the same object make another key: a miss, not
-    a wrong schedule."""
-    if (caps := opened_caps(device)) is None:
+def _caps_token(caps: object | None) -> int | None:
+    """A device's caps (see opened_caps) in a key: the caps object's id (hashing a dataclass of many fields is
+    slow), None for a device not opened. Caps equal but not the same object make another key: a miss, not a wrong
+    schedule."""
+    if caps is None:
         return None
     if (kept := _CAPS.get(token := id(caps))) is not caps:
         if kept is not None:
