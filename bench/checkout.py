@@ -41,8 +41,12 @@ def write_entry_points(root: Path, folder: Path) -> None:
 
 def environment(root: Path, scratch: Path) -> dict[str, str]:
     """os.environ for a process that runs the checkout at `root` (its entry points written under `scratch`), the
-    flags of CLEARED_FLAGS unset."""
+    flags of CLEARED_FLAGS unset, and the checkout's Python bytecode kept under `scratch` (the processes it starts
+    too: an older checkout's bench.run times a fresh process's first result with its sources compiled in every
+    process where the environment says PYTHONDONTWRITEBYTECODE, a newer one reads bytecode, as installed packages
+    do: each side reads bytecode here)."""
     meta = scratch / "entry-points"
     write_entry_points(root, meta)
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED_FLAGS}
-    return env | {"PYTHONPATH": os.pathsep.join([str(meta), *source_folders(root)])}
+    env = {k: v for k, v in os.environ.items() if k not in (*CLEARED_FLAGS, "PYTHONDONTWRITEBYTECODE")}
+    path = os.pathsep.join([str(meta), *source_folders(root)])
+    return env | {"PYTHONPATH": path, "PYTHONPYCACHEPREFIX": str(scratch / "bytecode")}

@@ -136,12 +136,29 @@ def tiny_process_env(device: str) -> dict[str, str]:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_PYCACHE: list[tempfile.TemporaryDirectory] = []  # the fresh processes' Python bytecode, this run's
+
+
+def bytecode_cache() -> str:
+    """Where fresh processes keep the bytecode of the Python they import (PYTHONPYCACHEPREFIX), for this process's
+    lifetime: a first result is timed as a user's is, tiny's modules read as bytecode as an installed package's are
+    (PyTorch's and NumPy's come with theirs), not compiled from source in every process (as they would be where the
+    environment says PYTHONDONTWRITEBYTECODE, or a checkout's folders cannot be written). The workloads' warmup
+    fills it."""
+    if not _PYCACHE:
+        _PYCACHE.append(tempfile.TemporaryDirectory(prefix="tiny-bench-pyc-"))
+    return _PYCACHE[0].name
+
+
 def spawn_fresh(code: str, env: dict[str, str], cache: str | None = None) -> None:
     """Run `code` in a new Python (from the checkout's root, so `bench` imports) and wait for it: with an empty
-    compile cache, or with the cache file `cache` (tiny's and tinygrad's). A failure raises with its last words."""
+    compile cache, or with the cache file `cache` (tiny's and tinygrad's), and this run's bytecode_cache(). A failure
+    raises with its last words."""
     with tempfile.TemporaryDirectory(prefix="tiny-bench-") as scratch:
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
         full = dict(os.environ, CACHEDB=cache or os.path.join(scratch, "cache.db"), PYTHONPATH=path) | env
+        full.pop("PYTHONDONTWRITEBYTECODE", None)
+        full["PYTHONPYCACHEPREFIX"] = bytecode_cache()
         done = subprocess.run([sys.executable, "-c", code], env=full, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the fresh process exited {done.returncode}: {done.stderr.strip()[-400:]}")

@@ -645,3 +645,38 @@ def test_a_device_that_cannot_start_keeps_nothing_of_its_caller() -> None:
         assert caller()() is None
     finally:
         gc.enable()
+
+
+def test_a_compilers_features_are_probed_once_per_compiler_and_host(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A process's start does not wait for the feature probes again: their answer is kept in the disk cache under the
+    compiler's file, probed again for another file or a changed one, and every time without a disk cache."""
+    real = shutil.which(find_compiler())
+    assert real is not None
+    wrapper = tmp_path / "bin" / "tiny-test-cc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CACHEDB", str(tmp_path / "cache.db"))
+    probed: list[str] = []
+    probe = cpu._probed_features
+    monkeypatch.setattr(cpu, "_probed_features", lambda cc: probed.append(cc) or probe(cc))
+
+    def in_a_new_process(cc: str) -> frozenset[str]:
+        cpu.compiler_features.cache_clear()
+        return cpu.compiler_features(cc)
+
+    try:
+        with Context(CACHELEVEL=2):
+            first = in_a_new_process(real)
+            assert first == probe(real) and in_a_new_process(real) == first and probed == [real]
+            assert in_a_new_process(str(wrapper)) == first and probed == [real, str(wrapper)]
+            os.utime(wrapper, ns=(wrapper.stat().st_atime_ns, wrapper.stat().st_mtime_ns + 10**9))
+            assert in_a_new_process(str(wrapper)) == first and len(probed) == 3
+        with Context(CACHELEVEL=0):
+            in_a_new_process(real), in_a_new_process(real)
+            assert len(probed) == 5
+    finally:
+        cpu.compiler_features.cache_clear()

@@ -351,3 +351,29 @@ def test_compare_refuses_a_folder_that_is_no_checkout(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "bench.compare", str(tmp_path), str(ROOT), "--quick", "--only", "sum"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "is not a checkout of tiny" in done.stderr
+
+
+def test_a_fresh_process_reads_tinys_modules_as_bytecode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first-result workloads time a new process as a user's is: its Python's modules (tiny's too) read as
+    bytecode once the warmup wrote it, even where this environment says PYTHONDONTWRITEBYTECODE (a checkout's sources
+    would otherwise be compiled again in every timed process, and PyTorch's come with their bytecode)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.frameworks import bytecode_cache, spawn_fresh
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    spawn_fresh("import tiny.tensor", {})
+    written = [p for p in Path(bytecode_cache()).rglob("*.pyc") if "tiny" in p.parts]
+    assert any(p.name.startswith("tensor.") and p.parent.name == "tensor" for p in written), written
+
+
+def test_compare_gives_each_checkout_bytecode(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """bench.compare's processes (and the fresh ones they time) read their checkout's Python as bytecode kept under
+    the side's scratch folder, whatever the checkout's bench does about PYTHONDONTWRITEBYTECODE."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.checkout import environment
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = environment(ROOT, tmp_path)
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "bytecode")
+    done = subprocess.run([sys.executable, "-c", "import tiny.ir.uop"], env=env, capture_output=True, timeout=120)
+    assert done.returncode == 0 and list((tmp_path / "bytecode").rglob("uop.*.pyc")), done.stderr

@@ -41,6 +41,7 @@ from tiny.ir.device import (
     usable_cores,
 )
 from tiny.ir.device.collective import SHARED_MEMORY
+from tiny.ir.diskcache import cache_get, cache_put, digest
 from tiny.runtime.cpu_pool import Pool, kernel_address, supported
 from tiny.runtime.cpu_pool import source as pool_source
 from tiny.runtime.cpu_queue import Queue, meet
@@ -87,31 +88,66 @@ def find_compiler() -> str:
     raise DeviceUnavailable(f"CPU:C needs a C compiler: neither clang nor gcc is on PATH (apt install clang){hint}")
 
 
+_MVEC = (
+    "typedef float v8 __attribute__((vector_size(32)));\nv8 _ZGVdN8v_exp2f(v8);\n"
+    "int main(void) { v8 x = {0}; return (int)_ZGVdN8v_exp2f(x)[0] - 1; }"
+)
+FEATURE_PROBES = {  # each feature: the compiler's flags (the first before the source) and a source it must take
+    "f16": (("-c",), "_Float16 f(_Float16 a, _Float16 b) { return a * b + (_Float16)1; }"),
+    "mvec": (("-march=native", "-lmvec"), _MVEC),  # (and the program must run: an AVX2 host)
+    "vnni": (("-c", "-march=native"), "#if !defined(__AVX512VNNI__) && !defined(__AVXVNNI__)\n#error\n#endif\n"),
+    "avx2": (("-c", "-march=native"), "#if !defined(__AVX2__)\n#error\n#endif\n"),
+}
+
+
 @cache
 def compiler_features(cc: str) -> frozenset[str]:
     """What this compiler can do on this host, found by compiling tiny probes: 'f16' (_Float16), 'mvec' (glibc's
     vector math library for AVX2, linked with -lmvec), 'vnni' (x86's int8 dot products, AVX-512 VNNI or AVX-VNNI, in
     what -march=native targets: the renderer's DOT4), 'avx2' (AVX2 there: its byte products, pmaddubsw, make the
-    renderer's DOT4 where there is no VNNI)."""
-    mvec = (
-        "typedef float v8 __attribute__((vector_size(32)));\nv8 _ZGVdN8v_exp2f(v8);\n"
-        "int main(void) { v8 x = {0}; return (int)_ZGVdN8v_exp2f(x)[0] - 1; }"
-    )
-    probes = {
-        "f16": (["-c"], "_Float16 f(_Float16 a, _Float16 b) { return a * b + (_Float16)1; }"),
-        "mvec": (["-march=native", "-lmvec"], mvec),
-        "vnni": (["-c", "-march=native"], "#if !defined(__AVX512VNNI__) && !defined(__AVXVNNI__)\n#error\n#endif\n"),
-        "avx2": (["-c", "-march=native"], "#if !defined(__AVX2__)\n#error\n#endif\n"),
-    }
+    renderer's DOT4 where there is no VNNI). The probes run side by side, once per compiler and host: the answer is
+    kept in the disk cache under the compiler's file (path, size, time), the C library's version and the host's CPU
+    flags (a process's start would otherwise wait for five compilers' runs)."""
+    key = _features_key(cc)
+    if key is not None and (known := cache_get("compiler_features", key)) is not None:
+        return frozenset(known)
+    found = _probed_features(cc)
+    if key is not None:
+        cache_put("compiler_features", key, sorted(found))
+    return found
+
+
+def _features_key(cc: str) -> str | None:
+    """The disk cache's key of a compiler's features on this host; None where the compiler's file is not found."""
+    if (path := shutil.which(cc)) is None:
+        return None
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    try:
+        cpu = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
+    except OSError:
+        cpu = platform.processor()
+    libc = os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names else platform.libc_ver()
+    return digest(repr((real, st.st_size, st.st_mtime_ns, libc, platform.machine(), cpu, FEATURE_PROBES)).encode())
+
+
+def _probed_features(cc: str) -> frozenset[str]:
     out = set()
-    for name, (flags, src) in probes.items():
-        with tempfile.TemporaryDirectory() as d:
-            exe = os.path.join(d, "p")
+    with tempfile.TemporaryDirectory() as d:
+        runs = {}
+        for name, (flags, src) in FEATURE_PROBES.items():  # started together, then waited for
+            exe = os.path.join(d, name)
             args = [cc, *flags[:1], "-x", "c", "-", *flags[1:], "-o", exe]
-            r = subprocess.run(args, input=src.encode(), capture_output=True)
-            if name == "mvec" and r.returncode == 0:  # it must run too: an AVX2 host
-                r = subprocess.run([exe], capture_output=True)
-            if r.returncode == 0:
+            proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            assert proc.stdin is not None
+            proc.stdin.write(src.encode())
+            proc.stdin.close()
+            runs[name] = (proc, exe)
+        for name, (proc, exe) in runs.items():
+            ok = proc.wait() == 0
+            if name == "mvec" and ok:  # it must run too: an AVX2 host
+                ok = subprocess.run([exe], capture_output=True).returncode == 0
+            if ok:
                 out.add(name)
     return frozenset(out)
 
