@@ -224,8 +224,14 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         attempt(OptOps.UPCAST, _axis(k, out_dim), ((2 * lanes,) if big else ()) + (lanes, 4, 2))
         # a transpose (an input read along another dim, a weight copied to another layout): a square of lanes x
         # lanes values, each input row a vector load and each output row a vector store, where each output vector
-        # gathered its lanes a row apart (ResNet-50's weights into channels last: 2048 x 1024 2.7 GB/s)
-        across = {d for v in loads for d in range(len(v.shape)) if d != out_dim and _stride(v, d) == 1}
+        # gathered its lanes a row apart (ResNet-50's weights into channels last: 2048 x 1024 2.7 GB/s). Not for a
+        # value the output dim does not index (a softmax's row maxima and sums): one load serves a whole vector
+        across = {
+            d
+            for v in loads
+            for d in range(len(v.shape))
+            if d != out_dim and _stride(v, d) == 1 and not _broadcast(v, out_dim)
+        }
         if not caps.has_local and len(across) == 1 and k.lanes() == lanes:
             attempt(OptOps.UPCAST, _axis(k, across.pop()), (lanes,))
     work = math.prod(map(_n, k.full_shape)) * max(1, 4 * dots)
