@@ -291,7 +291,8 @@ class ReduceOps(TensorBase):
         if x.ndim and x.shape[normalize_axis(axis, x.ndim)] == 0:
             return x
         e = (x - x.max(axis, keepdim=True).detach()).exp()
-        return e / e.sum(axis, keepdim=True)
+        # times the sum's reciprocal, as PyTorch's CPU kernels do: one division a row, not one a value
+        return e * e.sum(axis, keepdim=True).reciprocal()
 
     def log_softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
         """log(softmax(x)) along an axis, computed as x - logsumexp(x) (three kernels at most).
