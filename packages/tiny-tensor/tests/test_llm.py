@@ -709,7 +709,7 @@ def test_q8_0_products_of_signed_bytes_equal_those_of_offset_ones(
     from dataclasses import replace
 
     from tiny.tensor import Device
-    from tiny.tensor.byte_blocks import form_of
+    from tiny.tensor.weight_forms import form_of
 
     renderer = Device[Device.DEFAULT].renderer
     if not renderer.caps.dot4:

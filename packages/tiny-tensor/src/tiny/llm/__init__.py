@@ -357,6 +357,7 @@ _GGUF_BLOCK = {
 }
 # each layer's query, key and value weights (and biases) read as one tensor where they are of one type (gguf_load's
 # joins): one product reads them, and the model's three weights are views of it (Attention.join)
+_LOOKUPS = ("token_embd.weight", "position_embd.weight")  # (tensors read by rows)
 _QKV_JOINS = {f"attn_qkv.{kind}": tuple(f"attn_{p}.{kind}" for p in "qkv") for kind in ("weight", "bias")}
 _QKV = tuple(_QKV_JOINS)
 
@@ -373,8 +374,9 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None, cache_dt
     from tiny.nn.gguf import gguf_load
 
     # (every type stays as stored; Q8_0 and Q4_0 matrices as words for products of bytes where the device multiplies
-    # bytes, but the embedding table, read by rows: a tied output's product over it stays the float32 one)
-    tensors, meta = gguf_load(path, dequantize=False, device=device, lookups=("token_embd.weight",), joins=_QKV_JOINS)
+    # bytes, F32 and F16 ones in panels where its products read them, but the embedding tables, read by rows: a tied
+    # output's product over the token embedding stays the float32 one)
+    tensors, meta = gguf_load(path, dequantize=False, device=device, lookups=_LOOKUPS, joins=_QKV_JOINS)
     arch = meta.get("general.architecture")
     if arch not in _GGUF_ARCHS:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (these are: {', '.join(_GGUF_ARCHS)})")

@@ -14,10 +14,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 import numpy as np
 
 from tiny.ir.device import Device
+from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import layout
 from tiny.tensor import Tensor
-from tiny.tensor.byte_blocks import ByteBlocks, register
+from tiny.tensor.byte_blocks import ByteBlocks
 from tiny.tensor.functional import Q8_ACTIVATIONS
+from tiny.tensor.weight_forms import Panels, register
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
@@ -359,6 +361,24 @@ def _words_q4_0(raw: np.ndarray, shape: tuple[int, ...], lanes: int, device: str
     return register(((nibbles.cast("float32") - 8.0) * d.reshape(*d.shape, 1, 1, 1)).reshape(shape), form)
 
 
+# ---------------------------------------------------------------- float matrices in panels (tiny.tensor.weight_forms)
+
+
+def _panel_width(shape: tuple[int, ...], device: str | None) -> int:
+    """Rows a panel of a float matrix of this shape, kept so where the device's products read panels; else 0."""
+    if len(shape) != 2:
+        return 0
+    return layout.weight_panel_width(Device.DEFAULT if device is None else device, dtypes.float32, shape[0])
+
+
+def _panels(values: np.ndarray, shape: tuple[int, ...], width: int, device: str | None) -> Tensor:
+    """A matrix (rows, k) of the file's values (float32 or float16) kept in panels of `width` rows: the float32 graph
+    over them, with the panels registered as its form."""
+    rows, k = shape
+    panels = np.ascontiguousarray(values.reshape(rows // width, width, k).transpose(0, 2, 1))
+    return Panels.weight(Tensor(panels, device=device))
+
+
 def _side_by_side(shape: tuple[int, ...], device: str | None) -> int:
     """Rows of a matrix to keep side by side as words for products of bytes, where the device multiplies bytes and
     Q8_ACTIVATIONS is on; else 0 (the blocks as stored)."""
@@ -508,6 +528,8 @@ _LAZY: dict[int, Callable[[np.ndarray, tuple[int, ...], str | None], Tensor]] = 
 }
 
 _WORDS: dict[int, Callable[[np.ndarray, tuple[int, ...], int, str | None], Tensor]] = {2: _words_q4_0, 8: _words_q8_0}
+# ggml type -> the dtype its matrices are kept in panels as (F32, F16)
+_PANEL_DTYPES = {0: "<f4", 1: "<f2"}
 
 # ---------------------------------------------------------------- loading
 
@@ -529,9 +551,11 @@ def gguf_load(
     tensors, together the file's bytes) and each tensor is a lazy float32 graph over them, which the kernels that read
     it compute (one kernel dequantizes a whole tensor; a matrix product over block-quantized values runs after one
     that dequantizes the weight for it, as the scheduler cannot yet index a block's scale from the product's flat
-    dim). F32 tensors are read as they are either way. Where the device multiplies bytes (x86 with VNNI), Q8_0 and
-    Q4_0 matrices are kept as int32 words with rows side by side instead, for products of bytes
-    (tiny.tensor.byte_blocks); the tensors named in `lookups` (an embedding table, read by rows) stay as stored.
+    dim). F32 tensors are read as they are either way. Where the device's products read panels (the CPU: rows in
+    blocks of two vectors, layout.weight_panel_width), F32 and F16 matrices are kept in panels instead
+    (tiny.tensor.weight_forms.Panels), which every product over them reads; where the device multiplies bytes (x86
+    with VNNI), Q8_0 and Q4_0 matrices are kept as int32 words with rows side by side, for products of bytes
+    (tiny.tensor.byte_blocks). The tensors named in `lookups` (an embedding table, read by rows) stay as stored.
 
     `joins` maps the end of a new name to the ends of the names of tensors whose rows it holds one after another:
     for each start of names that the file has all of them under (each layer's "blk.N."), they are read as one tensor
@@ -602,6 +626,14 @@ def gguf_load(
         del raws
         if not dequantize and ggml_type in _WORDS and name not in lookups and (lanes := _side_by_side(shape, device)):
             tensors[name] = _WORDS[ggml_type](raw, shape, lanes, device)
+            continue
+        if (
+            not dequantize
+            and ggml_type in _PANEL_DTYPES
+            and name not in lookups
+            and (width := _panel_width(shape, device))
+        ):
+            tensors[name] = _panels(raw.view(_PANEL_DTYPES[ggml_type]), shape, width, device)
             continue
         if not dequantize and ggml_type in _LAZY:
             tensors[name] = _LAZY[ggml_type](raw, shape, device)

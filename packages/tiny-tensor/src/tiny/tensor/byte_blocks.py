@@ -4,7 +4,7 @@ A GGUF weight of integer blocks times a scale (Q8_0: 32 int8 and a float16 scale
 is kept by tiny.nn.gguf, where the device multiplies bytes (`tiny.ir.schedule.layout.byte_dot_rows`), as int32 words
 of four quants with `lanes` rows side by side: words (rows / lanes, blocks, words a block, lanes) and scales (rows /
 lanes, blocks, lanes). The weight itself stays the float32 graph over them that every other reader computes; the
-words are registered for it here (`register`), and `linear` asks `form_of` for them.
+words are registered for it as its form (tiny.tensor.weight_forms), and `linear` calls their `product`.
 
 A product x @ weight.T then rounds each block of 32 of x to int8 with its own scale (the largest magnitude / 127,
 kept as float16: llama.cpp's quantize_row_q8_0), packs them four a word, and sums each block's products in int32,
@@ -17,7 +17,6 @@ scales and adds it up in float32. One kernel over the words: each lane a row, x'
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -91,24 +90,13 @@ class ByteBlocks:
         """Whether the terms are the quants themselves, signed (Q8_0's, where the renderer takes SDOT4 faster)."""
         return not self.nibbles and Device[self.words.device].renderer.caps.sdot4
 
+    def product(self, x: Tensor) -> Tensor:
+        return byte_product(x, self)
+
     @property
     def offset(self) -> int:
         """What the terms' bytes hold over the quants: 8 for Q4_0's nibbles, 128 for Q8_0's flipped int8, 0 signed."""
         return 8 if self.nibbles else 0 if self.signed else 128
-
-
-_FORMS: weakref.WeakKeyDictionary[UOp, ByteBlocks] = weakref.WeakKeyDictionary()
-
-
-def register(weight: Tensor, form: ByteBlocks) -> Tensor:
-    """Record `form` as the words of `weight` (its float32 graph over them); returns weight."""
-    _FORMS[weight.uop] = form
-    return weight
-
-
-def form_of(weight: Tensor) -> ByteBlocks | None:
-    """The words registered for this weight, or None (any other tensor, or the weight computed into memory)."""
-    return _FORMS.get(weight.uop)
 
 
 def byte_product(x: Tensor, form: ByteBlocks) -> Tensor:

@@ -15,9 +15,9 @@ from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import is_memory, layout
 from tiny.ir.uop import Ops
 from tiny.tensor.base import TensorBase
-from tiny.tensor.byte_blocks import byte_product, form_of
 from tiny.tensor.checks import first_device
 from tiny.tensor.shapes import prod
+from tiny.tensor.weight_forms import form_of
 from tiny.tensor.windows import strided
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class FunctionalOps(TensorBase):
             )
         one_device = type(self.device) is str and self.device == weight.device  # (else the float path says why)
         if weight.ndim == 2 and self.dtype == dtypes.float32 and one_device and (form := form_of(weight)) is not None:
-            out = byte_product(self, form)  # (Q8_0, Q4_0 as words: tiny.tensor.byte_blocks)
+            out = form.product(self)  # (stored in a layout for products: tiny.tensor.weight_forms)
         elif weight.ndim == 2 and (blocks := weight.blocks()) is not None:  # (a block's fields reach it through views)
             x = self.reshape(*self.shape[:-1], 1, *blocks.shape[1:])
             out = (x * blocks.cast(x.dtype)).sum(axis=tuple(range(-(blocks.ndim - 1), 0)))

@@ -508,23 +508,16 @@ class ReduceOps(TensorBase):
         k = x2.shape[-1]
         batch = broadcast_shape(x2.shape[:-2], y2.shape[:-2])
         n, m = x2.shape[-2], y2.shape[-1]
-        acc = dtypes.float32 if dt.is_float and dt.itemsize < 4 else dt
         width = layout.panel_width(x.device, dt, prod(x2.shape[:-1]), m, k)  # (the scheduler's choice)
         cols = -(-m // width) * width if width else m  # (B's columns padded with zeros to whole panels)
         if width:  # B copied into panels of `width` columns, each contiguous: C's columns in panels too
             b2 = stored.reshape(y2.shape)
             padded = b2 if cols == m else b2.pad([(0, 0)] * (b2.ndim - 1) + [(0, cols - m)])
-            panels = padded._panels(width).cast(dt).transpose(-1, -2)  # (..., cols / width, width, k)
-            a = x2._broadcast_to(batch + (n, k)).reshape(*batch, n, 1, 1, k)
-            b = panels._broadcast_to(batch + panels.shape[-3:]).reshape(*batch, 1, *panels.shape[-3:])
-            full = batch + (n, cols // width, width, k)
+            out = _panel_product(x2, padded._panels(width), batch, dt)
         else:
             a = x2._broadcast_to(batch + (n, k)).reshape(*batch, n, 1, k)
             b = y2._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(*batch, 1, m, k)
-            full = batch + (n, m, k)
-        product = (a * b).cast(acc)
-        out = self._new(UOp(Ops.REDUCE_AXIS, acc, (product._broadcast_to(full).uop,), (Ops.ADD, (len(full) - 1,))))
-        out = out.reshape(*batch, n, cols).cast(dt)
+            out = _summed_products(a, b, batch + (n, m, k), _accumulator(dt)).reshape(*batch, n, m).cast(dt)
         if cols != m:
             out = out.shrink([None] * (out.ndim - 1) + [(0, m)])
         if self.ndim == 1:
@@ -534,6 +527,14 @@ class ReduceOps(TensorBase):
         return out
 
     dot = matmul
+
+    def _over_panels(self, panels: Tensor) -> Tensor:
+        """self (..., k) @ B where B (k, cols) is kept in panels, (cols / width, k, width) of any float dtype, widened
+        as they are read (tiny.tensor.weight_forms.Panels): (..., cols)."""
+        *lead, k = self.shape
+        dt = least_upper_dtype(self.dtype, panels.dtype)
+        out = _panel_product(self.cast(dt).reshape(prod(lead), k), panels, (), dt)
+        return out.reshape(*lead, out.shape[-1])
 
     def _panels(self, width: int) -> Tensor:
         """A (..., k, m) matrix copied into m / width panels of `width` columns, each row of a panel next to the
@@ -545,6 +546,29 @@ class ReduceOps(TensorBase):
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _panel_product(x2: Tensor, panels: Tensor, batch: tuple[int, ...], dt: DType) -> Tensor:
+    """x2 (*batch, n, k) @ B, B's columns in panels (..., cols / width, k, width), widened to dt as they are read:
+    (*batch, n, cols) in dt, each row of C's a panel's width at a time."""
+    n, k = x2.shape[-2:]
+    b = panels.cast(dt).transpose(-1, -2)  # (..., cols / width, width, k)
+    a = x2._broadcast_to(batch + (n, k)).reshape(*batch, n, 1, 1, k)
+    b = b._broadcast_to(batch + b.shape[-3:]).reshape(*batch, 1, *b.shape[-3:])
+    groups, width = b.shape[-3:-1]
+    out = _summed_products(a, b, batch + (n, groups, width, k), _accumulator(dt))
+    return out.reshape(*batch, n, groups * width).cast(dt)
+
+
+def _summed_products(a: Tensor, b: Tensor, full: tuple[int, ...], acc: DType) -> Tensor:
+    """The sum over the last dim of a * b broadcast to `full`, in acc."""
+    product = (a * b).cast(acc)
+    return a._new(UOp(Ops.REDUCE_AXIS, acc, (product._broadcast_to(full).uop,), (Ops.ADD, (len(full) - 1,))))
+
+
+def _accumulator(dt: DType) -> DType:
+    """The dtype a product of dt sums in: float32 for narrower floats."""
+    return dtypes.float32 if dt.is_float and dt.itemsize < 4 else dt
 
 
 def _std_of(var: Tensor) -> Tensor:

@@ -1,0 +1,63 @@
+"""Weights kept in a layout of their own for the products that read them.
+
+A weight loaded from a file (tiny.nn.gguf) may be kept on the device in the layout its products read fastest rather
+than as the file has it: Q8_0 and Q4_0 blocks as words of bytes with rows side by side (tiny.tensor.byte_blocks), a
+float matrix in panels of rows (`Panels`). The weight itself stays the float32 graph over that form, which every
+other reader (a row lookup, `.numpy()`, a gradient) computes; `register` records the form for it, and `linear` asks
+`form_of` for one and calls its `product`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from tiny.ir.uop import UOp
+
+if TYPE_CHECKING:
+    from tiny.tensor.tensor import Tensor
+
+
+class Form(Protocol):
+    def product(self, x: Tensor) -> Tensor:
+        """x @ weight.T, x float32 (..., k)."""
+        ...
+
+
+_FORMS: weakref.WeakKeyDictionary[UOp, Form] = weakref.WeakKeyDictionary()
+
+
+def register(weight: Tensor, form: Form) -> Tensor:
+    """Record `form` as the stored form of `weight` (its float32 graph over it); returns weight."""
+    _FORMS[weight.uop] = form
+    return weight
+
+
+def form_of(weight: Tensor) -> Form | None:
+    """The form registered for this weight, or None (any other tensor, or the weight computed into memory)."""
+    return _FORMS.get(weight.uop)
+
+
+@dataclass(frozen=True, eq=False)
+class Panels:
+    """A matrix (rows, k) kept as panels of `width` rows, (rows / width, k, width) in its stored dtype: the rows of a
+    panel side by side, one k after the next. A CPU product reads its B so (tiny.ir.schedule.layout.panel_width:
+    a register tile's vectors of output columns, one contiguous block down all of k), and copies B into panels
+    where enough rows of A share the copy; a weight kept in panels is read so by every product, a prompt's few rows
+    and a decode step's one included, with no copy."""
+
+    panels: Tensor
+
+    @property
+    def width(self) -> int:
+        return self.panels.shape[-1]
+
+    def product(self, x: Tensor) -> Tensor:
+        return x._over_panels(self.panels)
+
+    @staticmethod
+    def weight(panels: Tensor) -> Tensor:
+        """The matrix (rows, k) the panels hold, as float32 (a view of them, widened), registered as their form."""
+        n, k, width = panels.shape
+        return register(panels.permute(0, 2, 1).reshape(n * width, k).cast("float32"), Panels(panels))
