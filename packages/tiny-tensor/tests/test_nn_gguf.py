@@ -188,35 +188,38 @@ def test_a_linear_layer_over_a_lazy_weight_is_one_kernel(tmp_path: Path, qtype: 
         np.testing.assert_array_equal(picked.numpy()[0].view(np.uint32), dense[5].view(np.uint32))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["F32", "F16"])
-def test_float_matrices_are_kept_in_panels_where_products_read_them(tmp_path: Path, dtype: type) -> None:
+@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.BF16], ids=lambda q: q.name)
+def test_float_matrices_are_kept_in_panels_where_products_read_them(tmp_path: Path, qtype: QT) -> None:
     """Where the device's products read B from panels (layout.weight_panel_width: the CPU), dequantize=False keeps an
-    F32 or F16 matrix whose rows are a whole number of panels in panels (weight_forms.Panels): the device holds the
-    file's bytes once, the tensor is the file's values bit for bit, and a product over it (a decode step's row, a
+    F32, F16 or BF16 matrix whose rows are a whole number of panels in panels (weight_forms.Panels): the device holds
+    the file's bytes once, the tensor is the file's values bit for bit, and a product over it (a decode step's row, a
     prompt's, and rows enough that a product would copy B into panels) is one kernel, no copy, equal to NumPy's.
     Rows that are no whole number of panels, and the tensors named in `lookups`, stay as stored."""
     width = layout.weight_panel_width(Device.DEFAULT, dtypes.float32, 64)
     if not width:
         pytest.skip(f"{Device.DEFAULT}'s products read no panels")
     rng = np.random.default_rng(13)
-    values = rng.standard_normal((64, 256)).astype(dtype)
-    odd = rng.standard_normal((width + 8, 256)).astype(dtype)
-    path = _write(tmp_path / "f.gguf", {"w": (values, None), "odd": (odd, None), "table": (values, None)})
-    tensors = gguf_load(path, dequantize=False, lookups=("table",))[0]
+    packed = {
+        n: quants.quantize(rng.standard_normal((rows, 256)).astype(np.float32), qtype)
+        for n, rows in (("w", 64), ("odd", width + 8))
+    }
+    values = {n: quants.dequantize(p, qtype) for n, p in packed.items()}
+    files = {"w": (packed["w"], qtype), "odd": (packed["odd"], qtype), "table": (packed["w"], qtype)}
+    tensors = gguf_load(_write(tmp_path / "f.gguf", files), dequantize=False, lookups=("table",))[0]
     w, form = tensors["w"], form_of(tensors["w"])
-    assert isinstance(form, Panels) and form.panels.shape == (64 // width, 256, width)
-    assert form.panels.dtype == (dtypes.float16 if dtype is np.float16 else dtypes.float32)
+    assert isinstance(form, Panels) and form.values.shape == (64 // width, 256, width)
     held = {id(buffer_of(u)): buffer_of(u).nbytes for u in w.uop.toposort if u.op is Ops.BUFFER}
-    assert sum(held.values()) == values.nbytes
-    np.testing.assert_array_equal(w.numpy(), values.astype(np.float32))
+    assert sum(held.values()) == packed["w"].nbytes
+    bits = np.uint32
+    np.testing.assert_array_equal(w.numpy().view(bits), values["w"].view(bits))
     for rows in (1, 32, 2 * layout.PANEL_MIN_ROWS):
         x = rng.standard_normal((rows, 256)).astype(np.float32)
         out = Tensor(x).realize().linear(w)
         assert _kernels(out) == 1
-        want = x.astype(np.float64) @ values.T.astype(np.float64)
+        want = x.astype(np.float64) @ values["w"].T.astype(np.float64)
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert form_of(tensors["odd"]) is None and form_of(tensors["table"]) is None
-    np.testing.assert_array_equal(tensors["odd"].numpy(), odd.astype(np.float32))
+    np.testing.assert_array_equal(tensors["odd"].numpy().view(bits), values["odd"].view(bits))
 
 
 def _q8_0_product(x: np.ndarray, packed: np.ndarray, qtype: QT) -> np.ndarray:

@@ -318,7 +318,11 @@ def _lazy_f16(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Te
 
 
 def _lazy_bf16(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
-    bits = Tensor(np.ascontiguousarray(raw).view("<u2").reshape(shape), device=device)
+    return _widen_bf16(Tensor(np.ascontiguousarray(raw).view("<u2").reshape(shape), device=device))
+
+
+def _widen_bf16(bits: Tensor) -> Tensor:
+    """bfloat16 values held as their uint16 bits, as float32: the top half of each one's bits."""
     return (bits.cast("uint32") << 16).bitcast("float32")
 
 
@@ -371,12 +375,13 @@ def _panel_width(shape: tuple[int, ...], device: str | None) -> int:
     return layout.weight_panel_width(Device.DEFAULT if device is None else device, dtypes.float32, shape[0])
 
 
-def _panels(values: np.ndarray, shape: tuple[int, ...], width: int, device: str | None) -> Tensor:
-    """A matrix (rows, k) of the file's values (float32 or float16) kept in panels of `width` rows: the float32 graph
-    over them, with the panels registered as its form."""
+def _panels(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], width: int, device: str | None) -> Tensor:
+    """A matrix (rows, k) of F32, F16 or BF16 values kept in panels of `width` rows: the float32 graph over them,
+    with the panels registered as its form."""
     rows, k = shape
-    panels = np.ascontiguousarray(values.reshape(rows // width, width, k).transpose(0, 2, 1))
-    return Panels.weight(Tensor(panels, device=device))
+    stored, widen = _PANEL_TYPES[ggml_type]
+    panels = np.ascontiguousarray(raw.view(stored).reshape(rows // width, width, k).transpose(0, 2, 1))
+    return Panels.weight(widen(Tensor(panels, device=device)))
 
 
 def _side_by_side(shape: tuple[int, ...], device: str | None) -> int:
@@ -528,8 +533,12 @@ _LAZY: dict[int, Callable[[np.ndarray, tuple[int, ...], str | None], Tensor]] = 
 }
 
 _WORDS: dict[int, Callable[[np.ndarray, tuple[int, ...], int, str | None], Tensor]] = {2: _words_q4_0, 8: _words_q8_0}
-# ggml type -> the dtype its matrices are kept in panels as (F32, F16)
-_PANEL_DTYPES = {0: "<f4", 1: "<f2"}
+# ggml type -> how its matrices are kept in panels: the stored values' numpy dtype, and what widens them to float32
+_PANEL_TYPES: dict[int, tuple[str, Callable[[Tensor], Tensor]]] = {
+    0: ("<f4", lambda t: t),
+    1: ("<f2", lambda t: t.cast("float32")),
+    30: ("<u2", _widen_bf16),
+}
 
 # ---------------------------------------------------------------- loading
 
@@ -552,7 +561,7 @@ def gguf_load(
     it compute (one kernel dequantizes a whole tensor; a matrix product over block-quantized values runs after one
     that dequantizes the weight for it, as the scheduler cannot yet index a block's scale from the product's flat
     dim). F32 tensors are read as they are either way. Where the device's products read panels (the CPU: rows in
-    blocks of two vectors, layout.weight_panel_width), F32 and F16 matrices are kept in panels instead
+    blocks of two vectors, layout.weight_panel_width), F32, F16 and BF16 matrices are kept in panels instead
     (tiny.tensor.weight_forms.Panels), which every product over them reads; where the device multiplies bytes (x86
     with VNNI), Q8_0 and Q4_0 matrices are kept as int32 words with rows side by side, for products of bytes
     (tiny.tensor.byte_blocks). The tensors named in `lookups` (an embedding table, read by rows) stay as stored.
@@ -629,11 +638,11 @@ def gguf_load(
             continue
         if (
             not dequantize
-            and ggml_type in _PANEL_DTYPES
+            and ggml_type in _PANEL_TYPES
             and name not in lookups
             and (width := _panel_width(shape, device))
         ):
-            tensors[name] = _panels(raw.view(_PANEL_DTYPES[ggml_type]), shape, width, device)
+            tensors[name] = _panels(raw, ggml_type, shape, width, device)
             continue
         if not dequantize and ggml_type in _LAZY:
             tensors[name] = _LAZY[ggml_type](raw, shape, device)

@@ -41,23 +41,23 @@ def form_of(weight: Tensor) -> Form | None:
 
 @dataclass(frozen=True, eq=False)
 class Panels:
-    """A matrix (rows, k) kept as panels of `width` rows, (rows / width, k, width) in its stored dtype: the rows of a
-    panel side by side, one k after the next. A CPU product reads its B so (tiny.ir.schedule.layout.panel_width:
-    a register tile's vectors of output columns, one contiguous block down all of k), and copies B into panels
-    where enough rows of A share the copy; a weight kept in panels is read so by every product, a prompt's few rows
-    and a decode step's one included, with no copy."""
+    """A matrix (rows, k) kept as panels of `width` rows, (rows / width, k, width): the rows of a panel side by side,
+    one k after the next. A CPU product reads its B so (tiny.ir.schedule.layout.panel_width: a register tile's
+    vectors of output columns, one contiguous block down all of k), and copies B into panels where enough rows of A
+    share the copy; a weight kept in panels is read so by every product, a prompt's few rows and a decode step's one
+    included, with no copy."""
 
-    panels: Tensor
+    values: Tensor  # (rows / width, k, width) float32: the stored panels (float32, float16, bfloat16's bits) widened
 
     @property
     def width(self) -> int:
-        return self.panels.shape[-1]
+        return self.values.shape[-1]
 
     def product(self, x: Tensor) -> Tensor:
-        return x._over_panels(self.panels)
+        return x._over_panels(self.values)
 
     @staticmethod
-    def weight(panels: Tensor) -> Tensor:
-        """The matrix (rows, k) the panels hold, as float32 (a view of them, widened), registered as their form."""
-        n, k, width = panels.shape
-        return register(panels.permute(0, 2, 1).reshape(n * width, k).cast("float32"), Panels(panels))
+    def weight(values: Tensor) -> Tensor:
+        """The matrix (rows, k) that panels of float32 `values` hold (a view of them), registered as their form."""
+        n, k, width = values.shape
+        return register(values.permute(0, 2, 1).reshape(n * width, k), Panels(values))
