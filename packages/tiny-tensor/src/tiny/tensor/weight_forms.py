@@ -47,17 +47,19 @@ class Panels:
     share the copy; a weight kept in panels is read so by every product, a prompt's few rows and a decode step's one
     included, with no copy."""
 
-    values: Tensor  # (rows / width, k, width) float32: the stored panels (float32, float16, bfloat16's bits) widened
+    # (rows / width, k, width) float32: the stored panels (float32, float16, bfloat16's bits) widened. A graph, not a
+    # tensor: a live tensor with work pending is looked over by every realize
+    values: UOp
 
     @property
     def width(self) -> int:
         return self.values.shape[-1]
 
     def product(self, x: Tensor) -> Tensor:
-        return x._over_panels(self.values)
+        return x._over_panels(x._new(self.values))
 
     @staticmethod
     def weight(values: Tensor) -> Tensor:
         """The matrix (rows, k) that panels of float32 `values` hold (a view of them), registered as their form."""
         n, k, width = values.shape
-        return register(values.permute(0, 2, 1).reshape(n * width, k), Panels(values))
+        return register(values.permute(0, 2, 1).reshape(n * width, k), Panels(values.uop))
