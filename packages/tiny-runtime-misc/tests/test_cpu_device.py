@@ -680,3 +680,17 @@ def test_a_compilers_features_are_probed_once_per_compiler_and_host(
             assert len(probed) == 5
     finally:
         cpu.compiler_features.cache_clear()
+
+
+def test_a_compiler_that_stops_before_reading_a_probe_has_none_of_its_features(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A probe's source goes to the compiler through a pipe; one that exits without reading it (a wrapper refusing
+    its flags) fails that probe, not the device's start with a BrokenPipeError. (A source past the pipe's buffer:
+    the write waits for the reader, which is gone.)"""
+    quitter = tmp_path / "tiny-test-quitter"
+    quitter.write_text("#!/bin/sh\nexit 1\n")
+    quitter.chmod(0o755)
+    big = {name: (flags, src + "\n" + "/* padding */\n" * 100_000) for name, (flags, src) in cpu.FEATURE_PROBES.items()}
+    monkeypatch.setattr(cpu, "FEATURE_PROBES", big)
+    assert cpu._probed_features(str(quitter)) == frozenset()

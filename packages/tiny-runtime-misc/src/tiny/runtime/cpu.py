@@ -12,6 +12,7 @@ llvmlite (no compiler needed), else C through gcc. `CC=gcc` (any C compiler), `C
 from __future__ import annotations
 
 import _ctypes
+import contextlib
 import ctypes
 import mmap
 import os
@@ -124,7 +125,8 @@ def _features_key(cc: str) -> str | None:
     real = os.path.realpath(path)
     st = os.stat(real)
     try:
-        cpu = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line for line in f if line.startswith("flags")), "")
     except OSError:
         cpu = platform.processor()
     libc = os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names else platform.libc_ver()
@@ -140,8 +142,10 @@ def _probed_features(cc: str) -> frozenset[str]:
             args = [cc, *flags[:1], "-x", "c", "-", *flags[1:], "-o", exe]
             proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             assert proc.stdin is not None
-            proc.stdin.write(src.encode())
-            proc.stdin.close()
+            with contextlib.suppress(BrokenPipeError):  # (a compiler that stops before reading it: its status says)
+                proc.stdin.write(src.encode())
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
             runs[name] = (proc, exe)
         for name, (proc, exe) in runs.items():
             ok = proc.wait() == 0
@@ -156,7 +160,8 @@ def _probed_features(cc: str) -> frozenset[str]:
 def host_vector_width() -> int:
     """float32 lanes of the host's widest vector unit, read from /proc/cpuinfo where there is one."""
     try:
-        flags = open("/proc/cpuinfo").read()
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
     except OSError:
         return 4
     if " avx512f" in flags:
