@@ -374,8 +374,8 @@ def _load_gguf(path: Path, device: str | None, max_context: int | None, cache_dt
     from tiny.nn.gguf import gguf_load
 
     # (every type stays as stored; Q8_0 and Q4_0 matrices as words for products of bytes where the device multiplies
-    # bytes, F32 and F16 ones in panels where its products read them, but the embedding tables, read by rows: a tied
-    # output's product over the token embedding stays the float32 one)
+    # bytes, F32, F16 and BF16 ones in panels where its products read them, but the embedding tables, read by rows:
+    # a tied output's product over the token embedding stays the float32 one)
     tensors, meta = gguf_load(path, dequantize=False, device=device, lookups=_LOOKUPS, joins=_QKV_JOINS)
     arch = meta.get("general.architecture")
     if arch not in _GGUF_ARCHS:

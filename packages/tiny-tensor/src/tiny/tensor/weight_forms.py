@@ -51,10 +51,6 @@ class Panels:
     # tensor: a live tensor with work pending is looked over by every realize
     values: UOp
 
-    @property
-    def width(self) -> int:
-        return self.values.shape[-1]
-
     def product(self, x: Tensor) -> Tensor:
         return x._over_panels(x._new(self.values))
 
