@@ -89,6 +89,31 @@ def test_arguments_past_the_registers_arrive_as_declared(library: ctypes.CDLL) -
         np.testing.assert_array_equal(buf, np.float32(sum(ints)) * (i + 1) + np.arange(5, dtype=np.float32))
 
 
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_a_batch_runs_its_kernels_in_order_each_in_its_parts(library: ctypes.CDLL, workers: int) -> None:
+    """tiny_pool_batch: each kernel after the one before has finished (the third reads what the first two wrote),
+    given its own arguments from the one array; a kernel of one part is called without a part's number."""
+    scale = program("scale", "void scale(float* restrict x, int by) { for (int i = 0; i < 64; i++) x[i] *= by; }")
+    add = program(
+        "add",
+        "void add(float* restrict x, int plus, int part) { for (int i = 0; i < 8; i++) x[part * 8 + i] += plus; }",
+    )
+    total = program(
+        "total",
+        "void total(float* restrict out, const float* restrict x) {"
+        " float s = 0; for (int i = 0; i < 64; i++) s += x[i]; *out = s; }",
+    )
+    x, out = np.arange(64, dtype=np.float32), np.zeros(1, np.float32)
+    run = Pool(library, workers, 0).batch([scale.address, add.address, total.address], [2, 2, 2], [1, 8, 1])
+    for _ in range(3):
+        run((ctypes.c_int64 * 6)(address(x), 3, address(x), -1, address(out), address(x)))
+    want = np.arange(64, dtype=np.float32)
+    for _ in range(3):
+        want = want * 3 - 1
+    np.testing.assert_array_equal(x, want)
+    assert out[0] == want.sum()
+
+
 def test_a_kernel_of_more_arguments_than_the_pool_passes_runs_on_python_threads(
     library: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -132,10 +132,12 @@ def test_a_cuda_graph_replays_the_kernels_with_new_buffers(fake: ctypes.CDLL) ->
     launch = GraphLaunch(prog, (out, src), (2, 1, 1), (32, 1, 1), (64,))
     replay = dev.graph([launch, GraphLaunch(prog, (src, out), (2, 1, 1), (32, 1, 1), (64,))])
     assert isinstance(replay, cuda.CUDAGraph)
-    replay([(out, src), (src, out)])  # out = x + 1, then src = out + 1
+    replay([(out, src), (src, out)], {})  # out = x + 1, then src = out + 1
     assert counter(fake, "fake_graph_launches") == 1 and counter(fake, "fake_launches") == 2
     assert np.array_equal(_read(dev, src, 64), x + 2)
     other = dev.allocator.alloc(4 * 64)
-    replay([(other, src), (src, other)])  # new buffers: the nodes' parameters are set again
+    replay([(other, src), (src, other)], {})  # new buffers: the nodes' parameters are set again
     assert np.array_equal(_read(dev, other, 64), x + 3) and np.array_equal(_read(dev, src, 64), x + 4)
     assert dev.graph([]) is None
+    # a launch given a Variable's value at each replay: a kernel node's values are fixed, so no graph
+    assert dev.graph([launch, GraphLaunch(prog, (src, out), (2, 1, 1), (32, 1, 1), var_names=("n",))]) is None

@@ -141,6 +141,23 @@ void tiny_pool_run(pool_t *p, void *kernel, int n_args, const arg_t *args, int p
   pthread_mutex_unlock(&p->run_lock);
 }
 
+/* Run kernels one after another as tiny_pool_run runs each (a sequence TinyJit captured, replayed in one call):
+   kernel i takes the next n_args[i] of `args` and runs in parts[i] parts, or, of one part, on this thread alone and
+   without a part's number. */
+void tiny_pool_batch(pool_t *p, int n, void *const *kernels, const int *n_args, const int *parts, const arg_t *args) {
+  arg_t a[MOST_ARGS + 1] = {0};
+  for (int i = 0; i < n; args += n_args[i], i++) {
+    if (parts[i] > 1) {
+      tiny_pool_run(p, kernels[i], n_args[i], args, parts[i]);
+      continue;
+    }
+    for (int j = 0; j < n_args[i]; j++) a[j] = args[j];
+    ((kernel_t)kernels[i])(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14],
+                           a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26], a[27],
+                           a[28], a[29], a[30], a[31], a[32]);
+  }
+}
+
 /* The workers end (at the process's exit); a job given after runs on the thread that gives it. */
 void tiny_pool_stop(pool_t *p) {
   atomic_store(&p->stop, 1);

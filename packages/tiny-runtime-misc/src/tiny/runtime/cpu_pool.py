@@ -13,6 +13,7 @@ import ctypes
 import os
 import platform
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tiny.ir.config import flag
 
@@ -55,6 +56,9 @@ class Pool:
         self._run.restype = None
         self._run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         stop.restype, stop.argtypes = None, [ctypes.c_void_p]
+        self._batch = library.tiny_pool_batch
+        self._batch.restype = None
+        self._batch.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 4
         self.most_args: int = most()
         self.handle = new(workers, max(0, SPIN.value if spin_us is None else spin_us) * 1000)
         if not self.handle:
@@ -76,6 +80,13 @@ class Pool:
         many times calls (a decode step launches a few hundred), without looking up anything else each time."""
         run, handle, array = self._run, self.handle, ctypes.c_int64 * n_args
         return lambda *args: run(handle, kernel, n_args, array(*args), parts)
+
+    def batch(self, kernels: Sequence[int], n_args: Sequence[int], parts: Sequence[int]) -> Callable[[Any], None]:
+        """The kernels (addresses) run one after another as run() runs each, by one call (tiny_pool_batch), as a
+        function of their arguments: an array of c_int64, each kernel's n_args[i] after the one before's."""
+        n, call, handle = len(kernels), self._batch, self.handle
+        k, a, p = (ctypes.c_void_p * n)(*kernels), (ctypes.c_int * n)(*n_args), (ctypes.c_int * n)(*parts)
+        return lambda args: call(handle, n, k, a, p, args)
 
 
 def kernel_address(function: Callable[..., None]) -> int:

@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from tiny.ir import profile
 from tiny.ir.config import PROFILE
-from tiny.ir.device import LAUNCHERS, Buffer, Device, GraphLaunch, buffer_of
+from tiny.ir.device import LAUNCHERS, Buffer, Device, GraphLaunch, GraphReplay, buffer_of
 from tiny.ir.schedule import is_realized, rebind_graph
 from tiny.ir.sint import highest, unbind_size
 from tiny.ir.uop import Ops, UOp, record_below
@@ -45,10 +45,10 @@ class _Recording:
     inputs: list[Buffer]  # the recorded input buffers, by input position
     written: set[Buffer]  # buffers the launches write, inputs excluded
     outputs: Any  # the function's result, with realized tensors as their UOps
-    args: list[list[Any]]  # per launch: the argument handles, with inputs to patch in
+    args: list[tuple[Any, ...]]  # per launch: the argument handles, with inputs to patch in
     patches: list[list[tuple[int, int]]]  # per launch: (argument position, input position)
     planned_bytes: tuple[int, int]  # bytes of internal buffers before and after planning
-    graph: Callable[[list[tuple[Any, ...]]], None] | None = None  # the device's one-submission replay, if it has one
+    graph: GraphReplay | None = None  # the device's one-submission replay, if it has one
     variables: tuple[str, ...] = ()  # the Variables its kernels take, by name (each call's values are launched)
     epoch: int = -1  # the LAUNCHERS.epoch its launches were given in
     given: tuple[int | None, ...] = ()  # each tensor of `outputs` in order: the input it is (its position), or None
@@ -267,25 +267,30 @@ def _record(launches: list[Launch], inputs: list[Buffer], out: Any, given: froze
     position = {b: i for i, b in enumerate(inputs)}
     args, patches = [], []
     for ln in launches:
-        args.append([b.ensure_allocated().opaque for b in ln.buffers])
+        args.append(tuple(b.ensure_allocated().opaque for b in ln.buffers))
         patches.append([(j, position[b]) for j, b in enumerate(ln.buffers) if b in position])
     written = {b for ln in launches for j, b in enumerate(ln.buffers) if _writes(ln, j)} - set(inputs)
-    graph = _graph(launches, args) if not variables else None  # (a graph's launches have fixed integer arguments)
+    graph = _graph(launches, args)
     rec = _Recording(launches, inputs, written, out, args, patches, (before, after), graph, variables)
     rec.given = _given_back(out, inputs)
     return rec
 
 
-def _graph(launches: list[Launch], args: list[list[Any]]) -> Callable[[list[tuple[Any, ...]]], None] | None:
-    """The device's graph executor for the captured kernels, where they are all kernels of one device that has one."""
+def _graph(launches: list[Launch], args: list[tuple[Any, ...]]) -> GraphReplay | None:
+    """The device's graph executor for the captured kernels, where they are all kernels of one device that has one,
+    on its memory alone, each over a fixed grid (a kernel's Variables, as a decode step's position, then passed to
+    each replay by name)."""
     devices = {ln.program.device for ln in launches if ln.program is not None}
-    if not launches or len(devices) != 1 or any(ln.program is None or ln.runner is None for ln in launches):
+    if not launches or len(devices) != 1:
         return None
-    graph = [
-        GraphLaunch(ln.runner, tuple(a), ln.program.global_size, ln.program.local_size)
-        for ln, a in zip(launches, args)
-        if ln.program is not None and ln.runner is not None
-    ]
+    graph = []
+    for ln, a in zip(launches, args):
+        prog = ln.program
+        if prog is None or ln.runner is None or any(b.device != prog.device for b in ln.buffers):
+            return None
+        if not all(type(g) is int for g in prog.global_size):
+            return None
+        graph.append(GraphLaunch(ln.runner, a, prog.global_size, prog.local_size, var_names=tuple(prog.var_names)))
     return Device[devices.pop()].graph(graph)
 
 
@@ -344,7 +349,8 @@ def _replay(rec: _Recording, tensors: list[Tensor], values: dict[UOp, int]) -> A
     if PROFILE.value and profile.enabled():  # each launch on its own, waited for and timed
         _replay_profiled(rec, handles, dict(zip(rec.inputs, new)), {v.arg[0]: n for v, n in values.items()})
     elif rec.graph is not None:  # one submission: each launch's arguments, with the new inputs patched in
-        rec.graph([_patched(args, patches, handles) for args, patches in zip(rec.args, rec.patches)])
+        args = [_patched(a, p, handles) if p else a for a, p in zip(rec.args, rec.patches)]
+        rec.graph(args, {v.arg[0]: n for v, n in values.items()})
     else:
         _replay_launches(rec, handles, dict(zip(rec.inputs, new)), {v.arg[0]: n for v, n in values.items()})
     outputs = _rebound(rec.outputs, values) if rec.variables else rec.outputs
@@ -416,7 +422,7 @@ def _rebound(x: Any, values: dict[UOp, int]) -> Any:
     return x
 
 
-def _patched(args: list[Any], patches: list[tuple[int, int]], handles: list[Any]) -> tuple[Any, ...]:
+def _patched(args: tuple[Any, ...], patches: list[tuple[int, int]], handles: list[Any]) -> tuple[Any, ...]:
     out = list(args)
     for j, k in patches:
         out[j] = handles[k]

@@ -12,7 +12,7 @@ import functools
 import math
 import os
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
@@ -32,8 +32,9 @@ from tiny.ir.uop import UOp
 # Compiled.collective, a device's own all-reduce and all-gather; 1.10: Compiled.launch_with, a kernel that reads
 # other devices' memory; 1.11: launchers_changed and LAUNCHERS.epoch, launchers given before to be asked for again;
 # 1.12: Ops.DOT4 and RendererCaps.dot4, a renderer that writes the op itself; 1.13: Program.launcher's n_vals, a
-# launch given the values of the kernel's Variables after its opaques; 1.14: Ops.SDOT4 and RendererCaps.sdot4)
-INTERFACE_VERSION = (1, 14)
+# launch given the values of the kernel's Variables after its opaques; 1.14: Ops.SDOT4 and RendererCaps.sdot4; 1.15:
+# GraphLaunch.var_names, a graph's replay called with the Variables' values by name beside the launches' buffers)
+INTERFACE_VERSION = (1, 15)
 
 
 # the dtypes kernels compute on in hardware vectors (RendererCaps.vector_lanes; the code generator's vector ops)
@@ -225,6 +226,9 @@ def launchers_changed() -> None:
     LAUNCHERS.epoch += 1
 
 
+GraphReplay = Callable[[list[tuple[Any, ...]], Mapping[str, int]], None]  # a device's replay of captured launches
+
+
 @dataclass(frozen=True)
 class GraphLaunch:
     """One kernel launch of a captured sequence that a device's graph executor replays."""
@@ -234,6 +238,7 @@ class GraphLaunch:
     global_size: tuple[int, int, int]
     local_size: tuple[int, int, int]
     vals: tuple[int, ...] = ()
+    var_names: tuple[str, ...] = ()  # Variables whose values each replay passes after the buffers (vals then empty)
 
 
 # ---------------------------------------------------------------- memory
@@ -415,9 +420,10 @@ class Compiled:
             device.synchronize()
         runner(*args, global_size=global_size, local_size=local_size, vals=vals, wait=True)
 
-    def graph(self, launches: list[GraphLaunch]) -> Callable[[list[tuple[Any, ...]]], None] | None:
+    def graph(self, launches: list[GraphLaunch]) -> GraphReplay | None:
         """A replay of kernels TinyJit captured, in one submission (a CUDA graph ...): a callable that takes each
-        launch's buffer arguments (changed where the inputs did) and runs them all. None: replay kernel by kernel."""
+        launch's buffer arguments (changed where the inputs did) and the values of the launches' Variables by name,
+        and runs them all. None: replay kernel by kernel (a device's graph may decline launches with var_names)."""
         return None
 
     def load(self, program: CompiledProgram) -> Program:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from tiny.ir.device import (
     DeviceName,
     DeviceUnavailable,
     GraphLaunch,
+    GraphReplay,
     LRUAllocator,
     Program,
     fold_grid,
@@ -376,7 +377,7 @@ class CUDAGraph:
         kind = _KernelNodeParamsV2 if self.v2 else _KernelNodeParams
         return kind(prog.function, *fold_grid(grid, MAX_GRID), *block, 0, pointers, None)
 
-    def __call__(self, args: list[tuple[Any, ...]]) -> None:
+    def __call__(self, args: list[tuple[Any, ...]], values: Mapping[str, int] | None = None) -> None:
         self.dev.activate()
         for i, (ln, new) in enumerate(zip(self.launches, args)):
             if tuple(new) != self.args[i]:
@@ -532,10 +533,10 @@ class CUDADevice(Compiled):
             self._peers[other.gpu.ordinal] = can
         return self._peers[other.gpu.ordinal]
 
-    def graph(self, launches: list[GraphLaunch]) -> Callable[[list[tuple[Any, ...]]], None] | None:
+    def graph(self, launches: list[GraphLaunch]) -> GraphReplay | None:
         """One CUDA graph for the kernels TinyJit captured, when all run on this device."""
         if not launches or any(
-            not isinstance(ln.program, CUDAProgram) or ln.program.dev is not self for ln in launches
+            not isinstance(ln.program, CUDAProgram) or ln.program.dev is not self or ln.var_names for ln in launches
         ):
-            return None
+            return None  # (a kernel node's values are fixed: launches of Variables replay one by one)
         return CUDAGraph(self, launches)
