@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tiny.ir.device import Compiled, Device, GraphLaunch
+from tiny.ir.device import Compiled, Device, GraphLaunch, launchers_changed
+from tiny.runtime import cpu
 from tiny.runtime.cpu import CPUGraph
 from tiny.tensor import Tensor, Variable, jit
 from tiny.tensor.jit import TinyJit
@@ -117,3 +118,20 @@ def test_the_cpu_graph_of_one_device_among_several_runs_on_its_thread() -> None:
     assert isinstance(next(iter(step.recordings.values())).graph, CPUGraph)
     want = sum(np.maximum(x @ w, 0)[:, :4].sum(0) * cache[:, :m].sum(1) for x, m in zip(xs, lengths))
     np.testing.assert_allclose(total.numpy(), want, rtol=1e-4, atol=1e-2)
+
+
+def test_a_cpu_graph_asks_again_where_to_run_when_the_launchers_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a CPU graph's replay runs (the pool now, or the device's thread) is found again once LAUNCHERS.epoch has
+    moved (a second CPU device opened, a fork): a replay given as before would race the device's thread."""
+    step = TinyJit(lambda x: (x * 2 + 1).realize())
+    inputs = [Tensor(np.full(4, i, np.float32), device="CPU") for i in range(4)]
+    for t in inputs[:3]:
+        step(t)
+    assert isinstance(next(iter(step.recordings.values())).graph, CPUGraph)
+    queue, given = Device["CPU"].queue, []
+    real = queue.submit
+    monkeypatch.setattr(queue, "submit", lambda work, *args: (given.append(work), real(work, *args))[1])
+    monkeypatch.setattr(cpu, "queued", lambda: True)  # (the queue itself still runs what it is given at once)
+    launchers_changed()
+    np.testing.assert_allclose(step(inputs[3]).numpy(), np.full(4, 7.0))
+    assert len(given) == 1  # the replay, given to the device's queue

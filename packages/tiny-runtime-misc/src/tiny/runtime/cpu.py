@@ -30,6 +30,7 @@ from typing import Any
 
 from tiny.ir.config import flag
 from tiny.ir.device import (
+    LAUNCHERS,
     AllocatorCaps,
     Compiled,
     CompileError,
@@ -540,31 +541,41 @@ class CPUGraph:
             flat += [0] * len(ln.var_names)
         self.array = (ctypes.c_int64 * len(flat))(*flat)
         self.sizes = [len(ln.args) + len(ln.vals) + len(ln.var_names) for ln in launches]
-        self.batch: tuple[Pool, Callable[[Any], None]] | None = None  # the pool's run of them, and that pool
+        self.epoch = -1  # the LAUNCHERS.epoch `run` was made in: the pool and where launches run change with it
+        self.run: Callable[[Any, Mapping[str, int]], None] = self._kernel_by_kernel
 
     def __call__(self, args: list[tuple[Any, ...]], values: Mapping[str, int]) -> None:
-        array = self.array
-        for i, (new, old) in enumerate(zip(args, self.given)):
-            if new is not old and new != old:
+        array, given = self.array, self.given
+        for i, new in enumerate(args):
+            if new is not given[i] and new != given[i]:
                 start = self.starts[i]
                 for j, a in enumerate(new):
                     array[start + j] = a
-                self.given[i] = new
+                given[i] = new
         for at, name in self.slots:
             array[at] = values[name]
+        if self.epoch != LAUNCHERS.epoch:
+            self.epoch, self.run = LAUNCHERS.epoch, self._runner()
+        self.run(array, values)
+
+    def _runner(self) -> Callable[[Any, Mapping[str, int]], None]:
+        """How a replay runs now: one call into the device's pool, on the device's thread where several CPU devices
+        are open (on a copy of the arguments, which the next replay leaves alone), kernel by kernel where no pool
+        can be had (a forked child without a compiler)."""
         pool = _pool(self.device.name, share(), _pool_compiler(self.device), os.getpid())
-        if pool is None:  # (none to be had now: a fork's child that cannot build one) kernel by kernel
-            for ln, a in zip(self.launches, self.given):
-                vals = ln.vals or tuple(values[name] for name in ln.var_names)
-                ln.program(*a, global_size=ln.global_size, local_size=ln.local_size, vals=vals)
-            return
-        if self.batch is None or self.batch[0] is not pool:  # (the pool changes as CPU devices open, and in a fork)
-            kernels = [ln.program.address for ln in self.launches]  # type: ignore[attr-defined]
-            self.batch = (pool, pool.batch(kernels, self.sizes, [ln.global_size[0] for ln in self.launches]))
-        if queued():  # (run by the device's thread, later: on a copy, which the next replay leaves alone)
-            self.device.queue.submit(self.batch[1], type(array).from_buffer_copy(array))
-        else:
-            self.batch[1](array)
+        if pool is None:
+            return self._kernel_by_kernel
+        kernels = [ln.program.address for ln in self.launches]  # type: ignore[attr-defined]
+        batch = pool.batch(kernels, self.sizes, [ln.global_size[0] for ln in self.launches])
+        if queued():
+            submit, copy = self.device.queue.submit, type(self.array).from_buffer_copy
+            return lambda array, values: submit(batch, copy(array))
+        return lambda array, values: batch(array)
+
+    def _kernel_by_kernel(self, array: Any, values: Mapping[str, int]) -> None:
+        for ln, a in zip(self.launches, self.given):
+            vals = ln.vals or tuple(values[name] for name in ln.var_names)
+            ln.program(*a, global_size=ln.global_size, local_size=ln.local_size, vals=vals)
 
 
 class CPUDevice(Compiled):
