@@ -14,7 +14,10 @@
 # stage has its own time limit, so a stage that hangs costs its limit and the stages after it still run; all of them
 # take up to 11 minutes, so pick stages to fit a device call. GPU_CHECK_STAGES (default
 # tests,kernels,suite,beam,profile) picks stages, GPU_CHECK_ONLY passes --only to the suite, GPU_CHECK_BUDGET
-# (default 25) is the suite's --budget in seconds per side.
+# (default 25) is the suite's --budget in seconds per side. The stage `llm` (not a default: up to 7 minutes) is the
+# language models' GPU rows (bench.llm): a random 1B LLaMA written as a float32 folder and an F16 GGUF file in
+# /tmp/tiny-llm, tiny on CUDA over the file against transformers in float16 on cuda, decode and prefill; llm.md and
+# llm.txt (needs transformers and safetensors there, as the image has them; gguf comes with the wheels).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +33,8 @@ build_wheels() {  # from the last commit (git archive HEAD), so that the figures
     rm -rf "$tree"
     # the tests run in parallel there (16 cores): pytest-xdist comes along, as the GPU machine has no index
     "${PYTHON:-python3}" -m pip download -q --no-deps -d .whl pytest-xdist==3.8.0 execnet==2.1.1 || exit 1
+    # and the gguf package (pure Python), which the llm stage writes its model file with
+    "${PYTHON:-python3}" -m pip download -q --no-deps -d .whl gguf==0.19.0 || exit 1
     echo "wheels of $(cat .whl/COMMIT):" && ls .whl
 }
 
@@ -81,6 +86,12 @@ torch.__version__, 'cuda', torch.version.cuda)"
     if [[ $stages == *,profile,* ]]; then
         echo "== where the time goes: each kernel of softmax, the MNIST step and a decode step timed alone"
         timeout 120 python3 -m bench.gpu_profile --device CUDA 2>&1 | tee "$out/profile.txt"
+    fi
+    if [[ $stages == *,llm,* ]]; then
+        echo "== language models: a 1B LLaMA in float16, tiny on CUDA against transformers on cuda (bench.llm)"
+        timeout 420 python3 -m bench.llm --device CUDA --torch-device cuda --sides tiny,torch --formats F16 \
+            --torch-dtypes float16 --folder /tmp/tiny-llm --side-timeout 300 --markdown "$out/llm.md" 2>&1 \
+            | tee "$out/llm.txt"
     fi
     echo "== done: $out"
 }

@@ -24,6 +24,11 @@ size.
     python -m bench.llm --formats Q4_0 --sides tiny,llama.cpp
     python -m bench.llm --quick                  # a small model: checks that the benchmark runs
     python -m bench.llm --markdown bench/RESULTS_LLM.md
+    python -m bench.llm --device CUDA --sides tiny,torch --formats F16 --torch-device cuda --torch-dtypes float16
+
+On a GPU (the last line, bench/gpu_check.sh's `llm` stage) tiny runs on `--device` and transformers on
+`--torch-device`, the ratios are against transformers (no llama.cpp side), and the roofline's bandwidth is a sum of 1
+GiB on the torch device.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import numpy as np
 
 FORMATS = ("F32", "F16", "Q8_0", "Q4_0")
 SIDES = ("tiny", "llama.cpp", "torch")
+TORCH_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # transformers' dtypes, as the table names them
 
 # the issue's model: hidden 2048, 16 layers, 32 heads, 8 key/value heads, FFN 5632, vocab 32000, untied output
 FULL = {
@@ -99,7 +105,7 @@ def make_files(folder: Path, config: dict[str, int], formats: tuple[str, ...]) -
         import transformers
 
         torch.manual_seed(0)
-        cfg = transformers.LlamaConfig(**config, tie_word_embeddings=False, torch_dtype="float32")
+        cfg = transformers.LlamaConfig(**config, tie_word_embeddings=False, dtype="float32")
         print(f"writing a random {config['hidden_size']}-wide LLaMA to {hf}", file=sys.stderr)
         model = transformers.LlamaForCausalLM(cfg)
         model.save_pretrained(hf, max_shard_size="20GB")
@@ -216,7 +222,7 @@ class _TinySide:
         from tiny.llm import load
 
         self.args = args
-        self.llm = load(model_path, max_context=args["context"])
+        self.llm = load(model_path, device=args["device"], max_context=args["context"])
         self.vocab = self.llm.model.cfg.vocab_size
         self.llm.generate(_prompt(args["prompt"], self.vocab), max_new_tokens=3, stop=[])  # (captured on its 2nd)
 
@@ -281,28 +287,39 @@ class _TorchSide:
 
         self.torch, self.transformers, self.args = torch, transformers, args
         torch.set_num_threads(args["threads"])
-        dtype = torch.bfloat16 if args["torch_dtype"] == "bfloat16" else torch.float32
-        self.model = transformers.LlamaForCausalLM.from_pretrained(model_path, torch_dtype=dtype).eval()
+        dtype = getattr(torch, args["torch_dtype"])
+        self.device = args["torch_device"]
+        model = transformers.LlamaForCausalLM.from_pretrained(model_path, dtype=dtype)
+        self.model = model.to(self.device).eval()
         self.vocab = self.model.config.vocab_size
+        gpu = self.device.startswith("cuda")
+        self.sync: Callable[[], None] = torch.cuda.synchronize if gpu else lambda: None  # (a GPU's work is queued)
 
     def prefill(self, n: int) -> float:
-        ids = self.torch.tensor([_prompt(n, self.vocab)])
-        with self.torch.inference_mode():
+        ids = self.torch.tensor([_prompt(n, self.vocab)], device=self.device)
+
+        def run() -> None:
             self.model(ids, logits_to_keep=1)
-            return _fastest(n, lambda: self.model(ids, logits_to_keep=1))
+            self.sync()
+
+        with self.torch.inference_mode():
+            run()
+            return _fastest(n, run)
 
     def decode(self, n: int) -> float:
         torch, transformers = self.torch, self.transformers
         stamps: list[float] = []
+        sync = self.sync
 
         class Stamp(transformers.StoppingCriteria):
             def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                sync()
                 stamps.append(time.perf_counter())
-                return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+                return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
         with torch.inference_mode():
             self.model.generate(
-                torch.tensor([_prompt(self.args["prompt"], self.vocab)]),
+                torch.tensor([_prompt(self.args["prompt"], self.vocab)], device=self.device),
                 max_new_tokens=n,
                 min_new_tokens=n,
                 do_sample=False,
@@ -344,6 +361,8 @@ class _Child:
             "decode": args.decode,
             "context": args.context,
             "torch_dtype": torch_dtype,
+            "device": args.device,
+            "torch_device": args.torch_device,
         }
         env = dict(os.environ)
         threads = str(args.threads)
@@ -450,21 +469,22 @@ def run_sides(
 
 
 class ReadBandwidth:
-    """Bytes per second of a `threads`-thread sum over 1 GiB of float32 (PyTorch's sum, the best of 5), each call
-    measured again (the GiB made once)."""
+    """Bytes per second of a `threads`-thread sum over 1 GiB of float32 on `device` (PyTorch's sum, the best of 5;
+    a GPU's waited for), each call measured again (the GiB made once)."""
 
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
+    def __init__(self, threads: int, device: str = "cpu") -> None:
+        self.threads, self.device = threads, device
         self.x: Any = None
 
     def __call__(self) -> float:
         import torch
 
         torch.set_num_threads(self.threads)
+        sync = torch.cuda.synchronize if self.device.startswith("cuda") else lambda: None
         if self.x is None:
-            self.x = torch.ones(2**28, dtype=torch.float32)
+            self.x = torch.ones(2**28, dtype=torch.float32, device=self.device)
             self.x.sum()
-        best = min(_timed(lambda: self.x.sum()) for _ in range(5))
+        best = min(_timed(lambda: (self.x.sum(), sync())) for _ in range(5))
         return self.x.numel() * 4 / best
 
 
@@ -512,12 +532,15 @@ def _ratio(run: Run, ref: Run) -> float:
 
 
 def table(runs: list[Run], files: dict[str, Path], bandwidth: float, prefill: list[int]) -> str:
-    head = ["format", "side", "decode tok/s", "vs llama.cpp", "of roofline"]
-    head += [f"prefill {n} tok/s" for n in prefill] + [f"vs llama.cpp ({n})" for n in prefill]
+    """The runs' rows, each side against llama.cpp on the same file, or where no run is llama.cpp's (a GPU's table),
+    against transformers (torch) at the same format."""
+    versus = "llama.cpp" if any(r.side == "llama.cpp" for r in runs) else "torch"
+    head = ["format", "side", "decode tok/s", f"vs {versus}", "of roofline"]
+    head += [f"prefill {n} tok/s" for n in prefill] + [f"vs {versus} ({n})" for n in prefill]
     head += ["peak GB", "vs file", "note"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
-        ref = next((x for x in runs if x.fmt == r.fmt and x.side == "llama.cpp"), None)
+        ref = next((x for x in runs if x.fmt == r.fmt and x.side == versus), None)
         path = files.get(r.fmt)
         per_token = weight_bytes_per_token(path) if path else 0
         size = path.stat().st_size if path else float("nan")
@@ -547,6 +570,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--folder", type=Path, help="where the model files go (default: ~/.cache/tiny/bench-llm/...)")
     p.add_argument("--markdown", type=Path, help="also write the table to this file")
     p.add_argument("--side-timeout", type=float, default=900, help="seconds one side may take (default: %(default)s)")
+    p.add_argument("--device", help="tiny's device (default: the default device)")
+    p.add_argument("--torch-device", default="cpu", help="transformers' device (default: %(default)s)")
+    p.add_argument(
+        "--torch-dtypes",
+        default="float32,bfloat16",
+        help=f"transformers' dtypes, of {', '.join(TORCH_DTYPES)} (default: %(default)s)",
+    )
     args = p.parse_args(argv)
     if args.child:
         _child(args.child)
@@ -555,13 +585,18 @@ def main(argv: list[str] | None = None) -> int:
     args.context = max([*args.prefill, args.prompt + args.decode]) + 8
     formats = tuple(f for f in args.formats.split(",") if f)
     sides = tuple(s for s in args.sides.split(",") if s)
+    dtypes = tuple(d for d in args.torch_dtypes.split(",") if d)
     bad = [f for f in formats if f not in FORMATS] + [s for s in sides if s not in SIDES]
+    bad += [d for d in dtypes if d not in TORCH_DTYPES]
     if bad:
-        p.error(f"unknown format or side {', '.join(bad)} (formats: {', '.join(FORMATS)}; sides: {', '.join(SIDES)})")
+        p.error(
+            f"unknown format, side or dtype {', '.join(bad)} (formats: {', '.join(FORMATS)}; sides: "
+            f"{', '.join(SIDES)}; torch dtypes: {', '.join(TORCH_DTYPES)})"
+        )
     folder = args.folder or cache_folder(args.quick)
     make_files(folder, QUICK if args.quick else FULL, formats)
     files = {fmt: folder / f"model-{fmt}.gguf" for fmt in formats}
-    measure = ReadBandwidth(args.threads)
+    measure = ReadBandwidth(args.threads, args.torch_device)
     bandwidth = measure()
     runs: list[Run] = []
 
@@ -573,9 +608,9 @@ def main(argv: list[str] | None = None) -> int:
     for fmt in formats:
         ran(run_sides(fmt, files[fmt], [side for side in sides if side != "torch"], args, bandwidth=measure))
     if "torch" in sides:
-        for dtype, fmt in (("float32", "F32"), ("bfloat16", "BF16")):
-            ran(run_sides(fmt, folder / "hf", ["torch"], args, dtype))
-        if "tiny" in sides:
+        for dtype in dtypes:
+            ran(run_sides(TORCH_DTYPES[dtype], folder / "hf", ["torch"], args, dtype))
+        if "tiny" in sides and "float32" in dtypes:
             ran(run_sides("F32 (folder)", folder / "hf", ["tiny"], args))
     text = table(runs, files, bandwidth, args.prefill)
     text += f"\n\nread bandwidth ({args.threads}-thread sum of 1 GiB): {bandwidth / 1e9:.1f} GB/s at the start"

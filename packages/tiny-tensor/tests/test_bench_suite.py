@@ -248,6 +248,24 @@ def test_the_language_model_benchmark_runs(tmp_path: Path) -> None:
     assert "read bandwidth" in done.stdout
 
 
+def test_the_language_model_benchmark_takes_the_gpus_form(tmp_path: Path) -> None:
+    """bench.llm as bench/gpu_check.sh runs it on a GPU (tiny on --device, transformers in --torch-dtypes on
+    --torch-device, no llama.cpp), here on the CPU: the F16 file's tiny row and transformers' float16 row, the ratios
+    against transformers at the same format."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    cmd = [sys.executable, "-m", "bench.llm", "--quick", "--formats", "F16", "--sides", "tiny,torch", "--device", "CPU"]
+    cmd += ["--torch-device", "cpu", "--torch-dtypes", "float16", "--decode", "4", "--prefill", "8"]
+    cmd += ["--folder", str(tmp_path / "files")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"bench.llm exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0][3] == "vs torch"
+    table = {(r[0].strip("| "), r[1]): r for r in rows[1:]}
+    assert set(table) == {("F16", "tiny"), ("F16", "torch")}  # (no float32 folder row without float32)
+    assert table[("F16", "torch")][3] == "1.00x" and float(table[("F16", "tiny")][3].rstrip("x")) > 0
+
+
 def test_the_language_model_benchmark_pairs_its_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """bench.llm times the sides' decoding in turns: a side's ratio to llama.cpp is the median of the rounds' ratios,
     each of two figures timed one after the other (this VM's memory bandwidth moves: one process decoding F32 went
