@@ -253,6 +253,37 @@ def test_a_float32_folder_is_read_once_into_the_weights(tmp_path: Path, monkeypa
     assert stored <= sum(sizes) <= 1.25 * stored, (sum(sizes), stored)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_folders_matrices_are_kept_in_panels_where_products_read_them(dtype: str, tmp_path: Path) -> None:
+    """Where the device's products read B from panels (layout.weight_panel_width: the CPU), a folder's matrices that
+    products read, of rows a whole number of panels, are read from the files on the host straight into panels
+    (weight_forms.Panels), kept in the file's dtype: the device holds their bytes once, and the logits are those of
+    transformers' model with the same weights. The embedding (read by rows) and an output of rows no whole number of
+    panels (a vocabulary of 97) stay as stored."""
+    from tiny.ir.device import buffer_of
+    from tiny.ir.schedule import layout
+    from tiny.ir.uop import Ops
+    from tiny.tensor import Device
+    from tiny.tensor.weight_forms import Panels, form_of
+
+    if not layout.weight_panel_width(Device.DEFAULT, dtypes.float32, 64):
+        pytest.skip(f"{Device.DEFAULT}'s products read no panels")
+    ref = _saved("llama3_gqa", tmp_path).to(getattr(torch, dtype))
+    ref.save_pretrained(tmp_path)
+    ref = ref.float()  # (the stored values, computed in float32 as tiny computes them)
+    with torch.no_grad():
+        want = ref(torch.tensor([PROMPT])).logits[0].numpy()
+    llm = load(tmp_path)
+    layer = llm.model.model.layers[0]
+    for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.mlp.down_proj):
+        w = linear.weight
+        assert isinstance(form_of(w), Panels)
+        held = {id(buffer_of(u)): buffer_of(u).nbytes for u in w.uop.toposort if u.op is Ops.BUFFER}
+        assert sum(held.values()) == w.numel() * getattr(dtypes, dtype).itemsize
+    assert form_of(llm.model.model.embed_tokens.weight) is None and form_of(llm.model.lm_head.weight) is None
+    np.testing.assert_allclose(llm(PROMPT).numpy()[0], want, rtol=1e-4, atol=1e-4)
+
+
 def _stored_bytes(path: Path) -> int:
     """The bytes of a .safetensors file's tensors, as its header lists them."""
     with open(path, "rb") as f:

@@ -25,10 +25,11 @@ from tiny.ir.schedule import is_memory, is_realized
 from tiny.ir.uop import Ops
 from tiny.llm.gguf_tokenizer import special_tokens, tokenizer_from_metadata
 from tiny.models.gpt2 import GPT2, GPT2Config
-from tiny.models.hf import read_weights
+from tiny.models.hf import read_panels, read_weights
 from tiny.models.llama import Llama, LlamaConfig
 from tiny.nn import skip_init
 from tiny.tensor import Tensor, TinyJit, Variable, dtypes
+from tiny.tensor.weight_forms import form_of
 
 __all__ = ["LLM", "load"]
 
@@ -286,6 +287,9 @@ def load(
         else:
             model = Llama(LlamaConfig.from_hf(cfg), max_context, device, cache_dtype=kept)
     weights = read_weights(folder, device)
+    if isinstance(model, Llama):  # (the products' matrices in panels where the device's products read them)
+        products = [n for n, (_, _, shape, _) in model.parameters_by_name().items() if len(shape) == 2]
+        weights |= read_panels(folder, [n for n in products if n != "model.embed_tokens.weight"], device)
     _load_weights(model, weights, folder)
     template, special = _chat_template(folder)
     return LLM(model, _tokenizer(folder), _eos(cfg, folder), template, special)
@@ -326,6 +330,9 @@ def _load_weights(model: Llama | GPT2, weights: dict[str, Tensor], folder: Path,
         raise ValueError(f"{folder}: the weights do not fit the config:\n  " + "\n  ".join(lines))
     for name, (owner, attr, _, transposed) in targets.items():
         loaded = weights.pop(name)  # (what the dict holds no more is freed as it is replaced)
+        if form_of(loaded) is not None:  # (kept in the form its products read: the float32 graph over it)
+            setattr(owner, attr, loaded)
+            continue
         if not lazy and loaded.dtype == dtypes.float32 and not transposed:
             loaded = loaded.realize()  # (read from its file into the buffer that becomes the weight: one copy)
         w = loaded.cast(dtypes.float32)

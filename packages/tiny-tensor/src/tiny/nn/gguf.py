@@ -19,7 +19,7 @@ from tiny.ir.schedule import layout
 from tiny.tensor import Tensor
 from tiny.tensor.byte_blocks import ByteBlocks
 from tiny.tensor.functional import Q8_ACTIVATIONS
-from tiny.tensor.weight_forms import Panels, register
+from tiny.tensor.weight_forms import STORED, Panels, register
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
@@ -318,12 +318,7 @@ def _lazy_f16(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Te
 
 
 def _lazy_bf16(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
-    return _widen_bf16(Tensor(np.ascontiguousarray(raw).view("<u2").reshape(shape), device=device))
-
-
-def _widen_bf16(bits: Tensor) -> Tensor:
-    """bfloat16 values held as their uint16 bits, as float32: the top half of each one's bits."""
-    return (bits.cast("uint32") << 16).bitcast("float32")
+    return STORED["bfloat16"][1](Tensor(np.ascontiguousarray(raw).view("<u2").reshape(shape), device=device))
 
 
 def _lazy_q8_0(raw: np.ndarray, shape: tuple[int, ...], device: str | None) -> Tensor:
@@ -378,10 +373,8 @@ def _panel_width(shape: tuple[int, ...], device: str | None) -> int:
 def _panels(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], width: int, device: str | None) -> Tensor:
     """A matrix (rows, k) of F32, F16 or BF16 values kept in panels of `width` rows: the float32 graph over them,
     with the panels registered as its form."""
-    rows, k = shape
-    stored, widen = _PANEL_TYPES[ggml_type]
-    panels = np.ascontiguousarray(raw.view(stored).reshape(rows // width, width, k).transpose(0, 2, 1))
-    return Panels.weight(widen(Tensor(panels, device=device)))
+    dtype = _PANEL_TYPES[ggml_type]
+    return Panels.of(raw.view(STORED[dtype][0]).reshape(shape), dtype, width, device)
 
 
 def _side_by_side(shape: tuple[int, ...], device: str | None) -> int:
@@ -534,11 +527,8 @@ _LAZY: dict[int, Callable[[np.ndarray, tuple[int, ...], str | None], Tensor]] = 
 
 _WORDS: dict[int, Callable[[np.ndarray, tuple[int, ...], int, str | None], Tensor]] = {2: _words_q4_0, 8: _words_q8_0}
 # ggml type -> how its matrices are kept in panels: the stored values' numpy dtype, and what widens them to float32
-_PANEL_TYPES: dict[int, tuple[str, Callable[[Tensor], Tensor]]] = {
-    0: ("<f4", lambda t: t),
-    1: ("<f2", lambda t: t.cast("float32")),
-    30: ("<u2", _widen_bf16),
-}
+# the float types kept in panels, by weight_forms' name
+_PANEL_TYPES = {0: "float32", 1: "float16", 30: "bfloat16"}
 
 # ---------------------------------------------------------------- loading
 

@@ -234,6 +234,19 @@ def safe_load(path: str | os.PathLike, device: str | None = None) -> dict[str, T
     return out
 
 
+def safe_entries(path: str | os.PathLike) -> dict[str, tuple[DType, tuple[int, ...], int]]:
+    """Each tensor of a .safetensors file, checked as safe_load checks it: its dtype, its shape, and the byte of the
+    file where its data begins (for a reader of its bytes on the host)."""
+    header, data_start = _safe_header(path)
+    size = os.path.getsize(path) - data_start
+    out = {}
+    for name, entry in header.items():
+        if name != "__metadata__":
+            dt, _ = _safe_entry(path, name, entry, size)
+            out[name] = (dt, tuple(entry["shape"]), data_start + entry["data_offsets"][0])
+    return out
+
+
 def _safe_header(path: str | os.PathLike) -> tuple[dict[str, Any], int]:
     """The parsed JSON header and the byte offset where the data starts."""
     file_size = os.path.getsize(path)

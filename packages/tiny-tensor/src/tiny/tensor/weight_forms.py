@@ -10,8 +10,11 @@ other reader (a row lookup, `.numpy()`, a gradient) computes; `register` records
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
 
 from tiny.ir.uop import UOp
 
@@ -59,3 +62,28 @@ class Panels:
         """The matrix (rows, k) that panels of float32 `values` hold (a view of them), registered as their form."""
         n, k, width = values.shape
         return register(values.permute(0, 2, 1).reshape(n * width, k), Panels(values.uop))
+
+    @staticmethod
+    def of(stored: np.ndarray, dtype: str, width: int, device: str | None) -> Tensor:
+        """The matrix (rows, k) a file holds as `stored` (its bytes on the host, as STORED[dtype] reads them), put in
+        panels of `width` rows on the host as it is read: the device holds the file's bytes once, in panels, and the
+        weight is the float32 graph over them (Panels.weight)."""
+        from tiny.tensor.tensor import Tensor
+
+        rows, k = stored.shape
+        panels = np.ascontiguousarray(stored.reshape(rows // width, width, k).transpose(0, 2, 1))
+        return Panels.weight(STORED[dtype][1](Tensor(panels, device=device)))
+
+
+def _widen_bf16(bits: Tensor) -> Tensor:
+    """bfloat16 values held as their uint16 bits, as float32: the top half of each one's bits."""
+    return (bits.cast("uint32") << 16).bitcast("float32")
+
+
+# the float dtypes a matrix kept in panels may be stored in: the NumPy dtype its bytes are read as on the host, and
+# how the device widens them to float32 (bfloat16 as its bits: NumPy has no bfloat16)
+STORED: dict[str, tuple[str, Callable[[Tensor], Tensor]]] = {
+    "float32": ("<f4", lambda t: t),
+    "float16": ("<f2", lambda t: t.cast("float32")),
+    "bfloat16": ("<u2", _widen_bf16),
+}
