@@ -121,7 +121,7 @@ def read_panels(folder: Path, names: Collection[str], device: str | None) -> dic
     are a whole number of panels where the device's products read panels (layout.weight_panel_width: the CPU), read
     from the files on the host straight into panels (tiny.tensor.weight_forms.Panels): the device holds each one's
     bytes once, in the layout every product over it reads, a prompt's rows and a decode step's one alike (a float32
-    1B model's 32-token prompt 69 -> 90 tokens/s on 2 AVX2 cores). The others are not read here."""
+    1B model's 32-token prompt 68 -> 80 tokens/s on 2 AVX2 cores). The others are not read here."""
     where = Device.DEFAULT if device is None else device
     out: dict[str, Tensor] = {}
     for path in weight_files(folder):

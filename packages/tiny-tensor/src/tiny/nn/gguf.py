@@ -526,8 +526,7 @@ _LAZY: dict[int, Callable[[np.ndarray, tuple[int, ...], str | None], Tensor]] = 
 }
 
 _WORDS: dict[int, Callable[[np.ndarray, tuple[int, ...], int, str | None], Tensor]] = {2: _words_q4_0, 8: _words_q8_0}
-# ggml type -> how its matrices are kept in panels: the stored values' numpy dtype, and what widens them to float32
-# the float types kept in panels, by weight_forms' name
+# ggml type -> the float type its matrices are kept in panels in, by weight_forms' name (STORED)
 _PANEL_TYPES = {0: "float32", 1: "float16", 30: "bfloat16"}
 
 # ---------------------------------------------------------------- loading
