@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from tiny.codegen.opt import Kernel, KernelOptError, Opt
+from tiny.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from tiny.codegen.opt.beam import beam_search
 from tiny.codegen.opt.heuristic import hand_opts
 from tiny.codegen.program import build_program
@@ -63,6 +63,11 @@ def plans(ast: UOp, device: str) -> dict[str, list[Opt] | None]:
     for cut in range(1, min(3, len(rules)) + 1):
         out[f"rules less the last {cut}"] = rules[:-cut]
     out["rules: " + " ".join(repr(o) for o in rules)] = rules
+    if rules and rules[-1].op is OptOps.STAGE and rules[-1].arg == 0:  # the tiles copied the other way too
+        other = rules[:-1] + [Opt(OptOps.STAGE, rules[-1].axis, 1)]
+        out["rules, tiles copied asynchronously a K step ahead (STAGE 1, cp.async)"] = other
+    elif rules and rules[-1].op is OptOps.STAGE:
+        out["rules, tiles copied through registers (STAGE 0)"] = rules[:-1] + [Opt(OptOps.STAGE, rules[-1].axis, 0)]
     return out
 
 

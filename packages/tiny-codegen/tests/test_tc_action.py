@@ -223,6 +223,19 @@ def test_heuristics_and_beam_offer_tensor_cores() -> None:
     k = Kernel(matmul(64, 64, 64), caps)
     k.apply(Opt(OptOps.TC, 2, 0))
     assert not any(o.op is OptOps.TC for o in actions(k))
+    stages = {o.arg for o in actions(k) if o.op is OptOps.STAGE}
+    assert stages == {0}, "no asynchronous copies on a renderer without them"
+    k = Kernel(matmul(64, 64, 64), replace(caps, async_copy=True))
+    k.apply(Opt(OptOps.TC, 2, 0))
+    assert {o.arg for o in actions(k) if o.op is OptOps.STAGE} == {0, 1}, "BEAM tries both copies"
+
+
+def test_the_rules_copy_asynchronously_only_with_async_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    caps = replace(caps_of("sm_80"), async_copy=True)
+    assert hand_opts(Kernel(matmul(256, 128, 256), caps))[-1].arg == 0, "not until it is measured on a GPU"
+    monkeypatch.setenv("ASYNC_STAGE", "1")
+    assert hand_opts(Kernel(matmul(256, 128, 256), caps))[-1] == Opt(OptOps.STAGE, 2, 1)
+    assert hand_opts(Kernel(matmul(256, 128, 256), caps_of("sm_80")))[-1].arg == 0, "no asynchronous copies there"
 
 
 def test_the_flop_estimate_counts_the_tensor_cores_work() -> None:
@@ -270,3 +283,66 @@ def test_stage_needs_local_memory_for_both_tiles() -> None:
     k.apply_opts([Opt(OptOps.TC, 2, 0), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.UPCAST, 0, 4)])
     with pytest.raises(KernelOptError, match="bytes of local memory"):
         k.apply(Opt(OptOps.STAGE, 2))
+
+
+def test_asynchronous_stage_copies_the_next_tiles_while_this_ones_are_read() -> None:
+    """STAGE 1: the first iteration's tiles copied before the K loop; in the loop one barrier that waits for the
+    copies, then the next iteration's copies (runs of 16 bytes, none past the last), then the fragment loads."""
+    caps, ast = replace(caps_of("sm_80"), async_copy=True), matmul(256, 128, 256)
+    plan = hand_opts(Kernel(ast, caps_of("sm_80")))
+    uops = vector_uops(ast, caps, [*plan[:-1], Opt(OptOps.STAGE, plan[-1].axis, 1)])
+    loop = next(i for i, u in enumerate(uops) if u.op is Ops.RANGE)
+    copies = [i for i, u in enumerate(uops) if u.op is Ops.COPY_ASYNC]
+    (barrier,) = [i for i, u in enumerate(uops) if u.op is Ops.BARRIER]
+    assert uops[barrier].arg == "async" and loop < barrier
+    before, inside = [i for i in copies if i < loop], [i for i in copies if i > loop]
+    # A's tile 128 x 32 values, B's 32 x 128, over four warps' 128 threads in runs of 8: 4 runs of each a thread,
+    # before the loop and in it
+    assert len(before) == len(inside) == 8 and all(barrier < i for i in inside)
+    assert all(uops[i].dtype == f16.vec(8) for i in copies)
+    assert all(uops[i].copied_from.gate is None for i in before)
+    assert all(uops[i].copied_from.gate is not None for i in inside), "no copy past the last iteration"
+    fragments = [u for u in uops[barrier:] if u.op is Ops.LOAD and u.address.pointer.op is Ops.DEFINE_LOCAL]
+    assert fragments and min(uops.index(u) for u in fragments) > max(inside), "the copies go out before the reads"
+    assert not any(u.op is Ops.STORE and u.address.pointer.op is Ops.DEFINE_LOCAL for u in uops)
+
+
+def _strided(m: int, k: int, n: int) -> UOp:
+    """a @ b where a is every other column of a wider matrix: no run of its tile lies along memory."""
+    wide = tensor(m, 2 * k, dtype=f16)
+    a = move(Ops.SHRINK, move(Ops.RESHAPE, wide, (m, k, 2)), ((0, m), (0, k), (0, 1)))
+    a, b = move(Ops.RESHAPE, a, (m, k, 1)), move(Ops.RESHAPE, tensor(k, n, dtype=f16), (1, k, n))
+    prod = (expand(a, (m, k, n)) * expand(b, (m, k, n))).cast(f32)
+    return ast_of(move(Ops.RESHAPE, reduce(prod, (1,)), (m, n)))
+
+
+def _computed(m: int, k: int, n: int) -> UOp:
+    """a @ b where a is float32 cast to float16 in the kernel."""
+    a = move(Ops.RESHAPE, tensor(m, k, dtype=f32).cast(f16), (m, k, 1))
+    b = move(Ops.RESHAPE, tensor(k, n, dtype=f16), (1, k, n))
+    return ast_of(move(Ops.RESHAPE, reduce((expand(a, (m, k, n)) * expand(b, (m, k, n))).cast(f32), (1,)), (m, n)))
+
+
+@pytest.mark.parametrize(
+    "make, async_copy, why",
+    [
+        (lambda: matmul(256, 128, 256), True, None),
+        (lambda: matmul(128, 256, 128, cast_first=True), True, None),
+        (lambda: matmul(256, 128, 256), False, "has no asynchronous copies"),
+        (lambda: matmul(120, 40, 100), True, "A cannot be copied 16 bytes at a time: it is padded"),
+        (lambda: _strided(256, 128, 256), True, "A cannot .* its tile's rows do not run along memory"),
+        (lambda: _computed(256, 128, 256), True, "A cannot .* it is computed"),
+    ],
+)
+def test_asynchronous_stage_refusals_say_why(make, async_copy: bool, why: str | None) -> None:  # noqa: ANN001
+    """The rules' staged plan with its STAGE copying asynchronously instead: taken, or refused with the reason."""
+    ast = make()
+    plan = hand_opts(Kernel(ast, caps_of("sm_80")))
+    assert plan[-1].op is OptOps.STAGE and plan[-1].arg == 0
+    k = Kernel(ast, replace(caps_of("sm_80"), async_copy=async_copy)).apply_opts(plan[:-1])
+    if why is None:
+        k.apply(Opt(OptOps.STAGE, plan[-1].axis, 1))
+        assert k.staged_async
+    else:
+        with pytest.raises(KernelOptError, match=why):
+            k.apply(Opt(OptOps.STAGE, plan[-1].axis, 1))

@@ -11,6 +11,7 @@ from tiny.ir.spec import DEVICE_OPS, SpecError, validate
 from tiny.ir.uop import GroupOp, Ops, UOp
 
 i32, f32 = dtypes.int32, dtypes.float32
+F32X4 = f32.vec(4)
 
 
 def glob(i: int, dt: DType = f32, size: int = 4) -> UOp:
@@ -235,3 +236,30 @@ def test_rejects_a_loop_value_used_after_the_loop() -> None:
 
 def test_an_accumulator_is_read_after_its_loop() -> None:
     validate(reduce_kernel())  # the STORE after the inner loop reads the ASSIGN: the register outlives the loop
+
+
+def _copy_kernel(
+    dst_gate: bool = False, dt: DType = F32X4, to_global: bool = False, after: UOp | None = None
+) -> list[UOp]:
+    g = glob(0, f32, 16)
+    tmp = UOp(Ops.DEFINE_LOCAL, f32.ptr(8, local=True), (), ("tmp", 8))
+    off, valid = const(4), UOp.const(dtypes.bool, True)
+    dst = index(glob(1, f32, 16) if to_global else tmp, off, valid if dst_gate else None)
+    src = index(g, off, valid)
+    copy = UOp(Ops.COPY_ASYNC, dt, (dst, src) + ((after,) if after is not None else ()))
+    barrier = UOp(Ops.BARRIER, dtypes.void, (copy,), "async")
+    return [u for u in UOp(Ops.SINK, dtypes.void, (barrier,)).toposort if u.op is not Ops.SINK]
+
+
+def test_an_asynchronous_copy_goes_from_global_to_local_memory_in_4_8_or_16_bytes() -> None:
+    validate(_copy_kernel())
+    validate(_copy_kernel(dt=f32.vec(2)))
+    for bad, why in [
+        (_copy_kernel(dst_gate=True), "its local INDEX has no gate"),
+        (_copy_kernel(dt=f32.vec(3)), "copies 4, 8 or 16 bytes"),
+        (_copy_kernel(dt=dtypes.int32.vec(4)), "the pointers' element type"),
+        (_copy_kernel(to_global=True), "from global memory into local memory"),
+        (_copy_kernel(after=const(1)), "comes after a BARRIER or COPY_ASYNC"),
+    ]:
+        with pytest.raises(SpecError, match=why):
+            validate(bad)

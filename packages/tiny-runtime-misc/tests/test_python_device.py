@@ -284,6 +284,25 @@ def test_local_memory_reverses_each_workgroup() -> None:
     assert unpack(f32, ob) == [3.0, 2.0, 1.0, 0.0, 7.0, 6.0, 5.0, 4.0, 11.0, 10.0, 9.0, 8.0]
 
 
+@pytest.mark.parametrize("wait", ["async", None])
+def test_asynchronous_copies_land_at_the_barrier_that_waits_for_them(wait: str | None) -> None:
+    """Two threads copy 16 bytes each into local memory (the second's gate is false: zeros); a read before the
+    barrier "async" sees what was there before, a read after it the copies. A plain barrier lands nothing."""
+    out, a = glob(0, f32, 16), glob(1, f32, 8)
+    tmp = UOp(Ops.DEFINE_LOCAL, f32.ptr(8, local=True), (), ("tmp", 8))
+    lx = special("lidx0", 2)
+    at = lx * 4
+    copy = UOp(Ops.COPY_ASYNC, f32.vec(4), (index(tmp, at), index(a, at + 2, lx.lt(const(1)))))
+    early = UOp(Ops.LOAD, f32.vec(4), (index(tmp, at), copy))
+    barrier = UOp(Ops.BARRIER, dtypes.void, (copy,), wait)
+    late = UOp(Ops.LOAD, f32.vec(4), (index(tmp, at), barrier))
+    uops = straight(store(index(out, at), early), store(index(out, at + 8), late))
+    ob = pack(f32, [-1.0] * 16)
+    run(uops, ob, pack(f32, [float(v) for v in range(8)]), local_size=(2, 1, 1))
+    landed = [2.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0, 0.0] if wait == "async" else [0.0] * 8
+    assert unpack(f32, ob) == [0.0] * 8 + landed
+
+
 def test_local_memory_out_of_bounds_raises() -> None:
     tmp = UOp(Ops.DEFINE_LOCAL, f32.ptr(4, local=True), (), ("tmp", 4))
     lx = special("lidx0", 8)

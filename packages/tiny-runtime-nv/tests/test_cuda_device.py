@@ -16,6 +16,7 @@ from tiny.ir.dtypes import dtypes
 from tiny.runtime.nv import cuda
 from tiny.tensor import Tensor
 from tiny.tensor.jit import TinyJit
+from tiny.tensor.realize import capture
 
 
 def _why_not() -> str | None:
@@ -94,6 +95,25 @@ def test_kernels_compute_what_numpy_does(device: str) -> None:
     j = Tensor(np.array([2, -2, 0, -1], np.int32), device=device)
     # floor division as in PyTorch; a zero divisor gives 0 and MIN // -1 wraps (no trap)
     assert (i // j).tolist() == [-4, -4, 0, -(2**31)] and (i % j).tolist() == [1, -1, 0, 0]
+
+
+@gpu
+@pytest.mark.parametrize("device", RENDERERS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_matmuls_staged_with_asynchronous_copies(device: str, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ASYNC_STAGE=1: the tiles copied by cp.async a K step ahead, against NumPy; also from a matrix that starts one
+    value into its buffer (every 16-byte run misaligned: each copied value by value instead)."""
+    monkeypatch.setenv("ASYNC_STAGE", "1")
+    dt, rng = dtypes.from_name(dtype), np.random.default_rng(1)
+    a, b = rng.standard_normal((256, 320)).astype(np.float32), rng.standard_normal((320, 384)).astype(np.float32)
+    flat = Tensor(np.concatenate([[0.0], a.ravel()]).astype(np.float32), device=device).cast(dt).realize()
+    tb = Tensor(b, device=device).cast(dt).realize()
+    want = flat[1:].cast(dtypes.float32).numpy().reshape(256, 320) @ tb.cast(dtypes.float32).numpy()
+    for x in (Tensor(a, device=device).cast(dt).realize(), flat[1:].reshape(256, 320)):
+        with capture() as launches:
+            got = (x @ tb).cast(dtypes.float32).realize()
+        assert any("cp.async" in launch.program.src for launch in launches if launch.program is not None)
+        np.testing.assert_allclose(got.numpy(), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
 
 
 @gpu

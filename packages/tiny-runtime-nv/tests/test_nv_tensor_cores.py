@@ -56,6 +56,7 @@ def test_only_sm_80_and_newer_declare_tensor_cores() -> None:
     for renderer in (CUDARenderer, PTXRenderer):
         assert len(renderer(target("sm_80")).caps.tensor_cores) == 2
         assert renderer(target("sm_75")).caps.tensor_cores == ()
+        assert renderer(target("sm_80")).caps.async_copy and not renderer(target("sm_75")).caps.async_copy
     (k,) = render_schedule("matmul", matmul("float16"), CUDARenderer(target("sm_75")))
     assert "mma" not in k.src
 
@@ -121,3 +122,56 @@ def test_the_staged_4096_product_keeps_to_registers(renderer: str, dtype: str) -
     report = ptxas(ptx, "sm_90", report=True)
     assert "0 bytes spill stores, 0 bytes spill loads" in report and "used 1 barriers" in report, report
     assert "38912 bytes smem" in report, report  # 16-bit values: A 2 x 128 x 40, B 2 x 32 x 2 x 72
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("renderer", ["CUDA", "PTX"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_asynchronously_staged_4096_product_assembles(
+    arch: str, renderer: str, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rules' staged kernel for a 4096 x 4096 product with ASYNC_STAGE=1: its tiles copied by cp.async (16 bytes
+    a copy, the next iteration's while this one's are read), one barrier after cp.async.wait_all; CUDA C through
+    NVRTC keeps to registers (PTX, whose addresses are 64-bit registers, spills a few bytes: not asserted)."""
+    monkeypatch.setenv("ASYNC_STAGE", "1")
+    rng = np.random.default_rng(0)
+    small = Tensor(rng.standard_normal((4096, 1)).astype(np.float32), device="CPU").cast(dtypes.from_name(dtype))
+    x = small.expand(4096, 4096).contiguous().realize()
+    made = CUDARenderer(target(arch)) if renderer == "CUDA" else PTXRenderer(target(arch))
+    (k,) = render_schedule("matmul", x @ x, made)
+    if renderer == "CUDA":
+        ptx = nvrtc_ptx(k.src, arch)
+        assert compile_cuda(nvrtc(), k.src, arch, cubin=True)[:4] == b"\x7fELF"
+    else:
+        ptx = k.src
+    assert ptx.count("cp.async.cg.shared.global") == 16 and "cp.async.wait_all" in ptx
+    assert mma(dtype) in ptx
+    if renderer == "PTX":
+        report = ptxas(ptx, arch, report=True)
+        assert "used 1 barriers" in report and "38912 bytes smem" in report, report
+    else:
+        release = _ptxas_release()
+        fits = [n for n in installed() if release is not None and n.version <= release]
+        if fits:  # (NVRTC's PTX through ptxas: the newest NVRTC whose PTX ISA this ptxas knows)
+            old = compile_cuda(max(fits, key=lambda n: n.version), k.src, arch, cubin=False).rstrip(b"\0").decode()
+            report = ptxas(old, arch, report=True)
+            assert "0 bytes spill stores, 0 bytes spill loads" in report and "used 1 barriers" in report, report
+
+
+@pytest.mark.parametrize("renderer", ["CUDA", "PTX"])
+def test_asynchronous_copies_from_a_matrix_one_value_into_its_buffer(
+    renderer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A matrix that starts one value into its buffer: no 16-byte run of it is aligned, so each copy checks its own
+    address (cp.async where aligned, else value by value); both renderers' code assembles."""
+    monkeypatch.setenv("ASYNC_STAGE", "1")
+    flat = Tensor(np.zeros(256 * 256 + 1, np.float32), device="CPU").cast(dtypes.float16).realize()
+    b = Tensor(np.zeros((256, 256), np.float32), device="CPU").cast(dtypes.float16).realize()
+    made = CUDARenderer(target("sm_80")) if renderer == "CUDA" else PTXRenderer(target("sm_80"))
+    (k,) = render_schedule("matmul", flat[1:].reshape(256, 256) @ b, made)
+    if renderer == "CUDA":
+        assert compile_cuda(nvrtc(), k.src, "sm_80", cubin=True)[:4] == b"\x7fELF"
+        assert "cp.async.cg.shared.global" in nvrtc_ptx(k.src, "sm_80")
+    else:
+        assert "cp.async.cg.shared.global" in k.src and "ld.global.b16" in k.src
+        assert ptxas(k.src, "sm_80") == ""

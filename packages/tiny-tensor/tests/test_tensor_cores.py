@@ -135,3 +135,34 @@ def test_staged_matmul_on_nvidia_tensor_cores(dtype: str, a_shape: tuple, b_shap
     np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
     (src,) = wmma_kernels(launches)
     assert "stage0" in src and "BARRIER" in src, "the rules staged the tiles through local memory"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "a_shape, b_shape, transpose",
+    [
+        ((128, 64), (64, 128), False),  # one workgroup's tiles, two iterations of K (the copy ahead once)
+        ((256, 96), (96, 128), False),  # several workgroups, three iterations (a buffer filled twice)
+        ((2, 128, 64), (2, 64, 128), False),  # batched
+        ((96, 128), (128, 96), True),  # a.T @ b.T: the runs of memory lie along M and N
+    ],
+)
+def test_matmul_staged_with_asynchronous_copies(
+    dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sm_80's tensor cores with STAGE 1 (ASYNC_STAGE=1): the first iteration's tiles copied before the K loop, and
+    each iteration's barrier waits for the copies of its tiles, then sends those of the next on their way. The
+    emulator lands a COPY_ASYNC only at that barrier, so a read that did not wait for it reads the last tiles."""
+    monkeypatch.setenv("ASYNC_STAGE", "1")
+    device = "PYTHON:80"
+    Device._open.setdefault(device, PythonDevice(device, "PYTHON", tensor_cores_of="sm_80"))
+    av, bv = rounded(a_shape, dtype, 13), rounded(b_shape, dtype, 14)
+    a, b = on(device, av, dtype).realize(), on(device, bv, dtype).realize()  # (a computed operand is copied by value)
+    with capture() as launches:
+        out = (a.T @ b.T if transpose else a @ b).cast(dtypes.float32).realize()
+    want = av.T @ bv.T if transpose else av @ bv
+    want = want.astype(np.float16).astype(np.float32) if dtype == "float16" else want
+    tol = 2e-3 if dtype == "float16" else 2e-2
+    np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
+    (src,) = wmma_kernels(launches)
+    assert "COPY_ASYNC" in src and "BARRIER" in src and "arg='async'" in src, "the tiles were copied asynchronously"

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tiny.codegen.memory import Dims, index_memory, many
-from tiny.codegen.opt.actions import IN_BLOCK, STAGE_BUFFERS, Kernel, Kind, Opt, stage_layout
+from tiny.codegen.opt.actions import ASYNC_BYTES, IN_BLOCK, STAGE_BUFFERS, Kernel, Kind, Opt, stage_layout
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
@@ -134,6 +134,11 @@ class _Lowerer:
         self.stages: dict[tuple[UOp, UOp], tuple[UOp, dict[int, int], UOp]] = {}
         self.stage_stores: list[UOp] = []
         self.stage_barrier = UOp(Ops.BARRIER, arg="stage pending")
+        # STAGE 1: the copies of the first iteration's tiles (before the K loop), and (local INDEX, global INDEX,
+        # dtype) of each copy of the next iteration's, made into COPY_ASYNCs after the loop's barrier (async_stages)
+        self.first_copies: list[UOp] = []
+        self.next_copies: list[tuple[UOp, UOp, DType]] = []
+        self.k_loop: UOp | None = None
 
     def new_range(self, size: int | UOp) -> UOp:
         end = UOp.const(self.idx_dtype, size) if type(size) is int else size.cast(self.idx_dtype)
@@ -239,6 +244,10 @@ class _Lowerer:
             tid, threads = tid + self.env[i] * threads, threads * k.parts[i].size
         tile = math.prod(k.parts[i].size for i in order)
         outside = {i: self.zero for i, p in enumerate(k.parts) if p.kind in IN_BLOCK}
+        if k.staged_async:
+            self.copy_ahead(u, operand, buf, (order, strides, size), tid, threads)
+            self.stages[(u, operand)] = (buf, strides, base)
+            return self.stages[(u, operand)]
         for step in range(tile // threads):
             element, env, at = tid + step * threads, dict(self.env | outside | self.reduce_env[u]), base
             inner = 1
@@ -250,6 +259,56 @@ class _Lowerer:
             self.stage_stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, at)), value)))
         self.stages[(u, operand)] = (buf, strides, base)
         return self.stages[(u, operand)]
+
+    def copy_ahead(
+        self, u: UOp, operand: UOp, buf: UOp, layout: tuple[list[int], dict[int, int], int], tid: UOp, threads: int
+    ) -> None:
+        """STAGE 1: the operand's tile of the first iteration copied into buffer 0 before the K loop, and in each
+        iteration r the tile of r + 1 into buffer (r + 1) % 2 (no copy past the last), each thread moving runs of
+        ASYNC_BYTES along the tile's innermost part (tiny.codegen.opt checked that they lie whole in a run of
+        memory and in a row of local memory). The copies are asynchronous: the loop's barrier waits for them
+        (async_stages), so iteration r's are on their way while its fragments are read."""
+        k = self.k
+        order, strides, size = layout
+        ((part, rng),) = self.reduce_env[u].items()
+        self.k_loop = rng
+        chunk, inner = ASYNC_BYTES // operand.dtype.itemsize, order[-1]
+        tile = math.prod(k.parts[i].size for i in order)
+        outside = {i: self.zero for i, p in enumerate(k.parts) if p.kind in IN_BLOCK}
+        iterations = UOp.const(self.idx_dtype, k.parts[part].size)
+        for step in range(tile // (threads * chunk)):
+            first, env, at, inner_size = (tid + step * threads) * chunk, dict(self.env | outside), self.zero, 1
+            for i in reversed(order):
+                value = (first // inner_size) % k.parts[i].size if inner_size > 1 else first % k.parts[i].size
+                env[i], at, inner_size = value, at + value * strides[i], inner_size * k.parts[i].size
+            for ahead in (0, 1):
+                it = rng + 1 if ahead else self.zero
+                lanes = []
+                for lane in range(chunk):
+                    lane_env = env | {part: it, inner: env[inner] + lane}
+                    full = tuple(self.dim_index(d, lane_env) for d in range(len(k.full_shape)))
+                    lanes.append(self.at(operand, full).address)
+                src = lanes[0]
+                assert src.gate is None and contiguous([a.offset for a in lanes], self.simplified), "runs of memory"
+                dst = UOp(Ops.INDEX, buf.dtype, (buf, (it % STAGE_BUFFERS) * size + at))
+                if ahead:  # past the last iteration no copy (zeros), from the buffer's start (every address valid)
+                    valid = it.lt(iterations)
+                    src = src.replace(src=(src.pointer, valid.where(src.offset, self.zero), valid))
+                    self.next_copies.append((dst, src, operand.dtype.vec(chunk)))
+                else:
+                    self.first_copies.append(UOp(Ops.COPY_ASYNC, operand.dtype.vec(chunk), (dst, src)))
+
+    def async_stages(self) -> UOp:
+        """STAGE 1's order in each iteration of the K loop: the barrier that waits for the copies of this iteration's
+        tiles (made in the last iteration, or before the loop) and for every thread to be done reading the buffer the
+        next copies overwrite (read in the last iteration); then those copies, one after another; then the fragment
+        loads, which name the last copy (all after the barrier, and none of this iteration's reads before the copies
+        that overlap them). The node the fragment loads name."""
+        assert self.k_loop is not None
+        last = UOp(Ops.BARRIER, dtypes.void, (*self.first_copies, self.k_loop), "async")
+        for dst, src, dtype in self.next_copies:
+            last = UOp(Ops.COPY_ASYNC, dtype, (dst, src, last))
+        return last
 
     def staged_operands(self, u: UOp, idxs: tuple[UOp, ...]) -> list[UOp]:
         """tc_operands' values, read from the staged tiles in local memory after this iteration's barrier."""
@@ -631,5 +690,7 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
         sink = substitute(sink, {lw.barrier: UOp(Ops.BARRIER, dtypes.void, tuple(lw.local_stores))})
     if lw.stage_stores:
         sink = substitute(sink, {lw.stage_barrier: UOp(Ops.BARRIER, dtypes.void, tuple(lw.stage_stores))})
+    if lw.next_copies:
+        sink = substitute(sink, {lw.stage_barrier: lw.async_stages()})
     gs, ls = lw.global_size, lw.local_size
     return LoweredKernel(sink, kernel_name(k.scheduled), (gs[0], gs[1], gs[2]), (ls[0], ls[1], ls[2]), lw.simplified)

@@ -24,14 +24,20 @@ The PYTHON runtime (tiny.runtime.python) executes exactly these semantics and is
   CONST          arg=value
   INDEX          (pointer, offset[, gate])   an address; a false gate makes loads and stores not happen
   LOAD           (INDEX[, alt][, BARRIER])  the value at the address, or alt where the gate is false; a load
-                                of local memory names the BARRIER it must come after
+                                of local memory names the BARRIER (or the COPY_ASYNC) it must come after
   STORE          (INDEX, value)
+  COPY_ASYNC     (local INDEX, global INDEX[, after])  copy dtype's 4, 8 or 16 bytes from global to local memory
+                                (optional: RendererCaps.async_copy; NVIDIA's cp.async), zeros where the global
+                                INDEX's gate is false; the copy lands by the thread's next BARRIER "async", and no
+                                thread reads its target before that barrier. `after`: the BARRIER or COPY_ASYNC it
+                                must come after (order only)
   DEFINE_ACC     (init,) arg=id  a register, set to init where it stands
   ASSIGN         (DEFINE_ACC, value)  set the register; the ASSIGN's own value is the register's value
   RANGE          (end,)          loop: run what follows, up to its ENDRANGE, for counter = 0 .. end-1
   ENDRANGE       (RANGE,)
   IF / ENDIF     (cond,) / (IF,) run what is between only where cond is true
-  BARRIER        wait until every thread of the workgroup has reached it
+  BARRIER        wait until every thread of the workgroup has reached it; arg "async": first wait until this
+                                thread's COPY_ASYNCs have landed
   VECTORIZE / GEP  build a vector from scalars / take lane arg of a vector
   WMMA           (A, B, C) arg=name  a tensor-core multiply-accumulate (optional): the warp's lanes together
                                 compute D = A @ B + C for the tile of tiny.ir.tensorcore.TENSOR_CORES[name]; each
@@ -63,6 +69,7 @@ DEVICE_OPS: frozenset[Ops] = frozenset(
         Ops.IF,
         Ops.ENDIF,
         Ops.BARRIER,
+        Ops.COPY_ASYNC,
         Ops.VECTORIZE,
         Ops.GEP,
         Ops.WMMA,
@@ -109,6 +116,18 @@ def _check_wmma(u: UOp) -> None:
     want = (tc.a_dtype, tc.b_dtype, tc.c_dtype)
     _check(tuple(s.dtype for s in u.src) == want, u, f"fragments A, B, C of {tc.name} are {want}")
     _check(u.dtype == tc.c_dtype, u, f"gives the D fragment, {tc.c_dtype!r}")
+
+
+def _check_copy_async(u: UOp) -> None:
+    dst, src = u.address, u.copied_from
+    _check(dst.op is Ops.INDEX and src.op is Ops.INDEX, u, "copies from an INDEX to an INDEX")
+    local, glob = dst.pointer.dtype, src.pointer.dtype
+    ok = isinstance(local, PtrDType) and local.local and isinstance(glob, PtrDType) and not glob.local
+    _check(ok, u, "copies from global memory into local memory")
+    _check(dst.gate is None, u, "its local INDEX has no gate (a false gate on the global one writes zeros)")
+    _check(u.dtype.nbytes in (4, 8, 16), u, "copies 4, 8 or 16 bytes")
+    _check(u.dtype.scalar == _element(dst) == _element(src), u, "copies the pointers' element type")
+    _check(all(s.op in (Ops.BARRIER, Ops.COPY_ASYNC) for s in u.src[2:]), u, "comes after a BARRIER or COPY_ASYNC")
 
 
 AST_OPS: frozenset[Ops] = frozenset(
@@ -203,6 +222,8 @@ def validate(uops: list[UOp]) -> None:
             _check(u.address.op is Ops.INDEX, u, "loads from an INDEX")
             _check(u.dtype.scalar == _element(u.address), u, "loads the pointer's element type")
             _check((u.address.gate is None) == (u.alternative is None), u, "a gated load needs an alternative")
+        elif u.op is Ops.COPY_ASYNC:
+            _check_copy_async(u)
         elif u.op is Ops.STORE:
             _check(u.address.op is Ops.INDEX, u, "stores to an INDEX")
             _check(u.value.dtype.scalar == _element(u.address), u, "stores the pointer's element type")

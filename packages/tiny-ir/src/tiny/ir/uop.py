@@ -49,7 +49,10 @@ class Ops(enum.Enum):
     RANGE = enum.auto()  # a loop counter from 0 to src[0]; arg = loop id
     ENDRANGE = enum.auto()  # src = (RANGE,)
     SPECIAL = enum.auto()  # a hardware index; arg = (name, size) e.g. ("gidx0", 64)
-    BARRIER = enum.auto()  # workgroup barrier; src = the stores it orders
+    BARRIER = enum.auto()  # workgroup barrier; src = the stores it orders; arg "async": first waits for COPY_ASYNCs
+    # a copy from global into local memory that lands by the thread's next BARRIER "async" (NVIDIA's cp.async); src =
+    # (local INDEX, global INDEX[, what it comes after]); dtype: the values copied (4, 8 or 16 bytes)
+    COPY_ASYNC = enum.auto()
     IF = enum.auto()  # src = (condition,)
     ENDIF = enum.auto()  # src = (IF,)
     VECTORIZE = enum.auto()  # build a vector from scalars
@@ -447,15 +450,21 @@ class UOp(_Fields):
 
     @property
     def address(self) -> UOp:
-        """LOAD/STORE: the INDEX it reads or writes."""
-        assert self.op in (Ops.LOAD, Ops.STORE), self.op
+        """LOAD/STORE: the INDEX it reads or writes; COPY_ASYNC: the INDEX of local memory it writes."""
+        assert self.op in (Ops.LOAD, Ops.STORE, Ops.COPY_ASYNC), self.op
         return self.src[0]
+
+    @property
+    def copied_from(self) -> UOp:
+        """COPY_ASYNC: the INDEX of global memory it reads (where its gate is false, it writes zeros)."""
+        assert self.op is Ops.COPY_ASYNC, self.op
+        return self.src[1]
 
     @property
     def alternative(self) -> UOp | None:
         """LOAD: the value taken where the INDEX's gate is false."""
         assert self.op is Ops.LOAD, self.op
-        alts = [s for s in self.src[1:] if s.op is not Ops.BARRIER]
+        alts = [s for s in self.src[1:] if s.op not in (Ops.BARRIER, Ops.COPY_ASYNC)]
         return alts[0] if alts else None
 
     @property

@@ -68,7 +68,8 @@ class PythonRenderer(Renderer):
             raise ValueError(
                 f"the PYTHON renderer emulates tensor cores of sm_80+, gfx11, gfx12 or gfx942/gfx950, got {target!r}"
             )
-        self.caps = replace(PythonRenderer.caps, tensor_cores=cores)
+        # (NVIDIA's from sm_80 copy asynchronously: COPY_ASYNC, which the emulator lands at the next BARRIER "async")
+        self.caps = replace(PythonRenderer.caps, tensor_cores=cores, async_copy=target.startswith("sm_"))
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return render_text(name, uops)
@@ -205,8 +206,8 @@ class _Kernel:
         self.steps: list[_Step] = []
         opened: list[int] = []  # steps of the RANGEs and IFs not closed yet
         for u in uops:
-            if u.op in _LAUNCH_VALUES or u.op in (Ops.INDEX, Ops.BARRIER):
-                continue  # BARRIER: threads in lockstep have all reached it
+            if u.op in _LAUNCH_VALUES or u.op is Ops.INDEX or (u.op is Ops.BARRIER and u.arg != "async"):
+                continue  # BARRIER: threads in lockstep have all reached it (an "async" one lands the copies)
             step = self._step(u, slot)
             if u.op in (Ops.RANGE, Ops.IF):
                 opened.append(len(self.steps))
@@ -221,8 +222,8 @@ class _Kernel:
 
     def _check(self, u: UOp) -> None:
         """What the interpreter needs beyond tiny.ir.spec.validate."""
-        if any(s.op is Ops.INDEX for s in u.src) and u.op not in (Ops.LOAD, Ops.STORE):
-            raise self._fail(u, "an INDEX is used only by LOAD and STORE")
+        if any(s.op is Ops.INDEX for s in u.src) and u.op not in (Ops.LOAD, Ops.STORE, Ops.COPY_ASYNC):
+            raise self._fail(u, "an INDEX is used only by LOAD, STORE and COPY_ASYNC")
         if u.op is Ops.INDEX:
             if u.pointer.op not in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL):
                 raise self._fail(u, f"indexes a {u.pointer.op.name}, not a DEFINE_GLOBAL or DEFINE_LOCAL")
@@ -242,6 +243,12 @@ class _Kernel:
             raise self._fail(u, "DEFINE_VAR needs arg=(name, min, max)")
 
     def _step(self, u: UOp, slot: dict[UOp, int]) -> _Step:
+        if u.op is Ops.COPY_ASYNC:
+            dst, src = u.address, u.copied_from
+            gate = None if src.gate is None else slot[src.gate]
+            return _Step(
+                u.op, u, slot[u], (slot[dst.pointer], slot[dst.offset], slot[src.pointer], slot[src.offset], gate)
+            )
         if u.op in (Ops.LOAD, Ops.STORE):
             index = u.address
             gate = None if index.gate is None else slot[index.gate]
@@ -340,6 +347,9 @@ class _Launch:
         self.masks: list[list[bool] | None] = []  # the masks outside the open IFs
         self.loop_end: dict[int, int] = {}
         self.group_of = [t // self.group_threads for t in range(self.n)] if kernel.has_local else []
+        # COPY_ASYNCs issued and not landed yet: (memory, addresses, values), written at the next BARRIER "async"
+        # (never sooner, so a kernel that reads local memory before that barrier reads what was there before)
+        self.in_flight: list[tuple[_Memory, list[int], list]] = []
         if len(bufs) < kernel.n_buffers:
             raise ValueError(f"kernel {kernel.name} takes {kernel.n_buffers} buffers, got {len(bufs)}")
         if len(vals) != len(kernel.variables):
@@ -359,6 +369,8 @@ class _Launch:
             Ops.IF: self._if,
             Ops.ENDIF: self._endif,
             Ops.WMMA: self._wmma,
+            Ops.COPY_ASYNC: self._copy_async,
+            Ops.BARRIER: self._land_copies,
         }
 
     def run(self) -> None:
@@ -429,7 +441,7 @@ class _Launch:
 
     def _addresses(self, step: _Step, mem: _Memory, offsets: list[int], threads: Any) -> list[int]:
         """The scalar addresses of `threads` (offsets are in pointer elements); an IndexError when out of bounds."""
-        dt = step.uop.dtype if step.op is Ops.LOAD else step.uop.value.dtype
+        dt = step.uop.value.dtype if step.op is Ops.STORE else step.uop.dtype
         count = dt.count
         addrs = [offsets[t] * mem.scale for t in threads] if mem.scale != 1 else [offsets[t] for t in threads]
         if addrs and (min(addrs) < 0 or max(addrs) + count > mem.size):
@@ -491,6 +503,25 @@ class _Launch:
         for t, a in zip(threads, addrs):
             for lane, v in enumerate(values[t]):
                 data[a + lane] = v
+
+    def _copy_async(self, step: _Step) -> None:
+        """Each active thread reads its values now (zeros where the gate is false) and they land in local memory at
+        its next BARRIER "async"."""
+        dst_ptr, dst_off, src_ptr, src_off, gate = step.src
+        dst, src, count = self.vals[dst_ptr], self.vals[src_ptr], step.uop.dtype.count
+        active = self.mask if gate is None else self._restrict(self.vals[gate])
+        threads = [t for t in range(self.n) if self.mask is None or self.mask[t]]
+        reading = [t for t in threads if active is None or active[t]]
+        read = dict(zip(reading, self._addresses(step, src, self._lanes(self.vals[src_off]), reading)))
+        zeros = (_zero(step.uop.dtype.scalar),) * count
+        values = [tuple(src.data[read[t] : read[t] + count]) if t in read else zeros for t in threads]
+        self.in_flight.append((dst, self._addresses(step, dst, self._lanes(self.vals[dst_off]), threads), values))
+
+    def _land_copies(self, step: _Step) -> None:
+        for mem, addrs, values in self.in_flight:
+            for a, lanes in zip(addrs, values):
+                mem.data[a : a + len(lanes)] = list(lanes)
+        self.in_flight = []
 
     def _wmma(self, step: _Step) -> None:
         """Each warp's lanes (consecutive threads of a workgroup) give their fragments of A, B and C; the warp

@@ -16,6 +16,8 @@ in two and gives one piece a kind that says how lowering walks it:
 
 STAGE (on a kernel mapped onto tensor cores) cuts nothing: each iteration of the K loop, the workgroup's threads
 together copy the A and B tiles the iteration reads into local memory, and the warps read their fragments there.
+Its arg says how: 0, through registers (each value loaded, then stored); 1, with asynchronous copies of 16 bytes
+(RendererCaps.async_copy) a K step ahead: the next iteration's tiles are on their way while this one's are read.
 
 A dim's index is the sum of its parts' indices times their strides. `Opt(op, axis, arg)` names the part by
 its place among the global and reduce parts (globals first), as `Kernel.axes` lists them.
@@ -50,6 +52,7 @@ class OptOps(enum.Enum):
     THREAD = "thread"  # split an output part across arg CPU threads (the outer piece)
     TC = "tc"  # map a matrix product onto the renderer's tensor cores (arg: which one)
     STAGE = "stage"  # copy the tensor-core operands' tiles of each iteration of the K loop (axis) to local memory
+    # (arg 0: through registers; 1: asynchronously, a K step ahead)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class Kind(enum.Enum):
 LANES = (Kind.UPCAST, Kind.UNROLL)
 IN_BLOCK = (Kind.TC, Kind.UPCAST, Kind.UNROLL, Kind.LOCAL)  # the pieces one workgroup covers in one iteration
 STAGE_BUFFERS = 2  # a staged tile is double-buffered: iteration i fills buffer i % 2 while i - 1's may be read
+ASYNC_BYTES = 16  # what one asynchronous staged copy moves (cp.async.cg's one size)
 
 
 @dataclass(frozen=True)
@@ -257,6 +261,7 @@ class Kernel:
     applied: list[Opt] = field(default_factory=list)
     tc: TensorCoreUse | None = None
     staged: bool = False  # the tensor-core operands go through local memory (STAGE)
+    staged_async: bool = False  # ... copied asynchronously, a K step ahead (STAGE 1)
 
     def __post_init__(self) -> None:
         self.scheduled = self.ast  # the AST as the scheduler made it (its shape names the kernel)
@@ -304,7 +309,7 @@ class Kernel:
     def copy(self) -> Kernel:
         k = Kernel(self.ast, self.caps)  # (merged already: merging again changes nothing)
         k.scheduled, k.parts, k.padded = self.scheduled, list(self.parts), dict(self.padded)
-        k.applied, k.tc, k.staged = list(self.applied), self.tc, self.staged
+        k.applied, k.tc, k.staged, k.staged_async = list(self.applied), self.tc, self.staged, self.staged_async
         return k
 
     # ---- actions
@@ -498,7 +503,36 @@ class Kernel:
             total += stage_size(self, operand) * self.tc.core.dtype_in.itemsize * STAGE_BUFFERS
         if total > self.caps.shared_max:
             raise KernelOptError(f"{opt}: the tiles take {total} bytes of local memory, over {self.caps.shared_max}")
-        self.staged = True
+        if opt.arg not in (0, 1):
+            raise KernelOptError(f"{opt}: arg 0 copies through registers, 1 asynchronously")
+        if opt.arg == 1:
+            if not self.caps.async_copy:
+                raise KernelOptError(f"{opt}: the {self.caps.language} renderer has no asynchronous copies")
+            for label, operand in (("A", self.tc.a), ("B", self.tc.b)):
+                if (why := self._not_async(operand)) is not None:
+                    raise KernelOptError(f"{opt}: {label} cannot be copied {ASYNC_BYTES} bytes at a time: {why}")
+        self.staged, self.staged_async = True, opt.arg == 1
+
+    def _not_async(self, operand: UOp) -> str | None:
+        """Why a staged operand cannot be copied in runs of ASYNC_BYTES (each thread's runs lie whole along the
+        tile's innermost part, in one run of memory and in one row of local memory), or None where it can."""
+        if operand.op is not Ops.READ:
+            return f"it is computed ({operand.op.name}), not read"
+        view = operand.view
+        assert view is not None
+        chunk = ASYNC_BYTES // operand.dtype.itemsize
+        order, strides, size = stage_layout(self, operand)
+        inner = self.parts[order[-1]]
+        if view.mask is not None or any(d in self.padded for d in range(len(self.full_shape)) if _varies(operand, d)):
+            return "it is padded"
+        if view.strides[inner.dim] * inner.stride != 1:
+            return "its tile's rows do not run along memory"
+        tile = math.prod(self.parts[i].size for i in order)
+        if inner.size % chunk or tile % (self.workgroup_threads() * chunk):
+            return f"its rows of {inner.size} or its tile of {tile} values do not split into runs of {chunk} a thread"
+        if size % chunk or any(strides[i] % chunk for i in order[:-1]):
+            return "its rows in local memory are not whole runs"
+        return None
 
     def workgroup_threads(self) -> int:
         return math.prod(p.size for p in self.of_kind(Kind.LOCAL) + self.of_kind(Kind.GROUP) + self._warp())

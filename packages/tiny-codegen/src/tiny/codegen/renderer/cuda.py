@@ -103,11 +103,29 @@ template <typename T, int N> TINY_F void tiny_vstore(T* p, tiny_vec<T, N> x) {
 """
 
 
+_SHARED_ADDRESS = r"""TINY_F unsigned int tiny_shared_address(const void* p) {
+  unsigned int a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a; }
+"""
+
+# COPY_ASYNC: N bytes from global into shared memory by cp.async where the source is aligned to N (buffers from
+# cuMemAlloc, offsets a whole number of runs: every copy of a staged tile), else here, byte by byte; zeros where not
+# valid (cp.async's source size 0)
+_COPY_ASYNC = r"""template <int N> TINY_F void tiny_copy_async(void* dst, const void* src, bool valid) {
+  if (((unsigned long long)src & (N - 1)) == 0) {
+    if (N == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+      :: "r"(tiny_shared_address(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;"
+      :: "r"(tiny_shared_address(dst)), "l"(src), "n"(N), "r"(valid ? N : 0) : "memory");
+    return;
+  }
+  _Pragma("unroll") for (int i = 0; i < N; i++)
+    ((unsigned char*)dst)[i] = valid ? ((const unsigned char*)src)[i] : (unsigned char)0;
+}
+"""
+
 # fragments of 16-bit values read from shared memory as whole 8 x 8 matrices (tiny.codegen.renderer.ldmatrix): each
 # register holds two values, the lower in its lower half
-_LDMATRIX = r"""TINY_F unsigned int tiny_shared_address(const void* p) {
-  unsigned int a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a; }
-TINY_F tiny_vec<unsigned short, 8> tiny_ldmatrix_x4(const unsigned short* p) {
+_LDMATRIX = r"""TINY_F tiny_vec<unsigned short, 8> tiny_ldmatrix_x4(const unsigned short* p) {
   unsigned int r[4];
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tiny_shared_address(p)) : "memory");
@@ -151,6 +169,11 @@ class _CUDAWalk(CWalk):
         self.tables: dict[tuple[int, ...], int] = {}  # ldmatrix's per-lane row shifts, one table each
 
 
+def sm_number(arch: str) -> int:
+    """The compute capability of 'sm_XY' (90 for sm_90a)."""
+    return int(arch[3:].rstrip("af"))
+
+
 class CUDARenderer(GPUCStyleRenderer):
     """CUDA C for NVRTC; `target` is the device's 'arch=sm_XY;...' (sm_90 and the limits below when empty)."""
 
@@ -166,6 +189,7 @@ class CUDARenderer(GPUCStyleRenderer):
     inf_text = "__int_as_float(0x7f800000)"
     bf16_prelude = ""  # the helpers are in every kernel's prelude, with float16's
     repeats_operands = GPUCStyleRenderer.repeats_operands | {Ops.SHL, Ops.SHR}  # guarded shifts name them twice
+    rules = GPUCStyleRenderer.rules | {Ops.COPY_ASYNC: "write_copy_async"}
 
     def __init__(self, target: str = "") -> None:
         super().__init__(";".join(p for p in target.split(";") if p and not p.startswith("arch=")))
@@ -175,7 +199,8 @@ class CUDARenderer(GPUCStyleRenderer):
         self.arch = arch
         self.target = target
         self.max_grid = int(target_fields(";".join(p for p in target.split(";") if p)).get("max_grid", "65535"))
-        self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch))  # mma.sync on sm_80 and newer
+        # mma.sync and cp.async on sm_80 and newer
+        self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch), async_copy=sm_number(arch) >= 80)
 
     # ---------------------------------------------------------------- 16-bit floats: memory bits, float registers
 
@@ -203,6 +228,16 @@ class CUDARenderer(GPUCStyleRenderer):
         if u in w.bits:
             return f"{self.value_type(w, u)}{{{{{', '.join(lanes)}}}}}"
         return super().vectorize(w, u, lanes)
+
+    def write_copy_async(self, w: _CUDAWalk, u: UOp) -> None:
+        dst, src = u.address, u.copied_from
+        valid = "true" if src.gate is None else w.names[src.gate]
+        w.line(f"tiny_copy_async<{u.dtype.nbytes}>({w.names[dst]}, {w.names[src]}, {valid});")
+
+    def write_barrier(self, w: _CUDAWalk, u: UOp) -> None:
+        if u.arg == "async":  # this thread's copies have landed, then every thread's
+            w.line('asm volatile("cp.async.wait_all;" ::: "memory");')
+        super().write_barrier(w, u)
 
     def elided(self, w: _CUDAWalk, u: UOp) -> bool:
         return u in w.read_by_matrices
@@ -347,8 +382,11 @@ class CUDARenderer(GPUCStyleRenderer):
             f"__device__ const int tiny_rows{i}[32] = {{{', '.join(map(str, shift))}}};\n"
             for shift, i in w.tables.items()
         )
-        matrices = _LDMATRIX if w.matrices else ""
-        return _PRELUDE + _VECTORS + "".join(self.mma_function(name) for name in w.mma) + matrices + tables
+        copies = any(u.op is Ops.COPY_ASYNC for u in w.uops)
+        shared = _SHARED_ADDRESS if w.matrices or copies else ""
+        matrices, copy = _LDMATRIX if w.matrices else "", _COPY_ASYNC if copies else ""
+        mma = "".join(self.mma_function(name) for name in w.mma)
+        return _PRELUDE + _VECTORS + mma + shared + copy + matrices + tables
 
 
 def tensor_core_bits(uops: list[UOp]) -> set[UOp]:

@@ -31,6 +31,7 @@ from tiny.codegen.renderer.ptx_math import exp2_f64, fmod_f64, log2_f64, sin_f64
 from tiny.codegen.renderer.walker import ONE_METHOD_PER_OP, Walk, WalkingRenderer
 from tiny.ir.device import RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
+from tiny.ir.symbolic import known_multiple
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
 from tiny.ir.uop import GroupOp, Ops, UOp
 
@@ -115,6 +116,8 @@ class _Kernel(Walk):
     def __init__(self, uops: list[UOp], max_grid: int) -> None:
         super().__init__(uops, first=1)
         self.shared: list[str] = []  # .shared declarations
+        # (buffer, bytes) -> predicates: its start is aligned to them, or not (COPY_ASYNC's, found at the top level)
+        self.aligned_buffers: dict[tuple[UOp, int], tuple[str, str]] = {}
         self.loops: dict[UOp, tuple[str, str]] = {}  # each RANGE open: its head and exit labels
         self.ifs: dict[UOp, str] = {}  # each IF open: its end label
         self.block = [1, 1, 1]  # the workgroup's size, as the hardware indices say
@@ -143,6 +146,14 @@ class _Kernel(Walk):
 
     def declarations(self) -> list[str]:
         return [f"\t.reg .{k} {p}<{self.given(p) + 1}>;" for k, p in self._PREFIX.items() if self.given(p)]
+
+
+def _whole_runs(offset: UOp, elements: int) -> bool:
+    """Whether an offset is a multiple of elements for every value of what it reads (through a WHERE: both sides)."""
+    if offset.op is Ops.WHERE:
+        _, a, b = offset.src
+        return _whole_runs(a, elements) and _whole_runs(b, elements)
+    return known_multiple(offset) % elements == 0
 
 
 class PTXRenderer(WalkingRenderer):
@@ -180,11 +191,12 @@ class PTXRenderer(WalkingRenderer):
             shared_max=int(fields["shared_max"]),
             vector_width=int(fields["vector_width"]),
             tensor_cores=tensor_cores_for(arch),  # mma.sync on sm_80 and newer
+            async_copy=cc >= 80,  # cp.async
         )
 
     # ---------------------------------------------------------------- the kernel
 
-    rules = ONE_METHOD_PER_OP
+    rules = ONE_METHOD_PER_OP | {Ops.COPY_ASYNC: "write_copy_async"}
 
     def render(self, name: str, uops: list[UOp]) -> str:
         if not _NAME.fullmatch(name):
@@ -285,7 +297,40 @@ class PTXRenderer(WalkingRenderer):
         return acc
 
     def write_barrier(self, k: _Kernel, u: UOp) -> None:
+        if u.arg == "async":  # this thread's copies have landed, then every thread's
+            k.emit("cp.async.wait_all")
         k.emit("bar.sync 0")
+
+    def write_copy_async(self, k: _Kernel, u: UOp) -> None:
+        """cp.async of the op's bytes where the source is aligned to them (buffers from cuMemAlloc, offsets a whole
+        number of runs: every copy of a staged tile), else value by value through a register; zeros where the gate
+        is false (cp.async's source size 0)."""
+        dst, src, n = k.names[u.address], k.names[u.copied_from], u.dtype.nbytes
+        gate = k.names[u.copied_from.gate] if u.copied_from.gate is not None else None
+        base = u.copied_from.pointer
+        if _whole_runs(u.copied_from.offset, n // u.dtype.scalar.itemsize):  # aligned where the buffer's start is
+            if (found := k.aligned_buffers.get((base, n))) is None:
+                found = self._alignment(k, k.names[base], n, None)
+                if k.depth == 0:  # (found once at the top level: it holds for the whole kernel)
+                    k.aligned_buffers[(base, n)] = found
+            aligned, unaligned = found
+        else:
+            aligned, unaligned = self._alignment(k, src, n, None)
+        size = "16" if gate is None else k.reg("b32")
+        if gate is not None:
+            k.emit(f"selp.u32 {size}, {n}, 0, {gate}")
+        kind = "cg" if n == 16 else "ca"
+        k.emit(f"@{aligned} cp.async.{kind}.shared.global [{dst}], [{src}], {n}, {size if gate else n}")
+        item = u.dtype.scalar.itemsize
+        value, mt = k.reg("b32"), f"b{8 * item}"
+        reading = unaligned
+        if gate is not None:
+            reading = k.reg("pred")
+            k.emit(f"and.pred {reading}, {unaligned}, {gate}")
+        for i in range(0, n, item):
+            k.emit(f"@{unaligned} mov.b32 {value}, 0")
+            k.emit(f"@{reading} ld.global.{mt} {value}, [{src}+{i}]")
+            k.emit(f"@{unaligned} st.shared.{mt} [{dst}+{i}], {value}")
 
     def write_vectorize(self, k: _Kernel, u: UOp) -> Reg:
         return [_scalar(k.names[s]) for s in u.src]

@@ -33,8 +33,9 @@ from tiny.ir.uop import UOp
 # other devices' memory; 1.11: launchers_changed and LAUNCHERS.epoch, launchers given before to be asked for again;
 # 1.12: Ops.DOT4 and RendererCaps.dot4, a renderer that writes the op itself; 1.13: Program.launcher's n_vals, a
 # launch given the values of the kernel's Variables after its opaques; 1.14: Ops.SDOT4 and RendererCaps.sdot4; 1.15:
-# GraphLaunch.var_names, a graph's replay called with the Variables' values by name beside the launches' buffers)
-INTERFACE_VERSION = (1, 15)
+# GraphLaunch.var_names, a graph's replay called with the Variables' values by name beside the launches' buffers;
+# 1.16: Ops.COPY_ASYNC, BARRIER "async" and RendererCaps.async_copy)
+INTERFACE_VERSION = (1, 16)
 
 
 # the dtypes kernels compute on in hardware vectors (RendererCaps.vector_lanes; the code generator's vector ops)
@@ -85,6 +86,9 @@ class RendererCaps:
     # take two byte products, SDOT4's one): a quantized product of signed quants (Q8_0) takes it; else DOT4 over
     # quants offset by 128, less 128 times the input's sum. Only with dot4 on (the renderer writes SDOT4 as DOT4).
     sdot4: bool = False
+    # Ops.COPY_ASYNC (a copy of 4, 8 or 16 bytes from global into local memory that lands by the next BARRIER
+    # "async": NVIDIA's cp.async, sm_80 and newer): tensor-core tiles staged a K step ahead (STAGE 1)
+    async_copy: bool = False
 
     def vector_lanes(self, dtype: DType) -> int:
         """How many values of dtype one hardware vector holds (1: this dtype is not vectorized)."""
