@@ -68,10 +68,10 @@ torch.__version__, 'cuda', torch.version.cuda)"
         } 2>&1 | tee "$out/tests.txt" | tail -40
     fi
     if [[ $stages == *,kernels,* ]]; then
-        echo "== the matmul kernel under each plan (bench/gpu_kernels.py)"
-        timeout 120 python3 -m bench.gpu_kernels 2>&1 | tee "$out/kernels.txt"
+        echo "== the matmul and 3 x 3 convolution kernels under each plan (bench/gpu_kernels.py)"
+        timeout 150 python3 -m bench.gpu_kernels 2>&1 | tee "$out/kernels.txt"
         echo "-- the same kernels in CUDA C without ldmatrix (LDMATRIX=0): one shared-memory load per element"
-        LDMATRIX=0 timeout 60 python3 -m bench.gpu_kernels --devices CUDA --sizes 4096 2>&1 | tee -a "$out/kernels.txt"
+        LDMATRIX=0 timeout 60 python3 -m bench.gpu_kernels --devices CUDA --sizes 4096 --conv 0 2>&1 | tee -a "$out/kernels.txt"
     fi
     if [[ $stages == *,suite,* ]]; then
         echo "== the GPU suite"
@@ -80,7 +80,7 @@ torch.__version__, 'cuda', torch.version.cuda)"
     fi
     if [[ $stages == *,beam,* ]]; then
         echo "== BEAM on the fp16 4096 product's kernel (CUDA C)"
-        timeout 120 python3 -m bench.gpu_kernels --devices CUDA --dtypes float16 --sizes 4096 --beam 4 \
+        timeout 120 python3 -m bench.gpu_kernels --devices CUDA --dtypes float16 --sizes 4096 --conv 0 --beam 4 \
             --beam-budget 60 2>&1 | tail -1 | tee "$out/beam.txt"
     fi
     if [[ $stages == *,profile,* ]]; then

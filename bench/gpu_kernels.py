@@ -1,7 +1,7 @@
 """The matrix product's kernel alone, under each plan, on each renderer of a GPU device: what the heuristics chose,
 what each optimization action adds, and (with --beam) what BEAM finds. Part of bench/gpu_check.sh.
 
-    python -m bench.gpu_kernels                         # CUDA and CUDA:PTX, fp16 and bf16, N = 4096 and 8192
+    python -m bench.gpu_kernels                         # CUDA and CUDA:PTX, fp16 and bf16, N = 4096 and 8192, a conv
     python -m bench.gpu_kernels --devices CPU --dtypes float32 --sizes 256   # the code path on a CPU machine
 
 Each kernel runs on buffers of its sizes (uninitialized: a kernel's time does not depend on the values) and is
@@ -33,6 +33,24 @@ def matmul_ast(n: int, dtype: str, device: str) -> UOp:
     dt = dtypes.from_name(dtype)
     a, b = (Tensor(np.zeros((n, n), np.float32), device=device).cast(dt).realize() for _ in range(2))
     items = create_schedule([(a @ b).uop]).items
+    return next(i.ast for i in items if any(u.op is Ops.REDUCE_AXIS for u in i.ast.toposort))
+
+
+CONV = (
+    32,
+    128,
+    28,
+    28,
+    128,
+)  # batch, input channels, height, width, output channels of a 3 x 3 convolution (padding 1)
+
+
+def conv_ast(dtype: str, device: str) -> UOp:
+    """The kernel of a 3 x 3 convolution (CONV's sizes) of `dtype` tensors on `device` (the one with the sum)."""
+    dt, (n, ci, h, w, co) = dtypes.from_name(dtype), CONV
+    x = Tensor(np.zeros((n, ci, h, w), np.float32), device=device).cast(dt).realize()
+    weight = Tensor(np.zeros((co, ci, 3, 3), np.float32), device=device).cast(dt).realize()
+    items = create_schedule([x.conv2d(weight, padding=1).uop]).items
     return next(i.ast for i in items if any(u.op is Ops.REDUCE_AXIS for u in i.ast.toposort))
 
 
@@ -75,23 +93,27 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", default="CUDA,CUDA:PTX")
     p.add_argument("--dtypes", default="float16,bfloat16")
-    p.add_argument("--sizes", default="4096,8192")
+    p.add_argument("--sizes", default="4096,8192", help="the matrix products' N")
+    p.add_argument("--conv", type=int, default=1, help="1: also a 3 x 3 convolution (CONV: 32 x 128 x 28 x 28 -> 128)")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--beam", type=int, default=0, help="also a BEAM search of this width (first device and dtype)")
     p.add_argument("--beam-budget", type=float, default=60.0)
     args = p.parse_args(argv)
+    batch, ci, h, w, co = CONV
     for device in args.devices.split(","):
         for dtype in args.dtypes.split(","):
-            for n in (int(s) for s in args.sizes.split(",")):
-                ast = matmul_ast(n, dtype, device)
+            kernels = [(f"N={n:5}", matmul_ast(n, dtype, device), 2 * n**3) for n in map(int, args.sizes.split(","))]
+            if args.conv:
+                kernels.append(("conv3x3", conv_ast(dtype, device), 2 * batch * co * h * w * ci * 9))
+            for name, ast, flops in kernels:
                 for label, opts in plans(ast, device).items():
                     try:
                         seconds = time_plan(ast, device, opts, args.reps)
                     except (KernelOptError, CompileError) as e:
-                        print(f"{device:9} {dtype:9} N={n:5}  {label}: not run: {str(e).splitlines()[0][:150]}")
+                        print(f"{device:9} {dtype:9} {name}  {label}: not run: {str(e).splitlines()[0][:150]}")
                         continue
-                    tflops = 2 * n**3 / seconds / 1e12
-                    print(f"{device:9} {dtype:9} N={n:5}  {tflops:8.1f} TFLOPS  {seconds * 1e3:8.3f} ms  {label}")
+                    tflops = flops / seconds / 1e12
+                    print(f"{device:9} {dtype:9} {name}  {tflops:8.1f} TFLOPS  {seconds * 1e3:8.3f} ms  {label}")
     if args.beam:
         device, dtype, n = args.devices.split(",")[0], args.dtypes.split(",")[0], int(args.sizes.split(",")[0])
         ast = matmul_ast(n, dtype, device)

@@ -346,3 +346,24 @@ def test_asynchronous_stage_refusals_say_why(make, async_copy: bool, why: str | 
     else:
         with pytest.raises(KernelOptError, match=why):
             k.apply(Opt(OptOps.STAGE, plan[-1].axis, 1))
+
+
+def test_stage_with_a_loop_around_k_alternates_buffers_through_both_loops() -> None:
+    """A sum over two dims (a convolution's window around its channels): K's loop inside the other. The buffer an
+    iteration fills is chosen by its number counted through both loops (an odd K loop would otherwise start the next
+    window position on the buffer the last iteration is still being read from). Copied asynchronously: refused."""
+    caps = replace(caps_of("sm_80"), async_copy=True)
+    a, b = tensor(64, 3, 96, dtype=f16), tensor(3, 96, 64, dtype=f16)
+    x = expand(move(Ops.RESHAPE, a, (64, 3, 96, 1)), (64, 3, 96, 64))
+    y = expand(move(Ops.RESHAPE, b, (1, 3, 96, 64)), (64, 3, 96, 64))
+    two = ast_of(move(Ops.RESHAPE, reduce((x * y).cast(f32), (1, 2)), (64, 64)))
+    plan = hand_opts(Kernel(two, caps_of("sm_80")))
+    assert plan[-1].op is OptOps.STAGE, plan
+    uops = vector_uops(two, caps, plan)
+    loops = [u for u in uops if u.op is Ops.RANGE]
+    assert len(loops) == 2, "the window's loop and K's (96 = 3 iterations of 2 x 16)"
+    copies = [u for u in uops if u.op is Ops.STORE and u.address.pointer.op is Ops.DEFINE_LOCAL]
+    assert copies and all({r for r in u.address.offset.toposort if r.op is Ops.RANGE} == set(loops) for u in copies)
+    k = Kernel(two, caps).apply_opts(plan[:-1])
+    with pytest.raises(KernelOptError, match="asynchronous copies need the K loop to be the one reduce loop"):
+        k.apply(Opt(OptOps.STAGE, plan[-1].axis, 1))

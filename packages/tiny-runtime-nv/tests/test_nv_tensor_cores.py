@@ -175,3 +175,21 @@ def test_asynchronous_copies_from_a_matrix_one_value_into_its_buffer(
     else:
         assert "cp.async.cg.shared.global" in k.src and "ld.global.b16" in k.src
         assert ptxas(k.src, "sm_80") == ""
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_staged_3x3_convolution_keeps_to_registers(dtype: str) -> None:
+    """The rules stage a 3 x 3 convolution's tiles too (the window's loops around K): in CUDA C for sm_90, one
+    barrier, the double-buffered tiles in shared memory and no spills."""
+    dt = dtypes.from_name(dtype)
+    x = Tensor(np.zeros((2, 128, 28, 28), np.float32), device="CPU").cast(dt).realize()
+    w = Tensor(np.zeros((128, 128, 3, 3), np.float32), device="CPU").cast(dt).realize()
+    *_, k = render_schedule("conv", x.conv2d(w, padding=1), CUDARenderer(target("sm_90")))
+    assert "stage0" in k.src and mma(dtype) in nvrtc_ptx(k.src, "sm_90")
+    release = _ptxas_release()
+    fits = [n for n in installed() if release is not None and n.version <= release]
+    if not fits:
+        pytest.skip(f"no NVRTC installed is as old as ptxas {release}: its PTX ISA would be too new for it")
+    ptx = compile_cuda(max(fits, key=lambda n: n.version), k.src, "sm_90", cubin=False).rstrip(b"\0").decode()
+    report = ptxas(ptx, "sm_90", report=True)
+    assert "0 bytes spill stores, 0 bytes spill loads" in report and "used 1 barriers" in report, report

@@ -166,3 +166,23 @@ def test_matmul_staged_with_asynchronous_copies(
     np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
     (src,) = wmma_kernels(launches)
     assert "COPY_ASYNC" in src and "BARRIER" in src and "arg='async'" in src, "the tiles were copied asynchronously"
+
+
+def test_a_convolution_staged_through_local_memory_on_nvidia_tensor_cores() -> None:
+    """sm_80's rules stage a convolution's tiles too (K, the input channels, a loop of 2 inside the window's): each
+    iteration of both loops copies its tiles of the (padded) input and the weights into local memory."""
+    device = "PYTHON:80"
+    Device._open.setdefault(device, PythonDevice(device, "PYTHON", tensor_cores_of="sm_80"))
+    xv, wv = rounded((1, 64, 2, 32), "float16", 15), rounded((64, 64, 3, 3), "float16", 16)
+    x, w = on(device, xv, "float16").realize(), on(device, wv, "float16").realize()
+    with capture() as launches:
+        out = x.conv2d(w, padding=1).cast(dtypes.float32).realize()
+    padded = np.pad(xv, ((0, 0), (0, 0), (1, 1), (1, 1))).astype(np.float64)
+    want = np.zeros((1, 64, 2, 32), np.float64)
+    for i in range(3):
+        for j in range(3):
+            want += np.einsum("nchw,oc->nohw", padded[:, :, i : i + 2, j : j + 32], wv[:, :, i, j])
+    want = want.astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(out.numpy(), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
+    (src,) = wmma_kernels(launches)
+    assert "stage0" in src and "BARRIER" in src, "the rules staged the tiles through local memory"

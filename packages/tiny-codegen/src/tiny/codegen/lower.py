@@ -227,7 +227,9 @@ class _Lowerer:
         """The local buffer that holds operand's tile in this iteration of reduction u's K loop (tiny.codegen.opt
         stage_layout): every thread of the workgroup copies tile/threads values of it, consecutive threads
         consecutive values of memory. Two buffers, by the iteration's parity: one barrier an iteration suffices, as
-        the buffer an iteration fills was last read two iterations before, ahead of the barrier in between."""
+        the buffer an iteration fills was last read two iterations before, ahead of the barrier in between. Where the
+        reduction has loops around the K loop (a convolution's window), an iteration is counted through all of them:
+        the parity does not start again with each window position."""
         if (u, operand) in self.stages:
             return self.stages[(u, operand)]
         k = self.k
@@ -236,8 +238,10 @@ class _Lowerer:
         name = f"stage{len(self.stages)}"
         total = size * STAGE_BUFFERS
         buf = UOp(Ops.DEFINE_LOCAL, operand.dtype.ptr(total, local=True), (), (name, total))
-        (rng,) = self.reduce_env[u].values()
-        base = (rng % STAGE_BUFFERS) * size
+        count = self.zero  # the iteration's number among all of the reduction's loops (outermost first)
+        for i, counter in self.reduce_env[u].items():
+            count = count * k.parts[i].size + counter if count is not self.zero else counter
+        base = (count % STAGE_BUFFERS) * size
         workgroup = [i for i, p in enumerate(k.parts) if p.kind is Kind.LOCAL]
         tid, threads = self.lane, k.tc.core.threads
         for i in reversed(workgroup):

@@ -492,8 +492,8 @@ class Kernel:
         if self.tc is None or not self.caps.has_shared:
             raise KernelOptError(f"{opt}: stages tensor-core operands, on a renderer with local memory, after TC")
         self._need(opt, part, Kind.REDUCE)
-        if len(self.of_kind(Kind.REDUCE)) != 1:
-            raise KernelOptError(f"{opt}: staging needs the K loop to be the one reduce loop")
+        if opt.arg == 1 and len(self.of_kind(Kind.REDUCE)) != 1:  # (the next tile is the K loop's next iteration)
+            raise KernelOptError(f"{opt}: asynchronous copies need the K loop to be the one reduce loop")
         threads = self.workgroup_threads()
         total = 0
         for label, operand in (("A", self.tc.a), ("B", self.tc.b)):
