@@ -123,10 +123,18 @@ def test_kernels_that_do_not_qualify_run_without_tensor_cores(tc_device: str) ->
 def test_staged_matmul_on_nvidia_tensor_cores(dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool) -> None:
     """sm_80's tensor cores with STAGE (the rules choose it there): each iteration of K, the workgroup copies its A
     and B tiles into local memory (two buffers, one barrier), and the warps read their fragments from there."""
+    src = _sm_80_product(dtype, a_shape, b_shape, transpose, realized=False)
+    assert "stage0" in src and "BARRIER" in src, "the rules staged the tiles through local memory"
+
+
+def _sm_80_product(dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool, realized: bool) -> str:
+    """a @ b (a.T @ b.T) on the PYTHON emulator with sm_80's tensor cores, against NumPy; the source of its kernel.
+    realized: the factors are buffers of dtype (else float32 buffers cast in the kernel)."""
     device = "PYTHON:80"
     Device._open.setdefault(device, PythonDevice(device, "PYTHON", tensor_cores_of="sm_80"))
     av, bv = rounded(a_shape, dtype, 11), rounded(b_shape, dtype, 12)
     a, b = on(device, av, dtype), on(device, bv, dtype)
+    a, b = (a.realize(), b.realize()) if realized else (a, b)
     with capture() as launches:
         out = (a.T @ b.T if transpose else a @ b).cast(dtypes.float32).realize()
     want = av.T @ bv.T if transpose else av @ bv
@@ -134,7 +142,7 @@ def test_staged_matmul_on_nvidia_tensor_cores(dtype: str, a_shape: tuple, b_shap
     tol = 2e-3 if dtype == "float16" else 2e-2
     np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
     (src,) = wmma_kernels(launches)
-    assert "stage0" in src and "BARRIER" in src, "the rules staged the tiles through local memory"
+    return src
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -154,17 +162,7 @@ def test_matmul_staged_with_asynchronous_copies(
     each iteration's barrier waits for the copies of its tiles, then sends those of the next on their way. The
     emulator lands a COPY_ASYNC only at that barrier, so a read that did not wait for it reads the last tiles."""
     monkeypatch.setenv("ASYNC_STAGE", "1")
-    device = "PYTHON:80"
-    Device._open.setdefault(device, PythonDevice(device, "PYTHON", tensor_cores_of="sm_80"))
-    av, bv = rounded(a_shape, dtype, 13), rounded(b_shape, dtype, 14)
-    a, b = on(device, av, dtype).realize(), on(device, bv, dtype).realize()  # (a computed operand is copied by value)
-    with capture() as launches:
-        out = (a.T @ b.T if transpose else a @ b).cast(dtypes.float32).realize()
-    want = av.T @ bv.T if transpose else av @ bv
-    want = want.astype(np.float16).astype(np.float32) if dtype == "float16" else want
-    tol = 2e-3 if dtype == "float16" else 2e-2
-    np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
-    (src,) = wmma_kernels(launches)
+    src = _sm_80_product(dtype, a_shape, b_shape, transpose, realized=True)  # (a computed factor is copied by value)
     assert "COPY_ASYNC" in src and "BARRIER" in src and "arg='async'" in src, "the tiles were copied asynchronously"
 
 
