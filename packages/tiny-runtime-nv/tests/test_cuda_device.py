@@ -117,6 +117,30 @@ def test_matmuls_staged_with_asynchronous_copies(device: str, dtype: str, monkey
 
 
 @gpu
+@pytest.mark.parametrize("device", RENDERERS)
+def test_a_convolution_staged_on_tensor_cores(device: str) -> None:
+    """A 3 x 3 fp16 convolution of 64 channels: the rules stage its tiles (K's loop inside the window's), against
+    NumPy."""
+    rng = np.random.default_rng(2)
+    x, w = (
+        rng.standard_normal((2, 64, 8, 32)).astype(np.float32),
+        rng.standard_normal((64, 64, 3, 3)).astype(np.float32),
+    )
+    tx, tw = (Tensor(a, device=device).cast(dtypes.float16).realize() for a in (x, w))
+    x16, w16 = tx.cast(dtypes.float32).numpy(), tw.cast(dtypes.float32).numpy()
+    with capture() as launches:
+        got = tx.conv2d(tw, padding=1).cast(dtypes.float32).realize()
+    assert any("stage0" in launch.program.src for launch in launches if launch.program is not None)
+    padded = np.pad(x16, ((0, 0), (0, 0), (1, 1), (1, 1))).astype(np.float64)
+    want = sum(
+        np.einsum("nchw,oc->nohw", padded[:, :, i : i + 8, j : j + 32], w16[:, :, i, j])
+        for i in range(3)
+        for j in range(3)
+    )
+    np.testing.assert_allclose(got.numpy(), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+
+
+@gpu
 def test_a_launch_can_be_timed() -> None:
     dev = Device["CUDA"]
     x = Tensor.ones(1 << 20, device="CUDA").contiguous().realize()
