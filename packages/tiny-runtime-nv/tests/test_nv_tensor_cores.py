@@ -10,9 +10,11 @@ import pytest
 from nv_kernels import render_schedule, target
 from test_cuda_compile import _ptxas_release, nvrtc, nvrtc_ptx, ptxas
 
-from tiny.codegen.opt import Opt, OptOps
+from tiny.codegen.opt import Kernel, Opt, OptOps
+from tiny.codegen.opt.heuristic import hand_opts
 from tiny.codegen.renderer.cuda import CUDARenderer
 from tiny.codegen.renderer.ptx import PTXRenderer
+from tiny.ir.device import Renderer
 from tiny.ir.dtypes import dtypes
 from tiny.ir.uop import Ops
 from tiny.runtime.nv.nvrtc import compile_cuda, installed
@@ -26,6 +28,14 @@ def matmul(dtype: str, m: int = 64, k: int = 64, n: int = 64) -> Tensor:
     a = Tensor(rng.standard_normal((m, k)).astype(np.float32), device="CPU").cast(dtypes.from_name(dtype)).realize()
     b = Tensor(rng.standard_normal((k, n)).astype(np.float32), device="CPU").cast(dtypes.from_name(dtype)).realize()
     return a @ b
+
+
+def copied_asynchronously(product: Tensor, renderer: Renderer) -> list[Opt]:
+    """The rules' plan for a product (its schedule's one kernel) with its tiles copied asynchronously (STAGE 1)."""
+    (item,) = product.schedule()
+    rules = hand_opts(Kernel(item.ast, renderer.caps))
+    assert rules[-1].op is OptOps.STAGE, rules
+    return [*rules[:-1], Opt(OptOps.STAGE, rules[-1].axis, 1)]
 
 
 def mma(dtype: str) -> str:
@@ -127,18 +137,15 @@ def test_the_staged_4096_product_keeps_to_registers(renderer: str, dtype: str) -
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("renderer", ["CUDA", "PTX"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_the_asynchronously_staged_4096_product_assembles(
-    arch: str, renderer: str, dtype: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The rules' staged kernel for a 4096 x 4096 product with ASYNC_STAGE=1: its tiles copied by cp.async (16 bytes
-    a copy, the next iteration's while this one's are read), one barrier after cp.async.wait_all; CUDA C through
-    NVRTC keeps to registers (PTX, whose addresses are 64-bit registers, spills a few bytes: not asserted)."""
-    monkeypatch.setenv("ASYNC_STAGE", "1")
+def test_the_asynchronously_staged_4096_product_assembles(arch: str, renderer: str, dtype: str) -> None:
+    """The rules' staged kernel for a 4096 x 4096 product with STAGE 1: its tiles copied by cp.async (16 bytes a
+    copy, the next iteration's while this one's are read), one barrier after cp.async.wait_all; CUDA C through NVRTC
+    keeps to registers (PTX, whose addresses are 64-bit registers, spills a few bytes: not asserted)."""
     rng = np.random.default_rng(0)
     small = Tensor(rng.standard_normal((4096, 1)).astype(np.float32), device="CPU").cast(dtypes.from_name(dtype))
     x = small.expand(4096, 4096).contiguous().realize()
     made = CUDARenderer(target(arch)) if renderer == "CUDA" else PTXRenderer(target(arch))
-    (k,) = render_schedule("matmul", x @ x, made)
+    (k,) = render_schedule("matmul", x @ x, made, copied_asynchronously(x @ x, made))
     if renderer == "CUDA":
         ptx = nvrtc_ptx(k.src, arch)
         assert compile_cuda(nvrtc(), k.src, arch, cubin=True)[:4] == b"\x7fELF"
@@ -159,16 +166,14 @@ def test_the_asynchronously_staged_4096_product_assembles(
 
 
 @pytest.mark.parametrize("renderer", ["CUDA", "PTX"])
-def test_asynchronous_copies_from_a_matrix_one_value_into_its_buffer(
-    renderer: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_asynchronous_copies_from_a_matrix_one_value_into_its_buffer(renderer: str) -> None:
     """A matrix that starts one value into its buffer: no 16-byte run of it is aligned, so each copy checks its own
     address (cp.async where aligned, else value by value); both renderers' code assembles."""
-    monkeypatch.setenv("ASYNC_STAGE", "1")
     flat = Tensor(np.zeros(256 * 256 + 1, np.float32), device="CPU").cast(dtypes.float16).realize()
     b = Tensor(np.zeros((256, 256), np.float32), device="CPU").cast(dtypes.float16).realize()
     made = CUDARenderer(target("sm_80")) if renderer == "CUDA" else PTXRenderer(target("sm_80"))
-    (k,) = render_schedule("matmul", flat[1:].reshape(256, 256) @ b, made)
+    product = flat[1:].reshape(256, 256) @ b
+    (k,) = render_schedule("matmul", product, made, copied_asynchronously(product, made))
     if renderer == "CUDA":
         assert compile_cuda(nvrtc(), k.src, "sm_80", cubin=True)[:4] == b"\x7fELF"
         assert "cp.async.cg.shared.global" in nvrtc_ptx(k.src, "sm_80")

@@ -9,11 +9,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from tiny.codegen import Kernel, Opt, OptOps, get_program
+from tiny.codegen.opt.heuristic import hand_opts
 from tiny.ir.device import Device
 from tiny.ir.dtypes import dtypes
 from tiny.runtime.python import PythonDevice
 from tiny.tensor import Tensor
-from tiny.tensor.realize import capture
+from tiny.tensor.realize import capture, run_schedule
 
 TARGETS = {"sm_80": "PYTHON:80", "gfx1100": "PYTHON:1100", "gfx1201": "PYTHON:1201", "gfx942": "PYTHON:942"}
 
@@ -127,21 +129,34 @@ def test_staged_matmul_on_nvidia_tensor_cores(dtype: str, a_shape: tuple, b_shap
     assert "stage0" in src and "BARRIER" in src, "the rules staged the tiles through local memory"
 
 
-def _sm_80_product(dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool, realized: bool) -> str:
+def _sm_80_product(dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool, realized: bool, stage: int = 0) -> str:
     """a @ b (a.T @ b.T) on the PYTHON emulator with sm_80's tensor cores, against NumPy; the source of its kernel.
-    realized: the factors are buffers of dtype (else float32 buffers cast in the kernel)."""
+    realized: the factors are buffers of dtype (else float32 buffers cast in the kernel). stage 1: the rules' plan
+    with its tiles copied asynchronously (STAGE 1) in place of their STAGE 0."""
     device = "PYTHON:80"
     Device._open.setdefault(device, PythonDevice(device, "PYTHON", tensor_cores_of="sm_80"))
     av, bv = rounded(a_shape, dtype, 11), rounded(b_shape, dtype, 12)
     a, b = on(device, av, dtype), on(device, bv, dtype)
     a, b = (a.realize(), b.realize()) if realized else (a, b)
-    with capture() as launches:
-        out = (a.T @ b.T if transpose else a @ b).cast(dtypes.float32).realize()
     want = av.T @ bv.T if transpose else av @ bv
     want = want.astype(np.float16).astype(np.float32) if dtype == "float16" else want
+    product = (a.T @ b.T if transpose else a @ b).cast(dtypes.float32)
+    if stage:
+        *before, item = product.schedule()
+        run_schedule(before)
+        dev = Device[device]
+        rules = hand_opts(Kernel(item.ast, dev.renderer.caps))
+        assert rules[-1].op is OptOps.STAGE, rules
+        prog = get_program(item.ast, dev, [*rules[:-1], Opt(OptOps.STAGE, rules[-1].axis, stage)])
+        bufs = [buf.ensure_allocated().opaque for buf in item.buffers]
+        dev.load(prog)(*bufs, global_size=prog.global_size, local_size=prog.local_size)
+        got, src = np.frombuffer(item.buffers[0].as_bytes(), np.float32).reshape(want.shape), prog.src
+    else:
+        with capture() as launches:
+            product.realize()
+        (src,), got = wmma_kernels(launches), product.numpy()
     tol = 2e-3 if dtype == "float16" else 2e-2
-    np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
-    (src,) = wmma_kernels(launches)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
     return src
 
 
@@ -155,14 +170,11 @@ def _sm_80_product(dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool, 
         ((96, 128), (128, 96), True),  # a.T @ b.T: the runs of memory lie along M and N
     ],
 )
-def test_matmul_staged_with_asynchronous_copies(
-    dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """sm_80's tensor cores with STAGE 1 (ASYNC_STAGE=1): the first iteration's tiles copied before the K loop, and
-    each iteration's barrier waits for the copies of its tiles, then sends those of the next on their way. The
-    emulator lands a COPY_ASYNC only at that barrier, so a read that did not wait for it reads the last tiles."""
-    monkeypatch.setenv("ASYNC_STAGE", "1")
-    src = _sm_80_product(dtype, a_shape, b_shape, transpose, realized=True)  # (a computed factor is copied by value)
+def test_matmul_staged_with_asynchronous_copies(dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool) -> None:
+    """sm_80's tensor cores with STAGE 1: the first iteration's tiles copied before the K loop, and each iteration's
+    barrier waits for the copies of its tiles, then sends those of the next on their way. The emulator lands a
+    COPY_ASYNC only at that barrier, so a read that did not wait for it reads the last tiles."""
+    src = _sm_80_product(dtype, a_shape, b_shape, transpose, realized=True, stage=1)  # (a computed factor: by value)
     assert "COPY_ASYNC" in src and "BARRIER" in src and "arg='async'" in src, "the tiles were copied asynchronously"
 
 

@@ -11,19 +11,10 @@ import math
 from collections.abc import Callable
 
 from tiny.codegen.opt.actions import MAX_THREADS, Kernel, KernelOptError, Kind, Opt, OptOps
-from tiny.ir.config import flag
 from tiny.ir.dtypes import dtypes
 from tiny.ir.sint import highest
 from tiny.ir.uop import GroupOp, Ops, UOp
 from tiny.ir.views import View
-
-ASYNC_STAGE = flag(
-    "ASYNC_STAGE",
-    int,
-    0,
-    "the rules stage a matrix product's tensor-core tiles with asynchronous copies a K step ahead (STAGE 1: NVIDIA's"
-    " cp.async, sm_80 and newer) where the renderer has them; 0: through registers (STAGE 0) until it is measured",
-)
 
 THREAD_MIN_WORK = 1 << 20  # iterations below which splitting across threads costs more than it saves
 SMALL_DIM = 7  # dims this small are written out whole where that lets masks fold away
@@ -283,8 +274,8 @@ def _tensor_cores(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, .
             for dim in (k.tc.n, k.tc.m):
                 attempt(OptOps.LOCAL, _axis(k, dim), (2,))
             if n == 8:  # the warps' tiles of A and B through local memory: each warp's fragments read in whole rows
-                # (with ASYNC_STAGE, copied asynchronously a K step ahead where the renderer and the tiles allow)
-                attempt(OptOps.STAGE, _axis(k, k.tc.k), (1, 0) if ASYNC_STAGE else (0,))
+                # (through registers: STAGE 1's asynchronous copies are BEAM's to choose until measured on a GPU)
+                attempt(OptOps.STAGE, _axis(k, k.tc.k), (0,))
             return True
     return False
 

@@ -169,11 +169,6 @@ class _CUDAWalk(CWalk):
         self.tables: dict[tuple[int, ...], int] = {}  # ldmatrix's per-lane row shifts, one table each
 
 
-def sm_number(arch: str) -> int:
-    """The compute capability of 'sm_XY' (90 for sm_90a)."""
-    return int(arch[3:].rstrip("af"))
-
-
 class CUDARenderer(GPUCStyleRenderer):
     """CUDA C for NVRTC; `target` is the device's 'arch=sm_XY;...' (sm_90 and the limits below when empty)."""
 
@@ -196,11 +191,11 @@ class CUDARenderer(GPUCStyleRenderer):
         arch = next((p.split("=", 1)[1] for p in target.split(";") if p.startswith("arch=")), "sm_90")
         if not arch.startswith("sm_") or not arch[3:].rstrip("af").isdigit():
             raise ValueError(f"arch in the renderer target is a CUDA architecture like 'sm_90', got {arch!r}")
-        self.arch = arch
+        self.arch, self.cc = arch, int(arch[3:].rstrip("af"))
         self.target = target
         self.max_grid = int(target_fields(";".join(p for p in target.split(";") if p)).get("max_grid", "65535"))
         # mma.sync and cp.async on sm_80 and newer
-        self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch), async_copy=sm_number(arch) >= 80)
+        self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch), async_copy=self.cc >= 80)
 
     # ---------------------------------------------------------------- 16-bit floats: memory bits, float registers
 

@@ -316,11 +316,12 @@ class PTXRenderer(WalkingRenderer):
             aligned, unaligned = found
         else:
             aligned, unaligned = self._alignment(k, src, n, None)
-        size = "16" if gate is None else k.reg("b32")
+        size = str(n)  # the bytes read of the source (0: none, zeros written)
         if gate is not None:
+            size = k.reg("b32")
             k.emit(f"selp.u32 {size}, {n}, 0, {gate}")
         kind = "cg" if n == 16 else "ca"
-        k.emit(f"@{aligned} cp.async.{kind}.shared.global [{dst}], [{src}], {n}, {size if gate else n}")
+        k.emit(f"@{aligned} cp.async.{kind}.shared.global [{dst}], [{src}], {n}, {size}")
         item = u.dtype.scalar.itemsize
         value, mt = k.reg("b32"), f"b{8 * item}"
         reading = unaligned
