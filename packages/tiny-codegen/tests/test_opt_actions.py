@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import subprocess
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from tiny.codegen.opt.actions import Kind, merge_windows
 from tiny.codegen.opt.beam import actions
 from tiny.codegen.opt.heuristic import TILE_NODES, hand_opts
 from tiny.codegen.renderer.cstyle import CRenderer
-from tiny.ir.device import RendererCaps
+from tiny.ir.device import Compiled, Device, RendererCaps
 from tiny.ir.dtypes import dtypes
 from tiny.ir.schedule import create_schedule
 from tiny.ir.uop import Ops, UOp
@@ -385,3 +386,100 @@ def test_a_reduction_across_its_outputs_reads_whole_lines_per_thread_on_a_cpu() 
     assert [p.size for p in cpu.of_kind(Kind.UPCAST)] == [32] and not cpu.of_kind(Kind.THREAD)
     gpu = Kernel(ast, GPU).apply_opts(hand_opts(Kernel(ast, GPU)))
     assert [p.size for p in gpu.of_kind(Kind.UPCAST)] == [4]
+
+
+# ---------------------------------------------------------------- rows: reductions every element of a row reads
+
+
+class _Loops(Compiled):
+    """An opened device whose threads run loops: the scheduler keeps a row's reductions in the kernel that reads them
+    (on a device it has not opened it does not)."""
+
+    def __init__(self) -> None:
+        self.__dict__["renderer"] = SimpleNamespace(caps=RendererCaps(language="C"))
+
+
+def softmax_ast(monkeypatch: pytest.MonkeyPatch, rows: int, n: int) -> UOp:
+    monkeypatch.setitem(Device._open, "FAKE", _Loops())
+    x = tensor(rows, n)
+    e = (x - expand(reduce(x, (1,), Ops.MAX), (rows, n))).alu(Ops.EXP2)
+    return ast_of(e * expand(reduce(e, (1,)), (rows, n)).alu(Ops.RECIP))
+
+
+def test_rows_share_one_hardware_index_between_a_row_and_its_reductions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ROWS on a softmax: 16 threads a row, which each take every 16th value of the row's max and sum (through
+    local memory, each reduction its own, read after its own barrier) and then every 16th value of the output."""
+    ast = softmax_ast(monkeypatch, 4, 64)
+    k = Kernel(ast, GPU).apply_opts([Opt(OptOps.ROWS, 1, 16)])
+    assert k.describe() == "global4@0 global4@1 reduce4@2 local16@1 group16@2"
+    uops = vector_uops(ast, GPU, [Opt(OptOps.ROWS, 1, 16)])
+    lidx = [u.arg for u in uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx")]
+    assert lidx == [("lidx0", 16)], "one workgroup dim, not one for the row and one for its reductions"
+    temps = [u for u in uops if u.op is Ops.DEFINE_LOCAL]
+    barriers = [i for i, u in enumerate(uops) if u.op is Ops.BARRIER]
+    assert len(temps) == 2 and len(barriers) == 2
+    # the sum's partials are stored after the max's are read (its loads follow the first barrier)
+    local_loads = [i for i, u in enumerate(uops) if u.op is Ops.LOAD and u.address.pointer in temps]
+    sum_stores = [i for i, u in enumerate(uops) if u.op is Ops.STORE and u.address.pointer is temps[1]]
+    assert barriers[0] < min(local_loads) and max(local_loads[:1]) < min(sum_stores) < barriers[1]
+    (store,) = [u for u in uops if u.op is Ops.STORE and u.address.pointer.op is Ops.DEFINE_GLOBAL]
+    assert store.address.gate is None, "each thread writes its own values of the row"
+
+
+@pytest.mark.parametrize(
+    ("opts", "why"),
+    [
+        ([Opt(OptOps.ROWS, 0, 2)], "a reduction varies along dim 0"),
+        ([Opt(OptOps.ROWS, 1, 3)], "3 does not split a part of size 64"),
+        ([Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.ROWS, 1, 16)], "not grouped or unrolled yet"),
+        ([Opt(OptOps.ROWS, 2, 16)], "needs a global axis"),
+    ],
+)
+def test_rows_are_refused_with_the_reason(monkeypatch: pytest.MonkeyPatch, opts: list[Opt], why: str) -> None:
+    k = Kernel(softmax_ast(monkeypatch, 4, 64), GPU)
+    with pytest.raises(KernelOptError, match=why):
+        k.apply_opts(opts)
+
+
+def test_rows_need_local_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(KernelOptError, match="the C renderer has no local memory"):
+        Kernel(softmax_ast(monkeypatch, 4, 64), CPU).apply(Opt(OptOps.ROWS, 1, 16))
+
+
+@pytest.mark.parametrize(
+    ("n", "plan"), [(1000, "local250@1 group250@2 upcast4@1"), (4096, "local256@1 group256@2 upcast16@1")]
+)
+def test_heuristics_share_a_row_across_a_workgroup_on_a_gpu(monkeypatch: pytest.MonkeyPatch, n: int, plan: str) -> None:
+    """A softmax on a GPU: a workgroup a row (up to 256 threads, the most that divide it), each thread a few of the
+    row's values in registers; BEAM may try ROWS too."""
+    k = Kernel(softmax_ast(monkeypatch, 8, n), GPU)
+    opts = hand_opts(k)
+    assert opts[0].op is OptOps.ROWS
+    assert plan in k.copy().apply_opts(opts).describe()
+    assert any(o.op is OptOps.ROWS for o in actions(k))
+    assert not any(o.op is OptOps.ROWS for o in actions(Kernel(softmax_ast(monkeypatch, 8, n), CPU)))
+
+
+def test_rows_of_attention_merge_their_batch_dims_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attention's probabilities (batch, heads, queries, keys): their three outer dims run through memory as one, and
+    are one dim on a GPU too (there dims are otherwise kept as scheduled), so the row takes a workgroup (ROWS needs
+    at most three global dims)."""
+    monkeypatch.setitem(Device._open, "FAKE", _Loops())
+    shape = (2, 3, 4, 64)
+    x = tensor(*shape)
+    ast = ast_of(x - expand(reduce(x, (3,), Ops.MAX), shape))
+    k = Kernel(ast, GPU)
+    assert k.full_shape == (24, 64, 64)
+    assert hand_opts(k)[0] == Opt(OptOps.ROWS, 1, 64)
+
+
+def test_a_row_kernel_stores_vectors_of_its_row_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row's max and sum read along the row (the reduction's unrolled dim) are the same for every value of the
+    output's vector, so the output is stored a vector at a time (not a value at a time, as a matrix-vector product's
+    outputs, each a row of its own, are)."""
+    ast = softmax_ast(monkeypatch, 4, 64)
+    k = Kernel(ast, CPU)
+    opts = hand_opts(k)
+    assert any(o.op is OptOps.UNROLL for o in opts), opts
+    stores = [u for u in vector_uops(ast, CPU, opts) if u.op is Ops.STORE]
+    assert stores and all(s.value.dtype.count > 1 for s in stores)

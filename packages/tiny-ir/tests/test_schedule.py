@@ -14,6 +14,7 @@ import pytest
 from tiny.ir.device import Buffer, Compiled, Device, RendererCaps, buffer_of, new_buffer
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.schedule import Schedule, create_schedule, is_realized, lift_reshapes
+from tiny.ir.spec import validate_ast
 from tiny.ir.uop import Ops, UOp
 from tiny.ir.views import View
 
@@ -185,12 +186,17 @@ def test_a_lifted_reshape_lands_on_no_reduction() -> None:
     assert lift_reshapes.rewrite(alu, {}) is None
 
 
-def test_softmax_realizes_each_reduce_seen_through_an_expand() -> None:
-    x = tensor(4, 8)
+def _softmax(x: UOp) -> UOp:
+    rows, n = x.shape
     m = reduce(x, (1,), Ops.MAX)
-    e = (x - move(Ops.EXPAND, m, (4, 8))).alu(Ops.EXP2)
+    e = (x - move(Ops.EXPAND, m, (rows, n))).alu(Ops.EXP2)
     total = reduce(e, (1,))
-    out = e * move(Ops.EXPAND, total, (4, 8)).alu(Ops.RECIP)
+    return e * move(Ops.EXPAND, total, (rows, n)).alu(Ops.RECIP)
+
+
+def test_softmax_realizes_each_reduce_seen_through_an_expand() -> None:
+    """On a GPU (and a device not opened: FAKE) each reduction a row's elements read is a kernel of its own."""
+    out = _softmax(tensor(4, 8))
     s = create_schedule([out])
     check_well_formed(s, [out])
     assert len(s.items) == 3
@@ -511,3 +517,97 @@ def test_a_factor_constant_along_the_reduced_axes_leaves_the_sum() -> None:
     assert len(s.items) == 2
     (summed,) = [item for item in s.items if Ops.REDUCE_AXIS in ops_in(item.ast)]
     assert len(summed.buffers) == 2 and summed.buffers[1] is buffer_of(dy.source), "the sum reads dy alone"
+
+
+# ---------------------------------------------------------------- rows: a reduction read by each element of its row
+
+
+def _loop_device(monkeypatch: pytest.MonkeyPatch, **caps: bool) -> str:
+    """An opened device: by default one whose threads run loops (the CPU); has_local (and has_shared) a GPU."""
+    monkeypatch.setitem(Device._open, "ROWS", _Limited())
+    Device._open["ROWS"].renderer.caps = RendererCaps(language="ROWS", **caps)
+    return "ROWS"
+
+
+def _rows(device: str, *shape: int) -> UOp:
+    return UOp(Ops.RESHAPE, f32, (new_buffer(device, math.prod(shape), f32),), shape)
+
+
+def test_a_softmax_is_one_kernel_where_threads_run_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU a row's max and sum stay in the kernel that reads them: the kernel gets a dim per reduced axis,
+    after the output's, along which the reductions read the row (and the output has size 1), while the row's
+    elements broadcast them (stride 0 along the reduced axis)."""
+    x = _rows(_loop_device(monkeypatch), 4, 8)
+    out = _softmax(x)
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    (item,) = s.items
+    validate_ast(item.ast)
+    store = store_of(item.ast)
+    assert store.view.shape == (4, 8, 1) and store.view.strides == (8, 1, 0)
+    reductions = [u for u in item.ast.toposort if u.op is Ops.REDUCE_AXIS]
+    assert [r.arg for r in reductions] == [(Ops.MAX, (2,)), (Ops.ADD, (2,))]
+    reads = {u.view for u in item.ast.toposort if u.op is Ops.READ}
+    assert reads == {View.create((4, 8, 1)), View.create((4, 8, 8), (8, 0, 1))}  # the element, the row
+
+
+def test_rows_on_a_gpu_are_one_kernel_where_its_workgroups_can_share_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU a workgroup's threads share a row's reductions through local memory (tiny.codegen.opt's ROWS): one
+    reduced axis of a known size. Without local memory, or over two axes, each reduction is a kernel of its own (each
+    thread would compute its row's reductions again for itself)."""
+    gpu = _loop_device(monkeypatch, has_local=True, has_shared=True)
+    assert len(create_schedule([_softmax(_rows(gpu, 4, 8))]).items) == 1
+    x = _rows(gpu, 2, 4, 8)
+    over_two = x - move(Ops.EXPAND, reduce(x, (1, 2), Ops.MAX), (2, 4, 8))
+    assert len(create_schedule([over_two]).items) == 2
+    monkeypatch.setitem(Device._open, "ROWS", _Limited())  # (the loops of a CPU: one kernel)
+    assert len(create_schedule([x - move(Ops.EXPAND, reduce(x, (1, 2), Ops.MAX), (2, 4, 8))]).items) == 1
+    no_shared = _loop_device(monkeypatch, has_local=True)
+    assert len(create_schedule([_softmax(_rows(no_shared, 4, 8))]).items) == 3
+
+
+def test_a_norm_reads_its_mean_inside_its_variance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer norm: the variance's row reads the mean's (a row reduction inside another's row), one kernel."""
+    x = _rows(_loop_device(monkeypatch), 3, 16)
+    mean = move(Ops.EXPAND, reduce(x, (1,)) * const(1 / 16, (3, 1)), (3, 16))
+    centered = x - mean
+    var = reduce(centered * centered, (1,)) * const(1 / 16, (3, 1))
+    out = centered * move(Ops.EXPAND, (var + const(1e-5, (3, 1))).alu(Ops.SQRT).alu(Ops.RECIP), (3, 16))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    (item,) = s.items
+    validate_ast(item.ast)
+    assert [u.arg for u in item.ast.toposort if u.op is Ops.REDUCE_AXIS] == [(Ops.ADD, (2,))] * 2
+
+
+def test_rows_along_two_axes_are_two_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One kernel's rows run along one set of axes: a column's max beside a row's is computed in a kernel of its
+    own, and read like any buffer."""
+    x = _rows(_loop_device(monkeypatch), 4, 8)
+    out = x - move(Ops.EXPAND, reduce(x, (1,), Ops.MAX), (4, 8)) - move(Ops.EXPAND, reduce(x, (0,), Ops.MAX), (4, 8))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 2
+    first, last = (item.ast for item in s.items)
+    assert [u.arg for u in first.toposort if u.op is Ops.REDUCE_AXIS] in ([(Ops.MAX, (1,))], [(Ops.MAX, (0,))])
+    assert len([u for u in last.toposort if u.op is Ops.REDUCE_AXIS]) == 1
+    validate_ast(last)
+
+
+def test_rows_under_a_reduction_are_realized(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sum over softmax rows (a loss): the kernel's root reduces, so the rows' reductions are kernels."""
+    x = _rows(_loop_device(monkeypatch), 4, 8)
+    total = reduce(_softmax(x), (0, 1))
+    s = create_schedule([total])
+    check_well_formed(s, [total])
+    assert len(s.items) == 3
+
+
+def test_a_row_seen_through_a_movement_op_is_realized(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows must come back along the axes they reduced: a max broadcast into a transposed shape is a buffer."""
+    x = _rows(_loop_device(monkeypatch), 4, 4)
+    m = move(Ops.EXPAND, reduce(x, (1,), Ops.MAX), (4, 4))
+    out = x - move(Ops.PERMUTE, m, (1, 0))
+    s = create_schedule([out])
+    check_well_formed(s, [out])
+    assert len(s.items) == 2

@@ -77,15 +77,33 @@ def test_matmul_of_views_is_one_kernel(device):
     assert_matches(out, na.T.astype(np.float64) @ nb.T[::-1], F32, atol=1e-4)
 
 
+# (rows of 1000: 250 threads share a row on a GPU, 4 values each; of 4100: 205 threads, 10 values each, and the rest
+# of the row in a second workgroup that reduces the row again)
+@pytest.mark.parametrize("shape", [(4, 9), (3, 1000), (2, 4100)])
 @pytest.mark.parametrize("axis", [-1, 0])
-def test_softmax_at_most_three_kernels(device, axis):
-    (nx,), (x,) = inputs(device, (4, 9))
+def test_softmax_is_one_kernel(device, axis, shape):
+    """A row's max and sum are computed in the kernel whose elements read them (the scheduler's rows): on the CPU
+    the row is read again from cache, on a GPU a workgroup's threads share them through local memory."""
+    (nx,), (x,) = inputs(device, shape)
     out = x.softmax(axis)
-    assert kernels(out) <= 3
+    assert kernels(out) == 1
     e = np.exp(nx - nx.max(axis, keepdims=True))
     assert_matches(out, e / e.sum(axis, keepdims=True), F32)
     lsm = x.log_softmax(axis)
-    assert kernels(lsm) <= 3
+    assert kernels(lsm) == 1
+    assert_matches(lsm, np.log(e / e.sum(axis, keepdims=True)), F32, atol=1e-5)
+
+
+def test_norms_are_one_kernel(device):
+    """A layer norm reads its mean inside its variance's row; an RMS norm its mean square: each one kernel."""
+    (nx, nw), (x, w) = inputs(device, (6, 96), (96,))
+    ln = x.layernorm(-1) * w
+    assert kernels(ln) == 1
+    centered = nx - nx.mean(-1, keepdims=True)
+    assert_matches(ln, centered / np.sqrt((centered**2).mean(-1, keepdims=True) + 1e-5) * nw, F32, atol=1e-5)
+    rms = x * (x * x).mean(-1, keepdim=True).add(1e-6).rsqrt() * w
+    assert kernels(rms) == 1
+    assert_matches(rms, nx / np.sqrt((nx * nx).mean(-1, keepdims=True) + 1e-6) * nw, F32, atol=1e-5)
 
 
 def test_softmax_divides_once_a_row(device):

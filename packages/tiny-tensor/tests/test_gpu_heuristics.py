@@ -28,7 +28,7 @@ def plans(t: Tensor) -> list[tuple[str, Kernel]]:
 
 
 def threads(k: Kernel) -> int:
-    return math.prod(p.size for p in k.of_kind(Kind.LOCAL) + k.of_kind(Kind.GROUP))
+    return k.workgroup_threads()
 
 
 def test_a_big_elementwise_kernel_takes_256_threads_and_two_vectors_each() -> None:
@@ -46,9 +46,12 @@ def test_a_full_sum_splits_into_partials_that_workgroups_share() -> None:
 
 
 def test_rows_of_a_softmax_are_each_shared_by_a_workgroup() -> None:
+    """One kernel: 256 threads share each row's max and sum (ROWS) and then compute 16 of its values each (the rest
+    of a row of 8192 in a second workgroup, which reduces the row again)."""
     x = Tensor.empty(64, 8192, device=DEV).realize()
-    reductions = [k for name, k in plans(x.softmax(-1)) if name.startswith("r_")]
-    assert len(reductions) == 2 and all(threads(k) == 256 and k.of_kind(Kind.GROUP) for k in reductions)
+    ((name, k),) = plans(x.softmax(-1))
+    assert name == "r_64_8192_8192" and k.rows is not None and threads(k) == 256
+    assert [p.size for p in k.of_kind(Kind.UPCAST)] == [16] and k.of_kind(Kind.GROUP)[0].size == 256
 
 
 @pytest.mark.parametrize("size, channels, window, tile", [(24, 32, 5, 2), (8, 64, 3, 8)])

@@ -110,11 +110,12 @@ class _Lowerer:
         self.plain_ranges: dict[UOp, list[UOp]] = {}  # REDUCE_AXIS outside the plan -> one loop per reduced dim
         self.global_size, self.local_size = [1, 1, 1], [1, 1, 1]
         self.vector_unroll: tuple[int, int] | None = None  # (unroll part, lanes): reduce into a vector register
-        # grouped reductions: partials in local memory, read after a barrier (made once every partial is stored)
-        self.group_slots: dict[tuple[UOp, ...], int] = {}
-        self.temp: UOp | None = None
-        self.local_stores: list[UOp] = []
-        self.barrier = UOp(Ops.BARRIER, arg="pending")
+        # grouped reductions: partials in local memory (each reduction its own), read after a barrier (made once every
+        # partial of the reduction is stored: a row's sum stores its partials after reading its max's)
+        self.group_slots: dict[UOp, dict[tuple[UOp, ...], int]] = {}
+        self.temps: dict[UOp, UOp] = {}
+        self.local_stores: dict[UOp, list[UOp]] = {}
+        self.barriers: dict[UOp, UOp] = {}  # reduction -> the placeholder its loads name
         self.group_gate: UOp | None = None
         self.simplified: dict[UOp, UOp] = {}  # gates and offsets simplified so far (graph_rewrite's memo)
         # each READ, WRITE and masked CONST as the index memory pass made it, in the dims' variables (dims.index)
@@ -168,7 +169,7 @@ class _Lowerer:
             if p.kind is Kind.THREAD:  # loop devices: one call per thread, the thread's number as gidx0
                 self.env[i] = self.special("gidx0", p.size)
                 self.global_size[0] = p.size
-        workgroup = [i for i, p in enumerate(parts) if p.kind in (Kind.LOCAL, Kind.GROUP)]
+        workgroup = self.workgroup()
         first = 0
         if self.k.tc is not None:  # the warp's lanes are the innermost workgroup dim
             self.lane = self.special("lidx0", self.k.tc.core.threads)
@@ -176,6 +177,15 @@ class _Lowerer:
         for n, i in enumerate(reversed(workgroup), first):  # lidx0 is the innermost
             self.env[i] = self.special(f"lidx{n}", parts[i].size)
             self.local_size[n] = parts[i].size
+        if self.k.rows is not None:  # (ROWS: the group piece counts with its local piece's index)
+            self.env[self.group_part()] = self.env[self.k.parts.index(self.k.rows)]
+
+    def workgroup(self) -> list[int]:
+        """The indices of the parts that are the workgroup's hardware local indices (Kernel.workgroup)."""
+        return [i for i, p in enumerate(self.k.parts) if any(p is q for q in self.k.workgroup())]
+
+    def group_part(self) -> int:
+        return next(i for i, p in enumerate(self.k.parts) if p.kind is Kind.GROUP)
 
     def lane_combos(self, kind: Kind) -> list[dict[int, UOp]]:
         """Every combination of values of the parts of this kind, as constants by part index."""
@@ -523,12 +533,15 @@ class _Lowerer:
 
     def _combine_group(self, u: UOp, idxs: tuple[UOp, ...], partial: UOp) -> UOp:
         """Each workgroup thread wrote its partial result to local memory; after the barrier, every thread adds
-        up the partials of its group (the first of them stores)."""
+        up the partials of its group (the first of them stores; under ROWS each thread stores its own values)."""
         parts = self.k.parts
-        slot = self.group_slots.setdefault(idxs, len(self.group_slots))  # one slot per output lane
-        workgroup = [i for i, p in enumerate(parts) if p.kind in (Kind.LOCAL, Kind.GROUP)]
+        slots = self.group_slots.setdefault(u, {})
+        slot = slots.setdefault(idxs, len(slots))  # one slot per output lane
+        group = self.group_part()
+        # the threads in order: ROWS's local piece is the group piece (one index), read at the partial's thread below
+        rows = self.k.parts.index(self.k.rows) if self.k.rows is not None else None
+        workgroup = [group if i == rows else i for i in self.workgroup()]
         threads = math.prod(parts[i].size for i in workgroup)
-        group = next(i for i in workgroup if parts[i].kind is Kind.GROUP)
         rg = self.new_range(parts[group].size)
 
         def thread_index(env: dict[int, UOp]) -> UOp:
@@ -538,15 +551,19 @@ class _Lowerer:
                 mult *= parts[i].size
             return idx
 
-        if self.temp is None:
+        if u not in self.temps:
             size = threads * math.prod(p.size for p in parts if p.kind is Kind.UPCAST)
-            self.temp = UOp(Ops.DEFINE_LOCAL, u.dtype.ptr(size, local=True), (), ("temp0", size))
+            name = f"temp{len(self.temps)}"
+            self.temps[u] = UOp(Ops.DEFINE_LOCAL, u.dtype.ptr(size, local=True), (), (name, size))
+            self.barriers[u] = UOp(Ops.BARRIER, arg=f"{name} pending")
+        temp = self.temps[u]
         base = UOp.const(self.idx_dtype, slot * threads)
-        mine = UOp(Ops.INDEX, self.temp.dtype, (self.temp, base + thread_index(self.env)))
-        self.local_stores.append(UOp(Ops.STORE, dtypes.void, (mine, partial)))
-        addr = UOp(Ops.INDEX, self.temp.dtype, (self.temp, base + thread_index(self.env | {group: rg})))
-        loaded = UOp(Ops.LOAD, u.dtype, (addr, self.barrier))
-        self.group_gate = self.env[group].lt(1)
+        mine = UOp(Ops.INDEX, temp.dtype, (temp, base + thread_index(self.env)))
+        self.local_stores.setdefault(u, []).append(UOp(Ops.STORE, dtypes.void, (mine, partial)))
+        addr = UOp(Ops.INDEX, temp.dtype, (temp, base + thread_index(self.env | {group: rg})))
+        loaded = UOp(Ops.LOAD, u.dtype, (addr, self.barriers[u]))
+        if self.k.rows is None:
+            self.group_gate = self.env[group].lt(1)
         return UOp(Ops.REDUCE, u.dtype, (loaded, rg), u.arg[0])
 
     def _unpadded(self, u: UOp, inner: tuple[UOp, ...], value: UOp) -> UOp:
@@ -607,13 +624,16 @@ def _vector_part(lw: _Lowerer, parts_of: list[int], addr: Address, lanes: int) -
 def _along_reduction(k: Kernel, reduce_dim: int, out_dim: int) -> bool:
     """Whether the inputs a reduction reads lie along its unrolled dim and none along the output vector's dim: a
     vector of outputs would gather its lanes (a matrix-vector product over rows of W), a vector of the reduction's
-    lanes loads them whole."""
+    lanes loads them whole (not where no reduction varies along the output's dim: a row's max or
+    sum, the same for every element of the row, which a vector of outputs reads once)."""
     views = [u.view for u in k.ast.toposort if u.op is Ops.READ]
     summed = [v for v in views if any(v.strides[d] != 0 and v.shape[d] != 1 for d in k.reduce_dims)]
 
     def along(v: View, d: int) -> bool:
         return v.shape[d] != 1 and v.strides[d] == 1
 
+    if not any(v.shape[out_dim] != 1 and v.strides[out_dim] != 0 for v in summed):
+        return False
     return any(along(v, reduce_dim) for v in summed) and not any(along(v, out_dim) for v in summed)
 
 
@@ -690,8 +710,12 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     # a Variable that only sizes the grid is still a kernel argument: the launch reads its value (CompiledProgram.grid)
     grid_vars = tuple(dict.fromkeys(v for g in lw.global_size if type(g) is not int for v in variables(g)))
     sink = UOp(Ops.SINK, dtypes.void, tuple(stores) + tuple(buffers) + grid_vars)
-    if lw.local_stores:
-        sink = substitute(sink, {lw.barrier: UOp(Ops.BARRIER, dtypes.void, tuple(lw.local_stores))})
+    if lw.local_stores:  # (in the order the reductions were lowered: a later one's partials may read an earlier one)
+        barriers: dict[UOp, UOp] = {}
+        for u, stores in lw.local_stores.items():
+            made = tuple(substitute(s, barriers) for s in stores)
+            barriers[lw.barriers[u]] = UOp(Ops.BARRIER, dtypes.void, made)
+        sink = substitute(sink, barriers)
     if lw.stage_stores:
         sink = substitute(sink, {lw.stage_barrier: UOp(Ops.BARRIER, dtypes.void, tuple(lw.stage_stores))})
     if lw.next_copies:

@@ -2,7 +2,8 @@
 generator (`validate_ast`), and the device op set every backend must execute (`validate`).
 
 A kernel AST is a SINK of WRITEs, one per output, over a tree of these (every VIEW of one kernel has the kernel's
-number of dims, but a constant's may have none; a reduction keeps its reduced dims, as size 1):
+number of dims, but a constant's may have none; a reduction keeps its reduced dims, as size 1, and its value is the
+same along them, where another reduction's source reads it: a row's max inside its sum):
 
   WRITE          (DEFINE_GLOBAL, VIEW, value)  write value to the buffer, each point of the kernel's output shape where
                                 the view maps it

@@ -14,6 +14,12 @@ in two and gives one piece a kind that says how lowering walks it:
   tc       a tile piece of a matrix product's M, N or K dim on a tensor core: the warp's lanes and their fragment
            elements index it, each operand by its own layout (tiny.ir.tensorcore)
 
+ROWS (on a GPU, a kernel whose reductions do not vary along one of its output dims: a softmax's or a norm's rows, each
+element reading its row's max and sum) cuts that output part and the reduce part by the same number of threads, a
+local piece and a group piece that are one hardware index: the workgroup's threads share each reduction of the row
+(each reduces every n-th value, the partials combined through local memory), then each computes every n-th value of
+the row's output.
+
 STAGE (on a kernel mapped onto tensor cores) cuts nothing: each iteration of the K loop, the workgroup's threads
 together copy the A and B tiles the iteration reads into local memory, and the warps read their fragments there.
 Its arg says how: 0, through registers (each value loaded, then stored); 1, with asynchronous copies of 16 bytes
@@ -51,6 +57,7 @@ class OptOps(enum.Enum):
     SWAP = "swap"  # exchange the loop order of two output parts (arg: the other part)
     THREAD = "thread"  # split an output part across arg CPU threads (the outer piece)
     TC = "tc"  # map a matrix product onto the renderer's tensor cores (arg: which one)
+    ROWS = "rows"  # share arg threads between an output part the reductions do not vary along and the reduce part
     STAGE = "stage"  # copy the tensor-core operands' tiles of each iteration of the K loop (axis) to local memory
     # (arg 0: through registers; 1: asynchronously, a K step ahead)
 
@@ -262,11 +269,14 @@ class Kernel:
     tc: TensorCoreUse | None = None
     staged: bool = False  # the tensor-core operands go through local memory (STAGE)
     staged_async: bool = False  # ... copied asynchronously, a K step ahead (STAGE 1)
+    rows: Part | None = None  # ROWS's local piece: the group piece is the same hardware index
 
     def __post_init__(self) -> None:
         self.scheduled = self.ast  # the AST as the scheduler made it (its shape names the kernel)
         if not self.caps.has_local:  # (on GPUs the dims say how workgroups are laid out: kept as scheduled)
             self.ast = merge_dims(merge_windows(self.ast))
+        elif _has_rows(self.ast):  # (but a softmax's rows over attention's 4 dims take 2: ROWS needs 3 global at most)
+            self.ast = merge_dims(self.ast)
         self.out_shape: tuple[int, ...] = self.write.view.shape
         self.reductions = [u for u in self.ast.toposort if u.op is Ops.REDUCE_AXIS]
         signatures = {(r.source.shape, tuple(a for a in r.arg[1] if r.source.shape[a] != 1)) for r in self.reductions}
@@ -310,6 +320,7 @@ class Kernel:
         k = Kernel(self.ast, self.caps)  # (merged already: merging again changes nothing)
         k.scheduled, k.parts, k.padded = self.scheduled, list(self.parts), dict(self.padded)
         k.applied, k.tc, k.staged, k.staged_async = list(self.applied), self.tc, self.staged, self.staged_async
+        k.rows = self.rows
         return k
 
     # ---- actions
@@ -345,6 +356,7 @@ class Kernel:
             OptOps.THREAD: self._thread,
             OptOps.TC: self._tc,
             OptOps.STAGE: self._stage,
+            OptOps.ROWS: self._rows,
         }[opt.op]
         handler(opt, part)
         self.applied.append(opt)
@@ -363,7 +375,7 @@ class Kernel:
         if part.kind is not kind:
             raise KernelOptError(f"{opt}: needs a {kind.value} axis, axis {opt.axis} is {part.kind.value}")
 
-    def _split(self, part: Part, amt: int, kind: Kind, top: bool, first: bool = False) -> None:
+    def _split(self, part: Part, amt: int, kind: Kind, top: bool, first: bool = False) -> Part:
         """Cut `amt` off `part` (the inner piece, or the outer one if top) as a new part of `kind`."""
         rest_size = part.size // amt if type(part.size) is int else sfloordiv(part.size, amt)  # (a multiple of amt)
         if top:
@@ -376,6 +388,7 @@ class Kernel:
             self.parts.insert(0, new)
         else:
             self.parts.append(new)
+        return new
 
     def _check_lanes(self, opt: Opt, amt: int) -> None:
         if self.lanes() * amt > MAX_LANES:
@@ -398,7 +411,7 @@ class Kernel:
             raise KernelOptError(f"{opt}: the {self.caps.language} renderer has no workgroups")
         self._need(opt, part, Kind.GLOBAL)
         amt = self._amount(opt, part)
-        workgroup = self.of_kind(Kind.LOCAL) + self.of_kind(Kind.GROUP) + self._warp()
+        workgroup = self.workgroup() + self._warp()
         total = math.prod(p.size for p in workgroup) * amt
         if len(workgroup) >= 3 or (self.caps.local_total_max and total > self.caps.local_total_max):
             raise KernelOptError(f"{opt}: a workgroup of {total} threads in {len(workgroup) + 1} dims is too big")
@@ -407,7 +420,7 @@ class Kernel:
 
     def _check_local_max(self, opt: Opt, amt: int) -> None:
         """A new workgroup part of amt threads becomes lidx0 (the others move out by one): each dim within its limit."""
-        sizes = [amt] + [p.size for p in reversed(self.parts) if p.kind in (Kind.LOCAL, Kind.GROUP)]
+        sizes = [amt] + [p.size for p in reversed(self.workgroup())]
         if self.tc is not None:  # the warp's lanes are lidx0
             sizes = [self.tc.core.threads] + sizes
         limits = self.caps.local_max or ()
@@ -439,6 +452,31 @@ class Kernel:
             self.parts[self.parts.index(part)] = part = replace(part, size=padded)
             self.padded[part.dim] = padded
         self._split(part, amt, Kind.GROUP, top=opt.op is OptOps.GROUPTOP)
+
+    def _rows(self, opt: Opt, part: Part) -> None:
+        if not self.caps.has_shared:
+            raise KernelOptError(f"{opt}: the {self.caps.language} renderer has no local memory")
+        self._after_tc(opt)
+        self._need(opt, part, Kind.GLOBAL)
+        reduces = self.of_kind(Kind.REDUCE)
+        if len(reduces) != 1 or self.of_kind(Kind.GROUP) or self.of_kind(Kind.UNROLL):
+            raise KernelOptError(f"{opt}: shares the one reduce part of a kernel not grouped or unrolled yet")
+        if part.dim not in self.row_dims():
+            raise KernelOptError(f"{opt}: a reduction varies along dim {part.dim} (or there is none) to share")
+        if len(self.of_kind(Kind.LOCAL)) >= 3 or len(self.of_kind(Kind.GLOBAL)) > 3:
+            raise KernelOptError(f"{opt}: sharing needs a free workgroup dim and at most 3 global dims")
+        amt, red = self._amount(opt, part), reduces[0]
+        if type(red.size) is not int or red.size % amt:
+            raise KernelOptError(f"{opt}: {amt} threads do not split the reduce part of size {red.size}")
+        threads = self.workgroup_threads() * amt
+        if self.caps.local_total_max and threads > self.caps.local_total_max:
+            raise KernelOptError(f"{opt}: a workgroup of {threads} threads is too big")
+        self._check_local_max(opt, amt)
+        need = threads * self.lanes() * sum(r.dtype.itemsize for r in self.reductions)
+        if need > self.caps.shared_max:
+            raise KernelOptError(f"{opt}: {need} bytes of local memory is too much")
+        self.rows = self._split(part, amt, Kind.LOCAL, top=False)
+        self._split(red, amt, Kind.GROUP, top=False)
 
     def _symbolic_amount(self, opt: Opt, part: Part) -> int:
         """GROUP's threads over a symbolic reduce dim: a whole dim (symbolic ones are never cut) that is padded to a
@@ -535,7 +573,19 @@ class Kernel:
         return None
 
     def workgroup_threads(self) -> int:
-        return math.prod(p.size for p in self.of_kind(Kind.LOCAL) + self.of_kind(Kind.GROUP) + self._warp())
+        return math.prod(p.size for p in self.workgroup() + self._warp())
+
+    def row_dims(self) -> list[int]:
+        """The output dims along which no reduction varies (a row's elements, each reading the row's max and sum)."""
+        if not self.reductions:
+            return []
+        outputs = [d for d, s in enumerate(self.full_shape) if _dim(s) and d not in self.reduce_dims]
+        return [d for d in outputs if not any(_varies(r.source, d) for r in self.reductions)]
+
+    def workgroup(self) -> list[Part]:
+        """The workgroup's parts, each a hardware local index, in plan order (ROWS's group piece shares its local
+        piece's index: not a dim of its own)."""
+        return [p for p in self.parts if p.kind is Kind.LOCAL or (p.kind is Kind.GROUP and self.rows is None)]
 
     def stage_parts(self, operand: UOp) -> list[int]:
         """The parts (indices) a staged operand's tile spans: the in-block pieces of the dims its value runs along."""
@@ -654,12 +704,25 @@ def _product_operands(u: UOp, dtype_in: DType, dtype_out: DType) -> tuple[UOp, U
     return None
 
 
+def _has_rows(ast: UOp) -> bool:
+    """Whether a kernel's reductions do not vary along one of its output dims (Kernel.row_dims)."""
+    reductions = [u for u in ast.toposort if u.op is Ops.REDUCE_AXIS]
+    if not reductions:
+        return False
+    out = ast.src[0].src[1].arg
+    reduced = {a for r in reductions for a in r.arg[1]}
+    dims = [d for d, n in enumerate(out.shape) if _dim(n) and d not in reduced]
+    return any(not any(_varies(r.source, d) for r in reductions) for d in dims)
+
+
 def _varies(u: UOp, dim: int) -> bool:
     """Whether the value of AST piece u changes along dim of the kernel's full shape (some view it reads moves or
     is masked along it)."""
     for x in u.toposort:
         if x.op is Ops.VIEW:
             v = x.arg
-            if v.shape[dim] > 1 and (v.strides[dim] != 0 or (v.mask is not None and v.mask[dim] != (0, v.shape[dim]))):
+            if _dim(v.shape[dim]) and (
+                v.strides[dim] != 0 or (v.mask is not None and v.mask[dim] != (0, v.shape[dim]))
+            ):
                 return True
     return False

@@ -61,6 +61,9 @@ def actions(k: Kernel) -> list[Opt]:
             if caps.threads > 1:
                 out += [Opt(OptOps.THREAD, i, t) for t in range(2, caps.threads + 1) if p.size % t == 0]
             out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(k.axes)) if k.axes[j].kind is Kind.GLOBAL]
+            if caps.has_shared and p.dim in k.row_dims():
+                most = next(a for a in range(min(p.size, 256), 0, -1) if p.size % a == 0)  # (the rules' choice)
+                out += [Opt(OptOps.ROWS, i, a) for a in dict.fromkeys((32, 64, 128, 256, most)) if p.size % a == 0]
         else:
             out += [Opt(OptOps.UNROLL, i, a) for a in AMOUNTS if a == 0 and p.size <= 16 or a and p.size % a == 0]
             if caps.has_shared:

@@ -56,6 +56,7 @@ GPU_BIG = 1 << 22  # elements of an elementwise GPU kernel from which each threa
 FEW_TILE = 48  # values per thread of such a shared reduction (outputs x unrolled steps), as BEAM chose on an H100
 FEW_BLOCKS = 1024  # ... and workgroups it keeps at least (the H100 has 132 multiprocessors)
 FEW_OUTPUTS = 1 << 16  # a GPU kernel with fewer outputs than this shares each one across a workgroup
+ROW_VALUES = 16  # values of a row each thread computes (ROWS), at most
 
 
 def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
@@ -95,6 +96,8 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         return False
 
     if caps.tensor_cores and k.reduce_dims and _tensor_cores(k, attempt):
+        return chosen
+    if caps.has_shared and _rows(k, attempt):
         return chosen
     lanes = max(2, caps.vector_width)
     store_view: View = k.write.view
@@ -379,6 +382,25 @@ def _group(
         if reduce_axes:
             axis = max(reduce_axes, key=lambda i: _n(k.axes[i].size))
             attempt(OptOps.GROUP, axis, tuple(g for g in GROUP_THREADS if _n(k.axes[axis].size) >= g))
+
+
+def _rows(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> bool:
+    """A softmax's or a norm's rows on a GPU (a kernel whose reductions do not vary along an output dim): a
+    workgroup a row, its threads sharing the row's reductions (ROWS) and then each computing every n-th value of the
+    row, a few of them in registers; the rest of the row (a long one) in more workgroups, each reducing it again."""
+    dims = [d for d in k.row_dims() if type(k.full_shape[d]) is int]
+    reduces = k.of_kind(Kind.REDUCE)
+    if not dims or len(reduces) != 1 or type(reduces[0].size) is not int:
+        return False
+    dim = max(dims, key=lambda d: k.full_shape[d])
+    common = math.gcd(k.full_shape[dim], reduces[0].size)
+    threads = tuple(t for t in range(min(common, WORKGROUP), 1, -1) if common % t == 0)
+    if not attempt(OptOps.ROWS, _axis(k, dim), threads):
+        return False
+    if (axis := _axis(k, dim)) is not None:
+        rest = _n(k.axes[axis].size)
+        attempt(OptOps.UPCAST, axis, tuple(u for u in range(min(rest, ROW_VALUES), 1, -1) if rest % u == 0))
+    return True
 
 
 def _local_opts(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> None:

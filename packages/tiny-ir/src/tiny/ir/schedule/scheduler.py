@@ -6,6 +6,11 @@ it was asked for, it is CONTIGUOUS or crosses devices, it is a reduction seen th
 inside another reduction, it is math over a reduction that a product reads broadcast (computed again for every
 column otherwise), or a chain of movement ops over it is not one View.
 
+A row's reductions stay in the kernel of the row's elements that read them (softmax, the norms: one kernel): a
+reduction whose result an EXPAND broadcasts back along the axes it reduced, through elementwise ops only, where the
+device can (_fuses_rows). The kernel then has one more dim per reduced axis, after the value's own: the reductions read
+their row along the new dims (stride 0 along the value's), the rest has size 1 there.
+
 Each kernel is a small AST: SINK(WRITE(DEFINE_GLOBAL, VIEW, value)) where value is built from
 READ(DEFINE_GLOBAL, VIEW), CONST(VIEW), ALU ops and REDUCE_AXIS (tiny.ir.spec.validate_ast checks the form).
 Movement ops are gone: they are the VIEWs.
@@ -62,6 +67,9 @@ class _Path:
     at_root: bool = True  # only through reshapes of the root (which the output's view absorbs)
     reshapes_only: bool = False  # ... under a CONTIGUOUS root: its permutes are the layout asked for, not absorbed
     spread: int = 1  # how many places broadcasts under a fused reduction put each value in
+    # in a row's broadcast: under an EXPAND (to this shape) of math over reductions, through elementwise ops only
+    row: tuple[sint.sint, ...] | None = None
+    rows_only: bool = True  # every reduction it went through was reached through a row's broadcast
 
 
 _PEELED = (Ops.RESHAPE, Ops.PERMUTE)  # movement ops a kernel's output view takes over at the root
@@ -75,18 +83,57 @@ SPREAD_WORK = 1 << 20  # math a reduction reads broadcast, computed again this m
 SPREAD_OPS = 4  # ... and at least this many ops of it: a bias added to a product costs less computed again
 
 
-def _child_path(parent: UOp, path: _Path) -> _Path:
+def _child_path(parent: UOp, path: _Path, rows: set[UOp]) -> _Path:
     if path.at_root and (parent.op is Ops.RESHAPE or (parent.op is Ops.PERMUTE and not path.reshapes_only)):
         return path
     if path.at_root and parent.op is Ops.CONTIGUOUS:
         return _Path(path.under_reduce, path.moved, True, not _peels_permutes(parent))
+    if parent in rows and not path.moved and path.rows_only:
+        # a row's max or sum read by every element of the row (softmax, the norms): the reductions of this shape
+        # under it, through elementwise ops, stay in the kernel (see _KernelBuilder), each computed once a row
+        return _Path(path.under_reduce, False, False, spread=path.spread, row=parent.arg)
+    if path.row is not None and (parent.op in GroupOp.Elementwise or parent.op is Ops.DETACH):
+        return path
     spread = path.spread * (_spread(parent) if path.under_reduce and parent.op is Ops.EXPAND else 1)
     return _Path(
         path.under_reduce or parent.op is Ops.REDUCE_AXIS,
         path.moved or parent.op in GroupOp.Movement,
         False,
         spread=spread,
+        rows_only=path.rows_only and (parent.op is not Ops.REDUCE_AXIS or _in_row(parent, path)),
     )
+
+
+def _row_expands(sink: UOp) -> set[UOp]:
+    """The EXPANDs that broadcast reductions back along the axes they reduced (through elementwise ops: a row's max,
+    the reciprocal of its sum) on devices that keep such rows in one kernel (_fuses_rows)."""
+    below: dict[UOp, frozenset] = {}  # node -> the source shapes of the reductions under it through elementwise ops
+    out = set()
+    for u in sink.toposort:
+        if u.op is Ops.REDUCE_AXIS:
+            below[u] = frozenset({u.source.shape}) if _fuses_rows(u) else frozenset()
+        elif u.op in GroupOp.Elementwise or u.op is Ops.DETACH:
+            below[u] = frozenset().union(*(below.get(s, frozenset()) for s in u.src))
+        elif u.op is Ops.EXPAND and u.arg in below.get(u.source, ()):
+            out.add(u)
+    return out
+
+
+def _fuses_rows(r: UOp) -> bool:
+    """Whether a kernel on the reduction's device computes it where the elements of its row read it (softmax, the
+    norms: one kernel, the row read again from cache): where each thread runs loops (the CPU); on a GPU where a
+    workgroup's threads can share it through local memory (tiny.codegen.opt's ROWS: one reduced axis of a known
+    size). Not on a device not opened (its caps unknown)."""
+    caps = opened_caps(r.device) if type(r.device) is str else None
+    if caps is None or not caps.has_local:
+        return caps is not None
+    axes = [a for a in r.arg[1] if r.source.shape[a] != 1]
+    return caps.has_shared and len(axes) == 1 and all(type(s) is int for s in r.source.shape)
+
+
+def _in_row(reduce: UOp, path: _Path) -> bool:
+    """Whether the path reaches the reduction through a row's broadcast: an EXPAND back to the shape it reduced."""
+    return path.row is not None and path.row == reduce.source.shape
 
 
 def _spread(expand: UOp) -> int:
@@ -114,10 +161,14 @@ def _realize_set(sink: UOp, forced: set[UOp]) -> set[UOp]:
         if u.op is Ops.COPY and not is_realized(u.source):
             realize.add(u.source)
     paths: dict[UOp, set[_Path]] = {}
+    rows = _row_expands(sink)
     for u in reversed(sink.toposort):
         if u.op is Ops.SINK or is_realized(u) or u.op is Ops.DEVICE:
             continue
-        if u.op is Ops.REDUCE_AXIS and any(p.under_reduce or p.moved for p in paths.get(u, ())):
+        seen_as = paths.get(u, ())
+        if u.op is Ops.REDUCE_AXIS and any(
+            (p.under_reduce or p.moved or p.row is not None) and not _in_row(u, p) for p in seen_as
+        ):
             realize.add(u)
         elif (
             u.op in GroupOp.Elementwise
@@ -129,7 +180,7 @@ def _realize_set(sink: UOp, forced: set[UOp]) -> set[UOp]:
         if u.op is Ops.COPY:
             continue  # a copy's source is its own kernel's root
         for s in u.src[1:] if u.op is Ops.ASSIGN else u.src:  # an assign's target is memory, not a value
-            paths.setdefault(s, set()).update(_child_path(u, p) for p in mine)
+            paths.setdefault(s, set()).update(_child_path(u, p, rows) for p in mine)
     return realize
 
 
@@ -253,6 +304,10 @@ class _KernelBuilder:
     ) -> None:
         self.root, self.realize, self.buffers, self.free, self.layouts = root, realize, buffers, free, layouts
         self.args: list[UOp] = []  # tensor-level buffer nodes, in argument order
+        # a row kernel (softmax, a norm): its value's shape and the axes its rows' reductions reduce, which become
+        # new dims after the value's (see _rows)
+        self.shape: tuple[sint.sint, ...] = ()
+        self.row_axes: tuple[int, ...] = ()
 
     def global_arg(self, buf: UOp) -> UOp:
         if buf not in self.args:
@@ -279,9 +334,12 @@ class _KernelBuilder:
                 raise _Unexpressible(value.source)
             value = value.source
         out = self.global_arg(self.buffers[self.root])
+        self.shape, self.row_axes = value.shape, self._rows(value)
         ast = self.node(value, ())
         if asked and permuted and _stores_across(ast, store_view):
             raise _Unexpressible(value)  # computed in its own order, then copied into the one asked for
+        if self.row_axes:
+            return _write(out, self.placed(store_view, False), ast)
         if self.root in self.free and value is self.root and (layout := _layout_of(ast, self.args)) is not None:
             self.layouts[self.root] = layout  # the scheduler's own value: stored as its kernel reads
             store_view = _memory_view(self.root.shape, layout)
@@ -293,53 +351,97 @@ class _KernelBuilder:
         base, path = memory_of(target)
         store_view = _view_through(View.create(base.shape), path)
         out = self.global_arg(base)
-        ast = self.node(value, ())
+        ast = self.node(value, ())  # (an assign's value has no rows: _rows is not asked, row_axes stays empty)
         for u in ast.toposort:  # reading this memory anywhere but where this thread writes would race
             if u.op is Ops.READ and u.buffer is out and u.view != store_view:
                 raise _Unexpressible(value)
         return _write(out, store_view, ast)
 
+    def _rows(self, value: UOp) -> tuple[int, ...]:
+        """The axes the row reductions in value's kernel reduce (none where it has none): reductions that
+        _realize_set left in the kernel although an EXPAND broadcasts their result back along the reduced axes."""
+        todo, seen = [value], set()
+        while todo:
+            u = todo.pop()
+            if u in seen or self._is_leaf(u):
+                continue
+            seen.add(u)
+            if u.op is Ops.REDUCE_AXIS and u.source.shape == value.shape:
+                return tuple(a for a in u.arg[1] if u.source.shape[a] != 1)
+            todo += u.src
+        return ()
+
+    def placed(self, view: View, row: bool) -> View:
+        """A view of the value's shape in a row kernel's dims: the value's, then one per reduced axis. The output
+        and what is computed from it have size 1 in the new dims; a row reduction's source reads its row along them,
+        and is the same for every element of the row (stride 0 along the reduced axes)."""
+        axes, new = self.row_axes, len(self.row_axes)
+        if not axes:
+            return view
+        mask = view.mask
+        if not row:
+            return View.create(
+                view.shape + (1,) * new, view.strides + (0,) * new, view.offset, mask and mask + ((0, 1),) * new
+            )
+        shape = view.shape + tuple(view.shape[a] for a in axes)
+        strides = tuple(0 if d in axes else st for d, st in enumerate(view.strides))
+        if mask is not None:
+            mask = tuple((0, n) if d in axes else m for d, (n, m) in enumerate(zip(view.shape, mask)))
+            mask += tuple(view.mask[a] for a in axes)
+        strides += tuple(view.strides[a] for a in axes)
+        return View.create(shape, strides, view.offset, mask)
+
     def node(self, u: UOp, path: tuple[UOp, ...]) -> UOp:
         """The kernel AST of tensor-level node u, seen through the movement ops on path (root first)."""
-        return evaluate((u, path), self._children, self._combine)
+        return evaluate((u, path, False), self._children, self._combine)
 
     def _is_leaf(self, u: UOp) -> bool:
         return u is not self.root and (u in self.realize or is_realized(u) or _in_place(u))
 
-    def _children(self, key: tuple[UOp, tuple[UOp, ...]]) -> list[tuple[UOp, tuple[UOp, ...]]]:
-        u, path = key
+    def _children(self, key: tuple[UOp, tuple[UOp, ...], bool]) -> list[tuple[UOp, tuple[UOp, ...], bool]]:
+        """Keys: (node, the movement ops above it, root first; whether it is in a row reduction's source)."""
+        u, path, row = key
         if self._is_leaf(u) or u.op is Ops.CONST:
             return []
         if u.op in GroupOp.Movement:
-            return [(u.source, path + (u,))]
+            return [(u.source, path + (u,), row)]
         if u.op is Ops.REDUCE_AXIS:
-            assert not path, "a reduction seen through a movement op is realized by _realize_set"
-            return [(u.source, ())]
+            if path:  # (_realize_set leaves one seen through a movement op only under a row's broadcast)
+                axes = tuple(a for a in u.arg[1] if u.source.shape[a] != 1)
+                if path[-1].arg != u.source.shape or u.source.shape != self.shape or axes != self.row_axes:
+                    raise _Unexpressible(u)  # another kernel's shape or rows: computed in its own kernel
+            elif self.row_axes:
+                raise _Unexpressible(u)  # a row kernel's reductions are its rows'
+            return [(u.source, (), bool(path))]
         if u.op in GroupOp.Elementwise or u.op in (Ops.CONTIGUOUS, Ops.DETACH):
-            return [(s, path) for s in u.src]
+            return [(s, path, row) for s in u.src]
         raise NotImplementedError(f"the scheduler cannot put {u.op} in a kernel")
 
-    def _combine(self, key: tuple[UOp, tuple[UOp, ...]], srcs: list[UOp]) -> UOp:
-        u, path = key
+    def _combine(self, key: tuple[UOp, tuple[UOp, ...], bool], srcs: list[UOp]) -> UOp:
+        u, path, row = key
         if self._is_leaf(u):
             memory = u.source if _in_place(u) and u not in self.realize else u  # (the source's buffer, where it lies)
             buf = (
                 self.buffers[memory] if memory in self.realize else memory if memory.op is Ops.BUFFER else memory.source
             )
-            view = _view_through(_memory_view(u.shape, self.layouts.get(memory)), path)
+            view = self.placed(_view_through(_memory_view(u.shape, self.layouts.get(memory)), path), row)
             return UOp(Ops.READ, u.dtype, (self.global_arg(buf), UOp(Ops.VIEW, arg=view)))
         if u.op is Ops.CONST:
-            return UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=_view_through(View.create(()), path)),), u.arg)
+            view = _view_through(View.create(()), path)
+            return UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=self.placed(view, row) if view.shape else view),), u.arg)
         if u.op in GroupOp.Movement:
             inner = srcs[0]
             if u.op is not Ops.PAD or inner.op in (Ops.READ, Ops.CONST):
                 return inner  # reads and constants read padding as 0 by their view's mask
-            valid = _view_through(View.create(u.source.shape), path + (u,))
+            valid = self.placed(_view_through(View.create(u.source.shape), path + (u,)), row)
             zero = View.create(valid.shape, (0,) * len(valid.shape))
             cond = UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, arg=valid),), True)
             return cond.where(inner, UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=zero),), truncate(u.dtype, 0)))
         if u.op in (Ops.CONTIGUOUS, Ops.DETACH):
             return srcs[0]
+        if u.op is Ops.REDUCE_AXIS and path:  # a row's reduction: over the new dims
+            n = len(self.shape)
+            return UOp(u.op, u.dtype, tuple(srcs), (u.arg[0], tuple(range(n, n + len(self.row_axes)))))
         return UOp(u.op, u.dtype, tuple(srcs), u.arg)
 
 
