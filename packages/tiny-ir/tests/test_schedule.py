@@ -611,3 +611,13 @@ def test_a_row_seen_through_a_movement_op_is_realized(monkeypatch: pytest.Monkey
     s = create_schedule([out])
     check_well_formed(s, [out])
     assert len(s.items) == 2
+
+
+def test_rows_along_memory_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a row over the last axes is one kernel: a column's elements lie a row apart, and a kernel that walks
+    a column three times (max, sum, output) reads it from memory each time, where three kernels stream the rows."""
+    x = _rows(_loop_device(monkeypatch), 4, 8, 1)
+    out = x - move(Ops.EXPAND, reduce(x, (0,), Ops.MAX), (4, 8, 1))
+    assert len(create_schedule([out]).items) == 2
+    (item,) = create_schedule([x - move(Ops.EXPAND, reduce(x, (1,), Ops.MAX), (4, 8, 1))]).items
+    assert store_of(item.ast).view == View.create((4, 8, 1, 1), (8, 1, 0, 0))

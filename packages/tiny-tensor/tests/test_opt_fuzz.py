@@ -73,7 +73,7 @@ PROGRAMS: dict[str, Callable[[str], Tensor]] = {
     "softmax_denominator": lambda d: (_t(10, 16, device=d) - 1).exp().sum(-1),
     # a row's reductions in the kernel of its elements (one kernel; ROWS on PYTHON)
     "softmax_rows": lambda d: _t(6, 32, device=d).softmax(-1),
-    "log_softmax_columns": lambda d: _t(48, 5, device=d).log_softmax(0),
+    "log_softmax_rows": lambda d: _t(5, 48, device=d).log_softmax(-1),
     "layer_norm_rows": lambda d: _t(2, 3, 40, device=d).layernorm(-1) * _t(40, device=d),
     "where_compare": lambda d: (_t(8, 8, device=d) > 0).where(_t(8, 8, device=d), 0.5),
 }

@@ -671,9 +671,9 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
     unrolls = [i for i, p in enumerate(k.parts) if p.kind is Kind.UNROLL]
     if out_vec is not None and unrolls and _along_reduction(k, k.parts[unrolls[-1]].dim, k.parts[out_vec[0]].dim):
         out_vec = None  # (each output a vector accumulator along the rows: a tile of rows, tiny.codegen.opt.heuristic)
-    if out_vec is None and unrolls and k.reductions and k.tc is None:
+    if (out_vec is None or k.parts[out_vec[0]].dim in k.row_dims()) and unrolls and k.reductions and k.tc is None:
         # (every reduction of the kernel accumulates in vectors of the same lanes: gate and up projections of a
-        # feed-forward read in one kernel)
+        # feed-forward read in one kernel; also beside a row's vector of outputs, along which no reduction varies)
         part, size = unrolls[-1], k.parts[unrolls[-1]].size
         n = min([size] + [k.caps.vector_lanes(red.dtype) for red in k.reductions])
         if n >= 2 and size % n == 0 and not n & (n - 1) and all(r.arg[0] in VECTOR_REDUCE for r in k.reductions):
