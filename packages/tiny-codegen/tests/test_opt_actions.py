@@ -481,5 +481,18 @@ def test_a_row_kernel_stores_vectors_of_its_row_on_a_cpu(monkeypatch: pytest.Mon
     k = Kernel(ast, CPU)
     opts = hand_opts(k)
     assert any(o.op is OptOps.UNROLL for o in opts), opts
-    stores = [u for u in vector_uops(ast, CPU, opts) if u.op is Ops.STORE]
+    uops = vector_uops(ast, CPU, opts)
+    stores = [u for u in uops if u.op is Ops.STORE]
     assert stores and all(s.value.dtype.count > 1 for s in stores)
+    accumulators = [u for u in uops if u.op is Ops.DEFINE_ACC]
+    assert len(accumulators) == 2 and all(a.dtype.count > 1 for a in accumulators), "the max and sum in vectors too"
+
+
+@pytest.mark.parametrize(("rows", "n", "threads"), [(64, 1000, False), (4096, 4096, True)])
+def test_a_row_kernel_takes_threads_by_its_work(
+    monkeypatch: pytest.MonkeyPatch, rows: int, n: int, threads: bool
+) -> None:
+    """A row kernel's full shape counts each row's values once per value of the row (n x n a row); its work is
+    the row read by each reduction and by the output: 64 rows of 1000 are too little to share between threads."""
+    opts = hand_opts(Kernel(softmax_ast(monkeypatch, rows, n), CPU))
+    assert any(o.op is OptOps.THREAD for o in opts) == threads

@@ -75,8 +75,8 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
     few = caps.has_shared and bool(k.reduce_dims) and math.prod(_n(k.full_shape[d]) for d in outputs) < FEW_OUTPUTS
     reuse = {d for d in outputs if any(_broadcast(v, d) for v in loads) and k.reduce_dims}
     # a softmax's or a norm's row on a CPU: its reductions read broadcast along the row's own dim, which is no tile's
-    rows = [] if caps.has_local else k.row_dims()
-    tiled = k.reduce_dims and reuse and not few and not rows and len(k.ast.toposort) <= TILE_NODES
+    row_dims = [] if caps.has_local else k.row_dims()
+    tiled = k.reduce_dims and reuse and not few and not row_dims and len(k.ast.toposort) <= TILE_NODES
     dots = sum(u.op in GroupOp.ByteDots for u in k.ast.toposort)  # (each four multiply-adds of bytes)
     if not tiled and not caps.has_local:  # (GPU kernels keep their plans: not measured there)
         held = max(1, LOWERED_NODES // len(k.ast.toposort))
@@ -207,7 +207,7 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         if red_dim is not None:  # reading along the reduction: accumulate lanes in a vector register
             if not attempt(OptOps.UNROLL, _axis(k, red_dim), (2 * lanes, lanes, 4, 2)) and not caps.has_local:
                 _beside_symbolic(k, red_dim, lanes, attempt)
-            if out_dim in rows:  # ... and the row's values computed in vectors along it too
+            if out_dim in row_dims:  # ... and the row's values computed in vectors along it too
                 attempt(OptOps.UPCAST, _axis(k, out_dim), (2 * lanes, lanes, 4, 2))
         elif out_dim is not None:  # reading across the outputs: vectors of outputs
             # on a CPU up to 4 vectors, two whole cache lines a step: threads then split lines between them, not
@@ -242,8 +242,8 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         if not caps.has_local and len(across) == 1 and k.lanes() == lanes:
             attempt(OptOps.UPCAST, _axis(k, across.pop()), (lanes,))
     work = math.prod(map(_n, k.full_shape)) * max(1, 4 * dots)
-    if rows:  # (a row's values are read by each of its reductions once and by the output once, not once per value)
-        work = work // math.prod(_n(k.full_shape[d]) for d in rows) * (len(k.reductions) + 1)
+    if row_dims:  # (a row's values are read by each of its reductions once and by the output once, not once per value)
+        work = work // math.prod(_n(k.full_shape[d]) for d in row_dims) * (len(k.reductions) + 1)
     if caps.threads > 1 and work >= THREAD_MIN_WORK:
         counts = [t for t in range(caps.threads, 1, -1)]
         outputs = [i for i, p in enumerate(k.axes) if p.kind is Kind.GLOBAL]
