@@ -621,3 +621,17 @@ def test_rows_along_memory_only(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(create_schedule([out]).items) == 2
     (item,) = create_schedule([x - move(Ops.EXPAND, reduce(x, (1,), Ops.MAX), (4, 8, 1))]).items
     assert store_of(item.ast).view == View.create((4, 8, 1, 1), (8, 1, 0, 0))
+
+
+def test_a_row_read_first_in_another_rows_sum_keeps_the_sums_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sum(var * centered + var * centered) over a row, the variance first: an AST op's shape is its sources'
+    broadcast (the variance has size 1 along the reduced dim), else the sum's loop was lost (std's gradient was off by
+    half)."""
+    x = _rows(_loop_device(monkeypatch), 3, 2)
+    centered = x - move(Ops.EXPAND, reduce(x, (1,)), (3, 2))
+    var = move(Ops.EXPAND, reduce(centered * centered, (1,)), (3, 2))
+    term = var * centered
+    out = x + move(Ops.EXPAND, reduce(term + term, (1,)), (3, 2))
+    (item,) = create_schedule([out]).items
+    shapes = {u.source.shape for u in item.ast.toposort if u.op is Ops.REDUCE_AXIS}
+    assert shapes == {(3, 2, 2)}

@@ -573,6 +573,10 @@ class UOp(_Fields):
         if op is Ops.MULTI and self.arg is not None:  # the shards side by side along the axis
             axis = self.arg
             return (*src[:axis], sum(s.shape[axis] for s in self.src), *src[axis + 1 :])
+        for s in self.src[1:]:  # (in a kernel AST a reduction's value, size 1 along its reduced dims, is read along
+            # them by another reduction's source: a row's mean inside its variance. Tensor-level sources are alike)
+            if (other := s.shape) != src and len(other) == len(src) and op in GroupOp.Elementwise:
+                src = tuple(b if type(a) is int and a == 1 else a for a, b in zip(src, other))
         return src
 
     def take_shape_of(self, src: UOp) -> None:
