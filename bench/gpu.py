@@ -15,7 +15,7 @@ from functools import partial
 
 import numpy as np
 
-from bench.core import GBS, TFLOPS, Params, Prepared, Setup, Target, Workload
+from bench.core import GBS, MS, TFLOPS, Params, Prepared, Setup, Target, Workload
 from bench.decode import DECODE_STEP, decode_torch
 from bench.frameworks import random_arrays, tiny_done, tiny_upload, torch, torch_done, torch_upload
 from bench.kernels import ELEMENTWISE, SOFTMAX, chain
@@ -133,6 +133,75 @@ def _softmax(torch_device: str) -> Workload:
     )
 
 
+# ---------------------------------------------------------------- attention and layer norm
+
+
+def _attention_inputs(params: Params) -> list[np.ndarray]:
+    shape = (params["batch"], params["heads"], params["seq"], params["dim"])
+    return random_arrays(shape, 3)
+
+
+def _attention_tiny(params: Params, device: str) -> Prepared:
+    """float16 query, key and value; causal attention under TinyJit, checked once against NumPy on one head."""
+    arrays = _attention_inputs(params)
+    q, k, v = (tiny_upload(x, device).cast(dtypes.float16).realize() for x in arrays)
+    jitted = TinyJit(lambda q, k, v: q.scaled_dot_product_attention(k, v, is_causal=True).realize())
+    got = jitted(q, k, v)[0, 0].float().numpy()
+    a, b, c = (x[0, 0].astype(np.float16).astype(np.float64) for x in arrays)
+    scores = a @ b.T / np.sqrt(a.shape[-1]) + np.triu(np.full((len(a), len(a)), -np.inf), 1)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    want = probs / probs.sum(-1, keepdims=True) @ c
+    if not np.abs(got - want).max() <= 1e-2:  # a wrong kernel is reported as an error, not as a figure
+        raise RuntimeError(f"tiny's attention is off by {np.abs(got - want).max():.3g}")
+    return Prepared(lambda: tiny_done(jitted(q, k, v)), note="TinyJit, float16")
+
+
+def _attention_torch(params: Params, device: str, torch_device: str) -> Prepared:
+    q, k, v = (torch_upload(x, torch_device).half() for x in _attention_inputs(params))
+    attend = torch.nn.functional.scaled_dot_product_attention
+    return Prepared(lambda: torch_done(attend(q, k, v, is_causal=True)), note="scaled_dot_product_attention")
+
+
+def _attention(torch_device: str) -> Workload:
+    return Workload(
+        name="gpu_attention",
+        group="gpu_attention",
+        what="causal scaled dot-product attention of float16 (batch, heads, seq, dim) query, key and value",
+        metrics=(MS,),
+        full={"batch": 8, "heads": 16, "seq": 2048, "dim": 64},
+        quick={"batch": 1, "heads": 2, "seq": 64, "dim": 16},
+        setups={"tiny": _attention_tiny, "torch": partial(_attention_torch, torch_device=torch_device)},
+        target=Target(">=0.7x torch", "torch", 0.7),  # issue 33's target
+    )
+
+
+def _layer_norm_input(params: Params) -> np.ndarray:
+    return random_arrays((params["rows"], params["cols"]), 1)[0]
+
+
+def _layer_norm_tiny(params: Params, device: str) -> Prepared:
+    x = tiny_upload(_layer_norm_input(params), device)
+    return Prepared(lambda: tiny_done(x.layer_norm(x.shape[-1:])))
+
+
+def _layer_norm_torch(params: Params, device: str, torch_device: str) -> Prepared:
+    x = torch_upload(_layer_norm_input(params), torch_device)
+    return Prepared(lambda: torch_done(torch.nn.functional.layer_norm(x, x.shape[-1:])))
+
+
+def _layer_norm(torch_device: str) -> Workload:
+    return Workload(
+        name="gpu_layer_norm",
+        group="gpu_softmax",
+        what="layer norm (no affine) of a rows x cols float32 matrix along the last axis",
+        metrics=(MS,),
+        full={"rows": 8192, "cols": 8192},
+        quick={"rows": 64, "cols": 256},
+        setups={"tiny": _layer_norm_tiny, "torch": partial(_layer_norm_torch, torch_device=torch_device)},
+        target=Target(">=1x torch", "torch", 1.0),
+    )
+
+
 # ---------------------------------------------------------------- the MNIST training step
 
 
@@ -226,6 +295,8 @@ def gpu_workloads(torch_device: str = "cuda") -> tuple[Workload, ...]:
         _matmul(8192, 128, "bfloat16", torch_device),
         _elementwise(torch_device),
         _softmax(torch_device),
+        _layer_norm(torch_device),
+        _attention(torch_device),
         _mnist(torch_device),
         _jit_launch(torch_device),
         _decode(torch_device),

@@ -55,12 +55,12 @@ torch.__version__, 'cuda', torch.version.cuda)"
 
     local stages=",${GPU_CHECK_STAGES:-tests,kernels,suite,beam,profile},"
     if [[ $stages == *,tests,* ]]; then
-        echo "== GPU tests (tiny-runtime-nv; the tensor tests of matmuls, convolutions, 16-bit floats and symbolic sizes on CUDA, symbolic on CUDA:PTX)"
+        echo "== GPU tests (tiny-runtime-nv; the tensor tests of matmuls, convolutions, softmax, norms, attention, 16-bit floats and symbolic sizes on CUDA, symbolic on CUDA:PTX)"
         {
             timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider --maxfail=5 packages/tiny-runtime-nv/tests
             echo "-- tiny-runtime-nv tests exited $? (124: cut short by the timeout, so not all of them ran)"
-            DEVICE=CUDA timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider packages/tiny-tensor/tests \
-                -k "matmul or conv2d or softmax or float16 or symbolic" --maxfail=5
+            DEVICE=CUDA timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider packages/tiny-tensor/tests \
+                -k "matmul or conv2d or softmax or float16 or symbolic or norm or attention or rows" --maxfail=5
             echo "-- CUDA tensor tests exited $? (124: cut short by the timeout, so not all of them ran)"
             DEVICE=CUDA:PTX timeout 90 python3 -m pytest -q -n 8 -p no:cacheprovider \
                 packages/tiny-tensor/tests/test_symbolic.py --maxfail=5

@@ -20,6 +20,8 @@ GPU_WORKLOADS = (
     *(f"gpu_matmul_{dtype}_{n}" for n in (4096, 8192) for dtype in ("fp16", "bf16")),
     "gpu_elementwise",
     "gpu_softmax",
+    "gpu_layer_norm",
+    "gpu_attention",
     "gpu_mnist_step",
     "gpu_jit_launch",
     "gpu_decode_step",
