@@ -2,10 +2,10 @@
 
     python -m bench.gpu_profile [--device CUDA] [--top 12]
 
-Runs the GPU suite's softmax (8192 x 8192), one MNIST training step (batch 128, not jitted, so each kernel is
-launched and timed) and one decode step at a cache length of 2000 (pos a bound Variable), each once to build its
-kernels and once timed. The kernels' times add up to more than the workload takes in the suite (each waits for the
-device), but their shares say which kernels to work on.
+Runs the GPU suite's softmax (8192 x 8192), its causal float16 attention (8 x 16 x 2048 x 64), one MNIST training
+step (batch 128, not jitted, so each kernel is launched and timed) and one decode step at a cache length of 2000 (pos
+a bound Variable), each once to build its kernels and once timed. The kernels' times add up to more than the workload
+takes in the suite (each waits for the device), but their shares say which kernels to work on.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from bench.decode import _tiny_step
 from bench.frameworks import random_arrays, tiny_upload
 from bench.training import tiny_mnist_step
 from tiny.ir.config import Context
+from tiny.tensor import dtypes
 
 LINE = re.compile(r"^\*\*\* \S+\s+\d+ (\S+)\s+([\d.]+) ms")
 
@@ -29,6 +30,11 @@ LINE = re.compile(r"^\*\*\* \S+\s+\d+ (\S+)\s+([\d.]+) ms")
 def _softmax(device: str) -> Callable[[], object]:
     x = tiny_upload(random_arrays((8192, 8192), 1)[0], device)
     return lambda: x.softmax(-1).realize()
+
+
+def _attention(device: str) -> Callable[[], object]:
+    q, k, v = (tiny_upload(x, device).cast(dtypes.float16).realize() for x in random_arrays((8, 16, 2048, 64), 3))
+    return lambda: q.scaled_dot_product_attention(k, v, is_causal=True).realize()
 
 
 def _mnist(device: str) -> Callable[[], object]:
@@ -41,7 +47,7 @@ def _decode(device: str) -> Callable[[], object]:
     return lambda: jitted.fn(q, kv, pos.bind(2000))  # (the function itself: a replay times no kernel)
 
 
-WORKLOADS = {"softmax": _softmax, "mnist_step": _mnist, "decode_step": _decode}
+WORKLOADS = {"softmax": _softmax, "attention": _attention, "mnist_step": _mnist, "decode_step": _decode}
 
 
 def profile(name: str, device: str, top: int) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
 import re
 import shutil
@@ -132,6 +133,23 @@ def test_vector_loads_are_v4_in_both_renderers() -> None:
     (c,) = render_schedule("mul", a * b, CUDARenderer(target("sm_90")))
     assert "tiny_vload<float, 4>" in c.src
     assert any(w in nvrtc_ptx(c.src, "sm_90") for w in ("ld.global.nc.v4.f32", "ld.global.v4.f32"))
+
+
+def test_a_grid_dim_past_65535_workgroups_is_launched_not_looped() -> None:
+    """A softmax over attention's scores (batch x heads x queries rows, 262144 here) is one workgroup per row: the
+    rows' dim is the grid's x (CUDA and HIP take 2**31-1 workgroups there; CUDA's renderers fold a bigger grid), not
+    a loop in one workgroup over all of them (which ran attention 4000 times slower on an H200)."""
+    from tiny.codegen.renderer.hip import HIPRenderer
+
+    x = Tensor.ones(8, 16, 2048, 4, device="CPU").contiguous().realize()
+    for renderer in (CUDARenderer(target("sm_90")), PTXRenderer(target("sm_90")), HIPRenderer()):
+        (k,) = render_schedule("softmax", x.softmax(-1), renderer)
+        assert math.prod(k.global_size) == 8 * 16 * 2048, k.global_size
+        assert not any(u.op is Ops.RANGE and u.src[0].arg == 8 * 16 * 2048 for u in k.uops)
+        if isinstance(renderer, PTXRenderer):
+            assert ptxas(k.src, "sm_90") == ""
+        elif isinstance(renderer, CUDARenderer):
+            assert "bar.sync" in nvrtc_ptx(k.src, "sm_90")
 
 
 def test_grouped_reduction_uses_shared_memory_and_a_barrier() -> None:

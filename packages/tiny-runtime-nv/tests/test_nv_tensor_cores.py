@@ -30,12 +30,13 @@ def matmul(dtype: str, m: int = 64, k: int = 64, n: int = 64) -> Tensor:
     return a @ b
 
 
-def copied_asynchronously(product: Tensor, renderer: Renderer) -> list[Opt]:
-    """The rules' plan for a product (its schedule's one kernel) with its tiles copied asynchronously (STAGE 1)."""
+def staged(product: Tensor, renderer: Renderer, how: int) -> list[Opt]:
+    """The rules' plan for a product (its schedule's one kernel) with its tiles copied through registers (how 0) or
+    asynchronously (how 1, the rules' own choice where the renderer has cp.async)."""
     (item,) = product.schedule()
     rules = hand_opts(Kernel(item.ast, renderer.caps))
     assert rules[-1].op is OptOps.STAGE, rules
-    return [*rules[:-1], Opt(OptOps.STAGE, rules[-1].axis, 1)]
+    return [*rules[:-1], Opt(OptOps.STAGE, rules[-1].axis, how)]
 
 
 def mma(dtype: str) -> str:
@@ -114,13 +115,13 @@ def test_a_computed_fragment_is_converted_once() -> None:
 @pytest.mark.parametrize("renderer", ["CUDA", "PTX"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_the_staged_4096_product_keeps_to_registers(renderer: str, dtype: str) -> None:
-    """The rules' staged kernel for a 4096 x 4096 product, assembled for sm_90: no spills to local memory, one barrier,
-    its two double-buffered tiles in shared memory."""
+    """The rules' kernel for a 4096 x 4096 product with its tiles staged through registers (STAGE 0), assembled for
+    sm_90: no spills to local memory, one barrier, its two double-buffered tiles in shared memory."""
     rng = np.random.default_rng(0)
     small = Tensor(rng.standard_normal((4096, 1)).astype(np.float32), device="CPU").cast(dtypes.from_name(dtype))
     x = small.expand(4096, 4096).contiguous().realize()
     made = CUDARenderer(target("sm_90")) if renderer == "CUDA" else PTXRenderer(target("sm_90"))
-    (k,) = render_schedule("matmul", x @ x, made)
+    (k,) = render_schedule("matmul", x @ x, made, staged(x @ x, made, 0))
     if renderer == "CUDA":  # NVRTC's PTX, from the newest NVRTC whose PTX ISA this ptxas knows
         release = _ptxas_release()
         fits = [n for n in installed() if release is not None and n.version <= release]
@@ -138,14 +139,14 @@ def test_the_staged_4096_product_keeps_to_registers(renderer: str, dtype: str) -
 @pytest.mark.parametrize("renderer", ["CUDA", "PTX"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_the_asynchronously_staged_4096_product_assembles(arch: str, renderer: str, dtype: str) -> None:
-    """The rules' staged kernel for a 4096 x 4096 product with STAGE 1: its tiles copied by cp.async (16 bytes a
+    """The rules' kernel for a 4096 x 4096 product (STAGE 1): its tiles copied by cp.async (16 bytes a
     copy, the next iteration's while this one's are read), one barrier after cp.async.wait_all; CUDA C through NVRTC
     keeps to registers (PTX, whose addresses are 64-bit registers, spills a few bytes: not asserted)."""
     rng = np.random.default_rng(0)
     small = Tensor(rng.standard_normal((4096, 1)).astype(np.float32), device="CPU").cast(dtypes.from_name(dtype))
     x = small.expand(4096, 4096).contiguous().realize()
     made = CUDARenderer(target(arch)) if renderer == "CUDA" else PTXRenderer(target(arch))
-    (k,) = render_schedule("matmul", x @ x, made, copied_asynchronously(x @ x, made))
+    (k,) = render_schedule("matmul", x @ x, made, staged(x @ x, made, 1))
     if renderer == "CUDA":
         ptx = nvrtc_ptx(k.src, arch)
         assert compile_cuda(nvrtc(), k.src, arch, cubin=True)[:4] == b"\x7fELF"
@@ -173,7 +174,7 @@ def test_asynchronous_copies_from_a_matrix_one_value_into_its_buffer(renderer: s
     b = Tensor(np.zeros((256, 256), np.float32), device="CPU").cast(dtypes.float16).realize()
     made = CUDARenderer(target("sm_80")) if renderer == "CUDA" else PTXRenderer(target("sm_80"))
     product = flat[1:].reshape(256, 256) @ b
-    (k,) = render_schedule("matmul", product, made, copied_asynchronously(product, made))
+    (k,) = render_schedule("matmul", product, made, staged(product, made, 1))
     if renderer == "CUDA":
         assert compile_cuda(nvrtc(), k.src, "sm_80", cubin=True)[:4] == b"\x7fELF"
         assert "cp.async.cg.shared.global" in nvrtc_ptx(k.src, "sm_80")

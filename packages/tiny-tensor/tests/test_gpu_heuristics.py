@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from tiny import nn
+from tiny.codegen import render_for
 from tiny.codegen.lower import kernel_name
 from tiny.codegen.opt import Kernel, Kind
 from tiny.codegen.opt.heuristic import hand_opts
 from tiny.codegen.renderer.cuda import CUDARenderer
+from tiny.ir.uop import Ops
 from tiny.tensor import Tensor
 
 CAPS = CUDARenderer("arch=sm_90").caps
@@ -46,12 +48,28 @@ def test_a_full_sum_splits_into_partials_that_workgroups_share() -> None:
 
 
 def test_rows_of_a_softmax_are_each_shared_by_a_workgroup() -> None:
-    """One kernel: 256 threads share each row's max and sum (ROWS) and then compute 16 of its values each (the rest
-    of a row of 8192 in a second workgroup, which reduces the row again)."""
+    """One kernel: 256 threads share each row's max and sum (ROWS). A row of 8192 is 32 values a thread, all held
+    (UPCAST and UNROLL 32: each loaded once, for both reductions and the output); a row of 32000 is 125 a thread:
+    5 of them each, the rest of the row in 24 more workgroups, each reducing the row again."""
     x = Tensor.empty(64, 8192, device=DEV).realize()
     ((name, k),) = plans(x.softmax(-1))
     assert name == "r_64_8192_8192" and k.rows is not None and threads(k) == 256
-    assert [p.size for p in k.of_kind(Kind.UPCAST)] == [16] and k.of_kind(Kind.GROUP)[0].size == 256
+    assert [p.size for p in k.of_kind(Kind.UPCAST)] == [32] and [p.size for p in k.of_kind(Kind.UNROLL)] == [32]
+    assert k.of_kind(Kind.GROUP)[0].size == 256 and not k.of_kind(Kind.REDUCE)
+    x = Tensor.empty(8, 32000, device=DEV).realize()
+    ((name, k),) = plans(x.softmax(-1))
+    assert [p.size for p in k.of_kind(Kind.UPCAST)] == [5] and not k.of_kind(Kind.UNROLL) and threads(k) == 256
+
+
+def test_a_held_row_is_loaded_once() -> None:
+    """A softmax row held in registers: each of a thread's values loaded once, though the max, the sum and the
+    output all read it; the local buffers hold one partial a thread, not one for each value of the row."""
+    x = Tensor.empty(4, 2048, device=DEV).realize()
+    (item,) = x.softmax(-1).schedule()
+    r = render_for(item.ast, CUDARenderer("arch=sm_90"))
+    loads = [u for u in r.uops if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_GLOBAL]
+    assert sum(u.dtype.count for u in loads) == 2048 // 256, r.src
+    assert [u.arg[1] for u in r.uops if u.op is Ops.DEFINE_LOCAL] == [256, 256]
 
 
 @pytest.mark.parametrize("size, channels, window, tile", [(24, 32, 5, 2), (8, 64, 3, 8)])

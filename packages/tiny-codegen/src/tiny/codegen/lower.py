@@ -156,13 +156,11 @@ class _Lowerer:
         """Loop counters and hardware indices for the output parts."""
         parts = self.k.parts
         globals_ = [i for i, p in enumerate(parts) if p.kind is Kind.GLOBAL]
-        # a symbolic size is a hardware dim too, its grid computed at each launch from the Variables' values, where
-        # its largest value needs no folded grid (folding is decided when the kernel is built); else it is a loop
-        hw = [i for i in globals_ if highest(parts[i].size) <= GRID_DIM_MOST][-3:] if self.k.caps.has_local else []
+        hw = self.grid_dims(globals_) if self.k.caps.has_local else []
         for i in globals_:
             if i not in hw:
                 self.env[i] = self.new_range(parts[i].size)
-        for n, i in enumerate(reversed(hw)):  # gidx0 is the innermost
+        for n, i in enumerate(hw):  # gidx0 is the innermost
             self.env[i] = self.special(f"gidx{n}", parts[i].size)
             self.global_size[n] = parts[i].size
         for i, p in enumerate(parts):
@@ -179,6 +177,20 @@ class _Lowerer:
             self.local_size[n] = parts[i].size
         if self.k.rows is not None:  # (ROWS: the group piece counts with its local piece's index)
             self.env[self.group_part()] = self.env[self.k.parts.index(self.k.rows)]
+
+    def grid_dims(self, globals_: list[int]) -> list[int]:
+        """The global parts that are the grid's dims, innermost (gidx0) first: up to three, each within the
+        renderer's limit for its grid dim (global_max: CUDA's x takes 2**31-1 workgroups, y and z 65535; a renderer
+        that folds a bigger grid says so there); the others are loops. A symbolic size is a grid dim too, its count
+        computed at each launch from the Variables' values, where its largest value needs no folded grid (folding is
+        decided when the kernel is built)."""
+        limits = self.k.caps.global_max or (GRID_DIM_MOST,) * 3
+        hw: list[int] = []
+        for i in reversed(globals_):
+            size = self.k.parts[i].size
+            if len(hw) < 3 and highest(size) <= (limits[len(hw)] if type(size) is int else GRID_DIM_MOST):
+                hw.append(i)
+        return hw
 
     def workgroup(self) -> list[int]:
         """The indices of the parts that are the workgroup's hardware local indices (Kernel.workgroup)."""
@@ -552,11 +564,14 @@ class _Lowerer:
             return idx
 
         if u not in self.temps:
-            size = threads * math.prod(p.size for p in parts if p.kind is Kind.UPCAST)
+            # a slot per output lane, but a row's reductions are the same along the row (its lanes share a slot)
+            rows = self.k.row_dims() if self.k.rows is not None else []
+            size = threads * math.prod(p.size for p in parts if p.kind is Kind.UPCAST and p.dim not in rows)
             name = f"temp{len(self.temps)}"
             self.temps[u] = UOp(Ops.DEFINE_LOCAL, u.dtype.ptr(size, local=True), (), (name, size))
             self.barriers[u] = UOp(Ops.BARRIER, arg=f"{name} pending")
         temp = self.temps[u]
+        assert (slot + 1) * threads <= temp.arg[1], f"{u.arg[0]}'s partials past its local buffer"
         base = UOp.const(self.idx_dtype, slot * threads)
         mine = UOp(Ops.INDEX, temp.dtype, (temp, base + thread_index(self.env)))
         self.local_stores.setdefault(u, []).append(UOp(Ops.STORE, dtypes.void, (mine, partial)))

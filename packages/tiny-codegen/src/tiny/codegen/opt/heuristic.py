@@ -57,6 +57,7 @@ FEW_TILE = 48  # values per thread of such a shared reduction (outputs x unrolle
 FEW_BLOCKS = 1024  # ... and workgroups it keeps at least (the H100 has 132 multiprocessors)
 FEW_OUTPUTS = 1 << 16  # a GPU kernel with fewer outputs than this shares each one across a workgroup
 ROW_VALUES = 16  # values of a row each thread computes (ROWS), at most
+ROW_HELD = 32  # ... or its whole share of a row, held in registers from one load, where that is at most this many
 
 
 def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
@@ -282,9 +283,11 @@ def _tensor_cores(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, .
                 attempt(OptOps.UPCAST, _axis(k, k.tc.m), (2,))
             for dim in (k.tc.n, k.tc.m):
                 attempt(OptOps.LOCAL, _axis(k, dim), (2,))
-            if n == 8:  # the warps' tiles of A and B through local memory: each warp's fragments read in whole rows
-                # (through registers: STAGE 1's asynchronous copies are BEAM's to choose until measured on a GPU)
-                attempt(OptOps.STAGE, _axis(k, k.tc.k), (0,))
+            if n == 8:  # the warps' tiles of A and B through local memory: each warp's fragments read in whole rows;
+                # copied asynchronously a K step ahead where K is the one reduce loop (STAGE 1: on an H200, 4096^2
+                # and 8192^2 fp16/bf16 products 221-238 TFLOPS in CUDA C against 163-170 through registers), else
+                # through registers (STAGE 0)
+                attempt(OptOps.STAGE, _axis(k, k.tc.k), (1, 0))
             return True
     return False
 
@@ -393,7 +396,10 @@ def _group(
 def _rows(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> bool:
     """A softmax's or a norm's rows on a GPU (a kernel whose reductions do not vary along an output dim): a
     workgroup a row, its threads sharing the row's reductions (ROWS) and then each computing every n-th value of the
-    row, a few of them in registers; the rest of the row (a long one) in more workgroups, each reducing it again."""
+    row. Where a thread's share of the row is ROW_HELD values or fewer, it holds them all: its output values
+    (UPCAST) and its steps of each reduction (UNROLL) are the same loads, read once from memory (a softmax of 8192 x
+    2048 read its rows three times before). A longer row: a few values each, the rest of the row in more workgroups,
+    each reducing it again."""
     dims = [d for d in k.row_dims() if type(k.full_shape[d]) is int]
     reduces = k.of_kind(Kind.REDUCE)
     if not dims or len(reduces) != 1 or type(reduces[0].size) is not int:
@@ -405,7 +411,10 @@ def _rows(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bo
         return False
     if (axis := _axis(k, dim)) is not None:
         rest = _n(k.axes[axis].size)
-        attempt(OptOps.UPCAST, axis, tuple(u for u in range(min(rest, ROW_VALUES), 1, -1) if rest % u == 0))
+        if rest == _n(k.axes[_reduce_axis(k)].size) <= ROW_HELD and attempt(OptOps.UPCAST, axis, (rest,)):
+            attempt(OptOps.UNROLL, _reduce_axis(k), (rest,))
+        else:
+            attempt(OptOps.UPCAST, axis, tuple(u for u in range(min(rest, ROW_VALUES), 1, -1) if rest % u == 0))
     return True
 
 
@@ -481,6 +490,11 @@ def _axis(k: Kernel, dim: int) -> int | None:
         if p.dim == dim:
             return i
     return None
+
+
+def _reduce_axis(k: Kernel) -> int:
+    """The place among k.axes of the (first) reduce part."""
+    return next(i for i, p in enumerate(k.axes) if p.kind is Kind.REDUCE)
 
 
 def _stride(view: View, dim: int) -> int | None:

@@ -622,6 +622,8 @@ class GPUCStyleRenderer(CStyleRenderer):
     local_id = ""  # the thread's index inside its workgroup in dim {dim}
     local_qualifier = ""  # how workgroup memory is declared
     barrier_text = ""  # the statement that waits for the whole workgroup
+    # workgroups in each grid dim (x, y, z) the kernel may be launched with; CUDA's runtime folds a bigger grid
+    grid_max: tuple[int, int, int] = (2**31 - 1,) * 3
     optional_dtypes: dict[str, DType] = {}
     default_limits = {
         "vector_width": "4",
@@ -642,7 +644,7 @@ class GPUCStyleRenderer(CStyleRenderer):
             language=self.language,
             has_local=True,
             has_shared=True,
-            global_max=(2**31 - 1,) * 3,
+            global_max=self.grid_max,
             local_max=local_max,
             local_total_max=int(fields["local_total_max"]),
             shared_max=int(fields["shared_max"]),

@@ -37,6 +37,7 @@ class HIPRenderer(GPUCStyleRenderer):
         '__builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");'
     )
     type_names = CRenderer.type_names | {"bool": "bool"}
+    grid_max = (2**31 - 1, 65535, 65535)  # HIP's grid dims (its runtime folds nothing)
     mvec = False  # no glibc vector math on the GPU: vector math goes lane by lane
     inline_exp2 = False  # the GPU has an exp2 instruction per lane
 
