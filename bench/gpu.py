@@ -1,15 +1,18 @@
 """The GPU suite (`python -m bench.run --gpu`): tiny on a GPU device against PyTorch on CUDA, in the same run.
 
 fp16 and bf16 matmul, the fused elementwise chain against the GPU's copy bandwidth measured in the run ("peak"),
-softmax, the MNIST training step, a jitted function's cost per replayed kernel and a jitted decode step over a
-symbolic cache length. tiny's sides are the CPU suite's
-tiny setups, run on tiny's GPU device, except matmul (its dtype); PyTorch's run on `torch_device` and wait for it
-inside the timed function (torch.cuda.synchronize). `gpu_workloads("cpu")` points PyTorch at the CPU, which is how
-the smoke test runs every code path here but the CUDA graph capture on a machine without a GPU.
+softmax, layer norm, causal attention, the MNIST training step, a jitted function's cost per replayed kernel and a
+jitted decode step over a symbolic cache length. tiny's sides are the CPU suite's tiny setups, run on tiny's GPU
+device, except matmul (its dtype) and the row ops and attention (under TinyJit, as the elementwise chain, the MNIST
+step and the decode step are: un-jitted, building and scheduling an op in Python takes longer than its kernel on a
+GPU); PyTorch's run on `torch_device` and wait for it inside the timed function (torch.cuda.synchronize).
+`gpu_workloads("cpu")` points PyTorch at the CPU, which is how the smoke test runs every code path here but the CUDA
+graph capture on a machine without a GPU.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 
@@ -21,7 +24,7 @@ from bench.frameworks import random_arrays, tiny_done, tiny_upload, torch, torch
 from bench.kernels import ELEMENTWISE, SOFTMAX, chain
 from bench.overhead import JIT_REPLAY, SMALL
 from bench.training import MNIST_STEP, torch_mnist_step
-from tiny.tensor import TinyJit, dtypes
+from tiny.tensor import Tensor, TinyJit, dtypes
 
 CHECKED = 64  # the top-left CHECKED x CHECKED block of tiny's matmul is compared with NumPy's
 MATMUL_RTOL = 1e-2  # of the block's largest value: fp16/bf16 inputs and output, accumulation in float32
@@ -121,10 +124,21 @@ def _softmax_torch(params: Params, device: str, torch_device: str) -> Prepared:
     return Prepared(lambda: torch_done(torch.softmax(x, dim=-1)))
 
 
+def _row_op_tiny(params: Params, device: str, op: Callable[[Tensor], Tensor]) -> Prepared:
+    """A row op (softmax, layer norm) of a rows x cols matrix under TinyJit: its kernel replayed, as in a training
+    loop (un-jitted, each call also builds and schedules the op in Python: on a GPU, longer than the kernel)."""
+    x = tiny_upload(random_arrays((params["rows"], params["cols"]), 1)[0], device)
+    jitted = TinyJit(lambda x: op(x).realize())
+    return Prepared(lambda: tiny_done(jitted(x)), note="TinyJit")
+
+
 def _softmax(torch_device: str) -> Workload:
-    return _on_gpu(
+    return replace(
         SOFTMAX,
-        partial(_softmax_torch, torch_device=torch_device),
+        setups={
+            "tiny": partial(_row_op_tiny, op=lambda x: x.softmax(-1)),
+            "torch": partial(_softmax_torch, torch_device=torch_device),
+        },
         name="gpu_softmax",
         group="gpu_softmax",
         what="softmax of a rows x cols float32 matrix along the last axis",
@@ -175,17 +189,8 @@ def _attention(torch_device: str) -> Workload:
     )
 
 
-def _layer_norm_input(params: Params) -> np.ndarray:
-    return random_arrays((params["rows"], params["cols"]), 1)[0]
-
-
-def _layer_norm_tiny(params: Params, device: str) -> Prepared:
-    x = tiny_upload(_layer_norm_input(params), device)
-    return Prepared(lambda: tiny_done(x.layer_norm(x.shape[-1:])))
-
-
 def _layer_norm_torch(params: Params, device: str, torch_device: str) -> Prepared:
-    x = torch_upload(_layer_norm_input(params), torch_device)
+    x = torch_upload(random_arrays((params["rows"], params["cols"]), 1)[0], torch_device)
     return Prepared(lambda: torch_done(torch.nn.functional.layer_norm(x, x.shape[-1:])))
 
 
@@ -197,7 +202,10 @@ def _layer_norm(torch_device: str) -> Workload:
         metrics=(MS,),
         full={"rows": 8192, "cols": 8192},
         quick={"rows": 64, "cols": 256},
-        setups={"tiny": _layer_norm_tiny, "torch": partial(_layer_norm_torch, torch_device=torch_device)},
+        setups={
+            "tiny": partial(_row_op_tiny, op=lambda x: x.layer_norm(x.shape[-1:])),
+            "torch": partial(_layer_norm_torch, torch_device=torch_device),
+        },
         target=Target(">=1x torch", "torch", 1.0),
     )
 

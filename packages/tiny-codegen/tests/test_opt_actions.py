@@ -447,11 +447,17 @@ def test_rows_need_local_memory(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("n", "plan"), [(1000, "local250@1 group250@2 upcast4@1"), (4096, "local256@1 group256@2 upcast16@1")]
+    ("n", "plan"),
+    [
+        (1000, "local100@1 group100@2 upcast10@1 unroll10@2"),
+        (4096, "local128@1 group128@2 upcast32@1 unroll32@2"),
+        (16384, "local256@1 group256@2 upcast16@1"),
+    ],
 )
 def test_heuristics_share_a_row_across_a_workgroup_on_a_gpu(monkeypatch: pytest.MonkeyPatch, n: int, plan: str) -> None:
-    """A softmax on a GPU: a workgroup a row (up to 256 threads, the most that divide it), each thread a few of the
-    row's values in registers; BEAM may try ROWS too."""
+    """A softmax on a GPU: a workgroup a row, the fewest threads (64 at least) that hold the row 32 values each
+    (each value loaded once for the row's reductions and the output); a longer row takes 256 threads (the most that
+    divide it, up to 256) of 16 values, the rest in more workgroups. BEAM may try ROWS too."""
     k = Kernel(softmax_ast(monkeypatch, 8, n), GPU)
     opts = hand_opts(k)
     assert opts[0].op is OptOps.ROWS

@@ -15,6 +15,7 @@ import pytest
 from tiny.ir.config import Context
 from tiny.ir.dtypes import dtypes
 from tiny.llm import load
+from tiny.models.llama import LlamaConfig
 from tiny.tensor.realize import capture, programs
 
 torch = pytest.importorskip("torch")
@@ -464,7 +465,7 @@ def _write_gguf(ref: object, path: Path, qtype: str, metadata: Callable[[Any], N
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_rope_freq_base(_rope(cfg)[0])
     w.add_vocab_size(cfg.vocab_size)
 
     def permute(a: np.ndarray, n: int) -> np.ndarray:
@@ -498,14 +499,37 @@ def _write_gguf(ref: object, path: Path, qtype: str, metadata: Callable[[Any], N
     put("output_norm.weight", state["model.norm.weight"])
     if not cfg.tie_word_embeddings:
         put("output.weight", state["lm_head.weight"])
-    if cfg.rope_scaling:  # the factors that turn the plain frequencies into Llama 3's
+    if _rope(cfg)[1]:  # the factors that turn the plain frequencies into Llama 3's
         dim = cfg.hidden_size // heads
-        plain = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+        plain = 1.0 / (_rope(cfg)[0] ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
         put("rope_freqs.weight", plain / ref.model.rotary_emb.inv_freq.numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _rope(cfg: Any) -> tuple[float, dict | None]:
+    """A transformers config's rope_theta and rope_scaling: transformers 4's attributes, or transformers 5's
+    rope_parameters, which holds both."""
+    params = getattr(cfg, "rope_parameters", None)
+    if not params:
+        return float(cfg.rope_theta), cfg.rope_scaling
+    kept = {k: v for k, v in params.items() if k != "rope_theta"}
+    return float(params["rope_theta"]), kept if kept.get("rope_type", "default") != "default" else None
+
+
+def test_a_config_json_of_transformers_4_or_5_gives_one_config() -> None:
+    """transformers 5 writes rope_theta and rope_scaling into rope_parameters; both forms read the same (a model
+    with rope_theta 500000 read as the default 10000 would be silently wrong)."""
+    old = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2}
+    old |= {"num_attention_heads": 4, "rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE}
+    new = {k: v for k, v in old.items() if not k.startswith("rope")}
+    new["rope_parameters"] = {"rope_theta": 500000.0, **LLAMA3_ROPE}
+    assert LlamaConfig.from_hf(new) == LlamaConfig.from_hf(old)
+    assert LlamaConfig.from_hf(new).rope_theta == 500000.0 and LlamaConfig.from_hf(new).rope_scaling == LLAMA3_ROPE
+    plain = new | {"rope_parameters": {"rope_theta": 20000.0, "rope_type": "default"}}
+    assert LlamaConfig.from_hf(plain).rope_theta == 20000.0 and LlamaConfig.from_hf(plain).rope_scaling is None
 
 
 @pytest.mark.parametrize(

@@ -47,8 +47,12 @@ class LlamaConfig:
 
     @staticmethod
     def from_hf(cfg: dict[str, Any]) -> LlamaConfig:
-        """From a Hugging Face config.json (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)."""
+        """From a Hugging Face config.json (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM): transformers
+        4's rope_theta and rope_scaling, or transformers 5's rope_parameters, which holds both."""
         arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+        rope = dict(cfg.get("rope_parameters") or {})
+        theta = cfg.get("rope_theta", rope.pop("rope_theta", 10000.0))
+        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         return LlamaConfig(
@@ -60,8 +64,8 @@ class LlamaConfig:
             num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            rope_scaling=cfg.get("rope_scaling"),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),

@@ -58,6 +58,8 @@ FEW_BLOCKS = 1024  # ... and workgroups it keeps at least (the H100 has 132 mult
 FEW_OUTPUTS = 1 << 16  # a GPU kernel with fewer outputs than this shares each one across a workgroup
 ROW_VALUES = 16  # values of a row each thread computes (ROWS), at most
 ROW_HELD = 32  # ... or its whole share of a row, held in registers from one load, where that is at most this many
+# (MAX_LANES bounds it: UPCAST and UNROLL of 32 each count 32 * 32 lanes, though they share their loads)
+ROW_THREADS = 64  # threads a row takes at least, where it is that long
 
 
 def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
@@ -406,7 +408,12 @@ def _rows(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bo
         return False
     dim = max(dims, key=lambda d: k.full_shape[d])
     common = math.gcd(k.full_shape[dim], reduces[0].size)
-    threads = tuple(t for t in range(min(common, WORKGROUP), 1, -1) if common % t == 0)
+    divisors = [t for t in range(min(common, WORKGROUP), 1, -1) if common % t == 0]
+    # the fewest threads (two warps at least) that hold the row: after the barrier each of t threads reads all t
+    # partials, t*t reads of local memory a reduction, which bound the kernel where t is large (a softmax of 262144
+    # rows of 2048 ran 4.4 ms with 256 threads a row on an H200: about the local memory's rate for those reads)
+    held = [t for t in divisors if t >= min(ROW_THREADS, common) and common // t <= ROW_HELD]
+    threads = (min(held), *divisors) if held else tuple(divisors)
     if not attempt(OptOps.ROWS, _axis(k, dim), threads):
         return False
     if (axis := _axis(k, dim)) is not None:
