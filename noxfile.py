@@ -115,7 +115,8 @@ def _pytest(session: nox.Session, dist: str, env: dict[str, str] | None = None) 
     names_paths = any(Path(arg.split("::")[0]).exists() for arg in session.posargs if not arg.startswith("-"))
     paths = [] if names_paths else [str(PACKAGES / dist / "tests")]
     # pytest exits 5 when it collects no test; that fails the session like any other non-zero exit
-    session.run("pytest", *PARALLEL, *paths, *session.posargs, env=env)
+    # the slowest tests are listed at the end: the default run is kept under 40 minutes, and this says where it goes
+    session.run("pytest", *PARALLEL, "--durations=15", *paths, *session.posargs, env=env)
 
 
 @nox.session

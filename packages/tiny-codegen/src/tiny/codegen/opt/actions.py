@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType
-from tiny.ir.sint import sadd, sfloordiv, smul
+from tiny.ir.sint import sadd, sfloordiv, sint, smul
 from tiny.ir.symbolic import known_multiple
 from tiny.ir.tensorcore import TensorCore
 from tiny.ir.uop import Ops, UOp
@@ -577,10 +578,7 @@ class Kernel:
 
     def row_dims(self) -> list[int]:
         """The output dims along which no reduction varies (a row's elements, each reading the row's max and sum)."""
-        if not self.reductions:
-            return []
-        outputs = [d for d, s in enumerate(self.full_shape) if _dim(s) and d not in self.reduce_dims]
-        return [d for d in outputs if not any(_varies(r.source, d) for r in self.reductions)]
+        return _row_dims(self.full_shape, self.reductions, self.reduce_dims)
 
     def workgroup(self) -> list[Part]:
         """The workgroup's parts, each a hardware local index, in plan order (ROWS's group piece shares its local
@@ -707,12 +705,16 @@ def _product_operands(u: UOp, dtype_in: DType, dtype_out: DType) -> tuple[UOp, U
 def _has_rows(ast: UOp) -> bool:
     """Whether a kernel's reductions do not vary along one of its output dims (Kernel.row_dims)."""
     reductions = [u for u in ast.toposort if u.op is Ops.REDUCE_AXIS]
-    if not reductions:
-        return False
-    out = ast.src[0].src[1].arg
     reduced = {a for r in reductions for a in r.arg[1]}
-    dims = [d for d, n in enumerate(out.shape) if _dim(n) and d not in reduced]
-    return any(not any(_varies(r.source, d) for r in reductions) for d in dims)
+    return bool(_row_dims(ast.src[0].src[1].arg.shape, reductions, reduced))
+
+
+def _row_dims(shape: tuple[sint, ...], reductions: list[UOp], reduced: Collection[int]) -> list[int]:
+    """The output dims of a kernel's shape along which none of its reductions varies (none without reductions)."""
+    if not reductions:
+        return []
+    outputs = [d for d, n in enumerate(shape) if _dim(n) and d not in reduced]
+    return [d for d in outputs if not any(_varies(r.source, d) for r in reductions)]
 
 
 def _varies(u: UOp, dim: int) -> bool:
