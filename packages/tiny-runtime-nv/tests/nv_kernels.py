@@ -83,11 +83,12 @@ def ops() -> dict[str, Callable[[], Tensor]]:
         "matmul": lambda: _t(64, 64) @ _t(64, 64, seed=1),
         "matmul_odd": lambda: _t(33, 17) @ _t(17, 9, seed=1),
         "softmax": lambda: _t(8, 100).softmax(axis=1),
-        # rows whose workgroup shares their reductions (ROWS): 256 threads and 16 values each; a layer norm's mean
-        # read inside its variance; attention's probabilities over 4 dims
+        # rows whose workgroup shares their reductions (ROWS): 128 threads of 32 values each, held; a layer norm's
+        # mean read inside its variance; attention's probabilities over 4 dims (16 rows: the PTX interpreter runs
+        # each of their 64 threads)
         "softmax_long_rows": lambda: _t(2, 4096).softmax(axis=1),
         "layernorm_rows": lambda: _t(6, 768).layernorm(-1) * _t(768, seed=1),
-        "attention_rows": lambda: (_t(2, 4, 16, 64) * 0.125).softmax(-1),
+        "attention_rows": lambda: (_t(1, 2, 8, 64) * 0.125).softmax(-1),
         "where_mask": lambda: (_t(64) > 0).where(_t(64, seed=1), _t(64, seed=2) * 2),
         "cumsum": lambda: _t(8, 50).cumsum(axis=1),
         "gather": lambda: _t(10, 20)[Tensor(np.array([3, 1, 9, 0]), device="CPU")],

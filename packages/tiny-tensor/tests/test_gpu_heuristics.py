@@ -63,7 +63,8 @@ def test_rows_of_a_softmax_are_each_shared_by_a_workgroup() -> None:
 
 def test_a_held_row_is_loaded_once() -> None:
     """A softmax row held in registers: each of a thread's values loaded once, though the max, the sum and the
-    output all read it; the local buffers hold one partial a thread, not one for each value of the row. A row of
+    output all read it; the local buffers hold one partial a thread, not one for each value of the row, read back a
+    vector at a time. A row of
     2048 takes 64 threads of 32 values (after the barrier each thread reads all the row's partials: the fewer the
     better, down to what the threads can hold)."""
     x = Tensor.empty(4, 2048, device=DEV).realize()
@@ -73,6 +74,11 @@ def test_a_held_row_is_loaded_once() -> None:
     loads = [u for u in r.uops if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_GLOBAL]
     assert sum(u.dtype.count for u in loads) == 32, r.src
     assert [u.arg[1] for u in r.uops if u.op is Ops.DEFINE_LOCAL] == [64, 64]
+    # each partial stored, a barrier, then the partials read four at a time (16-byte reads of local memory)
+    stores = [u for u in r.uops if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_LOCAL]
+    reads = [u for u in r.uops if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_LOCAL]
+    assert len(stores) == 2 and [u.dtype.count for u in reads] == [4, 4], r.src
+    assert r.src.count("__syncthreads();") == 2 and r.src.count("tiny_vload<float, 4>((temp") == 2
 
 
 @pytest.mark.parametrize("size, channels, window, tile", [(24, 32, 5, 2), (8, 64, 3, 8)])

@@ -37,6 +37,7 @@ from tiny.ir.views import View
 
 # dtypes whose values the code generator packs into vectors, and the reductions that accumulate in one
 VECTOR_REDUCE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX})
+COMBINE_LANES = 4  # a grouped reduction's partials read from local memory this many at a time (16-byte reads)
 GRID_DIM_MOST = 65535  # workgroups in any grid dim of every GPU device (CUDA's y and z, WebGPU's and HIP's limits)
 
 INT32_MAX = 2**31 - 1
@@ -554,7 +555,12 @@ class _Lowerer:
         rows = self.k.parts.index(self.k.rows) if self.k.rows is not None else None
         workgroup = [group if i == rows else i for i in self.workgroup()]
         threads = math.prod(parts[i].size for i in workgroup)
-        rg = self.new_range(parts[group].size)
+        # every thread reads all the partials: a vector at a time where the group's threads are the innermost (their
+        # partials side by side) and come in whole vectors, accumulated lane by lane (a quarter of the reads)
+        lanes = min(COMBINE_LANES, self.k.caps.vector_lanes(u.dtype))
+        if workgroup[-1] != group or parts[group].size % lanes or lanes & (lanes - 1) or u.arg[0] not in VECTOR_REDUCE:
+            lanes = 1
+        rg = self.new_range(parts[group].size // lanes)
 
         def thread_index(env: dict[int, UOp]) -> UOp:
             idx, mult = self.zero, 1
@@ -575,11 +581,16 @@ class _Lowerer:
         base = UOp.const(self.idx_dtype, slot * threads)
         mine = UOp(Ops.INDEX, temp.dtype, (temp, base + thread_index(self.env)))
         self.local_stores.setdefault(u, []).append(UOp(Ops.STORE, dtypes.void, (mine, partial)))
-        addr = UOp(Ops.INDEX, temp.dtype, (temp, base + thread_index(self.env | {group: rg})))
-        loaded = UOp(Ops.LOAD, u.dtype, (addr, self.barriers[u]))
+        loads = []
+        for at in [rg * lanes + j for j in range(lanes)] if lanes > 1 else [rg]:
+            addr = UOp(Ops.INDEX, temp.dtype, (temp, base + thread_index(self.env | {group: at})))
+            loads.append(UOp(Ops.LOAD, u.dtype, (addr, self.barriers[u])))
         if self.k.rows is None:
             self.group_gate = self.env[group].lt(1)
-        return UOp(Ops.REDUCE, u.dtype, (loaded, rg), u.arg[0])
+        if lanes == 1:
+            return UOp(Ops.REDUCE, u.dtype, (loads[0], rg), u.arg[0])
+        red = UOp(Ops.REDUCE, u.dtype.vec(lanes), (UOp(Ops.VECTORIZE, u.dtype.vec(lanes), tuple(loads)), rg), u.arg[0])
+        return functools.reduce(lambda a, b: a.alu(u.arg[0], b), [UOp(Ops.GEP, u.dtype, (red,), j) for j in range(lanes)])
 
     def _unpadded(self, u: UOp, inner: tuple[UOp, ...], value: UOp) -> UOp:
         valid = self.dim_vars.pad_valid(self.k.full_shape, inner, self.k.reduce_dims)

@@ -154,15 +154,22 @@ def _push_narrow(vec: UOp, ctx: VectorTarget) -> UOp | None:
 
 
 def _vector_load(vec: UOp, lanes: tuple[UOp, ...], simplified: dict[UOp, UOp]) -> UOp | None:
-    """Loads of consecutive addresses, gated alike, are one vector load."""
+    """Loads of consecutive addresses, gated alike and after the same barrier (local memory's partials), are one
+    vector load, after that barrier too."""
     addrs = [s.address for s in lanes]
     first = addrs[0]
     if any(a.pointer is not first.pointer or a.gate is not first.gate for a in addrs):
         return None
-    if not contiguous([a.offset for a in addrs], simplified):
+    after = _ordered_after(lanes[0])
+    if any(_ordered_after(s) != after for s in lanes) or not contiguous([a.offset for a in addrs], simplified):
         return None
     alt = () if first.gate is None else (_gather(lanes[0], [s.alternative for s in lanes]),)
-    return UOp(Ops.LOAD, vec.dtype, (first,) + alt)
+    return UOp(Ops.LOAD, vec.dtype, (first,) + alt + after)
+
+
+def _ordered_after(load: UOp) -> tuple[UOp, ...]:
+    """What a load waits for: the barriers and asynchronous copies among its sources."""
+    return tuple(s for s in load.src[1:] if s.op in (Ops.BARRIER, Ops.COPY_ASYNC))
 
 
 vectorize = PatternMatcher([(UPat(Ops.VECTORIZE, name="vec"), _push_down)], name="vectorize")
