@@ -589,8 +589,10 @@ class _Lowerer:
             self.group_gate = self.env[group].lt(1)
         if lanes == 1:
             return UOp(Ops.REDUCE, u.dtype, (loads[0], rg), u.arg[0])
-        red = UOp(Ops.REDUCE, u.dtype.vec(lanes), (UOp(Ops.VECTORIZE, u.dtype.vec(lanes), tuple(loads)), rg), u.arg[0])
-        return functools.reduce(lambda a, b: a.alu(u.arg[0], b), [UOp(Ops.GEP, u.dtype, (red,), j) for j in range(lanes)])
+        vec = UOp(Ops.VECTORIZE, u.dtype.vec(lanes), tuple(loads))
+        red = UOp(Ops.REDUCE, vec.dtype, (vec, rg), u.arg[0])
+        lanes_of = [UOp(Ops.GEP, u.dtype, (red,), j) for j in range(lanes)]
+        return functools.reduce(lambda a, b: a.alu(u.arg[0], b), lanes_of)
 
     def _unpadded(self, u: UOp, inner: tuple[UOp, ...], value: UOp) -> UOp:
         valid = self.dim_vars.pad_valid(self.k.full_shape, inner, self.k.reduce_dims)
