@@ -571,8 +571,8 @@ class _Lowerer:
 
         if u not in self.temps:
             # a slot per output lane, but a row's reductions are the same along the row (its lanes share a slot)
-            rows = self.k.row_dims() if self.k.rows is not None else []
-            size = threads * math.prod(p.size for p in parts if p.kind is Kind.UPCAST and p.dim not in rows)
+            along_row = self.k.row_dims() if self.k.rows is not None else []
+            size = threads * math.prod(p.size for p in parts if p.kind is Kind.UPCAST and p.dim not in along_row)
             name = f"temp{len(self.temps)}"
             self.temps[u] = UOp(Ops.DEFINE_LOCAL, u.dtype.ptr(size, local=True), (), (name, size))
             self.barriers[u] = UOp(Ops.BARRIER, arg=f"{name} pending")
