@@ -130,11 +130,12 @@ def test_a_groups_partials_are_read_back_a_vector_at_a_time_after_their_barrier(
     vector read still waits for the barrier after the partials' stores (a vector load made of loads that waited for
     it once dropped the barrier, and with it the stores)."""
     uops = vector_uops(ast_of(reduce(tensor(4, 64), (1,))), GPU, [Opt(OptOps.GROUP, 1, 16)])
-    (read,) = [u for u in uops if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_LOCAL]
+    (read,) = [u for u in uops if u.op is Ops.LOAD and u.address.pointer.op is Ops.DEFINE_LOCAL]
     assert read.dtype.count == 4
-    (barrier,) = [s for s in read.src[1:] if s.op is Ops.BARRIER]
-    assert [s.op for s in barrier.src] == [Ops.STORE] and barrier.src[0].src[0].src[0].op is Ops.DEFINE_LOCAL
-    assert next(u for u in uops if u.op is Ops.RANGE and u in read.toposort).src[0].arg == 16 // 4
+    (barrier,) = [s for s in read.waits_for if s.op is Ops.BARRIER]
+    (store,) = barrier.src
+    assert store.op is Ops.STORE and store.address.pointer.op is Ops.DEFINE_LOCAL
+    assert next(u for u in uops if u.op is Ops.RANGE and u in read.toposort).end.arg == 16 // 4
 
 
 def test_grouptop_gives_each_thread_a_contiguous_run_of_the_reduction() -> None:

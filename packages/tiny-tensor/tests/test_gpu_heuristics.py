@@ -71,12 +71,12 @@ def test_a_held_row_is_loaded_once() -> None:
     (item,) = x.softmax(-1).schedule()
     r = render_for(item.ast, CUDARenderer("arch=sm_90"))
     assert r.kernel.local_size == (64, 1, 1)
-    loads = [u for u in r.uops if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_GLOBAL]
+    loads = [u for u in r.uops if u.op is Ops.LOAD and u.address.pointer.op is Ops.DEFINE_GLOBAL]
     assert sum(u.dtype.count for u in loads) == 32, r.src
     assert [u.arg[1] for u in r.uops if u.op is Ops.DEFINE_LOCAL] == [64, 64]
     # each partial stored, a barrier, then the partials read four at a time (16-byte reads of local memory)
-    stores = [u for u in r.uops if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_LOCAL]
-    reads = [u for u in r.uops if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_LOCAL]
+    stores = [u for u in r.uops if u.op is Ops.STORE and u.address.pointer.op is Ops.DEFINE_LOCAL]
+    reads = [u for u in r.uops if u.op is Ops.LOAD and u.address.pointer.op is Ops.DEFINE_LOCAL]
     assert len(stores) == 2 and [u.dtype.count for u in reads] == [4, 4], r.src
     assert r.src.count("__syncthreads();") == 2 and r.src.count("tiny_vload<float, 4>((temp") == 2
 

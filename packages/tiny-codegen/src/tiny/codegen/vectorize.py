@@ -160,16 +160,11 @@ def _vector_load(vec: UOp, lanes: tuple[UOp, ...], simplified: dict[UOp, UOp]) -
     first = addrs[0]
     if any(a.pointer is not first.pointer or a.gate is not first.gate for a in addrs):
         return None
-    after = _ordered_after(lanes[0])
-    if any(_ordered_after(s) != after for s in lanes) or not contiguous([a.offset for a in addrs], simplified):
+    after = lanes[0].waits_for
+    if any(s.waits_for != after for s in lanes) or not contiguous([a.offset for a in addrs], simplified):
         return None
     alt = () if first.gate is None else (_gather(lanes[0], [s.alternative for s in lanes]),)
     return UOp(Ops.LOAD, vec.dtype, (first,) + alt + after)
-
-
-def _ordered_after(load: UOp) -> tuple[UOp, ...]:
-    """What a load waits for: the barriers and asynchronous copies among its sources."""
-    return tuple(s for s in load.src[1:] if s.op in (Ops.BARRIER, Ops.COPY_ASYNC))
 
 
 vectorize = PatternMatcher([(UPat(Ops.VECTORIZE, name="vec"), _push_down)], name="vectorize")

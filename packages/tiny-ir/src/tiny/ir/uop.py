@@ -468,6 +468,12 @@ class UOp(_Fields):
         return alts[0] if alts else None
 
     @property
+    def waits_for(self) -> tuple[UOp, ...]:
+        """LOAD: the barriers and asynchronous copies it is ordered after."""
+        assert self.op is Ops.LOAD, self.op
+        return tuple(s for s in self.src[1:] if s.op in (Ops.BARRIER, Ops.COPY_ASYNC))
+
+    @property
     def value(self) -> UOp:
         """STORE/ASSIGN/WRITE: the value written; REDUCE: the value reduced."""
         if self.op in (Ops.STORE, Ops.ASSIGN):
