@@ -96,6 +96,18 @@ def test_softmax_is_one_kernel(device, axis, shape):
     assert_matches(lsm, np.log(e / e.sum(axis, keepdims=True)), F32, atol=1e-5)
 
 
+def test_a_sums_gradient_through_a_product_whose_rows_are_alike(device):
+    """(x @ w).sum(): the gradient of the sum is ones, so x's gradient has the same row for every row of x, a
+    reduction over w's 8 columns that does not vary along x's 16 rows: a row on a GPU (ROWS), whose 8 threads take
+    the whole reduction (the rules looked for a reduce part left to unroll and raised StopIteration)."""
+    (nx, nw), (x, w) = inputs(device, (16, 64), (64, 8))
+    x.requires_grad, w.requires_grad = True, True
+    (x @ w).sum().backward()
+    ones = np.ones((16, 8))
+    assert_matches(x.grad, ones @ nw.T.astype(np.float64), F32, atol=1e-5)
+    assert_matches(w.grad, nx.T.astype(np.float64) @ ones, F32, atol=1e-5)
+
+
 def test_norms_are_one_kernel(device):
     """A layer norm reads its mean inside its variance's row; an RMS norm its mean square: each one kernel."""
     (nx, nw), (x, w) = inputs(device, (6, 96), (96,))

@@ -418,7 +418,9 @@ def _rows(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bo
         return False
     if (axis := _axis(k, dim)) is not None:
         rest = _n(k.axes[axis].size)
-        if rest == _n(k.axes[_reduce_axis(k)].size) <= ROW_HELD and attempt(OptOps.UPCAST, axis, (rest,)):
+        # (the threads may take the whole reduction: a sum's gradient through a product, x @ w's rows all alike)
+        red = next((i for i, p in enumerate(k.axes) if p.kind is Kind.REDUCE), None)
+        if red is not None and rest == _n(k.axes[red].size) <= ROW_HELD and attempt(OptOps.UPCAST, axis, (rest,)):
             attempt(OptOps.UNROLL, _reduce_axis(k), (rest,))
         else:
             attempt(OptOps.UPCAST, axis, tuple(u for u in range(min(rest, ROW_VALUES), 1, -1) if rest % u == 0))
