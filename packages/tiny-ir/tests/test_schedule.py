@@ -635,3 +635,40 @@ def test_a_row_read_first_in_another_rows_sum_keeps_the_sums_shape(monkeypatch: 
     (item,) = create_schedule([out]).items
     shapes = {u.source.shape for u in item.ast.toposort if u.op is Ops.REDUCE_AXIS}
     assert shapes == {(3, 2, 2)}
+
+
+# ---------------------------------------------------------------- a GPU's long products into few outputs
+
+
+def _weight_gradient(device: str, images: int = 8, positions: int = 1024) -> UOp:
+    """A weight gradient's shape of work: 8 x 8 outputs, each the products of its row of dy and its row of x summed
+    over images x positions (the reduced axes 0 and 3, not side by side); each element of x and dy is read for 8
+    outputs."""
+    dy = _rows(device, images, 8, 1, positions)
+    x = _rows(device, images, 1, 8, positions)
+    shape = (images, 8, 8, positions)
+    return reduce(UOp(Ops.MUL, f32, (move(Ops.EXPAND, dy, shape), move(Ops.EXPAND, x, shape))), (0, 3))
+
+
+def test_a_long_product_into_few_outputs_is_split_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU a product with fewer outputs than threads and a long reduction is two kernels: partial products
+    along one reduced axis (here the positions: 256 partials, the most that leave each 32 elements, short of the
+    outputs GPU_PARTIALS asks for), which its threads tile in registers, then their sum. A plain sum of as many
+    elements (each read once), and the same product on a CPU, stay one kernel."""
+    gpu = _loop_device(monkeypatch, has_local=True, has_shared=True)
+    grad = _weight_gradient(gpu)
+    s = create_schedule([grad])
+    check_well_formed(s, [grad])
+    assert [item.buffers[0].size for item in s.items] == [64 * 256, 64]
+    partial, total = (item.ast for item in s.items)
+    assert [u.arg for u in partial.toposort if u.op is Ops.REDUCE_AXIS] == [(Ops.ADD, (0, 4))]
+    assert store_of(partial).view.shape == (1, 8, 8, 256, 1)
+    assert [u.arg for u in total.toposort if u.op is Ops.REDUCE_AXIS] == [(Ops.ADD, (3,))]
+    plain = reduce(_rows(gpu, 8, 64, 1024), (0, 2))
+    assert len(create_schedule([plain]).items) == 1
+    # (fewer partials where more would leave fewer than 32 elements each: 8 images x 512 positions, 128 of them)
+    shorter = create_schedule([_weight_gradient(gpu, positions=512)])
+    assert [item.buffers[0].size for item in shorter.items] == [64 * 128, 64]
+    assert len(create_schedule([_weight_gradient(gpu, positions=256)]).items) == 1  # (2048 elements: not long)
+    cpu = _loop_device(monkeypatch)
+    assert len(create_schedule([_weight_gradient(cpu)]).items) == 1

@@ -164,6 +164,32 @@ def test_grouped_reduction_uses_shared_memory_and_a_barrier() -> None:
     assert "bar.sync" in nvrtc_ptx(c.src, "sm_90")
 
 
+@pytest.mark.parametrize("renderer", ["CUDA", "PTX"])
+def test_a_weight_gradients_partial_products_keep_to_registers(renderer: str) -> None:
+    """The MNIST step's second convolution's weight gradient (32 x 32 x 5 x 5 over 128 x 20 x 20), scheduled for a
+    device with workgroups (PYTHON, as a GPU: its batch split into 64 partial products, then their sum) and planned
+    for sm_90: ptxas reports no spills (a tile of 100 outputs, each a vector of 4 steps, spilled 4.5 KB)."""
+    x = Tensor.empty(128, 32, 24, 24, device="PYTHON").realize()
+    w = Tensor.empty(32, 32, 5, 5, device="PYTHON").realize()
+    w.requires_grad = True
+    y = x.conv2d(w)
+    (dw,) = y.gradient(w, gradient=Tensor.empty(*y.shape, device="PYTHON").realize())
+    made = CUDARenderer(target("sm_90")) if renderer == "CUDA" else PTXRenderer(target("sm_90"))
+    kernels = render_schedule("weight_gradient", dw, made)
+    assert [k.name for k in kernels] == ["r_64_32_32_5_5_2_20_20", "r_32_32_5_5_64"]
+    for k in kernels:
+        if renderer == "CUDA":
+            release = _ptxas_release()
+            fits = [n for n in installed() if release is not None and n.version <= release]
+            if not fits:
+                pytest.skip(f"no NVRTC installed is as old as ptxas {release}: its PTX ISA would be too new for it")
+            ptx = compile_cuda(max(fits, key=lambda n: n.version), k.src, "sm_90", cubin=False).rstrip(b"\0").decode()
+        else:
+            ptx = k.src
+        report = ptxas(ptx, "sm_90", report=True)
+        assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+
+
 def test_float_products_and_sums_are_never_fused_but_an_accumulator_takes_fma() -> None:
     """x * x - y must be exactly 0 where y holds x * x computed in another kernel: no compiler fuses a product into
     the sum after it (NVRTC: --fmad=false; PTX: .rn, which ptxas never contracts), and a reduction's accumulator asks

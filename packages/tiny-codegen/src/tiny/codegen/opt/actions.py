@@ -274,8 +274,11 @@ class Kernel:
 
     def __post_init__(self) -> None:
         self.scheduled = self.ast  # the AST as the scheduler made it (its shape names the kernel)
-        if not self.caps.has_local:  # (on GPUs the dims say how workgroups are laid out: kept as scheduled)
-            self.ast = merge_dims(merge_windows(self.ast))
+        # a window one load on every device (on a GPU, where a weight gradient's window dims are output dims, each
+        # value was a sum of 25 gated loads); on GPUs the dims say how workgroups are laid out: kept as scheduled
+        self.ast = merge_windows(self.ast)
+        if not self.caps.has_local:
+            self.ast = merge_dims(self.ast)
         elif _has_rows(self.ast):  # (but a softmax's rows over attention's 4 dims take 2: ROWS needs 3 global at most)
             self.ast = merge_dims(self.ast)
         self.out_shape: tuple[int, ...] = self.write.view.shape

@@ -29,6 +29,9 @@ WIDE_TILE_NODES = 128  # ... in kernels of at most this many AST nodes: a produc
 # one with an exact GELU (99 nodes: BERT's feed-forward) 0.60 s against 0.26, and runs at 379 GFLOPS against 220
 GPU_TILE_LANES = 32  # ... on a GPU, until they hold this many, 4 (or fewer) more per dim (registers per thread)
 GPU_VALUES = 512  # ... and within this many values per thread (offsets of a window included)
+GPU_WINDOW = 25  # ... and the innermost small reduce dims written out, up to this many steps (a 5 x 5 window)
+GPU_ACCUMULATORS = 64  # ... and accumulators (a tile's outputs, each a vector of the steps of a reduction read along
+# memory where it has no vector of outputs: a weight gradient's 100 outputs x 4 steps spilled 4.5 KB on sm_90)
 TILE_STRETCH = 96  # ... or up to this many where the whole of a small dim that no smaller amount splits (a window's 5)
 # is what makes the tile (12 of AVX2's 16 vector registers: a weight gradient's 16 output channels x 5 kernel columns)
 ACC_VECTORS = 16  # ... or this many outputs where each accumulates in a vector of its own (along the reduction)
@@ -120,7 +123,11 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         small = [p for p in reduce_parts if _n(p.size) <= SMALL_DIM] if len(reduce_parts) > 1 else []
         # (on a CPU the innermost only where it is the innermost reduction: a window's last dim, not a weight
         # gradient's two images of a group, whose unrolling halves the unroll of the long row after it)
-        written = small if caps.has_local else [p for p in small[-1:] if p is reduce_parts[-1]]
+        # (on a GPU the innermost within a window's GPU_WINDOW steps: a split weight gradient's partial over 4 x 6 x 6
+        # positions unrolled whole left room in a thread's values for 3 outputs, and loaded 4 values for each 3 FMAs)
+        written = [p for p in small[-1:] if p is reduce_parts[-1]]
+        if caps.has_local:
+            written = [p for i, p in enumerate(small) if math.prod(_n(q.size) for q in small[i:]) <= GPU_WINDOW]
         for p in written:
             attempt(OptOps.UNROLL, k.axes.index(p), (0,))
         vector_loads = [v for v in loads if out_dim is not None and _stride(v, out_dim) == 1]
@@ -158,9 +165,10 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
         in_vectors = no_vector and along_reduce
         for d in tile_dims:
             tile, axis = math.prod(p.size for p in k.of_kind(Kind.UPCAST)), _axis(k, d)
-            if caps.has_local:
+            if caps.has_local:  # (up to twice GPU_TILE_LANES: a weight gradient's 5 x 5 window x 4 channels took 100)
                 if tile < GPU_TILE_LANES:
-                    attempt(OptOps.UPCAST, axis, _within(k, axis, (4, 3, 2), GPU_VALUES // k.lanes()))
+                    room = min(GPU_VALUES // k.lanes(), 2 * GPU_TILE_LANES // tile)
+                    attempt(OptOps.UPCAST, axis, _within(k, axis, (4, 3, 2), room))
                 continue
             values = TILE_VALUES // k.lanes()
             # (the wide tile along one dim beside the output vector's: a convolution's input gradient tiled 2 x 2 x 2
@@ -182,8 +190,9 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
                 most = DOT_TILE_VECTORS * caps.vector_lanes(dtypes.int32)
             sizes = tuple(s for s in (4, 2) if s * tile <= most) if rows or dots else (16, 8, 7, 4, 3, 2)
             attempt(OptOps.UPCAST, axis, _within(k, axis, sizes, room, stretch))
-        _panel_order(k, out_dim, vector_loads, attempt)
-        _weight_order(k, out_dim, vector_loads, attempt)
+        if not caps.has_local:  # (orders of a CPU's loops for its caches: a GPU's global dims are its grid)
+            _panel_order(k, out_dim, vector_loads, attempt)
+            _weight_order(k, out_dim, vector_loads, attempt)
         if rows:  # the loop over the other side's rows innermost: the weight's rows of a tile stay in cache for them
             globals_ = [p for p in k.axes if p.kind is Kind.GLOBAL]
             weight = [v for v in loads if _stride(v, last_reduce) == 1 and _stride(v, out_dim) not in (0, None)]
@@ -204,7 +213,11 @@ def hand_opts(kernel: Kernel, max_lanes: int | None = None) -> list[Opt]:
                 # prompt's tile of rows x rows keeps one vector a step (its registers: gate and up 7% slower)
                 narrowest = min(r.dtype.itemsize for r in reads if _stride(r.view, last_reduce) == 1)
                 whole = (max(lanes, LINE // narrowest),) + whole
-            attempt(OptOps.UNROLL, _axis(k, last_reduce), whole + ((4, 2) if k.lanes() * 4 <= UNROLL_LANES else (2,)))
+            steps = (4, 2) if k.lanes() * 4 <= UNROLL_LANES else (2,)
+            if caps.has_local and in_vectors:  # (each output's accumulator a vector of the steps: registers)
+                tile = math.prod(p.size for p in k.of_kind(Kind.UPCAST))
+                steps = tuple(s for s in steps if tile * s <= GPU_ACCUMULATORS)
+            attempt(OptOps.UNROLL, _axis(k, last_reduce), whole + steps)
     elif k.reduce_dims:  # a plain reduction (or one whose body is too big to tile)
         red_dim = next((d for d in sorted(k.reduce_dims) if any(_stride(v, d) == 1 for v in loads)), None)
         if red_dim is not None:  # reading along the reduction: accumulate lanes in a vector register
