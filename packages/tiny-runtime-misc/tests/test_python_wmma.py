@@ -79,6 +79,11 @@ def test_each_layout_gives_a_times_b_plus_c(name: str) -> None:
         (rounded(tc.dtype_in, m, k, rng), rounded(tc.dtype_in, k, n, rng), rounded(f32, m, n, rng))
         for _ in range(warps)
     ]
+    # (values the core multiplies as they are: TF32's 10 mantissa bits; its rounding has a test of its own)
+    tiles = [
+        ([[tc.rounded(v) for v in row] for row in a], [[tc.rounded(v) for v in row] for row in b], c)
+        for a, b, c in tiles
+    ]
     arrays: list[list[float]] = [[], [], []]
     for a, b, c in tiles:
         for i, (frag, tile) in enumerate(((tc.a, a), (tc.b, b), (tc.c, c))):
@@ -205,3 +210,26 @@ def test_the_amd_layouts() -> None:
                 assert tc.a.position(lane, e)[0] == lane % 16 and tc.b.position(lane, e)[1] == lane % 16
     rdna3 = TENSOR_CORES["rdna3_16x16x16_float16_float32"]
     assert [rdna3.a.position(17, e) for e in range(16)] == [(1, e) for e in range(16)]  # the half-waves agree
+
+
+def test_tf32_inputs_are_rounded_to_ten_mantissa_bits_ties_away() -> None:
+    """mma.m16n8k8.tf32 multiplies each float32 input rounded to 10 mantissa bits, to nearest with ties away from
+    zero (cvt.rna.tf32.f32): one product of A's and B's first elements, the rest zero."""
+    tc = TENSOR_CORES["nv_m16n8k8_tf32_float32"]
+    m, n, k = tc.dims
+    half_ulp = 1 + 2**-11  # exactly between 1 and 1 + 2**-10: rounds away, to 1 + 2**-10
+    a = [[half_ulp if (i, x) == (0, 0) else 0.0 for x in range(k)] for i in range(m)]
+    b = [[-3.0 - 2**-12 if (x, j) == (0, 0) else 0.0 for j in range(n)] for x in range(k)]  # below half: to -3
+    c = [[0.0] * n for _ in range(m)]
+    arrays = [scatter(tc.a, a, tc.threads), scatter(tc.b, b, tc.threads), scatter(tc.c, c, tc.threads)]
+    out = bytearray(4 * tc.threads * tc.c.elements)
+    run(wmma_kernel(tc, 1), [out, pack(f32, arrays[0]), pack(f32, arrays[1]), pack(f32, arrays[2])], tc.threads)
+    d = unpack(f32, out)
+    first = next(
+        lane * tc.c.elements + e
+        for lane in range(tc.threads)
+        for e in range(tc.c.elements)
+        if tc.c.position(lane, e) == (0, 0)
+    )
+    assert d[first] == (1 + 2**-10) * -3.0
+    assert tc.rounded(-half_ulp) == -(1 + 2**-10) and tc.rounded(float("inf")) == float("inf")

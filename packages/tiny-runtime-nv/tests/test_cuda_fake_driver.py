@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tiny.ir.config import Context
 from tiny.ir.device import CompileError, DeviceUnavailable, GraphLaunch
+from tiny.ir.dtypes import dtypes
 from tiny.runtime.nv import cuda
 
 SOURCE = Path(__file__).with_name("fake_libcuda.c")
@@ -55,6 +57,18 @@ def test_the_gpus_and_what_the_renderers_are_told(fake: ctypes.CDLL) -> None:
         DeviceUnavailable, match=r"CUDA:7 does not exist: this machine has 3 GPU\(s\): CUDA:0 Fake H100"
     ):
         cuda.CUDADevice("CUDA:7", "PTX")
+
+
+def test_tf32_is_said_to_the_renderer_and_gives_it_the_tf32_tensor_core(fake: ctypes.CDLL) -> None:
+    """TF32=1: the target says tf32=1 (BEAM's cache keys by it), and the renderer declares mma.m16n8k8.tf32 after
+    the 16-bit cores, so the rules put float32 products on it; without, the target and the cores are as before."""
+    plain = cuda.CUDADevice("CUDA", "PTX")
+    assert "tf32" not in plain.renderer_target()
+    assert all(tc.dtype_in != dtypes.float32 for tc in plain.renderer.caps.tensor_cores)
+    with Context(TF32=1):
+        dev = cuda.CUDADevice("CUDA", "PTX")
+    assert dev.renderer_target().endswith(";tf32=1")
+    assert [tc.name for tc in dev.renderer.caps.tensor_cores][-1] == "nv_m16n8k8_tf32_float32"
 
 
 def test_copies_go_through_the_staging_buffer_in_pieces(fake: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -199,3 +199,30 @@ def test_a_staged_3x3_convolution_keeps_to_registers(dtype: str) -> None:
     ptx = compile_cuda(max(fits, key=lambda n: n.version), k.src, "sm_90", cubin=False).rstrip(b"\0").decode()
     report = ptxas(ptx, "sm_90", report=True)
     assert "0 bytes spill stores, 0 bytes spill loads" in report and "used 1 barriers" in report, report
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("renderer", ["CUDA", "PTX"])
+def test_a_float32_product_on_tf32_tensor_cores_compiles(arch: str, renderer: str) -> None:
+    """With tf32=1 in the target (TF32=1 on a CUDA device) the rules put a float32 product (scheduled as on a GPU:
+    PYTHON) on mma.sync.aligned.m16n8k8 with .tf32 inputs, each rounded by cvt.rna.tf32.f32; NVRTC makes a cubin and
+    ptxas assembles the PTX of both renderers, CUDA C's with no spills (PTX's 64-bit address registers spill a few
+    hundred bytes, as its 16-bit staged products do). Without tf32=1, no mma at all."""
+    a = Tensor.empty(256, 256, device="PYTHON").realize()
+    b = Tensor.empty(256, 256, device="PYTHON").realize()
+    made = CUDARenderer if renderer == "CUDA" else PTXRenderer
+    (k,) = render_schedule("matmul", a @ b, made(target(arch) + ";tf32=1"))
+    if renderer == "CUDA":
+        assert compile_cuda(nvrtc(), k.src, arch, cubin=True)[:4] == b"\x7fELF"
+        release = _ptxas_release()
+        fits = [n for n in installed() if release is not None and n.version <= release]
+        if not fits:
+            pytest.skip(f"no NVRTC installed is as old as ptxas {release}: its PTX ISA would be too new for it")
+        ptx = compile_cuda(max(fits, key=lambda n: n.version), k.src, arch, cubin=False).rstrip(b"\0").decode()
+    else:
+        ptx = k.src
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx and "cvt.rna.tf32.f32" in ptx
+    report = ptxas(ptx, arch, report=True)
+    assert renderer == "PTX" or "0 bytes spill stores, 0 bytes spill loads" in report, report
+    (plain,) = render_schedule("matmul", a @ b, made(target(arch)))
+    assert "mma" not in plain.src

@@ -196,3 +196,71 @@ def test_a_convolution_staged_through_local_memory_on_nvidia_tensor_cores() -> N
     np.testing.assert_allclose(out.numpy(), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
     (src,) = wmma_kernels(launches)
     assert "stage0" in src and "BARRIER" in src, "the rules staged the tiles through local memory"
+
+
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values as TF32 keeps them: 10 mantissa bits, rounded to nearest with ties away from zero (as NVIDIA's
+    cvt.rna.tf32.f32), computed here on the bits with NumPy."""
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + np.uint32(1 << 12)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.mark.parametrize("shape", [((32, 48), (48, 32)), ((20, 24), (24, 10)), ((2, 16, 64), (2, 64, 8))])
+def test_float32_products_on_tf32_tensor_cores(shape: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sm_80 with TF32 chosen (target 'sm_80;tf32=1', what a CUDA device's renderer gets with TF32=1): a float32
+    product runs on mma.m16n8k8.tf32, its inputs multiplied with 10 mantissa bits and summed in float32 -- the
+    product of the TF32-rounded inputs, not of the inputs (whose difference is a thousand times the tolerance)."""
+    device = "PYTHON:80T"
+    monkeypatch.setitem(Device._open, device, PythonDevice(device, "PYTHON", tensor_cores_of="sm_80;tf32=1"))
+    rng = np.random.default_rng(17)
+    av, bv = (rng.standard_normal(s).astype(np.float32) for s in shape)
+    with capture() as launches:
+        product = (Tensor(av, device=device) @ Tensor(bv, device=device)).realize()
+    out = product.numpy()
+    (src,) = wmma_kernels(launches)
+    assert "nv_m16n8k8_tf32_float32" in src
+    want = _tf32(av).astype(np.float64) @ _tf32(bv).astype(np.float64)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert np.abs(out - av.astype(np.float64) @ bv).max() > 1e-3  # (not the full float32 product)
+
+
+def test_float32_products_stay_off_tensor_cores_without_tf32() -> None:
+    """Without TF32 (the default) sm_80's tensor cores take no float32 product: full float32, as PyTorch's matmul."""
+    device = "PYTHON:80"
+    Device._open.setdefault(device, PythonDevice(device, "PYTHON", tensor_cores_of="sm_80"))
+    rng = np.random.default_rng(18)
+    av, bv = rng.standard_normal((32, 48)).astype(np.float32), rng.standard_normal((48, 32)).astype(np.float32)
+    with capture() as launches:
+        product = (Tensor(av, device=device) @ Tensor(bv, device=device)).realize()
+    out = product.numpy()
+    assert not wmma_kernels(launches) and launches
+    np.testing.assert_allclose(out, av.astype(np.float64) @ bv, rtol=1e-5, atol=1e-5)
+
+
+def test_a_float32_convolution_and_its_gradients_on_tf32_tensor_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float32 convolution, its input and weight gradients with TF32 chosen: each product on mma.m16n8k8.tf32
+    (the rules' plans, the window's offsets in K), within TF32's error of PyTorch's float64 result."""
+    torch = pytest.importorskip("torch")
+    device = "PYTHON:80T"
+    monkeypatch.setitem(Device._open, device, PythonDevice(device, "PYTHON", tensor_cores_of="sm_80;tf32=1"))
+    rng = np.random.default_rng(19)
+    xv, wv = (
+        rng.standard_normal((2, 16, 8, 8)).astype(np.float32),
+        rng.standard_normal((16, 16, 3, 3)).astype(np.float32),
+    )
+    gv = rng.standard_normal((2, 16, 8, 8)).astype(np.float32)
+    x, w = Tensor(xv, device=device).realize(), Tensor(wv, device=device).realize()
+    x.requires_grad, w.requires_grad = True, True
+    y = x.conv2d(w, padding=1)
+    with capture() as launches:
+        out, dx, dw = (t.realize() for t in (y, *y.gradient(x, w, gradient=Tensor(gv, device=device))))
+    assert len(wmma_kernels(launches)) >= 3, "the convolution and both gradients on tensor cores"
+    tx, tw = (
+        torch.tensor(xv, dtype=torch.float64, requires_grad=True),
+        torch.tensor(wv, dtype=torch.float64, requires_grad=True),
+    )
+    ty = torch.nn.functional.conv2d(tx, tw, padding=1)
+    ty.backward(torch.tensor(gv, dtype=torch.float64))
+    for got, want in ((out, ty), (dx, tx.grad), (dw, tw.grad)):
+        want = want.detach().numpy()
+        np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=4e-3 * np.abs(want).max())

@@ -158,6 +158,13 @@ VIZ = flag(
     "printed), until Ctrl-C after the script ends; a path: save the trace there at exit, for python -m tiny.viz PATH",
 )
 VIZ_PORT = flag("VIZ_PORT", int, 0, "the port VIZ=1 serves on; 0: a free one")
+TF32 = flag(
+    "TF32",
+    int,
+    0,
+    "1: float32 products on NVIDIA tensor cores (sm_80 and newer) multiply TF32 values, 10 mantissa bits of 23 (as "
+    "PyTorch's allow_tf32, its default for convolutions), read when a CUDA device opens; 0: full float32",
+)
 
 
 def check_environment() -> None:

@@ -17,6 +17,7 @@ GPUs"; AMD CDNA3 ISA and the AMD matrix instruction calculator (v_mfma_f32_16x16
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 
 from tiny.ir.dtypes import DType, dtypes
@@ -81,9 +82,20 @@ class TensorCore:
     a: Fragment
     b: Fragment
     c: Fragment
+    mantissa: int | None = None  # mantissa bits the core keeps of each input (TF32: 10 of float32's 23); None: all
 
     def __post_init__(self) -> None:
         check_tensor_core(self)
+
+    def rounded(self, x: float) -> float:
+        """An input value as the core multiplies it: rounded to `mantissa` bits, to nearest with ties away from
+        zero (NVIDIA's cvt.rna.tf32.f32); infinities and NaN as they are."""
+        if self.mantissa is None or not math.isfinite(x):
+            return x
+        drop = 23 - self.mantissa
+        bits = struct.unpack("<I", struct.pack("<f", x))[0]
+        bits = (bits + (1 << (drop - 1))) & ~((1 << drop) - 1) & 0xFFFFFFFF  # (the magnitude's carry rounds away)
+        return struct.unpack("<f", struct.pack("<I", bits))[0]
 
     @property
     def a_dtype(self) -> DType:
@@ -153,19 +165,31 @@ def _family(prefix: str, dims: tuple[int, int, int], threads: int, frags: tuple[
     ]
 
 
+# NVIDIA mma.sync.aligned.m16n8k8 with .tf32 inputs (sm_80 and newer): float32 values multiplied with 10 mantissa
+# bits (cvt.rna.tf32.f32), summed in float32. PTX ISA: A's a0..a3 sit at row groupID (+8 for a1, a3), column tig (+4
+# for a2, a3); B's b0, b1 at row (k) tig (+4 for b1), column groupID; C/D as m16n8k16's.
+_NV_TF32_A = Fragment("m", "k", lane_bits=("k0", "k1", "m0", "m1", "m2"), elem_bits=("m3", "k2"))
+_NV_TF32_B = Fragment("k", "n", lane_bits=("k0", "k1", "n0", "n1", "n2"), elem_bits=("k2",))
+
 NV_MMA_M16N8K16 = tuple(_family("nv_m16n8k16", (16, 8, 16), 32, (_NV_A, _NV_B, _NV_C)))
+NV_MMA_TF32 = TensorCore(
+    "nv_m16n8k8_tf32_float32", (16, 8, 8), dtypes.float32, dtypes.float32, 32, _NV_TF32_A, _NV_TF32_B, _NV_C, 10
+)
 RDNA3_WMMA = tuple(_family("rdna3_16x16x16", (16, 16, 16), 32, (_RDNA3_A, _RDNA3_B, _RDNA3_C)))
 RDNA4_WMMA = tuple(_family("rdna4_16x16x16", (16, 16, 16), 32, (_RDNA4_A, _RDNA4_B, _RDNA4_C)))
 CDNA_MFMA = tuple(_family("cdna_16x16x16", (16, 16, 16), 64, (_CDNA_A, _CDNA_B, _CDNA_C)))
 
-TENSOR_CORES: dict[str, TensorCore] = {tc.name: tc for tc in NV_MMA_M16N8K16 + RDNA3_WMMA + RDNA4_WMMA + CDNA_MFMA}
+TENSOR_CORES: dict[str, TensorCore] = {
+    tc.name: tc for tc in NV_MMA_M16N8K16 + (NV_MMA_TF32,) + RDNA3_WMMA + RDNA4_WMMA + CDNA_MFMA
+}
 
 
-def tensor_cores_for(target: str) -> tuple[TensorCore, ...]:
+def tensor_cores_for(target: str, tf32: bool = False) -> tuple[TensorCore, ...]:
     """The tensor cores of a GPU architecture: 'sm_80' and newer, 'gfx11xx', 'gfx12xx', 'gfx942'/'gfx950';
-    () for any other target."""
-    if target.startswith("sm_") and target[3:].rstrip("a").isdigit() and int(target[3:].rstrip("a")) >= 80:
-        return NV_MMA_M16N8K16
+    () for any other target. tf32: NVIDIA's float32 products on tensor cores too, with TF32's 10 mantissa bits
+    (a precision the user chose: tiny.ir.config's TF32, PyTorch's allow_tf32)."""
+    if target.startswith("sm_") and target[3:].rstrip("af").isdigit() and int(target[3:].rstrip("af")) >= 80:
+        return NV_MMA_M16N8K16 + ((NV_MMA_TF32,) if tf32 else ())
     if target.startswith("gfx11"):
         return RDNA3_WMMA
     if target.startswith("gfx12"):

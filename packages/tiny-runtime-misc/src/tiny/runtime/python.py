@@ -61,15 +61,21 @@ class PythonRenderer(Renderer):
 
     def __init__(self, target: str = "") -> None:
         """target: a GPU architecture ('sm_80', 'gfx1100', 'gfx1201', 'gfx942' ...) whose tensor cores this
-        renderer declares and the emulator runs; '' for none."""
+        renderer declares and the emulator runs, and for NVIDIA's ';tf32=1' where float32 products take them too
+        (TF32); '' for none."""
         super().__init__(target)
-        cores = tensor_cores_for(target)
-        if target and not cores:
+        arch, *options = target.split(";")
+        if any(o not in ("tf32=1", "tf32=0") for o in options) or (options and not arch.startswith("sm_")):
+            raise ValueError(
+                f"the PYTHON renderer's target is an architecture, then ';tf32=1' for sm_*, got {target!r}"
+            )
+        cores = tensor_cores_for(arch, "tf32=1" in options)
+        if arch and not cores:
             raise ValueError(
                 f"the PYTHON renderer emulates tensor cores of sm_80+, gfx11, gfx12 or gfx942/gfx950, got {target!r}"
             )
         # (NVIDIA's from sm_80 copy asynchronously: COPY_ASYNC, which the emulator lands at the next BARRIER "async")
-        self.caps = replace(PythonRenderer.caps, tensor_cores=cores, async_copy=target.startswith("sm_"))
+        self.caps = replace(PythonRenderer.caps, tensor_cores=cores, async_copy=arch.startswith("sm_"))
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return render_text(name, uops)
@@ -608,6 +614,8 @@ def _warp_mma(tc: TensorCore, a: list[tuple], b: list[tuple], c: list[tuple], ke
     """One warp's WMMA: D = A @ B + C on the tiles the lanes' fragments make, scattered back into D fragments."""
     m, n, k = tc.dims
     ta, tb, tcc = _gather(tc, "A", a, kernel), _gather(tc, "B", b, kernel), _gather(tc, "C", c, kernel)
+    if tc.mantissa is not None:  # (TF32: the inputs multiplied with 10 mantissa bits)
+        ta, tb = ({pos: tc.rounded(v) for pos, v in t.items()} for t in (ta, tb))
     d = {
         (i, j): truncate(tc.dtype_out, tcc[i, j] + sum(ta[i, x] * tb[x, j] for x in range(k)))
         for i in range(m)

@@ -194,8 +194,9 @@ class CUDARenderer(GPUCStyleRenderer):
         self.arch, self.cc = arch, int(arch[3:].rstrip("af"))
         self.target = target
         self.max_grid = int(target_fields(";".join(p for p in target.split(";") if p)).get("max_grid", "65535"))
-        # mma.sync and cp.async on sm_80 and newer
-        self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch), async_copy=self.cc >= 80)
+        # mma.sync and cp.async on sm_80 and newer (float32 products on tensor cores where the target says tf32=1)
+        tf32 = target_fields(";".join(p for p in target.split(";") if p)).get("tf32", "0") == "1"
+        self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch, tf32), async_copy=self.cc >= 80)
 
     # ---------------------------------------------------------------- 16-bit floats: memory bits, float registers
 
@@ -339,8 +340,11 @@ class CUDARenderer(GPUCStyleRenderer):
     def mma_function(self, name: str) -> str:
         """mma.sync.aligned.m16n8k16 through inline PTX: the fragments are packed two to a 32-bit register, the lower
         element in the lower half, as the instruction takes them. A fragment comes as floats (a computed value,
-        converted here) or as the 16-bit values' bits (loaded from memory: tensor_core_bits), one template each."""
+        converted here) or as the 16-bit values' bits (loaded from memory: tensor_core_bits), one template each.
+        TF32's m16n8k8: each float rounded to TF32 (cvt.rna.tf32.f32), a 32-bit register each."""
         tc = tensor_core(name)
+        if tc.mantissa is not None:
+            return self.tf32_mma_function(name)
         tag = "f16" if tc.dtype_in == dtypes.float16 else "bf16"
         na, nb, nc = tc.a.elements, tc.b.elements, tc.c.elements
         pack = [f"tiny_{tag}_bits({x}[{i}]) | ((unsigned int)tiny_{tag}_bits({x}[{i + 1}]) << 16)"
@@ -357,6 +361,26 @@ class CUDARenderer(GPUCStyleRenderer):
             f"template <typename TA, typename TB>\nTINY_F tiny_vec<float, {nc}> tiny_mma_{name}(tiny_vec<TA, {na}> a, "
             f"tiny_vec<TB, {nb}> b, tiny_vec<float, {nc}> c) {{\n  tiny_vec<float, {nc}> d;\n"
             f'  asm volatile("{ptx}"\n    : {outs}\n    : {ins});\n  return d;\n}}\n'
+        )
+
+    def tf32_mma_function(self, name: str) -> str:
+        tc = tensor_core(name)
+        na, nb, nc = tc.a.elements, tc.b.elements, tc.c.elements
+        regs = [f"%{i}" for i in range(nc + na + nb + nc)]
+        ptx = (
+            f"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {{{', '.join(regs[:nc])}}}, "
+            f"{{{', '.join(regs[nc : nc + na])}}}, {{{', '.join(regs[nc + na : nc + na + nb])}}}, "
+            f"{{{', '.join(regs[nc + na + nb :])}}};"
+        )
+        outs = ", ".join(f'"=f"(d[{i}])' for i in range(nc))
+        ins = [f'"r"(tiny_tf32(a[{i}]))' for i in range(na)] + [f'"r"(tiny_tf32(b[{i}]))' for i in range(nb)]
+        ins += [f'"f"(c[{i}])' for i in range(nc)]
+        return (
+            "TINY_F unsigned int tiny_tf32(float x) {\n  unsigned int r;\n"
+            '  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));\n  return r;\n}\n'
+            f"TINY_F tiny_vec<float, {nc}> tiny_mma_{name}(tiny_vec<float, {na}> a, tiny_vec<float, {nb}> b, "
+            f"tiny_vec<float, {nc}> c) {{\n  tiny_vec<float, {nc}> d;\n"
+            f'  asm volatile("{ptx}"\n    : {outs}\n    : {", ".join(ins)});\n  return d;\n}}\n'
         )
 
     def render_kernel(self, w: _CUDAWalk, name: str) -> str:

@@ -190,7 +190,7 @@ class PTXRenderer(WalkingRenderer):
             local_total_max=int(fields["local_total_max"]),
             shared_max=int(fields["shared_max"]),
             vector_width=int(fields["vector_width"]),
-            tensor_cores=tensor_cores_for(arch),  # mma.sync on sm_80 and newer
+            tensor_cores=tensor_cores_for(arch, fields.get("tf32") == "1"),  # mma.sync on sm_80 and newer
             async_copy=cc >= 80,  # cp.async
         )
 
@@ -357,6 +357,13 @@ class PTXRenderer(WalkingRenderer):
         tc = tensor_core(u.arg)
         if tc not in self.caps.tensor_cores:
             raise NotImplementedError(f"{self.arch} has no tensor core {tc.name}")
+        if tc.mantissa is not None:  # TF32's m16n8k8: each float rounded to TF32 in a b32 register of its own
+            a, b = ([self._tf32(k, x) for x in _as_list(k.names[f])] for f in (u.src[0], u.src[1]))
+            c = _as_list(k.names[u.src[2]])
+            d = [k.reg("b32") for _ in range(tc.c.elements)]
+            operands = ", ".join("{" + ", ".join(x) + "}" for x in (d, a, b, c))
+            k.emit(f"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {operands}")
+            return d
         tag = "f16" if tc.dtype_in == dtypes.float16 else "bf16"
 
         def packed(frag: UOp) -> list[str]:
@@ -373,6 +380,11 @@ class PTXRenderer(WalkingRenderer):
         operands = ", ".join("{" + ", ".join(x) + "}" for x in (d, a, b, c))
         k.emit(f"mma.sync.aligned.m16n8k16.row.col.f32.{tag}.{tag}.f32 {operands}")
         return d
+
+    def _tf32(self, k: _Kernel, x: str) -> str:
+        r = k.reg("b32")
+        k.emit(f"cvt.rna.tf32.f32 {r}, {x}")
+        return r
 
     def _folded_block(self, k: _Kernel, fold: tuple[int, int, int], total: int) -> str:
         """A grid launched folded (tiny.ir.device.fold_grid): the block's number in the whole grid; the blocks past

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tiny.ir.config import TF32
 from tiny.ir.device import (
     AllocatorCaps,
     Compiled,
@@ -486,6 +487,7 @@ class CUDADevice(Compiled):
     def __init__(self, name: str, renderer: str) -> None:
         library()
         self.gpu = choose_gpu(DeviceName.parse(name).index)
+        self.tf32 = bool(TF32.value)  # (read as the device opens: its renderer's precision for its life)
         self.nvrtc: NVRTC | None = find_nvrtc(driver_version()) if renderer == "CUDA" else None
         ctx = _handle()
         _call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), self.gpu.handle)
@@ -512,10 +514,13 @@ class CUDADevice(Compiled):
         return CUDACompiler(self.gpu.arch, self.nvrtc)
 
     def renderer_target(self) -> str:
+        """The GPU's architecture and limits, and tf32=1 where TF32 is set (float32 products on tensor cores: part
+        of the target, so BEAM's cache keeps the plans of either precision apart)."""
         g = self.gpu
         return (
             f"arch={g.arch};vector_width=4;local_max={','.join(str(n) for n in g.max_block)};"
             f"local_total_max={g.max_threads};shared_max={g.shared_per_block};max_grid={MAX_GRID}"
+            + (";tf32=1" if self.tf32 else "")
         )
 
     def synchronize(self) -> None:
