@@ -10,7 +10,8 @@
 # image with PyTorch for CUDA has them); tiny itself comes from .whl/, installed into a private folder. It writes to
 # OUTDIR (default: $OUT where that is set, else bench/gpu_out): log.txt (everything printed), tests.txt (the GPU
 # tests), kernels.txt (the matmul kernel under each plan, timed alone), RESULTS_GPU.md and results_gpu.json (the
-# suite, as bench/RESULTS_GPU.md is kept), beam.txt, profile.txt (bench/gpu_profile.py: each kernel's time). Each
+# suite, as bench/RESULTS_GPU.md is kept; *_tf32.* the MNIST step again with TF32=1), beam.txt, profile.txt
+# (bench/gpu_profile.py: each kernel's time; profile_tf32.txt the MNIST step's with TF32=1). Each
 # stage has its own time limit, so a stage that hangs costs its limit and the stages after it still run; all of them
 # take up to 11 minutes, so pick stages to fit a device call. GPU_CHECK_STAGES (default
 # tests,kernels,suite,beam,profile) picks stages, GPU_CHECK_ONLY passes --only to the suite, GPU_CHECK_BUDGET
@@ -77,6 +78,9 @@ torch.__version__, 'cuda', torch.version.cuda)"
         echo "== the GPU suite"
         timeout 240 python3 -m bench.run --gpu --budget "${GPU_CHECK_BUDGET:-25}" ${GPU_CHECK_ONLY:+--only "$GPU_CHECK_ONLY"} \
             --markdown "$out/RESULTS_GPU.md" --json "$out/results_gpu.json" --commit "$(cat .whl/COMMIT) (wheels)"
+        echo "-- the MNIST step with TF32=1: float32 products on tensor cores, as PyTorch's cuDNN convolutions by default"
+        TF32=1 timeout 120 python3 -m bench.run --gpu --budget "${GPU_CHECK_BUDGET:-25}" --only gpu_mnist_step \
+            --markdown "$out/RESULTS_GPU_tf32.md" --json "$out/results_gpu_tf32.json" --commit "$(cat .whl/COMMIT) (wheels)"
     fi
     if [[ $stages == *,beam,* ]]; then
         echo "== BEAM on the fp16 4096 product's kernel (CUDA C)"
@@ -86,6 +90,7 @@ torch.__version__, 'cuda', torch.version.cuda)"
     if [[ $stages == *,profile,* ]]; then
         echo "== where the time goes: each kernel of softmax, the MNIST step and a decode step timed alone"
         timeout 120 python3 -m bench.gpu_profile --device CUDA 2>&1 | tee "$out/profile.txt"
+        TF32=1 timeout 60 python3 -m bench.gpu_profile --device CUDA --only mnist_step 2>&1 | tee "$out/profile_tf32.txt"
     fi
     if [[ $stages == *,llm,* ]]; then
         echo "== language models: a 1B LLaMA in float16, tiny on CUDA against transformers on cuda (bench.llm)"
