@@ -70,6 +70,18 @@ def nvrtc_ptx(src: str, arch: str) -> str:
     return compile_cuda(nvrtc(), src, arch, cubin=False, options=CUDA_OPTIONS).rstrip(b"\0").decode()
 
 
+def ptx_for_ptxas(src: str, arch: str) -> str:
+    """NVRTC's PTX of a CUDA C kernel in a PTX ISA this ptxas knows: from the newest NVRTC not newer than ptxas's own
+    release (skips, saying why, where there is no ptxas or every NVRTC installed is newer)."""
+    release = _ptxas_release()
+    if release is None:
+        ptxas("", arch)  # skips, saying why
+    fits = [n for n in installed() if release is not None and n.version <= release]
+    if not fits:
+        pytest.skip(f"no NVRTC installed is as old as ptxas {release}: its PTX ISA would be too new for it")
+    return compile_cuda(max(fits, key=lambda n: n.version), src, arch, cubin=False).rstrip(b"\0").decode()
+
+
 # ---------------------------------------------------------------- the sweep
 
 
@@ -99,14 +111,8 @@ def _ptxas_release() -> tuple[int, int] | None:
 def test_cuda_c_compiles_to_ptx_that_ptxas_assembles(op: str, arch: str) -> None:
     """NVRTC's PTX (what the device falls back to where NVRTC has no cubin for the GPU), assembled by ptxas: with the
     newest NVRTC whose PTX ISA this ptxas knows (not newer than ptxas's own release)."""
-    release = _ptxas_release()
-    if release is None:
-        ptxas("", arch)  # skips, saying why
-    fits = [n for n in installed() if release is not None and n.version <= release]
-    if not fits:
-        pytest.skip(f"every NVRTC installed is newer than ptxas {release}: its PTX ISA is too new for it")
     for k in render_schedule(op, OPS[op](), CUDARenderer(target(arch))):
-        ptx = compile_cuda(fits[0], k.src, arch, cubin=False).rstrip(b"\0").decode()
+        ptx = ptx_for_ptxas(k.src, arch)
         errors = ptxas(ptx, arch)
         assert errors == "", f"ptxas refused NVRTC's PTX of {k.name}:\n{errors}"
 
@@ -178,14 +184,7 @@ def test_a_weight_gradients_partial_products_keep_to_registers(renderer: str) ->
     kernels = render_schedule("weight_gradient", dw, made)
     assert [k.name for k in kernels] == ["r_64_32_32_5_5_2_20_20", "r_32_32_5_5_64"]
     for k in kernels:
-        if renderer == "CUDA":
-            release = _ptxas_release()
-            fits = [n for n in installed() if release is not None and n.version <= release]
-            if not fits:
-                pytest.skip(f"no NVRTC installed is as old as ptxas {release}: its PTX ISA would be too new for it")
-            ptx = compile_cuda(max(fits, key=lambda n: n.version), k.src, "sm_90", cubin=False).rstrip(b"\0").decode()
-        else:
-            ptx = k.src
+        ptx = ptx_for_ptxas(k.src, "sm_90") if renderer == "CUDA" else k.src
         report = ptxas(ptx, "sm_90", report=True)
         assert "0 bytes spill stores, 0 bytes spill loads" in report, report
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from nv_kernels import render_schedule, target
-from test_cuda_compile import _ptxas_release, nvrtc, nvrtc_ptx, ptxas
+from test_cuda_compile import _ptxas_release, nvrtc, nvrtc_ptx, ptx_for_ptxas, ptxas
 
 from tiny.codegen.opt import Kernel, Opt, OptOps
 from tiny.codegen.opt.heuristic import hand_opts
@@ -122,14 +122,7 @@ def test_the_staged_4096_product_keeps_to_registers(renderer: str, dtype: str) -
     x = small.expand(4096, 4096).contiguous().realize()
     made = CUDARenderer(target("sm_90")) if renderer == "CUDA" else PTXRenderer(target("sm_90"))
     (k,) = render_schedule("matmul", x @ x, made, staged(x @ x, made, 0))
-    if renderer == "CUDA":  # NVRTC's PTX, from the newest NVRTC whose PTX ISA this ptxas knows
-        release = _ptxas_release()
-        fits = [n for n in installed() if release is not None and n.version <= release]
-        if not fits:
-            pytest.skip(f"no NVRTC installed is as old as ptxas {release}: its PTX ISA would be too new for it")
-        ptx = compile_cuda(max(fits, key=lambda n: n.version), k.src, "sm_90", cubin=False).rstrip(b"\0").decode()
-    else:
-        ptx = k.src
+    ptx = ptx_for_ptxas(k.src, "sm_90") if renderer == "CUDA" else k.src
     report = ptxas(ptx, "sm_90", report=True)
     assert "0 bytes spill stores, 0 bytes spill loads" in report and "used 1 barriers" in report, report
     assert "38912 bytes smem" in report, report  # 16-bit values: A 2 x 128 x 40, B 2 x 32 x 2 x 72
@@ -192,12 +185,7 @@ def test_a_staged_3x3_convolution_keeps_to_registers(dtype: str) -> None:
     w = Tensor(np.zeros((128, 128, 3, 3), np.float32), device="CPU").cast(dt).realize()
     *_, k = render_schedule("conv", x.conv2d(w, padding=1), CUDARenderer(target("sm_90")))
     assert "stage0" in k.src and mma(dtype) in nvrtc_ptx(k.src, "sm_90")
-    release = _ptxas_release()
-    fits = [n for n in installed() if release is not None and n.version <= release]
-    if not fits:
-        pytest.skip(f"no NVRTC installed is as old as ptxas {release}: its PTX ISA would be too new for it")
-    ptx = compile_cuda(max(fits, key=lambda n: n.version), k.src, "sm_90", cubin=False).rstrip(b"\0").decode()
-    report = ptxas(ptx, "sm_90", report=True)
+    report = ptxas(ptx_for_ptxas(k.src, "sm_90"), "sm_90", report=True)
     assert "0 bytes spill stores, 0 bytes spill loads" in report and "used 1 barriers" in report, report
 
 
@@ -214,11 +202,7 @@ def test_a_float32_product_on_tf32_tensor_cores_compiles(arch: str, renderer: st
     (k,) = render_schedule("matmul", a @ b, made(target(arch) + ";tf32=1"))
     if renderer == "CUDA":
         assert compile_cuda(nvrtc(), k.src, arch, cubin=True)[:4] == b"\x7fELF"
-        release = _ptxas_release()
-        fits = [n for n in installed() if release is not None and n.version <= release]
-        if not fits:
-            pytest.skip(f"no NVRTC installed is as old as ptxas {release}: its PTX ISA would be too new for it")
-        ptx = compile_cuda(max(fits, key=lambda n: n.version), k.src, arch, cubin=False).rstrip(b"\0").decode()
+        ptx = ptx_for_ptxas(k.src, arch)
     else:
         ptx = k.src
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx and "cvt.rna.tf32.f32" in ptx
