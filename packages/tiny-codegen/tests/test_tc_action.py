@@ -80,7 +80,9 @@ def test_the_code_is_one_wmma_per_tile_accumulating_through_c(target: str, dt: D
     lidx = sorted(u.arg for u in uops if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"))
     assert lidx == [("lidx0", core.threads), ("lidx1", 2)], "the warp's lanes are lidx0, a second warp lidx1"
     stores = [u for u in uops if u.op is Ops.STORE]
-    assert len(stores) == 2 * core.c.elements
+    assert sum(s.value.dtype.count for s in stores) == 2 * core.c.elements
+    pairs = core.c.elem_bits[0] == "n0"  # (NVIDIA's c0, c1: neighbours in a row of the output, stored together)
+    assert all(s.value.dtype.count == (2 if pairs else 1) for s in stores)
 
 
 def test_unrolled_steps_of_k_chain_their_wmmas() -> None:

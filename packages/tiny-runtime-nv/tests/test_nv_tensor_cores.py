@@ -206,6 +206,7 @@ def test_a_float32_product_on_tf32_tensor_cores_compiles(arch: str, renderer: st
     else:
         ptx = k.src
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx and "cvt.rna.tf32.f32" in ptx
+    assert "st.global.v2.f32" in ptx  # (a lane's c0 and c1, neighbours in a row of the output, stored together)
     report = ptxas(ptx, arch, report=True)
     assert renderer == "PTX" or "0 bytes spill stores, 0 bytes spill loads" in report, report
     (plain,) = render_schedule("matmul", a @ b, made(target(arch)))

@@ -635,6 +635,19 @@ def contiguous(offsets: list[UOp], memo: dict[UOp, UOp] | None = None) -> bool:
 Address = Callable[[dict[int, UOp]], UOp]
 
 
+def _paired_stores(addrs: list[UOp], values: list[UOp], memo: dict[UOp, UOp]) -> list[UOp]:
+    """A tensor core's C fragment stored: elements 2i and 2i+1 as one 2-wide store where they lie side by side in
+    memory under one gate (NVIDIA's: a lane's c0, c1 are neighbours along N), else one store each."""
+    stores = []
+    for i in range(0, len(addrs), 2):
+        pair, vals = addrs[i : i + 2], values[i : i + 2]
+        if len(pair) == 2 and pair[0].gate is pair[1].gate and contiguous([a.offset for a in pair], memo):
+            stores.append(UOp(Ops.STORE, dtypes.void, (pair[0], UOp(Ops.VECTORIZE, vals[0].dtype.vec(2), tuple(vals)))))
+        else:
+            stores += [UOp(Ops.STORE, dtypes.void, (a, v)) for a, v in zip(pair, vals)]
+    return stores
+
+
 def _vector_part(lw: _Lowerer, parts_of: list[int], addr: Address, lanes: int) -> tuple[int, int] | None:
     """The lane part (and lanes per vector) whose consecutive values sit at consecutive addresses."""
     for i in reversed(parts_of):
@@ -708,14 +721,18 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
             lw.vector_unroll = (part, n)
     stores: list[UOp] = []
     combos = lw.lane_combos(Kind.UPCAST)
-    if k.tc is not None:  # one store per element of each tile's C fragment
+    if k.tc is not None:  # one store per element of each tile's C fragment, a pair where two lie side by side
         frag = k.tc.core.c
         for lanes_env in combos:
-            for elem in range(frag.elements):
-                env = lw.env | lanes_env | lw.tc_env(frag, elem)
-                idxs = lw.out_idxs(env)
-                lw.tc_element[idxs] = (lw.env | lanes_env, elem)
-                stores.append(UOp(Ops.STORE, dtypes.void, (address(env), lw.lower(value, idxs))))
+            envs = [lw.env | lanes_env | lw.tc_env(frag, elem) for elem in range(frag.elements)]
+            for elem, env in enumerate(envs):
+                lw.tc_element[lw.out_idxs(env)] = (lw.env | lanes_env, elem)
+            addrs = [address(env) for env in envs]
+            values = [lw.lower(value, lw.out_idxs(env)) for env in envs]
+            if k.caps.vector_lanes(value.dtype) >= 2:  # (16-bit values are stored one at a time on every device)
+                stores += _paired_stores(addrs, values, lw.simplified)
+            else:
+                stores += [UOp(Ops.STORE, dtypes.void, (a, v)) for a, v in zip(addrs, values)]
     elif out_vec is None:
         for lanes_env in combos:
             env = lw.env | lanes_env
