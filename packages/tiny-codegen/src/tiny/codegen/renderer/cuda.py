@@ -193,9 +193,10 @@ class CUDARenderer(GPUCStyleRenderer):
             raise ValueError(f"arch in the renderer target is a CUDA architecture like 'sm_90', got {arch!r}")
         self.arch, self.cc = arch, int(arch[3:].rstrip("af"))
         self.target = target
-        self.max_grid = int(target_fields(";".join(p for p in target.split(";") if p)).get("max_grid", "65535"))
+        fields = target_fields(";".join(p for p in target.split(";") if p))
+        self.max_grid = int(fields.get("max_grid", "65535"))
         # mma.sync and cp.async on sm_80 and newer (float32 products on tensor cores where the target says tf32=1)
-        tf32 = target_fields(";".join(p for p in target.split(";") if p)).get("tf32", "0") == "1"
+        tf32 = fields.get("tf32", "0") == "1"
         self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch, tf32), async_copy=self.cc >= 80)
 
     # ---------------------------------------------------------------- 16-bit floats: memory bits, float registers
