@@ -68,6 +68,12 @@ def test_the_named_slots_of_the_memory_ops() -> None:
     assert w.view == r.view == View.create((2, 3)) and w.shape == r.shape == (2, 3)
     assert w.value.op is Ops.ADD and r in w.value.src
     assert c.view == View.create(()) and UOp.const(f32, 1.0).view is None
+    counted = move(Ops.RESHAPE, UOp(Ops.ARANGE, i32, (UOp(Ops.DEVICE, arg=DEV),), 6), (2, 3))
+    (ast,) = kernels(move(Ops.PERMUTE, counted, (1, 0)).cast(f32))  # (reads no buffer: its view is its index)
+    validate_ast(ast)
+    (a,) = [u for u in ast.toposort if u.op is Ops.ARANGE]
+    assert a.view == View.create((3, 2), (1, 3)) and a.shape == (3, 2) and counted.src[0].shape == (6,)
+    assert not any(u.op is Ops.READ for u in ast.toposort) and counted.device == DEV
     with pytest.raises(AssertionError):
         w.value.buffer  # noqa: B018  (an ADD has no buffer)
 
@@ -88,6 +94,9 @@ SUM_OVER_2 = UOp(Ops.REDUCE_AXIS, f32, (read(B, V23),), (Ops.ADD, (2,)))
         (write(A, V23, read(C, V23)), r"SINK: the buffers are arguments 0 \.\. 1, got \[0, 2\]"),
         (write(A, view(2, 1), SUM_OVER_2), r"REDUCE_AXIS: arg is \(ADD, MUL or MAX, axes among 2 dims\)"),
         (write(A, V23, UOp(Ops.CONST, f32, (), 1.0)), "CONST: a kernel AST's constant has a VIEW"),
+        (write(A, V23, UOp(Ops.ARANGE, i32, (), 6).cast(f32)), "ARANGE: a kernel AST's arange has a VIEW"),
+        (write(A, V23, UOp(Ops.ARANGE, f32, (V23,), 6)), r"ARANGE: is integers 0 \.\. n-1"),
+        (write(A, V23, UOp(Ops.ARANGE, i32, (view(6),), 6).cast(f32)), "ARANGE: its view has the kernel's 2 dims"),
     ],
 )
 def test_a_malformed_ast_is_refused_naming_the_op(ast: UOp, message: str) -> None:

@@ -68,7 +68,7 @@ ARANGES = [
     (10, 0, -3),
     (-5, 5, 2),
     (100, -100, -7),
-    (17,),  # past FUSED_COUNT_MAX: one kernel counts, the reader cuts
+    (17,),
     (-300, 700),
     (1, 2, 0.25),
     (0.5, 3),
@@ -91,6 +91,24 @@ def test_arange_matches_torch(device: str, args: tuple) -> None:
         np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-6, atol=1e-7)
     else:
         assert out.tolist() == ref.tolist()
+
+
+def test_an_arange_takes_no_memory_its_readers_count_it_from_their_index(device: str) -> None:
+    """An arange is index math in the kernel that reads it, through any movement (a flip, a stride, padding, a
+    broadcast): one kernel, whose only buffer is its output, and no load of a counted value."""
+    n = 300
+    rows, cols = Tensor.arange(n, device=device), Tensor.arange(5, 3 * n, 3, device=device)
+    mask = rows.flip(0)[::7].reshape(-1, 1) >= cols.pad(((2, 1),), value=-4).reshape(1, -1)
+    pos = np.arange(n)[::-1][::7].reshape(-1, 1) >= np.pad(np.arange(5, 3 * n, 3), (2, 1), constant_values=-4)
+    items = [i for i in mask.schedule() if i.ast.op is Ops.SINK]
+    assert len(items) == 1 and len(items[0].buffers) == 1
+    assert not any(u.op is Ops.READ for u in items[0].ast.toposort)
+    # (integers compare once: >= is "not <", where floats need "> or ==" for NaN)
+    assert [u.op for u in items[0].ast.toposort if u.op in (Ops.CMPLT, Ops.CMPNE, Ops.OR)] == [Ops.CMPLT, Ops.CMPNE]
+    np.testing.assert_array_equal(mask.numpy(), pos)
+    scaled = Tensor.arange(0.5, 900.5, 0.25, device=device).reshape(36, 100).permute(1, 0)[3:90:4]
+    want = np.arange(0.5, 900.5, 0.25, dtype=np.float32).reshape(36, 100).T[3:90:4]
+    np.testing.assert_allclose(scaled.numpy(), want, rtol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -134,8 +152,8 @@ def test_arange_refuses_what_does_not_fit_or_leads_nowhere(device: str) -> None:
 
 
 def test_a_huge_arange_allocates_nothing_until_read(device: str) -> None:
-    """arange was computed with NumPy on the host: arange(2**40) asked for 8 TiB at once. It is a graph of constants
-    now; a slice of it computes (the small kernel behind it writes the next power of two of a range past 16)."""
+    """arange was computed with NumPy on the host: arange(2**40) asked for 8 TiB at once. It is an ARANGE now, which
+    takes no memory; a slice of it computes its values from the kernel's index (in 64-bit index math past 2**31)."""
     if default_int(device).itemsize < 8:  # (WEBGPU: int32 is the default int, which 2**40 does not fit)
         with pytest.raises(ValueError, match="int32 cannot hold"):
             Tensor.arange(2**40, device=device)
@@ -143,6 +161,7 @@ def test_a_huge_arange_allocates_nothing_until_read(device: str) -> None:
         huge = Tensor.arange(2**40, device=device)
         assert huge.shape == (2**40,) and not any(u.op is Ops.BUFFER for u in huge.uop.toposort)
         assert Tensor.arange(2**62, -(2**62), -(2**40), device=device).shape == (2**23,)
+        assert huge[-3:].tolist() == [2**40 - 3, 2**40 - 2, 2**40 - 1]
     assert Tensor.arange(3000, device=device)[-3:].tolist() == [2997, 2998, 2999]
     with pytest.raises(ValueError, match="uint64 cannot hold"):
         Tensor.arange(2**64 - 2, 2**64 + 1, dtype="uint64", device=device)

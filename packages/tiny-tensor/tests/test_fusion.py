@@ -212,3 +212,16 @@ def test_realized_result_is_not_recomputed(device):
     z = y + 1
     assert kernels(z) == 1  # y is a buffer now: only the add runs
     assert_matches(z, np.exp(nx.astype(np.float64) * 3) + 1, F32)
+
+
+def test_a_causal_masks_counts_are_index_math_in_the_scores_kernel(device):
+    """is_causal compares arange(queries) with arange(keys): both are counted from the scores kernel's own index,
+    so the mask adds no kernel and no buffer of integers (it was a kernel writing 48 counts, read twice a score)."""
+    (nq, nk, nv), (q, k, v) = inputs(device, (2, 48, 8), (2, 48, 8), (2, 48, 8))
+    causal = q.scaled_dot_product_attention(k, v, is_causal=True)
+    assert kernels(causal) == kernels(q.scaled_dot_product_attention(k, v))
+    for item in causal.schedule():
+        assert all(b.dtype.is_float for b in item.buffers), [b.dtype for b in item.buffers]
+    scores = np.where(np.tril(np.ones((48, 48), bool)), nq @ nk.transpose(0, 2, 1) / np.sqrt(8), -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    assert_matches(causal, weights / weights.sum(-1, keepdims=True) @ nv, F32)

@@ -446,7 +446,7 @@ class _Lowerer:
             if u.op is Ops.READ:  # (what its load reads: the view, and the padded dims Dims.pad_valid checks)
                 view = u.view
                 dims = set(view.index_dims()) | {d for d in self.k.padded if many(view.shape[d])}
-            elif u.op is Ops.CONST and (view := u.view) is not None:
+            elif (u.op is Ops.CONST or u.op is Ops.ARANGE) and (view := u.view) is not None:
                 dims = set(view.index_dims())
             elif u.op is Ops.REDUCE_AXIS:
                 dims = set(self.dims[u.source]) - set(u.arg[1])
@@ -481,7 +481,7 @@ class _Lowerer:
 
     def _children(self, key: tuple[UOp, tuple[UOp, ...]]) -> list[tuple[UOp, tuple[UOp, ...]]]:
         u, idxs = key
-        if u.op in (Ops.READ, Ops.CONST):
+        if u.op in (Ops.READ, Ops.CONST, Ops.ARANGE):
             return []
         if u.op is Ops.REDUCE_AXIS:
             if any(u.source.shape[a] == 0 for a in u.arg[1]):  # nothing to reduce over: no loop, no value
@@ -516,6 +516,8 @@ class _Lowerer:
             if not real:
                 self.padding.add(key)
             return real[0] if real else srcs[0]  # (an ADD has two sources)
+        if u.op is Ops.ARANGE:
+            return self.at(u, idxs)
         if u.op is Ops.CONST:  # (a symbolic one's value is its expression: the Variables are kernel arguments)
             if u.view is not None:
                 return self.at(u, idxs)

@@ -1,11 +1,12 @@
-"""Memory through views: the "index memory" pass makes a kernel AST's READs, WRITEs and masked constants into loads,
-stores and gated values, indexed by a variable for each dim of the kernel's shape.
+"""Memory through views: the "index memory" pass makes a kernel AST's READs, WRITEs, masked constants and aranges into
+loads, stores and gated values, indexed by a variable for each dim of the kernel's shape.
 
 A View says where each point of the kernel's shape lies in its buffer (an offset, strides, a mask of the points that
 hold data, bands): at the index (d0, d1 ...) a READ reads the buffer's element at the View's offset expression, where
 its mask holds, else 0. That is a rule of one node: a READ becomes a LOAD of an INDEX whose offset and gate are
 written in the dims' variables (DEFINE_VARs named dim0, dim1 ...), with 0 as the alternative where there is a gate; a
-WRITE a STORE of its value there; a CONST with a view its value where the mask holds, else 0. Dims the plan pads
+WRITE a STORE of its value there; a CONST with a view its value where the mask holds, else 0; an ARANGE the offset
+itself (the index in its range), where the mask holds, else 0. Dims the plan pads
 (tiny.codegen.opt.Kernel.padded) gate memory at their real size too. The lowering walker (tiny.codegen.lower) then
 puts, for each lane, the loop counters and lane constants that make each dim in place of its variable.
 """
@@ -75,11 +76,20 @@ def _masked(ctx: Dims, c: UOp) -> UOp:
     return value if valid is None else valid.where(value, UOp.const(c.dtype, 0))
 
 
+def _counted(ctx: Dims, a: UOp) -> UOp:
+    """An arange's value: where its view reaches in the range 0 .. n-1 (the offset into it), where the view's mask
+    holds, else 0."""
+    offset, valid = a.view.to_index(ctx.index)
+    value = offset.cast(a.dtype) if offset.dtype != a.dtype else offset
+    return value if valid is None else valid.where(value, UOp.const(a.dtype, 0))
+
+
 index_memory = PatternMatcher(
     [
         (UPat(Ops.READ, name="read"), _load),  # READ -> LOAD(INDEX(buffer, offset[, gate])[, 0])
         (UPat(Ops.WRITE, name="w"), lambda ctx, w: UOp(Ops.STORE, dtypes.void, (_address(ctx, w), w.value))),  # STORE
         (UPat(Ops.CONST, src=(UPat(Ops.VIEW),), name="c"), _masked),  # CONST(VIEW) -> gate.where(value, 0)
+        (UPat(Ops.ARANGE, name="a"), _counted),  # ARANGE(VIEW) -> gate.where(offset, 0)
     ],
     name="index memory",
 )

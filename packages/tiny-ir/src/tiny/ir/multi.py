@@ -104,6 +104,7 @@ def _elementwise(u: UOp, srcs: tuple[UOp, ...]) -> UOp:
 
 
 def _const(u: UOp, srcs: tuple[UOp, ...]) -> UOp:
+    """A constant or an arange on several devices: the whole of it on each (it takes no memory)."""
     return multi([u.replace(src=(UOp(Ops.DEVICE, arg=d),)) for d in u.src[0].arg], None)
 
 
@@ -195,6 +196,7 @@ def _assign(u: UOp, srcs: tuple[UOp, ...]) -> UOp:
 RULES: dict[Ops, Callable[[UOp, tuple[UOp, ...]], UOp]] = {
     **{op: _elementwise for op in GroupOp.Elementwise | {Ops.CONTIGUOUS, Ops.DETACH}},
     Ops.CONST: _const,
+    Ops.ARANGE: _const,
     Ops.REDUCE_AXIS: _reduce,
     Ops.RESHAPE: _reshape,
     Ops.PERMUTE: _permute,
@@ -236,7 +238,7 @@ def expand_multi(root: UOp) -> UOp:
 
 
 def _expanded(u: UOp, srcs: tuple[UOp, ...]) -> UOp:
-    if u.op is Ops.CONST:
+    if u.op is Ops.CONST or u.op is Ops.ARANGE:
         return _const(u, srcs)
     if (rule := RULES.get(u.op)) is None:
         raise NotImplementedError(f"{u.op.name} has no rule for a tensor on several devices {u.device}")

@@ -9,6 +9,8 @@ same along them, where another reduction's source reads it: a row's max inside i
                                 the view maps it
   READ           (DEFINE_GLOBAL, VIEW)  the buffer's element the view maps each point to; 0 where its mask is false
   CONST          (VIEW,) arg=value  the value, 0 where the view's mask is false (a symbolic size's value is a UOp)
+  ARANGE         (VIEW,) arg=n  an integer: where the view maps each point in the range 0 .. n-1 (the view's offset
+                                there); 0 where its mask is false
   REDUCE_AXIS    (value,) arg=(ADD, MUL or MAX, axes)  the value reduced over the axes
   CAST, BITCAST and the ALU ops, elementwise
 
@@ -132,7 +134,8 @@ def _check_copy_async(u: UOp) -> None:
 
 
 AST_OPS: frozenset[Ops] = frozenset(
-    {Ops.SINK, Ops.WRITE, Ops.READ, Ops.VIEW, Ops.DEFINE_GLOBAL, Ops.CONST, Ops.REDUCE_AXIS, Ops.CAST, Ops.BITCAST}
+    {Ops.SINK, Ops.WRITE, Ops.READ, Ops.VIEW, Ops.DEFINE_GLOBAL, Ops.CONST, Ops.ARANGE, Ops.REDUCE_AXIS, Ops.CAST}
+    | {Ops.BITCAST}
     | GroupOp.ALU
 )
 _NOT_AST = "not a kernel AST op (LOAD and STORE are the lowered kernel's: a kernel AST has READ and WRITE)"
@@ -172,6 +175,10 @@ def validate_ast(ast: UOp) -> None:
         elif u.op is Ops.CONST:
             _check(len(u.src) == 1 and u.src[0].op is Ops.VIEW, u, "a kernel AST's constant has a VIEW")
             _check(len(u.src[0].arg.shape) in (0, ndim), u, f"its view has the kernel's {ndim} dims (or none)")
+        elif u.op is Ops.ARANGE:
+            _check(len(u.src) == 1 and u.src[0].op is Ops.VIEW, u, "a kernel AST's arange has a VIEW")
+            _check(len(u.src[0].arg.shape) == ndim, u, f"its view has the kernel's {ndim} dims")
+            _check(u.dtype.is_int and isinstance(u.arg, int) and u.arg >= 0, u, "is integers 0 .. n-1, arg=n")
         elif u.op is Ops.REDUCE_AXIS:
             ok = isinstance(u.arg, tuple) and len(u.arg) == 2 and u.arg[0] in GroupOp.Reduce
             _check(ok and all(0 <= a < ndim for a in u.arg[1]), u, f"arg is (ADD, MUL or MAX, axes among {ndim} dims)")

@@ -41,6 +41,9 @@ class Ops(enum.Enum):
     DEFINE_LOCAL = enum.auto()  # workgroup memory; arg = (name, elements); dtype is a local pointer
     DEFINE_ACC = enum.auto()  # a register accumulator; src = (initial value,), arg = id
     CONST = enum.auto()  # arg = the value; in a kernel AST src = (VIEW,), the value where the view's mask holds, else 0
+    # the integers 0 .. n-1 (an arange): tensor level src = (DEVICE,), arg = n; in a kernel AST src = (VIEW,) over the
+    # (n,) range: at each point the index in the range the view reaches there where its mask holds, else 0 (no memory)
+    ARANGE = enum.auto()
     INDEX = enum.auto()  # src = (pointer, index[, gate]): an address
     LOAD = enum.auto()  # src = (INDEX[, alternative when the gate is false])
     STORE = enum.auto()  # src = (INDEX, value)
@@ -491,10 +494,10 @@ class UOp(_Fields):
 
     @property
     def view(self) -> View | None:
-        """READ/WRITE (kernel AST): the View through which it reads or writes its buffer; CONST: the View that masks
-        and shapes it in a kernel AST (None for a plain constant)."""
-        if self.op is Ops.CONST:
-            return self.src[0].arg if self.src else None
+        """READ/WRITE (kernel AST): the View through which it reads or writes its buffer; CONST and ARANGE: the View
+        that masks and shapes it in a kernel AST (None at the tensor level, and for a plain constant)."""
+        if self.op is Ops.CONST or self.op is Ops.ARANGE:
+            return self.src[0].arg if self.src and self.src[0].op is Ops.VIEW else None
         assert self.op in (Ops.READ, Ops.WRITE), self.op
         return self.src[1].arg
 
@@ -557,6 +560,8 @@ class UOp(_Fields):
         self._sources_know("shape")
         if op is Ops.CONST:
             return self.src[0].shape if self.src and self.src[0].op is Ops.VIEW else ()
+        if op is Ops.ARANGE:
+            return self.src[0].shape if self.src[0].op is Ops.VIEW else (self.arg,)
         if op is Ops.READ or op is Ops.WRITE:
             return self.src[1].shape
         if not self.src:
@@ -687,7 +692,7 @@ def _own_device(u: UOp) -> str | None:
         return tuple(s.device for s in u.src)  # type: ignore[return-value]
     if not u.src:
         return ""
-    if op is Ops.BUFFER or op is Ops.CONST:
+    if op is Ops.BUFFER or op is Ops.CONST or op is Ops.ARANGE:
         return u.src[0].arg
     return None
 

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 Scalar = int | float | bool
 Shape = int | Sequence[int]
-FUSED_COUNT_MAX = 16  # an arange up to this long is computed inside the kernels that read it (see _counting)
 
 
 def _leaf_option(make: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -592,22 +591,6 @@ def _symbolic_arange(
 
 
 def _counting(cls: type[Tensor], n: int, dtype: DType, device: str) -> Tensor:
-    """0, 1, ..., n-1 in an integer dtype, as a graph of constants: no buffer until it is computed.
-
-    Up to FUSED_COUNT_MAX values, the sum of the n - 1 steps [i >= k] (each a 1 padded with k zeros before it), which
-    the kernel reading it computes in place. Beyond, one small kernel (keyed by the number of bits alone) writes the
-    next power of two of them: over a (2, 2, ..., 2) shape bit k of the index is dim k, and the index is the sum of
-    each bit's weight 2**(bits-1-k) padded with a 0 before it, flattened and cut to n."""
-    if n <= FUSED_COUNT_MAX:
-        total = cls.full((n,), 0, dtype, device)
-        for k in range(1, n):
-            total = total + cls.full((n - k,), 1, dtype, device).pad(((k, 0),))
-        return total
-    bits = (n - 1).bit_length()
-    total = None
-    for k in range(bits):
-        padding = [(0, 0)] * bits
-        padding[k] = (1, 0)
-        weight = cls.full((1,) * bits, 2 ** (bits - 1 - k), dtype, device).pad(padding).expand((2,) * bits)
-        total = weight if total is None else total + weight
-    return total.reshape(2**bits).shrink(((0, n),))
+    """0, 1, ..., n-1 in an integer dtype: an ARANGE, which takes no memory; each kernel that reads it computes its
+    values in place from the index (a causal mask is a comparison of two loop counters)."""
+    return cls(UOp(Ops.ARANGE, dtype, (UOp(Ops.DEVICE, arg=device),), n))

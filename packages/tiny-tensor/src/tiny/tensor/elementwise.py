@@ -376,9 +376,15 @@ class ElementwiseOps(TensorBase):
         return a._alu(_CMPLT, b)
 
     def __le__(self, x: Tensor | Scalar) -> Tensor:
+        a, b = self._broadcasted(x, True)
+        if not a.dtype.is_float:  # (one comparison: for numbers that are not floats, none is NaN)
+            return a._alu(_CMPLT, b).logical_not()
         return (self < x) | (self == x)
 
     def __ge__(self, x: Tensor | Scalar) -> Tensor:
+        a, b = self._broadcasted(x)
+        if not a.dtype.is_float:
+            return a._alu(_CMPLT, b).logical_not()
         return (self > x) | (self == x)
 
     def __eq__(self, x: Tensor | Scalar) -> Tensor:  # type: ignore[override]

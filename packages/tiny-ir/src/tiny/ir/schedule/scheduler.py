@@ -407,7 +407,7 @@ class _KernelBuilder:
     def _children(self, key: tuple[UOp, tuple[UOp, ...], bool]) -> list[tuple[UOp, tuple[UOp, ...], bool]]:
         """Keys: (node, the movement ops above it, root first; whether it is in a row reduction's source)."""
         u, path, row = key
-        if self._is_leaf(u) or u.op is Ops.CONST:
+        if self._is_leaf(u) or u.op is Ops.CONST or u.op is Ops.ARANGE:
             return []
         if u.op in GroupOp.Movement:
             return [(u.source, path + (u,), row)]
@@ -435,9 +435,12 @@ class _KernelBuilder:
         if u.op is Ops.CONST:
             view = _view_through(View.create(()), path)
             return UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=self.placed(view, row) if view.shape else view),), u.arg)
+        if u.op is Ops.ARANGE:  # (index math where it is read: no memory)
+            view = self.placed(_view_through(View.create((u.arg,)), path), row)
+            return UOp(Ops.ARANGE, u.dtype, (UOp(Ops.VIEW, arg=view),), u.arg)
         if u.op in GroupOp.Movement:
             inner = srcs[0]
-            if u.op is not Ops.PAD or inner.op in (Ops.READ, Ops.CONST):
+            if u.op is not Ops.PAD or inner.op in (Ops.READ, Ops.CONST, Ops.ARANGE):
                 return inner  # reads and constants read padding as 0 by their view's mask
             valid = self.placed(_view_through(View.create(u.source.shape), path + (u,)), row)
             zero = View.create(valid.shape, (0,) * len(valid.shape))
