@@ -157,12 +157,14 @@ def _unopened(session: nox.Session, device: str, shown: str, env: dict[str, str]
 def nv(session: nox.Session) -> None:
     """tiny-runtime-nv: the compile-only tests run everywhere: every kernel of a set of tensor ops as CUDA C compiled
     by NVRTC (the nvidia-cuda-nvrtc wheels of the cu12 and cu13 extras) and as PTX assembled by ptxas (from the
-    nvidia-cuda-nvcc-cu12 wheel, or a CUDA toolkit). Then, where a GPU opens, the device tests and the whole
-    tiny-tensor suite with DEVICE=CUDA and with DEVICE=CUDA:PTX; without a GPU it says that it skipped those."""
+    nvidia-cuda-nvcc-cu12 wheel, or a CUDA toolkit), the tensor-core kernels' machine code read back by nvdisasm.
+    Then, where a GPU opens, the device tests and the whole tiny-tensor suite with DEVICE=CUDA and with
+    DEVICE=CUDA:PTX; without a GPU it says that it skipped those."""
     project = LOCAL["tiny-runtime-nv"]["optional-dependencies"]
     nvrtc = (*project["cu12"], *project["cu13"])
     ptxas = "nvidia-cuda-nvcc-cu12>=12.4"  # ptxas checks the PTX renderer's output where no CUDA toolkit is
-    tools = (DEV["torch"], DEV["safetensors"], DEV["gguf"], *nvrtc, ptxas)
+    nvdisasm = "nvidia-cuda-nvdisasm>=13.0"  # the SASS of cubins (test_sass.py): what runs on the GPU
+    tools = (DEV["torch"], DEV["safetensors"], DEV["gguf"], *nvrtc, ptxas, nvdisasm)
     _install_local(session, "tiny-runtime-nv", tools=tools, test_with=("tiny-tensor",))
     _pytest(session, "tiny-runtime-nv")
     if (why := _unopened(session, "CUDA", 'Device["CUDA"].gpu')) is not None:
