@@ -35,12 +35,16 @@ def ast_of(target: UOp) -> UOp:
     return create_schedule([target]).items[-1].ast
 
 
-def matmul(m: int, k: int, n: int, dt: DType = f16, cast_first: bool = False, out: DType = f32) -> UOp:
-    """a (m x k) @ b (k x n) summed in `out`: the products cast (as tiny.tensor writes it) or the factors cast."""
+def matmul(
+    m: int, k: int, n: int, dt: DType = f16, cast_first: bool = False, out: DType = f32, result: DType | None = None
+) -> UOp:
+    """a (m x k) @ b (k x n) summed in `out`: the products cast (as tiny.tensor writes it) or the factors cast; the
+    sum cast to `result` where given (a 16-bit product's output)."""
     a, b = tensor(m, k, dtype=dt), tensor(k, n, dtype=dt)
     x, y = expand(move(Ops.RESHAPE, a, (m, k, 1)), (m, k, n)), expand(move(Ops.RESHAPE, b, (1, k, n)), (m, k, n))
     prod = x.cast(out) * y.cast(out) if cast_first else (x * y).cast(out)
-    return ast_of(move(Ops.RESHAPE, reduce(prod, (1,)), (m, n)))
+    total = reduce(prod, (1,))
+    return ast_of(move(Ops.RESHAPE, total if result is None else total.cast(result), (m, n)))
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -83,6 +87,20 @@ def test_the_code_is_one_wmma_per_tile_accumulating_through_c(target: str, dt: D
     assert sum(s.value.dtype.count for s in stores) == 2 * core.c.elements
     pairs = core.c.elem_bits[0] == "n0"  # (NVIDIA's c0, c1: neighbours in a row of the output, stored together)
     assert all(s.value.dtype.count == (2 if pairs else 1) for s in stores)
+
+
+@pytest.mark.parametrize("dt", [f16, bf16])
+def test_16_bit_neighbours_of_c_are_stored_as_one_pair_where_the_renderer_says_so(dt: DType) -> None:
+    """A 16-bit product's C fragment (the output in the input's dtype): where caps.half_pairs (CUDA C, PTX), a lane's
+    c0 and c1 are one 2-wide store (32 bits: st.global.b32's worth), else one store each."""
+    caps = caps_of("sm_80")
+    index = next(i for i, c in enumerate(caps.tensor_cores) if c.dtype_in == dt)
+    opts = [Opt(OptOps.TC, 2, index), Opt(OptOps.UPCAST, 0, 2)]
+    for pairs in (False, True):
+        uops = vector_uops(matmul(32, 32, 16, dt, result=dt), replace(caps, half_pairs=pairs), opts)
+        stores = [u for u in uops if u.op is Ops.STORE]
+        assert sum(s.value.dtype.count for s in stores) == 2 * caps.tensor_cores[index].c.elements
+        assert {(s.value.dtype.scalar, s.value.dtype.count) for s in stores} == {(dt, 2 if pairs else 1)}
 
 
 def test_unrolled_steps_of_k_chain_their_wmmas() -> None:

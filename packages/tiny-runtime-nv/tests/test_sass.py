@@ -85,10 +85,10 @@ def square(dtype: str, n: int = 4096) -> Tensor:
 def test_the_staged_product_runs_hmma_on_tiles_copied_asynchronously_and_read_by_ldmatrix(
     arch: str, renderer: str, dtype: str
 ) -> None:
-    """The rules' 4096 x 4096 product (STAGE 1): HMMA.16816 with float32 accumulators (bf16's named so) and its tiles
-    copied by LDGSTS (cp.async, 16 bytes: .128); in CUDA C its fragments read by LDSM (ldmatrix: A as 4 8x8
-    matrices, B transposed) and no local memory at all. (The PTX renderer reads fragments with LDS, and its 64-bit
-    address registers spill a few bytes: neither asserted.)"""
+    """The rules' 4096 x 4096 product (STAGE 1): HMMA.16816 with float32 accumulators (bf16's named so), its tiles
+    copied by LDGSTS (cp.async, 16 bytes: .128), its outputs stored in 32-bit pairs (STG.E); in CUDA C its fragments
+    read by LDSM (ldmatrix: A as 4 8x8 matrices, B transposed) and no local memory at all. (The PTX renderer reads
+    fragments with LDS, and its 64-bit address registers spill a few bytes: neither asserted.)"""
     x = square(dtype)
     made = CUDARenderer(target(arch)) if renderer == "CUDA" else PTXRenderer(target(arch))
     (k,) = render_schedule("matmul", x @ x, made, staged(x @ x, made, 1))
@@ -96,6 +96,8 @@ def test_the_staged_product_runs_hmma_on_tiles_copied_asynchronously_and_read_by
     hmma = "HMMA.16816.F32" + (".BF16" if dtype == "bfloat16" else "")
     assert ops.count(hmma) == 64, sorted(set(ops))  # (a warp's 4 x 8 tiles, two steps of K a stage)
     assert "LDGSTS.E.BYPASS.128" in ops, sorted(set(ops))
+    # the outputs: a lane's neighbours c0, c1 as one 32-bit store where aligned (the 16-bit ones: where not)
+    assert ops.count("STG.E") == 64, sorted(set(ops))
     if renderer == "CUDA":
         assert "LDSM.16.M88.4" in ops and "LDSM.16.MT88.2" in ops, sorted(set(ops))
         assert not [op for op in ops if op.startswith(LOCAL_MEMORY)], sorted(set(ops))

@@ -731,7 +731,8 @@ def lower_kernel(k: Kernel) -> LoweredKernel:
                 lw.tc_element[lw.out_idxs(env)] = (lw.env | lanes_env, elem)
             addrs = [address(env) for env in envs]
             values = [lw.lower(value, lw.out_idxs(env)) for env in envs]
-            if k.caps.vector_lanes(value.dtype) >= 2:  # (16-bit values are stored one at a time on every device)
+            half = value.dtype.itemsize == 2 and value.dtype.is_float  # (a pair: one 32-bit store, where caps say)
+            if k.caps.vector_lanes(value.dtype) >= 2 or (half and k.caps.half_pairs):
                 stores += _paired_stores(addrs, values, lw.simplified)
             else:
                 stores += [UOp(Ops.STORE, dtypes.void, (a, v)) for a, v in zip(addrs, values)]

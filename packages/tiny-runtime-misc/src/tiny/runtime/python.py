@@ -75,7 +75,9 @@ class PythonRenderer(Renderer):
                 f"the PYTHON renderer emulates tensor cores of sm_80+, gfx11, gfx12 or gfx942/gfx950, got {target!r}"
             )
         # (NVIDIA's from sm_80 copy asynchronously: COPY_ASYNC, which the emulator lands at the next BARRIER "async")
-        self.caps = replace(PythonRenderer.caps, tensor_cores=cores, async_copy=arch.startswith("sm_"))
+        # (... and store a C fragment's 16-bit neighbours as one 32-bit pair, as CUDA C and PTX do)
+        nvidia = arch.startswith("sm_")
+        self.caps = replace(PythonRenderer.caps, tensor_cores=cores, async_copy=nvidia, half_pairs=nvidia)
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return render_text(name, uops)

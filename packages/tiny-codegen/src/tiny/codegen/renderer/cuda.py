@@ -100,6 +100,13 @@ template <typename T, int N> TINY_F void tiny_vstore(T* p, tiny_vec<T, N> x) {
   if (((unsigned long long)p & (sizeof(T) * N - 1)) == 0) { *(tiny_vec<T, N>*)p = x; return; }
   _Pragma("unroll") for (int i = 0; i < N; i++) p[i] = x.v[i];
 }
+#define TINY_HALF_STORE(TAG) \
+  template <int N> TINY_F void tiny_vstore_##TAG(unsigned short* p, tiny_vec<float, N> x) { \
+    tiny_vec<unsigned short, N> b; _Pragma("unroll") for (int i = 0; i < N; i++) b.v[i] = tiny_f32_to_##TAG(x.v[i]); \
+    tiny_vstore<unsigned short, N>(p, b); } \
+  template <int N> TINY_F void tiny_vstore_##TAG(unsigned short* p, tiny_vec<unsigned short, N> x) { \
+    tiny_vstore<unsigned short, N>(p, x); }
+TINY_HALF_STORE(f16) TINY_HALF_STORE(bf16)
 """
 
 
@@ -197,7 +204,8 @@ class CUDARenderer(GPUCStyleRenderer):
         self.max_grid = int(fields.get("max_grid", "65535"))
         # mma.sync and cp.async on sm_80 and newer (float32 products on tensor cores where the target says tf32=1)
         tf32 = fields.get("tf32", "0") == "1"
-        self.caps = replace(self.caps, tensor_cores=tensor_cores_for(arch, tf32), async_copy=self.cc >= 80)
+        cores = tensor_cores_for(arch, tf32)
+        self.caps = replace(self.caps, tensor_cores=cores, async_copy=self.cc >= 80, half_pairs=True)
 
     # ---------------------------------------------------------------- 16-bit floats: memory bits, float registers
 
@@ -288,6 +296,8 @@ class CUDARenderer(GPUCStyleRenderer):
         return f"tiny_vload<{self.type_names[dt.scalar.name]}, {dt.count}>({addr})"
 
     def vector_store(self, dt: DType, addr: str, value: str) -> str:
+        if self._bf16(dt):  # (16-bit floats: float registers, or their bits, stored as bits; a pair in one store)
+            return f"tiny_vstore_{self._tag(dt)}<{dt.count}>({addr}, {value});"
         return f"tiny_vstore<{self.type_names[dt.scalar.name]}, {dt.count}>({addr}, {value});"
 
     def float_math(self, fn: str, args: list[str], dt: DType) -> str:

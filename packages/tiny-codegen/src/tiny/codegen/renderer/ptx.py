@@ -192,6 +192,7 @@ class PTXRenderer(WalkingRenderer):
             vector_width=int(fields["vector_width"]),
             tensor_cores=tensor_cores_for(arch, fields.get("tf32") == "1"),  # mma.sync on sm_80 and newer
             async_copy=cc >= 80,  # cp.async
+            half_pairs=True,  # st.global.v2.b16
         )
 
     # ---------------------------------------------------------------- the kernel

@@ -34,8 +34,8 @@ from tiny.ir.uop import UOp
 # 1.12: Ops.DOT4 and RendererCaps.dot4, a renderer that writes the op itself; 1.13: Program.launcher's n_vals, a
 # launch given the values of the kernel's Variables after its opaques; 1.14: Ops.SDOT4 and RendererCaps.sdot4; 1.15:
 # GraphLaunch.var_names, a graph's replay called with the Variables' values by name beside the launches' buffers;
-# 1.16: Ops.COPY_ASYNC, BARRIER "async" and RendererCaps.async_copy)
-INTERFACE_VERSION = (1, 16)
+# 1.16: Ops.COPY_ASYNC, BARRIER "async" and RendererCaps.async_copy; 1.17: RendererCaps.half_pairs)
+INTERFACE_VERSION = (1, 17)
 
 
 # the dtypes kernels compute on in hardware vectors (RendererCaps.vector_lanes; the code generator's vector ops)
@@ -89,6 +89,9 @@ class RendererCaps:
     # Ops.COPY_ASYNC (a copy of 4, 8 or 16 bytes from global into local memory that lands by the next BARRIER
     # "async": NVIDIA's cp.async, sm_80 and newer): tensor-core tiles staged a K step ahead (STAGE 1)
     async_copy: bool = False
+    # a STORE of two 16-bit values (a VECTORIZE of two float16 or bfloat16) as one 32-bit store where the address is
+    # aligned (two where not): a tensor core's C fragment's neighbours (NVIDIA's c0, c1) are stored so
+    half_pairs: bool = False
 
     def vector_lanes(self, dtype: DType) -> int:
         """How many values of dtype one hardware vector holds (1: this dtype is not vectorized)."""
