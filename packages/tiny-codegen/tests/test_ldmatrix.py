@@ -7,6 +7,7 @@ must equal what its scalar loads read, and every row must start on 16 bytes."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from test_tc_action import matmul
@@ -16,6 +17,7 @@ from tiny.codegen.opt.heuristic import hand_opts
 from tiny.codegen.program import render_for
 from tiny.codegen.renderer.cuda import CUDARenderer
 from tiny.codegen.renderer.ldmatrix import LANES, MatrixLoad, matrix_loads
+from tiny.codegen.renderer.ptx import PTXRenderer
 from tiny.ir.config import Context
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
@@ -85,6 +87,25 @@ def test_the_rules_staged_product_reads_every_fragment_by_ldmatrix(dtype: DType)
 def test_other_tiles_read_by_ldmatrix_are_the_scalar_reads(opts: list[Opt]) -> None:
     uops = render_for(matmul(256, 128, 256), CUDARenderer("arch=sm_90"), opts).uops
     assert _check(uops, seed=2) > 0
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+def test_ptx_reads_the_staged_products_fragments_by_ldmatrix(dtype: DType) -> None:
+    """The PTX renderer takes the same plans: one ldmatrix a fragment (x4 for A, x2.trans for B) at the first
+    element's address plus the lane's row shift (a .const table each, read once where the lane is), its registers
+    handed to mma.sync as they come; no fragment value is loaded from shared memory on its own. With LDMATRIX=0,
+    the scalar reads."""
+    ast = matmul(256, 128, 256, dtype)
+    r = render_for(ast, PTXRenderer("arch=sm_90"), None)
+    assert r.src.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") == 8
+    assert r.src.count("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16") == 16
+    tables = re.findall(r"^\.const \.align 4 \.b32 (tiny_rows\d+)\[32\] = \{([-\d, ]+)\};$", r.src, re.M)
+    shifts = {tuple(int(x) for x in found.split(", ")) for _, found in tables}
+    assert shifts == {m.shift for m in matrix_loads(r.uops).values()} and len(tables) == 2
+    assert r.src.count("ld.const.b32") == 2 and not re.search(r"ld\.shared\.(b16|u16|f16)", r.src)
+    with Context(LDMATRIX=0):
+        scalar = render_for(ast, PTXRenderer("arch=sm_90"), None).src
+    assert "ldmatrix" not in scalar and re.search(r"ld\.shared\.(b16|u16|f16)", scalar)
 
 
 def test_fragments_in_global_memory_are_never_matrices() -> None:

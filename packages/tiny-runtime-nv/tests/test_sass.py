@@ -2,7 +2,8 @@
 nvidia-cuda-nvdisasm wheel's, which the nv nox session installs): CUDA C compiled by NVRTC to a cubin, PTX assembled
 by ptxas into one, for sm_80 and sm_90. What PTX says is not yet what runs: these check that the staged products
 reach the GPU as tensor-core instructions (HMMA) on tiles copied asynchronously (LDGSTS) and read by ldmatrix (LDSM),
-and that CUDA C's code keeps to registers (no STL/LDL: local memory, where spills go). Compile-only."""
+from both renderers, and that CUDA C's code keeps to registers (no STL/LDL: local memory, where spills go).
+Compile-only."""
 
 from __future__ import annotations
 
@@ -42,17 +43,39 @@ def _nvdisasm() -> str | None:
 
 def opcodes(cubin: bytes) -> list[str]:
     """The instructions of a cubin, as nvdisasm lists them (predicates dropped): HMMA.16816.F32, LDSM.16.M88.4 ..."""
+    text = listing(cubin)
+    found = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text)
+    assert found, text[:2000]
+    return found
+
+
+def listing(cubin: bytes) -> str:
+    """nvdisasm's listing of a cubin (skips where there is no nvdisasm)."""
     tool = _nvdisasm()
     if tool is None:
         pytest.skip("no nvdisasm: install a CUDA toolkit or pip install nvidia-cuda-nvdisasm (the nv nox session does)")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        listing = subprocess.run([tool, f.name], capture_output=True, text=True)
-    assert listing.returncode == 0, listing.stderr
-    found = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", listing.stdout)
-    assert found, listing.stdout[:2000]
-    return found
+        out = subprocess.run([tool, f.name], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def local_memory_in_loops(cubin: bytes) -> list[str]:
+    """The STL/LDL instructions inside a loop (between a label and a branch back to it): spills the loop pays for
+    every iteration, where a spill before a loop and its reload after cost once."""
+    return _in_loops(listing(cubin))
+
+
+def _in_loops(text: str) -> list[str]:
+    lines = text.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
+    inside = []
+    for i, line in enumerate(lines):
+        if (m := re.search(r"\bBRA\b.*`\((\.L_x_\d+)\)", line)) and labels.get(m.group(1), i) < i:
+            inside += [x.strip() for x in lines[labels[m.group(1)] : i] if re.search(r"\b(STL|LDL)\b", x)]
+    return inside
 
 
 def assembled(ptx: str, arch: str) -> bytes:
@@ -86,9 +109,9 @@ def test_the_staged_product_runs_hmma_on_tiles_copied_asynchronously_and_read_by
     arch: str, renderer: str, dtype: str
 ) -> None:
     """The rules' 4096 x 4096 product (STAGE 1): HMMA.16816 with float32 accumulators (bf16's named so), its tiles
-    copied by LDGSTS (cp.async, 16 bytes: .128), its outputs stored in 32-bit pairs (STG.E); in CUDA C its fragments
-    read by LDSM (ldmatrix: A as 4 8x8 matrices, B transposed) and no local memory at all. (The PTX renderer reads
-    fragments with LDS, and its 64-bit address registers spill a few bytes: neither asserted.)"""
+    copied by LDGSTS (cp.async, 16 bytes: .128), its fragments read by LDSM (ldmatrix: A as 4 8x8 matrices, B
+    transposed), its outputs stored in 32-bit pairs (STG.E); in CUDA C no local memory at all. (PTX's 64-bit address
+    registers spill a few bytes on sm_80: not asserted.)"""
     x = square(dtype)
     made = CUDARenderer(target(arch)) if renderer == "CUDA" else PTXRenderer(target(arch))
     (k,) = render_schedule("matmul", x @ x, made, staged(x @ x, made, 1))
@@ -98,9 +121,45 @@ def test_the_staged_product_runs_hmma_on_tiles_copied_asynchronously_and_read_by
     assert "LDGSTS.E.BYPASS.128" in ops, sorted(set(ops))
     # the outputs: a lane's neighbours c0, c1 as one 32-bit store where aligned (the 16-bit ones: where not)
     assert ops.count("STG.E") == 64, sorted(set(ops))
+    assert ops.count("LDSM.16.M88.4") == 8 and ops.count("LDSM.16.MT88.2") == 16, sorted(set(ops))
     if renderer == "CUDA":
-        assert "LDSM.16.M88.4" in ops and "LDSM.16.MT88.2" in ops, sorted(set(ops))
         assert not [op for op in ops if op.startswith(LOCAL_MEMORY)], sorted(set(ops))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("renderer", ["CUDA", "PTX"])
+@pytest.mark.parametrize("how", [0, 1])
+def test_the_staged_products_k_loop_keeps_to_registers(arch: str, renderer: str, how: int) -> None:
+    """The K loop of the rules' 4096 product, its tiles staged through registers (STAGE 0) or copied asynchronously
+    (STAGE 1), has no local memory in it: CUDA C none at all; PTX, whose addresses are 64-bit registers, spills a few
+    (a 64-bit address before the loop, read back after it: ptxas at 255 registers), never inside the loop."""
+    x = square("float16")
+    made = CUDARenderer(target(arch)) if renderer == "CUDA" else PTXRenderer(target(arch))
+    (k,) = render_schedule("matmul", x @ x, made, staged(x @ x, made, how))
+    code = cubin(k.src, renderer, arch)
+    assert "HMMA.16816.F32" in opcodes(code) and local_memory_in_loops(code) == []
+    if renderer == "CUDA":
+        assert not [op for op in opcodes(code) if op.startswith(LOCAL_MEMORY)]
+
+
+def test_the_loop_check_finds_local_memory_inside_a_loop_only() -> None:
+    """What local_memory_in_loops reads from a listing: a spill before a loop and its reload after are not in it; a
+    store to local memory between a label and a branch back to that label is, as is one in a loop ended by a
+    predicated branch."""
+    text = """
+        /*0000*/                   STL.64 [R1], R4 ;
+    .L_x_0:
+        /*0010*/                   HMMA.16816.F32 R8, R12, R14, R8 ;
+        /*0020*/              @!P0 BRA `(.L_x_0) ;
+        /*0030*/                   LDL.LU.64 R4, [R1] ;
+    .L_x_1:
+        /*0040*/                   LDL R6, [R1+0x8] ;
+        /*0050*/              @P1 BRA `(.L_x_1) ;
+        /*0060*/                   BRA `(.L_x_2) ;
+    .L_x_2:
+        /*0070*/                   STL [R1+0x10], R6 ;
+    """
+    assert _in_loops(text) == ["/*0040*/                   LDL R6, [R1+0x8] ;"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -18,20 +18,12 @@ import math
 from dataclasses import replace
 
 from tiny.codegen.renderer.cstyle import CWalk, GPUCStyleRenderer, target_fields
-from tiny.codegen.renderer.ldmatrix import MatrixLoad, matrix_loads
+from tiny.codegen.renderer.ldmatrix import LDMATRIX, MatrixLoad, matrix_loads
 from tiny.codegen.renderer.walker import use_counts
-from tiny.ir.config import flag
 from tiny.ir.device import RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
 from tiny.ir.uop import Ops, UOp
-
-LDMATRIX = flag(
-    "LDMATRIX",
-    int,
-    1,
-    "CUDA C reads 16-bit tensor-core fragments from shared memory with ldmatrix; 0: one load per element",
-)
 
 _HALF_BITS = frozenset({dtypes.float16, dtypes.bfloat16})
 

@@ -11,18 +11,26 @@ Nothing in the IR changes: `matrix_loads` looks at each fragment (a VECTORIZE of
 works out, from the loads' own offsets, whether some choice of row addresses makes ldmatrix (x4 for A's 8 values,
 x2 with .trans for B's 4) deliver exactly those values to every lane. It asks the simplifier for the offsets'
 distances from the first one and for the first one's moves from lane 0 to each lane, which must be constants, so
-the proof holds for every value of every other index. The renderer then emits one ldmatrix whose per-lane address
-is the first element's address plus a constant per lane (a table of 32).
+the proof holds for every value of every other index. The renderer (CUDA C, PTX) then emits one ldmatrix whose
+per-lane address is the first element's address plus a constant per lane (a table of 32).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tiny.ir.config import flag
 from tiny.ir.dtypes import dtypes
 from tiny.ir.pattern import graph_rewrite
 from tiny.ir.symbolic import linear_form, symbolic
 from tiny.ir.uop import Ops, UOp, substitute
+
+LDMATRIX = flag(
+    "LDMATRIX",
+    int,
+    1,
+    "CUDA C and PTX read 16-bit tensor-core fragments from shared memory with ldmatrix; 0: one load per element",
+)
 
 LANES = 32
 ROW_ELEMENTS = 8  # 16-bit values in one 16-byte row of a matrix

@@ -27,8 +27,9 @@ import struct
 from collections.abc import Callable
 
 from tiny.codegen.renderer.cstyle import target_fields
+from tiny.codegen.renderer.ldmatrix import LANES, LDMATRIX, MatrixLoad, matrix_loads
 from tiny.codegen.renderer.ptx_math import exp2_f64, fmod_f64, log2_f64, sin_f64
-from tiny.codegen.renderer.walker import ONE_METHOD_PER_OP, Walk, WalkingRenderer
+from tiny.codegen.renderer.walker import ONE_METHOD_PER_OP, Walk, WalkingRenderer, use_counts
 from tiny.ir.device import RendererCaps, fold_grid
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
 from tiny.ir.symbolic import known_multiple
@@ -128,6 +129,18 @@ class _Kernel(Walk):
         grid = (self.grid[0], self.grid[1], self.grid[2])
         self.fold = fold_grid(grid, max_grid) if max(grid) > max_grid else None
         self.flat: str | None = None  # the folded grid's block number, once read
+        # tensor-core fragments read by ldmatrix (tiny.codegen.renderer.ldmatrix), whose only readers are WMMAs (which
+        # take its registers as they come: two values each, the lower in the lower half), and the loads they stand
+        # for that no other op reads (left out); the module's tables of each lane's row shifts
+        users, wmma = use_counts(uops), [u for u in uops if u.op is Ops.WMMA]
+        fed = {f: sum(f in w.src[:2] for w in wmma) for f in {s for w in wmma for s in w.src[:2]}}
+        found = matrix_loads(uops) if LDMATRIX else {}
+        self.matrices: dict[UOp, MatrixLoad] = {f: m for f, m in found.items() if users.get(f) == fed.get(f)}
+        self.read_by_matrices = {x for f in self.matrices for x in f.src if users[x] == 1}
+        shifts = dict.fromkeys(m.shift for m in self.matrices.values())
+        self.tables = {shift: f"tiny_rows{i}" for i, shift in enumerate(shifts)}
+        self.lane = next((u for u in uops if u.op is Ops.SPECIAL and u.arg == ("lidx0", LANES)), None)
+        self.lane_shifts: dict[str, str] = {}  # table -> this lane's shift in elements (read once, where the lane is)
 
     def reg(self, kind: str) -> str:
         return self.fresh(self._PREFIX[kind])
@@ -209,6 +222,7 @@ class PTXRenderer(WalkingRenderer):
             f".target {self.arch}",
             ".address_size 64",
             "",
+            *(f".const .align 4 .b32 {t}[{LANES}] = {{{', '.join(map(str, d))}}};" for d, t in k.tables.items()),
             f".visible .entry {name}(",
             ",\n".join(k.params()),
             f")\n.maxntid {k.block[0]}, {k.block[1]}, {k.block[2]}\n{{",
@@ -253,6 +267,13 @@ class PTXRenderer(WalkingRenderer):
             k.emit(f"rem.u32 {r}, {r}, {size}")
         else:
             k.emit(f"mov.u32 {r}, {source}")
+        if u is k.lane:  # (ldmatrix's row shifts for this lane, in bytes)
+            for table in k.tables.values():
+                at, shift = k.reg("b64"), k.reg("b32")
+                k.emit(f"mov.u64 {at}, {table}")
+                k.emit(f"mad.wide.u32 {at}, {r}, 4, {at}")
+                k.emit(f"ld.const.b32 {shift}, [{at}]")
+                k.lane_shifts[table] = shift
         return self._int_from_s32(k, r, u.dtype)
 
     def write_const(self, k: _Kernel, u: UOp) -> Reg:
@@ -335,7 +356,19 @@ class PTXRenderer(WalkingRenderer):
             k.emit(f"@{unaligned} st.shared.{mt} [{dst}+{i}], {value}")
 
     def write_vectorize(self, k: _Kernel, u: UOp) -> Reg:
+        if (m := k.matrices.get(u)) is not None:
+            return self._ldmatrix(k, m)
         return [_scalar(k.names[s]) for s in u.src]
+
+    def _ldmatrix(self, k: _Kernel, m: MatrixLoad) -> list[str]:
+        """A fragment by one ldmatrix: each lane's address is the fragment's first element's plus its row's shift (a
+        table of 32 in constant memory, read where the lane is); the registers hold two 16-bit values each, as
+        mma.sync takes them."""
+        at, regs = k.reg("b64"), [k.reg("b32") for _ in range(m.matrices)]
+        k.emit(f"mad.wide.s32 {at}, {k.lane_shifts[k.tables[m.shift]]}, 2, {_scalar(k.names[m.first])}")
+        kind = f"x{m.matrices}{'.trans' if m.trans else ''}"
+        k.emit(f"ldmatrix.sync.aligned.m8n8.{kind}.shared.b16 {{{', '.join(regs)}}}, [{at}]")
+        return regs
 
     def write_gep(self, k: _Kernel, u: UOp) -> Reg:
         lanes = _as_list(k.names[u.src[0]])
@@ -368,6 +401,8 @@ class PTXRenderer(WalkingRenderer):
         tag = "f16" if tc.dtype_in == dtypes.float16 else "bf16"
 
         def packed(frag: UOp) -> list[str]:
+            if frag in k.matrices:  # (ldmatrix's registers: packed already)
+                return _as_list(k.names[frag])
             lanes, out = _as_list(k.names[frag]), []
             for lo, hi in zip(lanes[::2], lanes[1::2]):
                 r = k.reg("b32")
@@ -458,7 +493,9 @@ class PTXRenderer(WalkingRenderer):
         ptr = u.address.pointer
         return "shared" if isinstance(ptr.dtype, PtrDType) and ptr.dtype.local else "global"
 
-    def write_load(self, k: _Kernel, u: UOp) -> Reg:
+    def write_load(self, k: _Kernel, u: UOp) -> Reg | None:
+        if u in k.read_by_matrices:  # (its fragment's ldmatrix reads it)
+            return None
         addr = u.address
         gate = k.names[addr.gate] if addr.gate is not None else None
         on = f"@{gate} " if gate is not None else ""
