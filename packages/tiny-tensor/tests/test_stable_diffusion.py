@@ -21,6 +21,7 @@ diffusers = pytest.importorskip("diffusers")
 
 from half_compare import assert_half_close  # noqa: E402
 
+from tiny.ir.schedule.cache import SCHEDULES  # noqa: E402
 from tiny.models import clip  # noqa: E402
 from tiny.models import stable_diffusion as sd  # noqa: E402
 from tiny.nn import skip_init  # noqa: E402
@@ -297,11 +298,19 @@ def test_pipeline(pipeline_folder, scheduler):
     latents = np.random.default_rng(3).standard_normal((2, 4, 8, 8), dtype=np.float32)
     prompts = ["a cat", "hello"]
     with torch.no_grad():
-        want = ref(prompts, num_inference_steps=2, guidance_scale=7.5, latents=torch.tensor(latents),
+        want = ref(prompts, num_inference_steps=3, guidance_scale=7.5, latents=torch.tensor(latents),
                    output_type="np", height=16, width=16).images  # fmt: skip
     seen: list[tuple[int, int]] = []
-    got = ours(prompts, steps=2, guidance_scale=7.5, latents=latents, progress=lambda i, n: seen.append((i, n)))
-    assert seen == [(1, 2), (2, 2)]
+    misses: list[int] = []  # the schedule cache's misses after each step
+
+    def progress(i: int, n: int) -> None:
+        seen.append((i, n))
+        misses.append(SCHEDULES.misses)
+
+    got = ours(prompts, steps=3, guidance_scale=7.5, latents=latents, progress=progress)
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+    # every step is one graph, its numbers uploaded: scheduled once (each step was scheduled anew, UNet and all)
+    assert misses[0] == misses[1] == misses[2]
     _close(got, want, atol=2e-4)
 
 
@@ -349,12 +358,12 @@ def test_example_with_model(pipeline_folder, tmp_path, capsys):
 
     folder, _ = pipeline_folder
     out = tmp_path / "cat.png"
-    example.main(["--model", str(folder), "--prompt", "a cat", "--steps", "1", "--seed", "5", "--out", str(out)])
+    example.main(["--model", str(folder), "--prompt", "a cat", "--steps", "2", "--seed", "5", "--out", str(out)])
     pipe = sd.load(folder)
-    want = pipe("a cat", steps=1, seed=5)[0]
+    want = pipe("a cat", steps=2, seed=5)[0]
     np.testing.assert_array_equal(_read_png(out), (want * 255).round().clip(0, 255).astype(np.uint8))
     captured = capsys.readouterr()
-    assert "step 1/1" in captured.err and f"wrote {out} (16 x 16)" in captured.out
+    assert "step 2/2" in captured.err and f"wrote {out} (16 x 16)" in captured.out
 
 
 def test_example_random_weights(tmp_path, capsys):

@@ -529,6 +529,13 @@ def _alphas_cumprod(cfg: dict[str, Any]) -> np.ndarray:
     return np.cumprod(1.0 - betas.astype(np.float32), dtype=np.float32)
 
 
+def _per_step(like: Tensor, *values: float) -> list[Tensor]:
+    """A step's numbers as one-element tensors uploaded to like's device, not constants in the graph: every step's
+    graph is then the same, its schedule and kernels made once (with constants each step was scheduled anew, the
+    whole UNet with it: 11 s a step for the tests' small one on a 2-core CPU)."""
+    return [Tensor(np.array([v], np.float32), device=like.device).reshape(()) for v in values]
+
+
 def _spaced(cfg: dict[str, Any], steps: int, integers: bool) -> np.ndarray:
     """The timesteps of `steps` inference steps, from the noisiest, by the config's timestep_spacing."""
     n, spacing = int(cfg.get("num_train_timesteps", 1000)), cfg.get("timestep_spacing", "leading")
@@ -570,17 +577,18 @@ class DDIMScheduler:
         prev = t - int(self.cfg.get("num_train_timesteps", 1000)) // self.steps
         a = float(self.alphas_cumprod[t])
         a_prev = float(self.alphas_cumprod[prev]) if prev >= 0 else self.final
+        root, rest, root_prev, rest_prev = _per_step(x, a**0.5, (1 - a) ** 0.5, a_prev**0.5, (1 - a_prev) ** 0.5)
         if self.prediction == "epsilon":
-            x0, eps = (x - output * (1 - a) ** 0.5) / a**0.5, output
+            x0, eps = (x - output * rest) / root, output
         elif self.prediction == "v_prediction":
-            x0, eps = x * a**0.5 - output * (1 - a) ** 0.5, output * a**0.5 + x * (1 - a) ** 0.5
+            x0, eps = x * root - output * rest, output * root + x * rest
         else:
             x0 = output
-            eps = (x - x0 * a**0.5) / (1 - a) ** 0.5
+            eps = (x - x0 * root) / rest
         if self.cfg.get("clip_sample"):
             bound = float(self.cfg.get("clip_sample_range", 1.0))
             x0 = x0.clip(-bound, bound)
-        return (x0 * a_prev**0.5 + eps * (1 - a_prev) ** 0.5).contiguous()
+        return (x0 * root_prev + eps * rest_prev).contiguous()
 
 
 class EulerDiscreteScheduler:
@@ -612,15 +620,19 @@ class EulerDiscreteScheduler:
         self.init_noise_sigma = top if spacing in ("linspace", "trailing") else (top**2 + 1) ** 0.5
 
     def scale_model_input(self, x: Tensor, i: int) -> Tensor:
-        return x / float((self.sigmas[i] ** 2 + 1) ** 0.5)
+        (norm,) = _per_step(x, float((self.sigmas[i] ** 2 + 1) ** 0.5))
+        return x / norm
 
     def step(self, output: Tensor, i: int, x: Tensor) -> Tensor:
         sigma, following = float(self.sigmas[i]), float(self.sigmas[i + 1])
+        level, move, out_scale, in_scale = _per_step(
+            x, sigma, following - sigma, -sigma / (sigma**2 + 1) ** 0.5, sigma**2 + 1
+        )
         if self.prediction == "epsilon":
-            x0 = x - output * sigma
+            x0 = x - output * level
         else:
-            x0 = output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1)
-        return (x + (x - x0) / sigma * (following - sigma)).contiguous()
+            x0 = output * out_scale + x / in_scale
+        return (x + (x - x0) / level * move).contiguous()
 
 
 SCHEDULERS = {"DDIMScheduler": DDIMScheduler, "EulerDiscreteScheduler": EulerDiscreteScheduler}
@@ -743,7 +755,7 @@ class StableDiffusion:
         guided = guidance_scale > 1
         context = self.encode([*negatives, *prompts] if guided else prompts).contiguous().realize()
         self.scheduler.set_timesteps(steps)
-        x = (x * float(self.scheduler.init_noise_sigma)).contiguous()
+        x = (x * float(self.scheduler.init_noise_sigma)).contiguous().realize()
         for i, t in enumerate(self.scheduler.timesteps):
             model_in = self.scheduler.scale_model_input(x.cat(x, dim=0) if guided else x, i)
             noise = self.unet(model_in, float(t), context)
