@@ -227,6 +227,15 @@ def test_same_numbers_on_every_device(device: str, python_device: str) -> None:
 # ---- random numbers: ranges, dtypes and distributions
 
 
+def test_draws_of_one_shape_are_one_kernel(device: str) -> None:
+    """The random key is uploaded, not a constant in the kernel: every draw of a shape is the same kernel, compiled
+    once (a model's random initial weights compiled one a parameter), and still its own numbers."""
+    a, b = Tensor.rand(300, device=device), Tensor.rand(300, device=device)
+    (ka,), (kb,) = ([i.ast for i in t.schedule() if i.ast.op is Ops.SINK] for t in (a, b))
+    assert ka is kb
+    assert np.mean(a.numpy() != b.numpy()) > 0.99
+
+
 def test_rand_dtypes(device: str) -> None:
     for dt, bits in ((dtypes.float32, 24), (dtypes.float16, 11), (dtypes.bfloat16, 8), (dtypes.float64, 32)):
         x = Tensor.rand(small(device, 2000, 48), dtype=dt, device=device)

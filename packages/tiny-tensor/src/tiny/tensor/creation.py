@@ -253,7 +253,9 @@ class CreationOps(TensorBase):
         key = _mix32(_mix32(RNG.seed & 0xFFFFFFFF) ^ _mix32(RNG.seed >> 32) ^ RNG.counter)
         n = prod(shape)
         counter = cls.arange(n, dtype=dtypes.uint32, device=device)
-        x = counter ^ key
+        # the key uploaded, not a constant: every draw of one shape is the same kernel, scheduled and compiled once (a
+        # model's random initial weights took a compile per parameter)
+        x = counter ^ cls(np.array([key], np.uint32), device=device).reshape(())
         for mult in (0x7FEB352D, 0x846CA68B):
             x = (x ^ (x >> 16)) * mult
         x = x ^ (x >> 16)
