@@ -267,7 +267,7 @@ class PTXRenderer(WalkingRenderer):
             k.emit(f"rem.u32 {r}, {r}, {size}")
         else:
             k.emit(f"mov.u32 {r}, {source}")
-        if u is k.lane:  # (ldmatrix's row shifts for this lane, in bytes)
+        if u is k.lane:  # (ldmatrix's row shifts for this lane, in elements)
             for table in k.tables.values():
                 at, shift = k.reg("b64"), k.reg("b32")
                 k.emit(f"mov.u64 {at}, {table}")
