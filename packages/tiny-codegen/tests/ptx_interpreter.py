@@ -352,6 +352,10 @@ def _cvt(op: list[str], a: list[str], read: Any, write: Any) -> None:
         else:
             n = min(max(int(_round_int(f, mode or "rzi")), lo), hi)
         write(a[0], n, dt, "s" if dt[0] == "s" else "")
+    elif dt == "bf16":  # float32 -> bfloat16's bits (sm_80): to nearest even, NaN -> the canonical 0x7fff
+        u = to_bits(x, "f32")
+        assert st == "f32" and mode == "rn", op
+        write(a[0], 0x7FFF if math.isnan(float(x)) else (u + 0x7FFF + ((u >> 16) & 1)) >> 16, "b16")
     else:  # float -> float
         f = float(x)
         if mode in ("rni", "rzi", "rmi", "rpi") and math.isfinite(f):

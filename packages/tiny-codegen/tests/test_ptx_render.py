@@ -153,6 +153,56 @@ def test_casts_from_every_dtype_to_every_dtype_match_truncate(frm: DType) -> Non
             assert same(read(to, out[k]), want), (frm, to, x, read(to, out[k]), want)
 
 
+def _nearest_bf16(x: np.float32) -> int:
+    """x's nearest bfloat16 (ties to the even one) from its two neighbours' distances; NaN as the CPU stores it."""
+    bits = int(np.array(x, np.float32).view(np.uint32))
+    if np.isnan(x) or np.isinf(x):
+        return 0x7FC0 if np.isnan(x) else bits >> 16
+    below = bits & 0xFFFF0000
+    sign = -1.0 if bits >> 31 else 1.0
+
+    def value(c: int) -> float:  # (past the largest float: infinity's bits, as the next step 2**128 away)
+        return sign * 2.0**128 if c & 0x7FFFFFFF == 0x7F800000 else float(np.array(c, np.uint32).view(np.float32))
+
+    far = [abs(value(c) - float(x)) for c in (below, below + 0x10000)]
+    up = far[1] < far[0] or (far[1] == far[0] and (below >> 16) & 1)
+    return (below + 0x10000 * up) >> 16
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
+def test_float32_to_bfloat16_rounds_to_nearest_even_with_cvt_from_sm_80(arch: str) -> None:
+    """sm_80 and newer round with one cvt.rn.bf16.f32 (its NaN made 0x7fc0 for memory); sm_75 has none and takes
+    integer arithmetic. Both give each value's nearest bfloat16, ties to even, as the CPU."""
+    xs = np.array(
+        [
+            1.0,
+            1 + 2**-8,
+            1 + 3 * 2**-8,
+            1 + 2**-8 + 2**-20,
+            -(1 + 2**-8),
+            3.0e38,
+            3.4e38,
+            -math.inf,
+            math.inf,
+            math.nan,
+            -math.nan,
+            1e-40,
+            -1e-45,
+            0.0,
+            -0.0,
+            65504.0,
+            1 / 3,
+        ],
+        np.float32,
+    )
+    renderer = PTXRenderer(GPU_TARGET.replace("sm_90", arch))
+    src = renderer.render("cast", loop_uops([dtypes.bfloat16, f32], lambda x: x.cast(dtypes.bfloat16), len(xs)))
+    assert ("cvt.rn.bf16.f32" in src) == (arch == "sm_90")
+    out = np.zeros(len(xs), np.uint16)
+    run(src, [out, xs], (1, 1, 1), (1, 1, 1))
+    assert [hex(b) for b in out] == [hex(_nearest_bf16(x) & 0xFFFF) for x in xs]
+
+
 SAME_SIZE = [(f32, dtypes.uint32), (dtypes.uint32, f32), (dtypes.float64, dtypes.int64), (dtypes.int16, dtypes.float16)]
 SAME_SIZE += [(dtypes.bfloat16, dtypes.int16), (dtypes.uint16, dtypes.bfloat16), (dtypes.int8, dtypes.uint8)]
 SAME_SIZE += [(dtypes.float16, dtypes.uint16), (dtypes.float16, dtypes.bfloat16)]

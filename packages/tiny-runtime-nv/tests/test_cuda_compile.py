@@ -216,12 +216,16 @@ def test_half_math_uses_f16_instructions() -> None:
     assert "tiny_f16_round(" in c.src and "unsigned short* restrict data0" in c.src  # 16 bits in memory
 
 
-def test_bfloat16_is_float_math_rounded_after_each_op() -> None:
+@pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
+def test_bfloat16_is_float_math_rounded_after_each_op(arch: str) -> None:
+    """float32 arithmetic, each result rounded to bfloat16: by cvt.rn.bf16.f32 from sm_80 on, by integer arithmetic
+    before (no bfloat16 instruction there); a NaN is stored as 0x7fc0 either way."""
     b = Tensor.ones(64, device="CPU").cast(dtypes.bfloat16).realize()
-    (k,) = render_schedule("bf16", b * b + b, PTXRenderer(target("sm_90")))
+    (k,) = render_schedule("bf16", b * b + b, PTXRenderer(target(arch)))
     assert "mul.f32" in k.src and "add.f32" in k.src and "ld.global.u16" in k.src and "0x7fc0" in k.src
-    assert "bf16" not in k.src.split("}")[0].split("{", 1)[1]  # no native bfloat16 instruction is needed
-    assert ptxas(k.src, "sm_90") == ""
+    body = k.src.split("}")[0].split("{", 1)[1]
+    assert sorted(set(re.findall(r"\S*bf16\S*", body))) == (["cvt.rn.bf16.f32"] if arch == "sm_90" else [])
+    assert ptxas(k.src, arch) == ""
 
 
 def test_integer_division_is_guarded_and_max_lets_nan_win() -> None:

@@ -5,8 +5,9 @@ is not mangled) with `__launch_bounds__` of its block size.
 The source needs no header: NVRTC brings the builtins (vector types, math functions) but cuda_fp16.h and
 cuda_bf16.h come only with a CUDA toolkit, which a machine with the driver and the NVRTC wheel does not have. So
 float16 and bfloat16 are 16 bits in memory and float in registers, converted with PTX's own `cvt` (round to nearest
-even) and rounded after each op: what half arithmetic gives, since float holds the exact result of a half op
-before its one rounding. Vectors (float4 ...) are a small template with the operators the code generator uses;
+even; bfloat16's needs sm_80, integer arithmetic before; a NaN stored as 0x7fc0, as the CPU does) and rounded after
+each op: what half arithmetic gives, since float holds the exact result of a half op before its one rounding.
+Vectors (float4 ...) are a small template with the operators the code generator uses;
 a vector load or store is one `ld.global.v4` where the address is aligned, lane by lane where it is not.
 
 The renderer target is the device's: 'arch=sm_90;local_max=1024,1024,64;local_total_max=1024;shared_max=49152'.
@@ -40,12 +41,19 @@ TINY_F unsigned short tiny_f64_to_f16(double d) {
 #endif
 TINY_F float tiny_f16_round(float f) { return tiny_f16_to_f32(tiny_f32_to_f16(f)); }
 TINY_F float tiny_bf16_to_f32(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
+#if __CUDA_ARCH__ >= 800
+TINY_F unsigned short tiny_bf16_rn(float f) {
+  unsigned short b; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f)); return b; }
+TINY_F unsigned short tiny_f32_to_bf16(float f) { return f != f ? 0x7fc0 : tiny_bf16_rn(f); }
+TINY_F float tiny_bf16_round(float f) { return tiny_bf16_to_f32(tiny_bf16_rn(f)); }  // (a NaN stays one)
+#else
 TINY_F unsigned short tiny_f32_to_bf16(float f) {
   unsigned int u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
   u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16);
 }
 TINY_F float tiny_bf16_round(float f) { return tiny_bf16_to_f32(tiny_f32_to_bf16(f)); }
+#endif
 TINY_F unsigned short tiny_f16_bits(float f) { return tiny_f32_to_f16(f); }
 TINY_F unsigned short tiny_f16_bits(unsigned short h) { return h; }
 TINY_F unsigned short tiny_bf16_bits(float f) { return tiny_f32_to_bf16(f); }

@@ -562,9 +562,25 @@ class PTXRenderer(WalkingRenderer):
     # ---------------------------------------------------------------- bfloat16 and float16 helpers
 
     def _bf16_bits(self, k: _Kernel, x: str) -> str:
-        """A float32 register rounded to bfloat16 (to nearest even; NaN -> 0x7fc0): its 16 bits, in a b32."""
-        mag, odd, r = k.reg("b32"), k.reg("b32"), k.reg("b32")
-        nan = k.reg("pred")
+        """A float32 register rounded to bfloat16 for memory: its 16 bits in a b32, a NaN 0x7fc0 (as the CPU stores
+        it; sm_80's cvt gives 0x7fff)."""
+        r = self._bf16_rn(k, x)
+        if self.cc >= 80:
+            nan = k.reg("pred")
+            k.emit(f"setp.nan.f32 {nan}, {x}, {x}")
+            k.emit(f"selp.b32 {r}, 0x7fc0, {r}, {nan}")
+        return r
+
+    def _bf16_rn(self, k: _Kernel, x: str) -> str:
+        """A float32 register rounded to bfloat16 (to nearest even): its 16 bits, in a b32. One cvt on sm_80 and
+        newer; integer arithmetic before (a NaN 0x7fc0)."""
+        r = k.reg("b32")
+        if self.cc >= 80:
+            h = k.reg("b16")
+            k.emit(f"cvt.rn.bf16.f32 {h}, {x}")
+            k.emit(f"cvt.u32.u16 {r}, {h}")
+            return r
+        mag, odd, nan = k.reg("b32"), k.reg("b32"), k.reg("pred")
         k.emit(f"and.b32 {mag}, {x}, 0x7fffffff")
         k.emit(f"setp.gt.u32 {nan}, {mag}, 0x7f800000")
         k.emit(f"bfe.u32 {odd}, {x}, 16, 1")
@@ -575,7 +591,8 @@ class PTXRenderer(WalkingRenderer):
         return r
 
     def _bf16_round(self, k: _Kernel, x: str) -> str:
-        r = self._bf16_bits(k, x)
+        """A float32 register rounded to bfloat16's precision, as a float32 register (a NaN stays one)."""
+        r = self._bf16_rn(k, x)
         k.emit(f"shl.b32 {r}, {r}, 16")
         return r
 
