@@ -247,7 +247,7 @@ def test_heuristics_and_beam_offer_tensor_cores() -> None:
     assert stages == {0}, "no asynchronous copies on a renderer without them"
     k = Kernel(matmul(64, 64, 64), replace(caps, async_copy=True))
     k.apply(Opt(OptOps.TC, 2, 0))
-    assert {o.arg for o in actions(k) if o.op is OptOps.STAGE} == {0, 1}, "BEAM tries both copies"
+    assert {o.arg for o in actions(k) if o.op is OptOps.STAGE} == {0, 1, 2, 3}, "BEAM tries both copies, 1-3 ahead"
 
 
 def test_the_rules_copy_tiles_asynchronously_where_the_renderer_can() -> None:
@@ -314,7 +314,7 @@ def test_asynchronous_stage_copies_the_next_tiles_while_this_ones_are_read() -> 
     loop = next(i for i, u in enumerate(uops) if u.op is Ops.RANGE)
     copies = [i for i, u in enumerate(uops) if u.op is Ops.COPY_ASYNC]
     (barrier,) = [i for i, u in enumerate(uops) if u.op is Ops.BARRIER]
-    assert uops[barrier].arg == "async" and loop < barrier
+    assert uops[barrier].arg == ("async", 0) and loop < barrier
     before, inside = [i for i in copies if i < loop], [i for i in copies if i > loop]
     # A's tile 128 x 32 values, B's 32 x 128, over four warps' 128 threads in runs of 8: 4 runs of each a thread,
     # before the loop and in it
@@ -325,6 +325,29 @@ def test_asynchronous_stage_copies_the_next_tiles_while_this_ones_are_read() -> 
     fragments = [u for u in uops[barrier:] if u.op is Ops.LOAD and u.address.pointer.op is Ops.DEFINE_LOCAL]
     assert fragments and min(uops.index(u) for u in fragments) > max(inside), "the copies go out before the reads"
     assert not any(u.op is Ops.STORE and u.address.pointer.op is Ops.DEFINE_LOCAL for u in uops)
+
+
+def test_copies_n_steps_ahead_take_n_plus_one_buffers_and_a_barrier_between_the_first_ones() -> None:
+    """STAGE 2: three buffers of each tile where STAGE 1 has two; the first two iterations' copies before the K loop
+    with a barrier between them that waits for none (("async", 2)), the loop's barrier leaving one group in flight;
+    past STAGE_AHEAD_MAX or past the local memory: refused."""
+    caps, ast = replace(caps_of("sm_80"), async_copy=True), matmul(256, 128, 256)
+    plan = hand_opts(Kernel(ast, caps_of("sm_80")))
+    one, two = (vector_uops(ast, caps, [*plan[:-1], Opt(OptOps.STAGE, plan[-1].axis, n)]) for n in (1, 2))
+    sizes = [[u.arg[1] for u in uops if u.op is Ops.DEFINE_LOCAL] for uops in (one, two)]
+    assert [3 * s for s in sizes[0]] == [2 * s for s in sizes[1]]
+    loop = next(i for i, u in enumerate(two) if u.op is Ops.RANGE)
+    barriers = [(i, u.arg) for i, u in enumerate(two) if u.op is Ops.BARRIER]
+    assert [arg for _, arg in barriers] == [("async", 2), ("async", 1)] and barriers[0][0] < loop < barriers[1][0]
+    copies = [i for i, u in enumerate(two) if u.op is Ops.COPY_ASYNC]
+    assert sum(i < barriers[0][0] for i in copies) == sum(barriers[0][0] < i < loop for i in copies) == 8
+    k = Kernel(ast, caps).apply_opts(plan[:-1])
+    with pytest.raises(KernelOptError, match="1 to 4 asynchronously"):
+        k.copy().apply(Opt(OptOps.STAGE, plan[-1].axis, 5))
+    small = Kernel(ast, replace(caps, shared_max=2 * sum(sizes[0]))).apply_opts(plan[:-1])  # (STAGE 1's bytes)
+    small.copy().apply(Opt(OptOps.STAGE, plan[-1].axis, 1))
+    with pytest.raises(KernelOptError, match="bytes of local memory"):
+        small.apply(Opt(OptOps.STAGE, plan[-1].axis, 2))
 
 
 def _strided(m: int, k: int, n: int) -> UOp:
@@ -362,7 +385,7 @@ def test_asynchronous_stage_refusals_say_why(make, async_copy: bool, why: str | 
     k = Kernel(ast, replace(caps_of("sm_80"), async_copy=async_copy)).apply_opts(plan[:-1])
     if why is None:
         k.apply(Opt(OptOps.STAGE, plan[-1].axis, 1))
-        assert k.staged_async
+        assert k.staged_ahead == 1
     else:
         with pytest.raises(KernelOptError, match=why):
             k.apply(Opt(OptOps.STAGE, plan[-1].axis, 1))

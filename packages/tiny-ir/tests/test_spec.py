@@ -247,7 +247,7 @@ def _copy_kernel(
     dst = index(glob(1, f32, 16) if to_global else tmp, off, valid if dst_gate else None)
     src = index(g, off, valid)
     copy = UOp(Ops.COPY_ASYNC, dt, (dst, src) + ((after,) if after is not None else ()))
-    barrier = UOp(Ops.BARRIER, dtypes.void, (copy,), "async")
+    barrier = UOp(Ops.BARRIER, dtypes.void, (copy,), ("async", 0))
     return [u for u in UOp(Ops.SINK, dtypes.void, (barrier,)).toposort if u.op is not Ops.SINK]
 
 

@@ -284,8 +284,8 @@ def test_local_memory_reverses_each_workgroup() -> None:
     assert unpack(f32, ob) == [3.0, 2.0, 1.0, 0.0, 7.0, 6.0, 5.0, 4.0, 11.0, 10.0, 9.0, 8.0]
 
 
-@pytest.mark.parametrize("wait", ["async", None])
-def test_asynchronous_copies_land_at_the_barrier_that_waits_for_them(wait: str | None) -> None:
+@pytest.mark.parametrize("wait", [("async", 0), None])
+def test_asynchronous_copies_land_at_the_barrier_that_waits_for_them(wait: tuple[str, int] | None) -> None:
     """Two threads copy 16 bytes each into local memory (the second's gate is false: zeros); a read before the
     barrier "async" sees what was there before, a read after it the copies. A plain barrier lands nothing."""
     out, a = glob(0, f32, 16), glob(1, f32, 8)
@@ -299,8 +299,28 @@ def test_asynchronous_copies_land_at_the_barrier_that_waits_for_them(wait: str |
     uops = straight(store(index(out, at), early), store(index(out, at + 8), late))
     ob = pack(f32, [-1.0] * 16)
     run(uops, ob, pack(f32, [float(v) for v in range(8)]), local_size=(2, 1, 1))
-    landed = [2.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0, 0.0] if wait == "async" else [0.0] * 8
+    landed = [2.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0, 0.0] if wait == ("async", 0) else [0.0] * 8
     assert unpack(f32, ob) == [0.0] * 8 + landed
+
+
+def test_a_barrier_leaves_its_latest_groups_of_copies_in_flight() -> None:
+    """BARRIER ("async", 1): the copies since the last such barrier are a group, and all but the newest group land.
+    The first barrier lands nothing (its one group is the newest); the second lands the first group, not the second;
+    a third, ("async", 0), lands the rest. Each read (in this order) stores 4 values of local memory."""
+    out, a = glob(0, f32, 16), glob(1, f32, 8)
+    tmp = UOp(Ops.DEFINE_LOCAL, f32.ptr(8, local=True), (), ("tmp", 8))
+    first = UOp(Ops.COPY_ASYNC, f32.vec(4), (index(tmp, const(0)), index(a, const(0))))
+    one = UOp(Ops.BARRIER, dtypes.void, (first,), ("async", 1))
+    second = UOp(Ops.COPY_ASYNC, f32.vec(4), (index(tmp, const(4)), index(a, const(4)), one))
+    two = UOp(Ops.BARRIER, dtypes.void, (second,), ("async", 1))
+    three = UOp(Ops.BARRIER, dtypes.void, (two,), ("async", 0))
+    uops: list[UOp] = []
+    for i, (at, after) in enumerate(((0, one), (0, two), (4, two), (4, three))):
+        read = UOp(Ops.LOAD, f32.vec(4), (index(tmp, const(at)), after))
+        uops += [u for u in straight(store(index(out, const(4 * i)), read)) if u not in uops]
+    ob = pack(f32, [-1.0] * 16)
+    run(uops, ob, pack(f32, [float(v) for v in range(1, 9)]), local_size=(1, 1, 1))
+    assert unpack(f32, ob) == [0.0] * 4 + [1.0, 2.0, 3.0, 4.0] + [0.0] * 4 + [5.0, 6.0, 7.0, 8.0]
 
 
 def test_local_memory_out_of_bounds_raises() -> None:

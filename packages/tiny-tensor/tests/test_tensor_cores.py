@@ -131,8 +131,8 @@ def test_staged_matmul_on_nvidia_tensor_cores(dtype: str, a_shape: tuple, b_shap
 
 def _sm_80_product(dtype: str, a_shape: tuple, b_shape: tuple, transpose: bool, realized: bool, stage: int = 0) -> str:
     """a @ b (a.T @ b.T) on the PYTHON emulator with sm_80's tensor cores, against NumPy; the source of its kernel.
-    realized: the factors are buffers of dtype (else float32 buffers cast in the kernel). stage 1: the rules' plan
-    with its tiles copied asynchronously (STAGE 1) in place of their STAGE 0."""
+    realized: the factors are buffers of dtype (else float32 buffers cast in the kernel). stage n >= 1: the rules'
+    plan with its tiles copied asynchronously n K steps ahead (STAGE n) in place of their STAGE 0."""
     device = "PYTHON:80"
     Device._open.setdefault(device, PythonDevice(device, "PYTHON", tensor_cores_of="sm_80"))
     av, bv = rounded(a_shape, dtype, 11), rounded(b_shape, dtype, 12)
@@ -175,7 +175,28 @@ def test_matmul_staged_with_asynchronous_copies(dtype: str, a_shape: tuple, b_sh
     barrier waits for the copies of its tiles, then sends those of the next on their way. The emulator lands a
     COPY_ASYNC only at that barrier, so a read that did not wait for it reads the last tiles."""
     src = _sm_80_product(dtype, a_shape, b_shape, transpose, realized=True, stage=1)  # (a computed factor: by value)
-    assert "COPY_ASYNC" in src and "BARRIER" in src and "arg='async'" in src, "the tiles were copied asynchronously"
+    assert "COPY_ASYNC" in src and "arg=('async', 0)" in src, "the tiles were copied asynchronously"
+
+
+@pytest.mark.parametrize(
+    "stage, a_shape, b_shape, transpose",
+    [
+        (2, (128, 64), (64, 128), False),  # two iterations of K, both copied before the loop
+        (2, (256, 160), (160, 128), False),  # five: each of the 3 buffers filled more than once
+        (2, (224, 96), (96, 224), True),  # a.T @ b.T, seven
+        (3, (64, 64), (64, 64), False),  # two iterations: fewer than the copies ahead
+        (3, (64, 224), (224, 64), False),  # seven (4 buffers; the rules' tiles of 128 x 128 take 76 KiB: refused)
+    ],
+)
+def test_matmul_staged_several_k_steps_ahead(stage: int, a_shape: tuple, b_shape: tuple, transpose: bool) -> None:
+    """STAGE n: the first n iterations' tiles copied before the K loop (a group of copies each, a barrier that waits
+    for none between them), n + 1 buffers, and each iteration's barrier waits for all but the last n - 1 groups (the
+    copies of its own tiles have landed), then sends the tiles n iterations ahead on their way; a loop shorter than
+    n copies all its tiles before it. The emulator lands a group only at the barrier that waits for it."""
+    src = _sm_80_product("float16", a_shape, b_shape, transpose, realized=True, stage=stage)
+    ahead = min(stage, (a_shape[0] if transpose else a_shape[-1]) // 32)  # (the rules' K step: 2 x 16)
+    assert f"arg=('async', {ahead - 1})" in src, "the loop's barrier leaves the later copies in flight"
+    assert src.count(f"arg=('async', {ahead})") == ahead - 1, "a barrier between each two iterations' first copies"
 
 
 def test_a_convolution_staged_through_local_memory_on_nvidia_tensor_cores() -> None:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tiny.codegen.memory import Dims, index_memory, many
-from tiny.codegen.opt.actions import ASYNC_BYTES, IN_BLOCK, STAGE_BUFFERS, Kernel, Kind, Opt, stage_layout
+from tiny.codegen.opt.actions import ASYNC_BYTES, IN_BLOCK, Kernel, Kind, Opt, stage_buffers, stage_layout
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, dtypes
 from tiny.ir.pattern import graph_rewrite
@@ -136,9 +136,10 @@ class _Lowerer:
         self.stages: dict[tuple[UOp, UOp], tuple[UOp, dict[int, int], UOp]] = {}
         self.stage_stores: list[UOp] = []
         self.stage_barrier = UOp(Ops.BARRIER, arg="stage pending")
-        # STAGE 1: the copies of the first iteration's tiles (before the K loop), and (local INDEX, global INDEX,
-        # dtype) of each copy of the next iteration's, made into COPY_ASYNCs after the loop's barrier (async_stages)
-        self.first_copies: list[UOp] = []
+        # STAGE n: (local INDEX, global INDEX, dtype) of each copy of the first n iterations' tiles (before the K
+        # loop, by iteration), and of each copy of the tiles n iterations ahead, made into COPY_ASYNCs after the
+        # loop's barrier (async_stages)
+        self.first_copies: dict[int, list[tuple[UOp, UOp, DType]]] = {}
         self.next_copies: list[tuple[UOp, UOp, DType]] = []
         self.k_loop: UOp | None = None
 
@@ -249,29 +250,31 @@ class _Lowerer:
     def stage(self, u: UOp, operand: UOp) -> tuple[UOp, dict[int, int], UOp]:
         """The local buffer that holds operand's tile in this iteration of reduction u's K loop (tiny.codegen.opt
         stage_layout): every thread of the workgroup copies tile/threads values of it, consecutive threads
-        consecutive values of memory. Two buffers, by the iteration's parity: one barrier an iteration suffices, as
-        the buffer an iteration fills was last read two iterations before, ahead of the barrier in between. Where the
-        reduction has loops around the K loop (a convolution's window), an iteration is counted through all of them:
-        the parity does not start again with each window position."""
+        consecutive values of memory. Buffers taken in turn (tiny.codegen.opt stage_buffers: two through registers,
+        n + 1 for copies n steps ahead): one barrier an iteration suffices, as the buffer an iteration fills was last
+        read at least one iteration before, ahead of the barrier in between. Where the reduction has loops around the
+        K loop (a convolution's window), an iteration is counted through all of them: the turn does not start again
+        with each window position."""
         if (u, operand) in self.stages:
             return self.stages[(u, operand)]
         k = self.k
         assert k.tc is not None and self.lane is not None
         order, strides, size = stage_layout(k, operand)
         name = f"stage{len(self.stages)}"
-        total = size * STAGE_BUFFERS
+        buffers = stage_buffers(k.staged_ahead)
+        total = size * buffers
         buf = UOp(Ops.DEFINE_LOCAL, operand.dtype.ptr(total, local=True), (), (name, total))
         count = self.zero  # the iteration's number among all of the reduction's loops (outermost first)
         for i, counter in self.reduce_env[u].items():
             count = count * k.parts[i].size + counter if count is not self.zero else counter
-        base = (count % STAGE_BUFFERS) * size
+        base = (count % buffers) * size
         workgroup = [i for i, p in enumerate(k.parts) if p.kind is Kind.LOCAL]
         tid, threads = self.lane, k.tc.core.threads
         for i in reversed(workgroup):
             tid, threads = tid + self.env[i] * threads, threads * k.parts[i].size
         tile = math.prod(k.parts[i].size for i in order)
         outside = {i: self.zero for i, p in enumerate(k.parts) if p.kind in IN_BLOCK}
-        if k.staged_async:
+        if k.staged_ahead:
             self.copy_ahead(u, operand, buf, (order, strides, size), tid, threads)
             self.stages[(u, operand)] = (buf, strides, base)
             return self.stages[(u, operand)]
@@ -290,11 +293,12 @@ class _Lowerer:
     def copy_ahead(
         self, u: UOp, operand: UOp, buf: UOp, layout: tuple[list[int], dict[int, int], int], tid: UOp, threads: int
     ) -> None:
-        """STAGE 1: the operand's tile of the first iteration copied into buffer 0 before the K loop, and in each
-        iteration r the tile of r + 1 into buffer (r + 1) % 2 (no copy past the last), each thread moving runs of
-        ASYNC_BYTES along the tile's innermost part (tiny.codegen.opt checked that they lie whole in a run of
-        memory and in a row of local memory). The copies are asynchronous: the loop's barrier waits for them
-        (async_stages), so iteration r's are on their way while its fragments are read."""
+        """STAGE n: the operand's tiles of the first n iterations copied into buffers 0 to n - 1 before the K loop,
+        and in each iteration r the tile of r + n into buffer (r + n) % (n + 1) (no copy past the last), each thread
+        moving runs of ASYNC_BYTES along the tile's innermost part (tiny.codegen.opt checked that they lie whole in a
+        run of memory and in a row of local memory). The copies are asynchronous: the loop's barrier waits for the
+        ones of its own iteration (async_stages), so the next n iterations' are on their way while its fragments are
+        read."""
         k = self.k
         order, strides, size = layout
         ((part, rng),) = self.reduce_env[u].items()
@@ -303,13 +307,15 @@ class _Lowerer:
         tile = math.prod(k.parts[i].size for i in order)
         outside = {i: self.zero for i, p in enumerate(k.parts) if p.kind in IN_BLOCK}
         iterations = UOp.const(self.idx_dtype, k.parts[part].size)
+        # (a loop of fewer iterations than that copies them all before it: the in-loop copies all past the last)
+        n, buffers = min(k.staged_ahead, k.parts[part].size), stage_buffers(k.staged_ahead)
         for step in range(tile // (threads * chunk)):
             first, env, at, inner_size = (tid + step * threads) * chunk, dict(self.env | outside), self.zero, 1
             for i in reversed(order):
                 value = (first // inner_size) % k.parts[i].size if inner_size > 1 else first % k.parts[i].size
                 env[i], at, inner_size = value, at + value * strides[i], inner_size * k.parts[i].size
-            for ahead in (0, 1):
-                it = rng + 1 if ahead else self.zero
+            first_ones = [(j, UOp.const(self.idx_dtype, j)) for j in range(n)]
+            for j, it in first_ones + [(None, rng + n)]:
                 lanes = []
                 for lane in range(chunk):
                     lane_env = env | {part: it, inner: env[inner] + lane}
@@ -317,22 +323,31 @@ class _Lowerer:
                     lanes.append(self.at(operand, full).address)
                 src = lanes[0]
                 assert src.gate is None and contiguous([a.offset for a in lanes], self.simplified), "runs of memory"
-                dst = UOp(Ops.INDEX, buf.dtype, (buf, (it % STAGE_BUFFERS) * size + at))
-                if ahead:  # past the last iteration no copy (zeros), from the buffer's start (every address valid)
+                dst = UOp(Ops.INDEX, buf.dtype, (buf, (it % buffers) * size + at))
+                if j is None:  # past the last iteration no copy (zeros), from the buffer's start (every address valid)
                     valid = it.lt(iterations)
                     src = src.replace(src=(src.pointer, valid.where(src.offset, self.zero), valid))
                     self.next_copies.append((dst, src, operand.dtype.vec(chunk)))
                 else:
-                    self.first_copies.append(UOp(Ops.COPY_ASYNC, operand.dtype.vec(chunk), (dst, src)))
+                    self.first_copies.setdefault(j, []).append((dst, src, operand.dtype.vec(chunk)))
 
     def async_stages(self) -> UOp:
-        """STAGE 1's order in each iteration of the K loop: the barrier that waits for the copies of this iteration's
-        tiles (made in the last iteration, or before the loop) and for every thread to be done reading the buffer the
+        """STAGE n's order in each iteration of the K loop: the barrier that waits for the copies of this iteration's
+        tiles (made n iterations before, or before the loop) and for every thread to be done reading the buffer the
         next copies overwrite (read in the last iteration); then those copies, one after another; then the fragment
         loads, which name the last copy (all after the barrier, and none of this iteration's reads before the copies
-        that overlap them). The node the fragment loads name."""
+        that overlap them). The node the fragment loads name.
+
+        The barrier leaves the copies of n - 1 iterations in flight (BARRIER ("async", n - 1)): a group of copies is
+        what a thread issued since its last such barrier, and each iteration's copies, before the loop too, are one
+        group (the first n iterations' tiles: a barrier that waits for none, ("async", n), between each two), so the
+        group an iteration needs has n - 1 newer ones."""
         assert self.k_loop is not None
-        last = UOp(Ops.BARRIER, dtypes.void, (*self.first_copies, self.k_loop), "async")
+        n, after = len(self.first_copies), ()  # (the copies ahead: fewer where the loop is shorter)
+        for i, copies in sorted(self.first_copies.items()):
+            made = tuple(UOp(Ops.COPY_ASYNC, dtype, (dst, src, *after)) for dst, src, dtype in copies)
+            after = (UOp(Ops.BARRIER, dtypes.void, made, ("async", n)),) if i + 1 < len(self.first_copies) else made
+        last = UOp(Ops.BARRIER, dtypes.void, (*after, self.k_loop), ("async", n - 1))
         for dst, src, dtype in self.next_copies:
             last = UOp(Ops.COPY_ASYNC, dtype, (dst, src, last))
         return last

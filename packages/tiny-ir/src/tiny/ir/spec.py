@@ -31,7 +31,7 @@ The PYTHON runtime (tiny.runtime.python) executes exactly these semantics and is
   STORE          (INDEX, value)
   COPY_ASYNC     (local INDEX, global INDEX[, after])  copy dtype's 4, 8 or 16 bytes from global to local memory
                                 (optional: RendererCaps.async_copy; NVIDIA's cp.async), zeros where the global
-                                INDEX's gate is false; the copy lands by the thread's next BARRIER "async", and no
+                                INDEX's gate is false; the copy lands by a BARRIER ("async", n) of the thread, and no
                                 thread reads its target before that barrier. `after`: the BARRIER or COPY_ASYNC it
                                 must come after (order only)
   DEFINE_ACC     (init,) arg=id  a register, set to init where it stands
@@ -39,8 +39,9 @@ The PYTHON runtime (tiny.runtime.python) executes exactly these semantics and is
   RANGE          (end,)          loop: run what follows, up to its ENDRANGE, for counter = 0 .. end-1
   ENDRANGE       (RANGE,)
   IF / ENDIF     (cond,) / (IF,) run what is between only where cond is true
-  BARRIER        wait until every thread of the workgroup has reached it; arg "async": first wait until this
-                                thread's COPY_ASYNCs have landed
+  BARRIER        wait until every thread of the workgroup has reached it; arg ("async", n): first wait until
+                                this thread's COPY_ASYNCs have landed, all but its n latest groups of them (a
+                                group: the copies it issued since its last such barrier; n = 0: all of them)
   VECTORIZE / GEP  build a vector from scalars / take lane arg of a vector
   WMMA           (A, B, C) arg=name  a tensor-core multiply-accumulate (optional): the warp's lanes together
                                 compute D = A @ B + C for the tile of tiny.ir.tensorcore.TENSOR_CORES[name]; each
@@ -232,6 +233,9 @@ def validate(uops: list[UOp]) -> None:
             _check((u.address.gate is None) == (u.alternative is None), u, "a gated load needs an alternative")
         elif u.op is Ops.COPY_ASYNC:
             _check_copy_async(u)
+        elif u.op is Ops.BARRIER:
+            n = u.copies_in_flight
+            _check(u.arg is None or (type(n) is int and n >= 0), u, 'arg: None or ("async", n) with n >= 0')
         elif u.op is Ops.STORE:
             _check(u.address.op is Ops.INDEX, u, "stores to an INDEX")
             _check(u.value.dtype.scalar == _element(u.address), u, "stores the pointer's element type")

@@ -52,8 +52,10 @@ class Ops(enum.Enum):
     RANGE = enum.auto()  # a loop counter from 0 to src[0]; arg = loop id
     ENDRANGE = enum.auto()  # src = (RANGE,)
     SPECIAL = enum.auto()  # a hardware index; arg = (name, size) e.g. ("gidx0", 64)
-    BARRIER = enum.auto()  # workgroup barrier; src = the stores it orders; arg "async": first waits for COPY_ASYNCs
-    # a copy from global into local memory that lands by the thread's next BARRIER "async" (NVIDIA's cp.async); src =
+    # workgroup barrier; src = the stores it orders; arg ("async", n): first waits for the thread's COPY_ASYNCs, all but
+    # its n latest groups of them (a group: the copies since its last such barrier)
+    BARRIER = enum.auto()
+    # a copy from global into local memory that lands by a BARRIER ("async", n) (NVIDIA's cp.async); src =
     # (local INDEX, global INDEX[, what it comes after]); dtype: the values copied (4, 8 or 16 bytes)
     COPY_ASYNC = enum.auto()
     IF = enum.auto()  # src = (condition,)
@@ -456,6 +458,13 @@ class UOp(_Fields):
         """LOAD/STORE: the INDEX it reads or writes; COPY_ASYNC: the INDEX of local memory it writes."""
         assert self.op in (Ops.LOAD, Ops.STORE, Ops.COPY_ASYNC), self.op
         return self.src[0]
+
+    @property
+    def copies_in_flight(self) -> int | None:
+        """BARRIER: None where it waits for no asynchronous copy; for arg ("async", n), how many of the thread's
+        latest groups of COPY_ASYNCs may still be in flight after it (0: every copy has landed)."""
+        assert self.op is Ops.BARRIER, self.op
+        return self.arg[1] if isinstance(self.arg, tuple) and self.arg[:1] == ("async",) else None
 
     @property
     def copied_from(self) -> UOp:

@@ -74,7 +74,7 @@ class PythonRenderer(Renderer):
             raise ValueError(
                 f"the PYTHON renderer emulates tensor cores of sm_80+, gfx11, gfx12 or gfx942/gfx950, got {target!r}"
             )
-        # (NVIDIA's from sm_80 copy asynchronously: COPY_ASYNC, which the emulator lands at the next BARRIER "async")
+        # (NVIDIA's from sm_80 copy asynchronously: COPY_ASYNC, which the emulator lands at a BARRIER ("async", n))
         # (... and store a C fragment's 16-bit neighbours as one 32-bit pair, as CUDA C and PTX do)
         nvidia = arch.startswith("sm_")
         self.caps = replace(PythonRenderer.caps, tensor_cores=cores, async_copy=nvidia, half_pairs=nvidia)
@@ -214,7 +214,7 @@ class _Kernel:
         self.steps: list[_Step] = []
         opened: list[int] = []  # steps of the RANGEs and IFs not closed yet
         for u in uops:
-            if u.op in _LAUNCH_VALUES or u.op is Ops.INDEX or (u.op is Ops.BARRIER and u.arg != "async"):
+            if u.op in _LAUNCH_VALUES or u.op is Ops.INDEX or (u.op is Ops.BARRIER and u.copies_in_flight is None):
                 continue  # BARRIER: threads in lockstep have all reached it (an "async" one lands the copies)
             step = self._step(u, slot)
             if u.op in (Ops.RANGE, Ops.IF):
@@ -355,9 +355,11 @@ class _Launch:
         self.masks: list[list[bool] | None] = []  # the masks outside the open IFs
         self.loop_end: dict[int, int] = {}
         self.group_of = [t // self.group_threads for t in range(self.n)] if kernel.has_local else []
-        # COPY_ASYNCs issued and not landed yet: (memory, addresses, values), written at the next BARRIER "async"
-        # (never sooner, so a kernel that reads local memory before that barrier reads what was there before)
+        # COPY_ASYNCs issued since the last BARRIER ("async", n): (memory, addresses, values); each such barrier
+        # makes them a group and writes all but the n latest groups (never sooner, so a kernel that reads local
+        # memory before the barrier that lands a copy reads what was there before)
         self.in_flight: list[tuple[_Memory, list[int], list]] = []
+        self.groups: list[list[tuple[_Memory, list[int], list]]] = []
         if len(bufs) < kernel.n_buffers:
             raise ValueError(f"kernel {kernel.name} takes {kernel.n_buffers} buffers, got {len(bufs)}")
         if len(vals) != len(kernel.variables):
@@ -514,7 +516,7 @@ class _Launch:
 
     def _copy_async(self, step: _Step) -> None:
         """Each active thread reads its values now (zeros where the gate is false) and they land in local memory at
-        its next BARRIER "async"."""
+        the BARRIER ("async", n) that leaves fewer than n newer groups of copies in flight."""
         dst_ptr, dst_off, src_ptr, src_off, gate = step.src
         dst, src, count = self.vals[dst_ptr], self.vals[src_ptr], step.uop.dtype.count
         active = self.mask if gate is None else self._restrict(self.vals[gate])
@@ -526,7 +528,12 @@ class _Launch:
         self.in_flight.append((dst, self._addresses(step, dst, self._lanes(self.vals[dst_off]), threads), values))
 
     def _land_copies(self, step: _Step) -> None:
-        for mem, addrs, values in self.in_flight:
+        n = step.uop.copies_in_flight
+        assert n is not None
+        self.groups.append(self.in_flight)
+        keep = max(len(self.groups) - n, 0)
+        landing, self.groups = self.groups[:keep], self.groups[keep:]
+        for mem, addrs, values in (copy for group in landing for copy in group):
             for a, lanes in zip(addrs, values):
                 mem.data[a : a + len(lanes)] = list(lanes)
         self.in_flight = []

@@ -22,8 +22,9 @@ the row's output.
 
 STAGE (on a kernel mapped onto tensor cores) cuts nothing: each iteration of the K loop, the workgroup's threads
 together copy the A and B tiles the iteration reads into local memory, and the warps read their fragments there.
-Its arg says how: 0, through registers (each value loaded, then stored); 1, with asynchronous copies of 16 bytes
-(RendererCaps.async_copy) a K step ahead: the next iteration's tiles are on their way while this one's are read.
+Its arg says how: 0, through registers (each value loaded, then stored); n >= 1, with asynchronous copies of 16
+bytes (RendererCaps.async_copy) n K steps ahead, in n + 1 buffers: the next n iterations' tiles are on their way while
+this one's are read.
 
 A dim's index is the sum of its parts' indices times their strides. `Opt(op, axis, arg)` names the part by
 its place among the global and reduce parts (globals first), as `Kernel.axes` lists them.
@@ -90,7 +91,7 @@ class Kind(enum.Enum):
 
 LANES = (Kind.UPCAST, Kind.UNROLL)
 IN_BLOCK = (Kind.TC, Kind.UPCAST, Kind.UNROLL, Kind.LOCAL)  # the pieces one workgroup covers in one iteration
-STAGE_BUFFERS = 2  # a staged tile is double-buffered: iteration i fills buffer i % 2 while i - 1's may be read
+STAGE_AHEAD_MAX = 4  # STAGE's furthest asynchronous copies: 4 K steps ahead (5 buffers)
 ASYNC_BYTES = 16  # what one asynchronous staged copy moves (cp.async.cg's one size)
 
 
@@ -269,7 +270,7 @@ class Kernel:
     applied: list[Opt] = field(default_factory=list)
     tc: TensorCoreUse | None = None
     staged: bool = False  # the tensor-core operands go through local memory (STAGE)
-    staged_async: bool = False  # ... copied asynchronously, a K step ahead (STAGE 1)
+    staged_ahead: int = 0  # ... copied asynchronously, this many K steps ahead (STAGE n); 0: through registers
     rows: Part | None = None  # ROWS's local piece: the group piece is the same hardware index
 
     def __post_init__(self) -> None:
@@ -323,7 +324,7 @@ class Kernel:
     def copy(self) -> Kernel:
         k = Kernel(self.ast, self.caps)  # (merged already: merging again changes nothing)
         k.scheduled, k.parts, k.padded = self.scheduled, list(self.parts), dict(self.padded)
-        k.applied, k.tc, k.staged, k.staged_async = list(self.applied), self.tc, self.staged, self.staged_async
+        k.applied, k.tc, k.staged, k.staged_ahead = list(self.applied), self.tc, self.staged, self.staged_ahead
         k.rows = self.rows
         return k
 
@@ -534,7 +535,9 @@ class Kernel:
         if self.tc is None or not self.caps.has_shared:
             raise KernelOptError(f"{opt}: stages tensor-core operands, on a renderer with local memory, after TC")
         self._need(opt, part, Kind.REDUCE)
-        if opt.arg == 1 and len(self.of_kind(Kind.REDUCE)) != 1:  # (the next tile is the K loop's next iteration)
+        if not 0 <= opt.arg <= STAGE_AHEAD_MAX:
+            raise KernelOptError(f"{opt}: arg 0 copies through registers, 1 to {STAGE_AHEAD_MAX} asynchronously")
+        if opt.arg >= 1 and len(self.of_kind(Kind.REDUCE)) != 1:  # (the next tile is the K loop's next iteration)
             raise KernelOptError(f"{opt}: asynchronous copies need the K loop to be the one reduce loop")
         threads = self.workgroup_threads()
         total = 0
@@ -542,18 +545,16 @@ class Kernel:
             size = math.prod(self.parts[i].size for i in self.stage_parts(operand))
             if not any(u.op is Ops.READ for u in operand.toposort) or size % threads:
                 raise KernelOptError(f"{opt}: {label}'s tile of {size} values does not split over {threads} threads")
-            total += stage_size(self, operand) * self.tc.core.dtype_in.itemsize * STAGE_BUFFERS
+            total += stage_size(self, operand) * self.tc.core.dtype_in.itemsize * stage_buffers(opt.arg)
         if total > self.caps.shared_max:
             raise KernelOptError(f"{opt}: the tiles take {total} bytes of local memory, over {self.caps.shared_max}")
-        if opt.arg not in (0, 1):
-            raise KernelOptError(f"{opt}: arg 0 copies through registers, 1 asynchronously")
-        if opt.arg == 1:
+        if opt.arg >= 1:
             if not self.caps.async_copy:
                 raise KernelOptError(f"{opt}: the {self.caps.language} renderer has no asynchronous copies")
             for label, operand in (("A", self.tc.a), ("B", self.tc.b)):
                 if (why := self._not_async(operand)) is not None:
                     raise KernelOptError(f"{opt}: {label} cannot be copied {ASYNC_BYTES} bytes at a time: {why}")
-        self.staged, self.staged_async = True, opt.arg == 1
+        self.staged, self.staged_ahead = True, opt.arg
 
     def _not_async(self, operand: UOp) -> str | None:
         """Why a staged operand cannot be copied in runs of ASYNC_BYTES (each thread's runs lie whole along the
@@ -666,6 +667,12 @@ class Kernel:
         return " ".join(f"{p.kind.value}{p.size}@{p.dim}" for p in self.parts) + (
             f" padded {self.padded}" if self.padded else ""
         )
+
+
+def stage_buffers(ahead: int) -> int:
+    """The local buffers of each staged tile: 2 through registers (iteration i fills buffer i % 2 while i - 1's may
+    still be read), n + 1 for copies n K steps ahead (iteration i reads buffer i % (n + 1) while the next n fill)."""
+    return max(2, ahead + 1)
 
 
 def stage_layout(k: Kernel, operand: UOp) -> tuple[list[int], dict[int, int], int]:

@@ -69,7 +69,7 @@ def actions(k: Kernel) -> list[Opt]:
             if caps.has_shared:
                 out += [Opt(op, i, a) for op in (OptOps.GROUP, OptOps.GROUPTOP) for a in (2, 4, 8, 16, 32, 64)]
             if k.tc is not None and caps.has_shared:
-                out += [Opt(OptOps.STAGE, i, a) for a in ((0, 1) if caps.async_copy else (0,))]
+                out += [Opt(OptOps.STAGE, i, a) for a in ((0, 1, 2, 3) if caps.async_copy else (0,))]
         if p.size == k.full_shape[p.dim] and p.size % 16:  # (and to a multiple of the threads: THREAD after it)
             pads = (4, 8, 16, 32) + ((caps.threads,) if caps.threads > 1 and p.kind is Kind.GLOBAL else ())
             out += [Opt(OptOps.PADTO, i, a) for a in dict.fromkeys(pads)]

@@ -240,8 +240,11 @@ class CUDARenderer(GPUCStyleRenderer):
         w.line(f"tiny_copy_async<{u.dtype.nbytes}>({w.names[dst]}, {w.names[src]}, {valid});")
 
     def write_barrier(self, w: _CUDAWalk, u: UOp) -> None:
-        if u.arg == "async":  # this thread's copies have landed, then every thread's
+        n = u.copies_in_flight  # this thread's copies have landed (all but its n latest groups), then every thread's
+        if n == 0:
             w.line('asm volatile("cp.async.wait_all;" ::: "memory");')
+        elif n is not None:
+            w.line(f'asm volatile("cp.async.commit_group;\\n\\tcp.async.wait_group {n};" ::: "memory");')
         super().write_barrier(w, u)
 
     def elided(self, w: _CUDAWalk, u: UOp) -> bool:

@@ -319,8 +319,12 @@ class PTXRenderer(WalkingRenderer):
         return acc
 
     def write_barrier(self, k: _Kernel, u: UOp) -> None:
-        if u.arg == "async":  # this thread's copies have landed, then every thread's
+        n = u.copies_in_flight  # this thread's copies have landed (all but its n latest groups), then every thread's
+        if n == 0:
             k.emit("cp.async.wait_all")
+        elif n is not None:
+            k.emit("cp.async.commit_group")
+            k.emit(f"cp.async.wait_group {n}")
         k.emit("bar.sync 0")
 
     def write_copy_async(self, k: _Kernel, u: UOp) -> None:

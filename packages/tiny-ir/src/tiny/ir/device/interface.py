@@ -34,8 +34,9 @@ from tiny.ir.uop import UOp
 # 1.12: Ops.DOT4 and RendererCaps.dot4, a renderer that writes the op itself; 1.13: Program.launcher's n_vals, a
 # launch given the values of the kernel's Variables after its opaques; 1.14: Ops.SDOT4 and RendererCaps.sdot4; 1.15:
 # GraphLaunch.var_names, a graph's replay called with the Variables' values by name beside the launches' buffers;
-# 1.16: Ops.COPY_ASYNC, BARRIER "async" and RendererCaps.async_copy; 1.17: RendererCaps.half_pairs)
-INTERFACE_VERSION = (1, 17)
+# 1.16: Ops.COPY_ASYNC, BARRIER "async" and RendererCaps.async_copy; 1.17: RendererCaps.half_pairs; 1.18: BARRIER
+# ("async", n), copies grouped by barrier, n groups left in flight)
+INTERFACE_VERSION = (1, 18)
 
 
 # the dtypes kernels compute on in hardware vectors (RendererCaps.vector_lanes; the code generator's vector ops)
@@ -86,8 +87,8 @@ class RendererCaps:
     # take two byte products, SDOT4's one): a quantized product of signed quants (Q8_0) takes it; else DOT4 over
     # quants offset by 128, less 128 times the input's sum. Only with dot4 on (the renderer writes SDOT4 as DOT4).
     sdot4: bool = False
-    # Ops.COPY_ASYNC (a copy of 4, 8 or 16 bytes from global into local memory that lands by the next BARRIER
-    # "async": NVIDIA's cp.async, sm_80 and newer): tensor-core tiles staged a K step ahead (STAGE 1)
+    # Ops.COPY_ASYNC (a copy of 4, 8 or 16 bytes from global into local memory that lands by a BARRIER ("async", n):
+    # NVIDIA's cp.async, sm_80 and newer): tensor-core tiles staged n + 1 K steps ahead (STAGE n + 1)
     async_copy: bool = False
     # a STORE of two 16-bit values (a VECTORIZE of two float16 or bfloat16) as one 32-bit store where the address is
     # aligned (two where not): a tensor core's C fragment's neighbours (NVIDIA's c0, c1) are stored so
