@@ -86,6 +86,11 @@ def plans(ast: UOp, device: str) -> dict[str, list[Opt] | None]:
         out["rules, tiles copied asynchronously a K step ahead (STAGE 1, cp.async)"] = other
     elif rules and rules[-1].op is OptOps.STAGE:
         out["rules, tiles copied through registers (STAGE 0)"] = rules[:-1] + [Opt(OptOps.STAGE, rules[-1].axis, 0)]
+    if rules and rules[-1].op is OptOps.STAGE and Device[device].renderer.caps.async_copy:  # deeper pipelines (past
+        for ahead in (2, 3):  # 48 KiB of tiles: dynamic shared memory)
+            out[f"rules, tiles copied {ahead} K steps ahead (STAGE {ahead})"] = rules[:-1] + [
+                Opt(OptOps.STAGE, rules[-1].axis, ahead)
+            ]
     return out
 
 

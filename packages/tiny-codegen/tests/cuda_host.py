@@ -111,6 +111,13 @@ class Job:
     misalign: int = 0
 
 
+def static_shared(src: str) -> str:
+    """The source with its dynamic shared array (tiny.codegen.renderer.shared) a static one of the size it says."""
+    size = re.search(r"^// dynamic shared memory: (\d+) bytes$", src, re.M)
+    extern = "extern __shared__ __align__(16) unsigned char tiny_shared[];"
+    return src.replace(extern, f"alignas(16) static unsigned char tiny_shared[{size.group(1)}];") if size else src
+
+
 def run_all(jobs: list[Job]) -> None:
     """Compile the kernels of every job into libraries (one clang run for the kernels of each prelude: the kernels'
     names must differ) and run them in order."""
@@ -118,11 +125,12 @@ def run_all(jobs: list[Job]) -> None:
     assert cc is not None, "no clang++ with C++20 here"
     by_prelude: dict[str, tuple[list[str], list[int]]] = {}
     for i, job in enumerate(jobs):
-        m = _KERNEL.search(job.src)
+        src = static_shared(job.src)
+        m = _KERNEL.search(src)
         assert m is not None, "each job is one kernel"
-        prelude = job.src[: job.src.index('extern "C" __global__')]
+        prelude = src[: src.index('extern "C" __global__')]
         parts, which = by_prelude.setdefault(prelude, ([SHIM, prelude], []))
-        parts += [job.src[len(prelude) :], _launcher(m.group(1), m.group(2), f"tiny_launch_{i}")]
+        parts += [src[len(prelude) :], _launcher(m.group(1), m.group(2), f"tiny_launch_{i}")]
         which.append(i)
     launchers = {}
     for parts, which in by_prelude.values():

@@ -315,3 +315,23 @@ EXP2_INPUTS = np.concatenate(
         [0.0, -0.0, 1e-30, -1e-30, 3.4e38, -3.4e38, np.inf, -np.inf, np.nan],
     ]
 ).astype(np.float32)
+
+
+def past_static_shared(floats: int = 8192) -> tuple[list[UOp], np.ndarray]:
+    """A kernel of two local buffers of `floats` each (8192: 64 KiB in all, past NVIDIA's 48 KiB of static shared
+    memory): each of 32 threads writes the last 32 floats of both, and after the barrier reads another thread's two
+    and adds them; the uops and the 32 floats it stores."""
+    f32, i32 = dtypes.float32, dtypes.int32
+    out = UOp(Ops.DEFINE_GLOBAL, f32.ptr(32), (), 0)
+    a, b = (UOp(Ops.DEFINE_LOCAL, f32.ptr(floats, local=True), (), (name, floats)) for name in ("a", "b"))
+    lx = UOp(Ops.SPECIAL, i32, (), ("lidx0", 32))
+    value = lx.cast(f32)
+    at = lx + UOp.const(i32, floats - 32)
+    stores = [UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, a.dtype, (a, at)), value))]
+    stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, b.dtype, (b, at)), value * UOp.const(f32, 2.0))))
+    barrier = UOp(Ops.BARRIER, dtypes.void, tuple(stores))
+    back = UOp.const(i32, floats - 1) - lx
+    la, lb = (UOp(Ops.LOAD, f32, (UOp(Ops.INDEX, m.dtype, (m, back)), barrier)) for m in (a, b))
+    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, lx)), la + lb))
+    uops = [u for u in UOp(Ops.SINK, dtypes.void, (store,)).toposort if u.op is not Ops.SINK]
+    return uops, (31 - np.arange(32, dtype=np.float32)) * 3

@@ -86,6 +86,13 @@ class PTXKernel:
         self.code: list[_Instr] = []
         self.labels: dict[str, int] = {}
         shared_size = 0
+        # dynamic shared memory (tiny.codegen.renderer.shared): the module's extern array, its size from the source
+        extern = re.search(r"^\.extern \.shared \.align \d+ \.b8 (\w+)\[\];$", src[: len(src) - len(body)], re.M)
+        if extern is not None:
+            size = re.search(r"^// dynamic shared memory: (\d+) bytes$", src, re.M)
+            assert size is not None, "an extern shared array needs the size the launch gives it"
+            self.shared[extern.group(1)] = (0, int(size.group(1)))
+            shared_size = int(size.group(1))
         for raw in code.rsplit("}", 1)[0].splitlines():
             line = raw.strip()
             if not line or line.startswith("//"):

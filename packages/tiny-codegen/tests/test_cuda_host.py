@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from alu_cases import ALL, EDGE, loop_uops, np_dtype, read, same, to_memory, values
 from cuda_host import Job, compiler, run, run_all
-from kernel_helpers import GPU_TARGET, NUMPY, make_cases, reduce, renders_with, run_case, tensor
+from kernel_helpers import GPU_TARGET, NUMPY, make_cases, past_static_shared, reduce, renders_with, run_case, tensor
 
 from tiny.codegen.linearize import linearize
 from tiny.codegen.lower import lower_kernel
@@ -48,6 +48,20 @@ def test_kernels_compute_what_numpy_does(case: Any) -> None:
     got = run_case(case, lambda ast, arrays: run_cuda(ast, arrays))
     for g, want in zip(got, case.expected):
         np.testing.assert_allclose(g, want, rtol=case.rtol, atol=1e-6)
+
+
+def test_local_buffers_past_48_kib_are_pieces_of_the_dynamic_shared_array() -> None:
+    """64 KiB of local buffers: one `extern __shared__` array whose size the source says for the runtime, each
+    buffer a pointer at its offset; under 48 KiB, static arrays as before."""
+    uops, want = past_static_shared()
+    src = R.render("big", uops)
+    assert "// dynamic shared memory: 65536 bytes" in src and "extern __shared__ __align__(16) unsigned char" in src
+    assert "float* b = (float*)(tiny_shared + 32768);" in src and "__shared__ float a[" not in src
+    out = np.zeros(32, np.float32)
+    run(src, [out], ONE, (32, 1, 1))
+    np.testing.assert_array_equal(out, want)
+    small, _ = past_static_shared(4096)
+    assert "tiny_shared" not in R.render("small", small)
 
 
 def test_grouped_reduction_with_shared_memory_and_barriers() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from alu_cases import ALL, EDGE, loop_uops, read, same, to_memory, values
-from kernel_helpers import GPU_TARGET, NUMPY, make_cases, reduce, renders_with, run_case, tensor
+from kernel_helpers import GPU_TARGET, NUMPY, make_cases, past_static_shared, reduce, renders_with, run_case, tensor
 from ptx_interpreter import PTXError, run
 
 from tiny.codegen.linearize import linearize
@@ -49,6 +49,20 @@ def test_kernels_compute_what_numpy_does(case: Any) -> None:
     got = run_case(case, lambda ast, arrays: run_ptx(ast, arrays))
     for g, want in zip(got, case.expected):
         np.testing.assert_allclose(g, want, rtol=case.rtol, atol=1e-6)
+
+
+def test_local_buffers_past_48_kib_are_pieces_of_the_dynamic_shared_array() -> None:
+    """64 KiB of local buffers: one `.extern .shared` array whose size the source says for the runtime, each buffer at
+    its 16-byte aligned offset; under 48 KiB, static arrays as before."""
+    uops, want = past_static_shared()
+    src = R.render("big", uops)
+    assert "// dynamic shared memory: 65536 bytes" in src and ".extern .shared .align 16 .b8 tiny_shared[];" in src
+    assert "add.u64" in src and "32768" in src and ".shared .align 16 .b8 a[" not in src
+    out = np.zeros(32, np.float32)
+    run(src, [out], (1, 1, 1), (32, 1, 1))
+    np.testing.assert_array_equal(out, want)
+    small, _ = past_static_shared(4096)
+    assert "tiny_shared" not in R.render("small", small) and "dynamic" not in R.render("small", small)
 
 
 def test_grouped_reduction_and_locals_compute_the_sum() -> None:

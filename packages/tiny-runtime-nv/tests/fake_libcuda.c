@@ -24,6 +24,8 @@ int fake_launches = 0;         /* kernels run, by launch or by graph */
 int fake_graph_launches = 0;   /* cuGraphLaunch calls */
 int fake_peer_copies = 0;
 int fake_current_device = -1;  /* from cuCtxSetCurrent */
+int fake_dynamic_allowed = 0;  /* the last cuFuncSetAttribute of MAX_DYNAMIC_SHARED_SIZE_BYTES */
+int fake_launch_shared = -1;   /* the dynamic shared memory of the last kernel run, by launch or by graph */
 
 CUresult cuInit(unsigned flags) { return 0; }
 CUresult cuDriverGetVersion(int* v) { *v = 12040; return 0; }
@@ -36,6 +38,7 @@ CUresult cuDeviceGetAttribute(int* v, int attr, int d) {
     case 2: case 3: *v = 1024; break;
     case 4: *v = 64; break;
     case 8: *v = 49152; break;
+    case 97: *v = d == 2 ? 49152 : d == 1 ? 166912 : 232448; break;
     case 75: *v = d == 2 ? 6 : d == 1 ? 8 : 9; break;
     case 76: *v = d == 2 ? 1 : 0; break;
     default: return 1;
@@ -87,10 +90,14 @@ CUresult cuModuleGetFunction(void** f, void* mod, const char* name) {
   return 0;
 }
 CUresult cuModuleUnload(void* mod) { return 0; }
-CUresult cuFuncSetAttribute(void* f, int attr, int v) { return 0; }
+CUresult cuFuncSetAttribute(void* f, int attr, int v) {
+  if (attr == 8) fake_dynamic_allowed = v;
+  return 0;
+}
 
-static CUresult run(fake_function* f, const unsigned* grid, const unsigned* block, void** params) {
+static CUresult run(fake_function* f, const unsigned* grid, const unsigned* block, unsigned shared, void** params) {
   fake_launches++;
+  fake_launch_shared = (int)shared;
   if (strcmp(f->name, "fake_add1") != 0) return 0;
   float* out = (float*)(uintptr_t)*(CUdeviceptr*)params[0];
   const float* in = (const float*)(uintptr_t)*(CUdeviceptr*)params[1];
@@ -103,7 +110,7 @@ static CUresult run(fake_function* f, const unsigned* grid, const unsigned* bloc
 CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared, void* s, void** params, void** extra) {
   unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
-  return run((fake_function*)f, grid, block, params);
+  return run((fake_function*)f, grid, block, shared, params);
 }
 CUresult cuEventCreate(void** e, unsigned flags) { *e = malloc(1); return 0; }
 CUresult cuEventRecord(void* e, void* s) { return 0; }
@@ -135,7 +142,7 @@ CUresult cuGraphExecKernelNodeSetParams_v2(void* exec, void* node, const fake_no
 CUresult cuGraphLaunch(void* exec, void* s) {
   fake_graph* g = exec;
   fake_graph_launches++;
-  for (int i = 0; i < g->n; i++) run(g->nodes[i].func, g->nodes[i].grid, g->nodes[i].block, g->nodes[i].params);
+  for (int i = 0; i < g->n; i++) run(g->nodes[i].func, g->nodes[i].grid, g->nodes[i].block, g->nodes[i].shared, g->nodes[i].params);
   return 0;
 }
 CUresult cuGraphExecDestroy(void* exec) { free(exec); return 0; }

@@ -47,8 +47,8 @@ def counter(lib: ctypes.CDLL, name: str) -> int:
 def test_the_gpus_and_what_the_renderers_are_told(fake: ctypes.CDLL) -> None:
     dev = cuda.CUDADevice("CUDA", "PTX")
     assert dev.gpu.name == "Fake H100" and dev.gpu.arch == "sm_90" and cuda.driver_version() == 12040
-    limits = "vector_width=4;local_max=1024,1024,64;local_total_max=1024;shared_max=49152;max_grid=65535"
-    assert dev.renderer_target() == f"arch=sm_90;{limits}"
+    limits = "vector_width=4;local_max=1024,1024,64;local_total_max=1024;shared_max=232448;max_grid=65535"
+    assert dev.renderer_target() == f"arch=sm_90;{limits}"  # (the shared memory a kernel may opt in to)
     assert isinstance(dev.compiler(), cuda.PTXCompiler) and dev.nvrtc is None  # PTX needs no NVRTC
     assert cuda.CUDADevice("CUDA:1", "PTX").gpu.arch == "sm_80"
     with pytest.raises(DeviceUnavailable, match=r"Fake P100 is sm_61; tiny's CUDA runtime needs sm_70"):
@@ -138,6 +138,35 @@ def test_ptx_newer_than_the_driver_is_refused_plainly(fake: ctypes.CDLL) -> None
         CompileError, match=r"driver \(CUDA 12\.4\) cannot assemble PTX ISA 8\.6, which needs CUDA 12\.7"
     ):
         compiler.compile(ok.replace("7.8", "8.6"))
+
+
+def test_a_kernel_past_48_kib_of_shared_memory_is_allowed_it_and_given_it_at_each_launch(fake: ctypes.CDLL) -> None:
+    """A source that says `// dynamic shared memory: N bytes` (tiny.codegen.renderer.shared) compiles to an image
+    that carries N; the program strips it, allows the kernel N bytes (cuFuncSetAttribute) and gives them at each
+    launch, a graph's too. More than the GPU gives a block: a CompileError saying both."""
+    dev = cuda.CUDADevice("CUDA", "PTX")
+    ptx = ".version 7.8\n.target sm_90\n.address_size 64\n"
+    sized = "// dynamic shared memory: 65536 bytes\n" + ptx
+    image = dev.compiler().compile(sized)
+    assert cuda.split_dynamic_shared(image) == (sized.encode() + b"\0", 65536)
+    assert cuda.split_dynamic_shared(dev.compiler().compile(ptx)) == (ptx.encode() + b"\0", 0)
+    prog = cuda.CUDAProgram(dev, "fake_add1", image)
+    assert counter(fake, "fake_dynamic_allowed") == 65536
+    x = np.arange(64, dtype=np.float32)
+    src, out = dev.allocator.alloc(4 * 64), dev.allocator.alloc(4 * 64)
+    dev.allocator.copyin(src, memoryview(x.tobytes()))
+    prog(out, src, global_size=(2, 1, 1), local_size=(32, 1, 1), vals=(64,))
+    assert counter(fake, "fake_launch_shared") == 65536 and np.array_equal(_read(dev, out, 64), x + 1)
+    plain, _, _, _ = _add1(dev, 64)
+    plain(out, src, global_size=(2, 1, 1), local_size=(32, 1, 1), vals=(64,))
+    assert counter(fake, "fake_launch_shared") == 0
+    replay = dev.graph([GraphLaunch(prog, (out, src), (2, 1, 1), (32, 1, 1), (64,))])
+    assert replay is not None
+    replay([(out, src)], {})
+    assert counter(fake, "fake_launch_shared") == 65536
+    too_much = dev.compiler().compile("// dynamic shared memory: 300000 bytes\n" + ptx)
+    with pytest.raises(CompileError, match="needs 300000 bytes of shared memory, Fake H100 gives a block 232448"):
+        cuda.CUDAProgram(dev, "fake_add1", too_much)
 
 
 def test_a_cuda_graph_replays_the_kernels_with_new_buffers(fake: ctypes.CDLL) -> None:

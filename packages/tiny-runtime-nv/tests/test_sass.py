@@ -23,7 +23,7 @@ from test_nv_tensor_cores import staged
 
 from tiny.codegen.renderer.cuda import CUDARenderer
 from tiny.codegen.renderer.ptx import PTXRenderer
-from tiny.runtime.nv.nvrtc import compile_cuda
+from tiny.runtime.nv.nvrtc import CUDACompiler, PTXCompiler, compile_cuda, split_dynamic_shared
 from tiny.tensor import Tensor, dtypes
 
 ARCHS = ("sm_80", "sm_90")
@@ -193,3 +193,27 @@ def test_a_bfloat16_products_outputs_are_rounded_by_the_conversion_unit(arch: st
     lop3 = [sum(op.startswith("LOP3") for op in ops[dt]) for dt in ("float16", "bfloat16")]
     assert lop3[1] <= lop3[0], lop3
     assert len(ops["bfloat16"]) < 1.5 * len(ops["float16"]), (len(ops["float16"]), len(ops["bfloat16"]))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("renderer", ["CUDA", "PTX"])
+@pytest.mark.parametrize("ahead", [2, 3])
+def test_tiles_copied_further_ahead_wait_for_their_own_group_only(arch: str, renderer: str, ahead: int) -> None:
+    """STAGE 2 and 3 of the rules' 4096 product on a GPU that gives a block more than 48 KiB (an H100's 227 KiB):
+    its 3 or 4 buffers of 19456 bytes in dynamic shared memory, which the compiled image carries for the launch;
+    the tiles of `ahead` iterations copied before the loop (LDGSTS) and each one's in the loop, and the loop's wait
+    leaving the newest ahead - 1 groups in flight (DEPBAR.LE SB0, ahead - 1); no local memory in the loop."""
+    t = target(arch).replace("shared_max=49152", "shared_max=232448")
+    made = CUDARenderer(t) if renderer == "CUDA" else PTXRenderer(t)
+    x = square("float16")
+    (k,) = render_schedule("matmul", x @ x, made, staged(x @ x, made, ahead))
+    assert f"// dynamic shared memory: {19456 * (ahead + 1)} bytes" in k.src
+    compiler = CUDACompiler(arch, nvrtc()) if renderer == "CUDA" else PTXCompiler(arch)
+    image, shared = split_dynamic_shared(compiler.compile(k.src))
+    assert shared == 19456 * (ahead + 1)
+    binary = cubin(k.src, renderer, arch)
+    ops = opcodes(binary)
+    assert ops.count("HMMA.16816.F32") == 64 and ops.count("LDGSTS.E.BYPASS.128") == 8 * (ahead + 1), sorted(set(ops))
+    waits = {line.split("*/")[1].strip().rstrip(" ;") for line in listing(binary).splitlines() if "DEPBAR.LE" in line}
+    assert f"DEPBAR.LE SB0, 0x{ahead - 1}" in waits, waits
+    assert local_memory_in_loops(binary) == []

@@ -20,9 +20,10 @@ from dataclasses import replace
 
 from tiny.codegen.renderer.cstyle import CWalk, GPUCStyleRenderer, target_fields
 from tiny.codegen.renderer.ldmatrix import LDMATRIX, MatrixLoad, matrix_loads
+from tiny.codegen.renderer.shared import DYNAMIC_NAME, dynamic_shared, size_line
 from tiny.codegen.renderer.walker import use_counts
 from tiny.ir.device import RendererCaps, fold_grid
-from tiny.ir.dtypes import DType, dtypes
+from tiny.ir.dtypes import DType, PtrDType, dtypes
 from tiny.ir.tensorcore import tensor_core, tensor_cores_for
 from tiny.ir.uop import Ops, UOp
 
@@ -168,6 +169,8 @@ class _CUDAWalk(CWalk):
         self.fold = fold_grid(self.grid, max_grid) if max(grid) > max_grid else None  # launched folded
         self.mma: list[str] = sorted({u.arg for u in uops if u.op is Ops.WMMA})  # the tensor cores used
         self.bits = tensor_core_bits(uops)  # 16-bit float values held as their bits
+        # local buffers over 48 KiB in all: pieces of the dynamic shared array (tiny.codegen.renderer.shared)
+        self.dynamic = dynamic_shared(uops, lambda u: u.arg[1] * u.dtype.base.itemsize)
         loads = matrix_loads(uops) if LDMATRIX else {}
         # fragments read by ldmatrix, the loads they stand for, and the loads no other op reads (left out)
         self.matrices: dict[UOp, MatrixLoad] = {v: m for v, m in loads.items() if v in self.bits}
@@ -252,6 +255,14 @@ class CUDARenderer(GPUCStyleRenderer):
 
     def define_local(self, name: str, dt: DType, size: int) -> str:
         return f"__align__(16) __shared__ {self.memory_type(dt)} {name}[{size}];"  # (ldmatrix's rows: 16 bytes)
+
+    def write_local(self, w: CWalk, u: UOp) -> str:
+        assert isinstance(w, _CUDAWalk) and isinstance(u.dtype, PtrDType) and u.dtype.base is not None
+        if w.dynamic is None:
+            return super().write_local(w, u)
+        t = self.memory_type(u.dtype.base)
+        w.line(f"{t}* {u.arg[0]} = ({t}*)({DYNAMIC_NAME} + {w.dynamic[0][u]});")
+        return u.arg[0]
 
     def stored(self, w: _CUDAWalk, value: UOp, expr: str) -> str:
         if value in w.bits:
@@ -419,7 +430,10 @@ class CUDARenderer(GPUCStyleRenderer):
         shared = _SHARED_ADDRESS if w.matrices or copies else ""
         matrices, copy = _LDMATRIX if w.matrices else "", _COPY_ASYNC if copies else ""
         mma = "".join(self.mma_function(name) for name in w.mma)
-        return _PRELUDE + _VECTORS + mma + shared + copy + matrices + tables
+        dynamic = ""
+        if w.dynamic is not None:
+            dynamic = size_line(w.dynamic[1]) + f"extern __shared__ __align__(16) unsigned char {DYNAMIC_NAME}[];\n"
+        return dynamic + _PRELUDE + _VECTORS + mma + shared + copy + matrices + tables
 
 
 def tensor_core_bits(uops: list[UOp]) -> set[UOp]:

@@ -32,7 +32,7 @@ from tiny.ir.device import (
     Program,
     fold_grid,
 )
-from tiny.runtime.nv.nvrtc import NVRTC, CUDACompiler, PTXCompiler, find_nvrtc
+from tiny.runtime.nv.nvrtc import NVRTC, CUDACompiler, PTXCompiler, find_nvrtc, split_dynamic_shared
 
 LIBRARY = "libcuda.so.1"
 MIN_COMPUTE = 70  # Volta: the oldest GPU the PTX and CUDA C renderers write for
@@ -94,6 +94,8 @@ _PREFER_V2 = frozenset({"cuEventElapsedTime"})  # same arguments; CUDA 13's cuda
 CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1
 CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z = 2, 3, 4
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 8
+CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97  # (sm_70+: what a kernel may ask for, past the 48 KiB)
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 75, 76
 CU_MEMHOSTALLOC_PORTABLE = 1
 CU_EVENT_DEFAULT = 0
@@ -221,11 +223,22 @@ def gpus() -> tuple[GPU, ...]:
                     attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, dev),
                     attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, dev),
                 ),
-                shared_per_block=attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, dev),
+                shared_per_block=_shared_per_block(dev),
                 memory=mem.value,
             )
         )
     return tuple(found)
+
+
+def _shared_per_block(dev: int) -> int:
+    """The shared memory a block may have: what a kernel may opt in to where the driver says (an H100 227 KiB, as
+    dynamic shared memory past the 48 KiB of static arrays: tiny.codegen.renderer.shared), else the 48 KiB."""
+    static = _get_int("cuDeviceGetAttribute", CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, dev)
+    out = _int(0)
+    status = library().cuDeviceGetAttribute(
+        ctypes.byref(out), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev
+    )
+    return max(static, out.value) if status == 0 else static
 
 
 def choose_gpu(index: int) -> GPU:
@@ -254,6 +267,7 @@ class CUDAProgram(Program):
         super().__init__(device, name, binary)
         assert isinstance(device, CUDADevice)
         self.dev = device
+        binary, self.shared = split_dynamic_shared(binary)
         device.activate()
         self.module, self.function = _handle(), _handle()
         log = ctypes.create_string_buffer(16384)
@@ -268,6 +282,19 @@ class CUDAProgram(Program):
                 f"{log.value.decode(errors='replace')}"
             )
         _call("cuModuleGetFunction", ctypes.byref(self.function), self.module, name.encode(), what=f"kernel {name}")
+        if self.shared:  # (past 48 KiB a kernel must be allowed its dynamic shared memory first)
+            limit = device.gpu.shared_per_block
+            if self.shared > limit:
+                raise CompileError(
+                    f"kernel {name} needs {self.shared} bytes of shared memory, {device.gpu.name} gives a block {limit}"
+                )
+            check(
+                "cuFuncSetAttribute",
+                library().cuFuncSetAttribute(
+                    self.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared
+                ),
+                f"kernel {name}, {self.shared} bytes of dynamic shared memory",
+            )
 
     def arguments(self, bufs: tuple[Any, ...], vals: tuple[int, ...]) -> tuple[Any, Any]:
         """The kernel's argument array (void** to each value) and the values it points to (keep them alive)."""
@@ -293,7 +320,7 @@ class CUDAProgram(Program):
         grid = fold_grid(global_size, MAX_GRID)
         check(
             "cuLaunchKernel",
-            lib.cuLaunchKernel(self.function, *grid, *local_size, 0, stream, pointers, None),
+            lib.cuLaunchKernel(self.function, *grid, *local_size, self.shared, stream, pointers, None),
             f"kernel {self.name}, grid {global_size}, block {local_size}",
         )
         if not wait:
@@ -376,7 +403,7 @@ class CUDAGraph:
         pointers, values = prog.arguments(tuple(bufs), vals)
         self.keep.append((pointers, values))
         kind = _KernelNodeParamsV2 if self.v2 else _KernelNodeParams
-        return kind(prog.function, *fold_grid(grid, MAX_GRID), *block, 0, pointers, None)
+        return kind(prog.function, *fold_grid(grid, MAX_GRID), *block, prog.shared, pointers, None)
 
     def __call__(self, args: list[tuple[Any, ...]], values: Mapping[str, int] | None = None) -> None:
         self.dev.activate()

@@ -169,6 +169,26 @@ def compile_cuda(n: NVRTC, src: str, arch: str, cubin: bool, options: tuple[str,
         n.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+# a kernel whose local buffers take over 48 KiB has them in dynamic shared memory, its size said on a line of its
+# source (tiny.codegen.renderer.shared); the compilers carry it after the image, where CUDAProgram finds it
+_SHARED_LINE = re.compile(r"^// dynamic shared memory: (\d+) bytes$", re.MULTILINE)
+_SHARED_TRAILER = re.compile(rb"\0tiny dynamic shared memory: (\d+)\Z")
+
+
+def with_dynamic_shared(src: str, image: bytes) -> bytes:
+    """The compiled image, and after it the dynamic shared memory the source asks for (none: the image alone)."""
+    found = _SHARED_LINE.search(src)
+    return image + b"\0tiny dynamic shared memory: " + found.group(1).encode() if found else image
+
+
+def split_dynamic_shared(binary: bytes) -> tuple[bytes, int]:
+    """The image the driver loads, and the bytes of dynamic shared memory each launch gives the kernel (0: none)."""
+    found = _SHARED_TRAILER.search(binary[-64:])
+    if found is None:
+        return binary, 0
+    return binary[: len(binary) - len(found.group(0))], int(found.group(1))
+
+
 class CUDACompiler(Compiler):
     """CUDA C -> the GPU's own cubin (nvrtcGetCUBIN) when NVRTC knows its architecture, else PTX that the driver
     assembles. Cached on disk by NVRTC's version, the architecture and the source."""
@@ -185,7 +205,7 @@ class CUDACompiler(Compiler):
         super().__init__(cachekey=f"cuda:nvrtc{major}.{minor}:{arch}:{kind}:{' '.join(CUDA_OPTIONS)}")
 
     def compile(self, src: str) -> bytes:
-        return compile_cuda(self.nvrtc, src, self.arch, self.cubin, CUDA_OPTIONS)
+        return with_dynamic_shared(src, compile_cuda(self.nvrtc, src, self.arch, self.cubin, CUDA_OPTIONS))
 
 
 # the CUDA release (as cuDriverGetVersion gives it) that brought each PTX ISA version: a driver older than that cannot
@@ -227,4 +247,4 @@ class PTXCompiler(Compiler):
                 f"the NVIDIA driver ({_cuda(self.driver_version)}) cannot assemble PTX ISA {isa[0]}.{isa[1]}, which "
                 f"needs {_cuda(needs)} or newer: update the driver"
             )
-        return src.encode() + b"\0"
+        return with_dynamic_shared(src, src.encode() + b"\0")
