@@ -217,3 +217,18 @@ def test_tiles_copied_further_ahead_wait_for_their_own_group_only(arch: str, ren
     waits = {line.split("*/")[1].strip().rstrip(" ;") for line in listing(binary).splitlines() if "DEPBAR.LE" in line}
     assert f"DEPBAR.LE SB0, 0x{ahead - 1}" in waits, waits
     assert local_memory_in_loops(binary) == []
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_ptx_products_k_loop_issues_no_fallback_copies_and_no_division(arch: str) -> None:
+    """PTX's copy of a staged tile: cp.async, and the value-by-value copy for an unaligned source branched around
+    (each predicated-off instruction of it took an issue slot every iteration: 64 LDG and 64 STS); index math's
+    division and remainder by a power of two as a shift and a mask (ptxas kept rem.s32 by 2 a division through the
+    reciprocal: I2F, MUFU.RCP, F2I in the loop)."""
+    x = square("float16")
+    made = PTXRenderer(target(arch))
+    (k,) = render_schedule("matmul", x @ x, made, staged(x @ x, made, 1))
+    assert not re.search(r"@%p\d+ st\.shared", k.src) and "bra $L_copied" in k.src
+    assert not re.search(r"\b(div|rem)\.", k.src)
+    ops = opcodes(cubin(k.src, "PTX", arch))
+    assert not {"I2F", "MUFU", "F2I"} & {op.split(".")[0] for op in ops}, sorted(set(ops))

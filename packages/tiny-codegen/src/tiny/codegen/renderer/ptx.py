@@ -339,7 +339,8 @@ class PTXRenderer(WalkingRenderer):
     def write_copy_async(self, k: _Kernel, u: UOp) -> None:
         """cp.async of the op's bytes where the source is aligned to them (buffers from cuMemAlloc, offsets a whole
         number of runs: every copy of a staged tile), else value by value through a register; zeros where the gate
-        is false (cp.async's source size 0)."""
+        is false (cp.async's source size 0). The value-by-value path is branched around, not predicated off: each
+        instruction of it would take an issue slot every iteration of a K loop, copied or not."""
         dst, src, n = k.names[u.address], k.names[u.copied_from], u.dtype.nbytes
         gate = k.names[u.copied_from.gate] if u.copied_from.gate is not None else None
         base = u.copied_from.pointer
@@ -356,17 +357,18 @@ class PTXRenderer(WalkingRenderer):
             size = k.reg("b32")
             k.emit(f"selp.u32 {size}, {n}, 0, {gate}")
         kind = "cg" if n == 16 else "ca"
-        k.emit(f"@{aligned} cp.async.{kind}.shared.global [{dst}], [{src}], {n}, {size}")
+        by_value, done = k.label("by_value"), k.label("copied")
+        k.emit(f"@{unaligned} bra {by_value}")
+        k.emit(f"cp.async.{kind}.shared.global [{dst}], [{src}], {n}, {size}")
+        k.emit(f"bra {done}")
+        k.put(by_value)
         item = u.dtype.scalar.itemsize
         value, mt = k.reg("b32"), f"b{8 * item}"
-        reading = unaligned
-        if gate is not None:
-            reading = k.reg("pred")
-            k.emit(f"and.pred {reading}, {unaligned}, {gate}")
         for i in range(0, n, item):
-            k.emit(f"@{unaligned} mov.b32 {value}, 0")
-            k.emit(f"@{reading} ld.global.{mt} {value}, [{src}+{i}]")
-            k.emit(f"@{unaligned} st.shared.{mt} [{dst}+{i}], {value}")
+            k.emit(f"mov.b32 {value}, 0")
+            k.emit(f"{f'@{gate} ' if gate else ''}ld.global.{mt} {value}, [{src}+{i}]")
+            k.emit(f"st.shared.{mt} [{dst}+{i}], {value}")
+        k.put(done)
 
     def write_vectorize(self, k: _Kernel, u: UOp) -> Reg:
         if (m := k.matrices.get(u)) is not None:
@@ -741,8 +743,17 @@ class PTXRenderer(WalkingRenderer):
         name = "div" if u.op is Ops.IDIV else "rem"
         signed = dt.scalar.kind == "i"
         divisor = u.src[1]
+        if divisor.op is Ops.CONST and divisor.arg > 0 and divisor.arg & (divisor.arg - 1) == 0 and u.src[0].vmin >= 0:
+            # a power of two into what is never negative (index math): a shift or a mask (ptxas keeps a signed rem.s32
+            # by 2 a division through the reciprocal)
+            shift, bits = int(divisor.arg).bit_length() - 1, cls[1:]
+            if u.op is Ops.IDIV:
+                k.emit(f"shr.{'s' if signed else 'u'}{bits} {r}, {xs[0]}, {shift}")
+            else:
+                k.emit(f"and.b{bits} {r}, {xs[0]}, {divisor.arg - 1}")
+            return self._narrow(k, r, dt)
         if divisor.op is Ops.CONST and divisor.arg != 0 and not (signed and divisor.arg == -1):
-            k.emit(f"{name}.{t} {r}, {xs[0]}, {xs[1]}")
+            k.emit(f"{name}.{t} {r}, {xs[0]}, {divisor.arg}")  # (an immediate: ptxas divides by it as a constant)
             return self._narrow(k, r, dt)
         a, b = xs
         zero, safe = k.reg("pred"), k.new(dt)
