@@ -4,6 +4,7 @@ in the outermost loop it can, whose reductions use accumulators, and which compu
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -197,9 +198,13 @@ def test_hardware_indices_replace_the_innermost_output_loops() -> None:
     ast = only_ast(a.alu(Ops.EXP2))
     kernel, uops = kernel_uops(ast, LOCAL)
     specials = {u.arg for u in uops if u.op is Ops.SPECIAL}
-    assert specials == {("gidx0", 5), ("gidx1", 4), ("gidx2", 3)}  # gidx0 is the innermost dim
-    assert kernel.global_size == (5, 4, 3) and kernel.local_size == (1, 1, 1)
-    assert [u.end.arg for u in uops if u.op is Ops.RANGE] == [2]  # what does not fit in three stays a loop
+    # gidx0 is the innermost dim; the last grid dim takes the outer dims too (3 x 2): no loop
+    assert specials == {("gidx0", 5), ("gidx1", 4), ("gidx2", 6)}
+    assert kernel.global_size == (5, 4, 6) and kernel.local_size == (1, 1, 1)
+    assert not any(u.op is Ops.RANGE for u in uops)
+    # ... while the renderer's limit for it allows: past that the outer dims stay loops
+    kernel, uops = kernel_uops(ast, replace(LOCAL, global_max=(65535, 65535, 5)))
+    assert kernel.global_size == (5, 4, 3) and [u.end.arg for u in uops if u.op is Ops.RANGE] == [2]
     small = only_ast(tensor(6, 1).alu(Ops.EXP2))
     kernel, uops = kernel_uops(small, LOCAL)
     assert kernel.global_size == (6, 1, 1) and not any(u.op is Ops.RANGE for u in uops)

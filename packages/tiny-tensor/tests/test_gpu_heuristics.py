@@ -128,3 +128,23 @@ def test_a_convolutions_grid_keeps_its_scheduled_order() -> None:
     (dx,) = y.gradient(x, gradient=Tensor.empty(*y.shape, device=DEV).realize())
     applied = [o.op for t in (y, dx) for _, k in plans(t) for o in k.applied]
     assert applied and OptOps.SWAP not in applied
+
+
+def test_an_nchw_elementwise_kernel_has_a_workgroup_per_tile_not_a_loop_over_images() -> None:
+    """Four output dims, three grid dims: the last takes the outer dims too (images and channels: each workgroup
+    finds its own from its index), where they were a loop in each workgroup (the MNIST step's batch-norm backward
+    on 128 x 32 x 24 x 24: 18 workgroups of 256 threads, each looping 128 times; now 2304). On PYTHON the merged
+    indices compute what NumPy does."""
+    rng = np.random.default_rng(0)
+    xs, cs = (
+        rng.standard_normal((8, 6, 12, 20)).astype(np.float32),
+        rng.standard_normal((1, 6, 1, 1)).astype(np.float32),
+    )
+    x, c = Tensor(xs, device=DEV), Tensor(cs, device=DEV)
+    out = (x * c + x.exp2()).relu()
+    for name, k in plans(out) + plans(Tensor.empty(128, 32, 24, 24, device=DEV).realize().relu() * 2):
+        rendered = render_for(k.ast, CUDARenderer("arch=sm_90"), k.applied)
+        assert not any(u.op is Ops.RANGE for u in rendered.uops), name
+        covered = math.prod(rendered.kernel.global_size) * math.prod(rendered.kernel.local_size) * k.lanes()
+        assert covered == math.prod(k.full_shape), name
+    np.testing.assert_allclose(out.numpy(), np.maximum(xs * cs + np.exp2(xs), 0), rtol=1e-5, atol=1e-5)

@@ -160,11 +160,16 @@ class _Lowerer:
         globals_ = [i for i, p in enumerate(parts) if p.kind is Kind.GLOBAL]
         hw = self.grid_dims(globals_) if self.k.caps.has_local else []
         for i in globals_:
-            if i not in hw:
+            if not any(i in dim for dim in hw):
                 self.env[i] = self.new_range(parts[i].size)
-        for n, i in enumerate(hw):  # gidx0 is the innermost
-            self.env[i] = self.special(f"gidx{n}", parts[i].size)
-            self.global_size[n] = parts[i].size
+        for n, dim in enumerate(hw):  # gidx0 is the innermost
+            size = math.prod(parts[i].size for i in dim) if len(dim) > 1 else parts[dim[0]].size
+            index, inner = self.special(f"gidx{n}", size), 1
+            for i in dim:  # (several parts in one dim: the innermost varies fastest)
+                whole = index if inner == 1 else index // inner
+                self.env[i] = whole if i == dim[-1] else whole % parts[i].size
+                inner *= parts[i].size
+            self.global_size[n] = size
         for i, p in enumerate(parts):
             if p.kind is Kind.THREAD:  # loop devices: one call per thread, the thread's number as gidx0
                 self.env[i] = self.special("gidx0", p.size)
@@ -180,18 +185,28 @@ class _Lowerer:
         if self.k.rows is not None:  # (ROWS: the group piece counts with its local piece's index)
             self.env[self.group_part()] = self.env[self.k.parts.index(self.k.rows)]
 
-    def grid_dims(self, globals_: list[int]) -> list[int]:
-        """The global parts that are the grid's dims, innermost (gidx0) first: up to three, each within the
-        renderer's limit for its grid dim (global_max: CUDA's x takes 2**31-1 workgroups, y and z 65535; a renderer
-        that folds a bigger grid says so there); the others are loops. A symbolic size is a grid dim too, its count
-        computed at each launch from the Variables' values, where its largest value needs no folded grid (folding is
-        decided when the kernel is built)."""
+    def grid_dims(self, globals_: list[int]) -> list[list[int]]:
+        """The global parts of each of the grid's dims, innermost (gidx0) first: up to three dims, each within the
+        renderer's limit for it (global_max: CUDA's x takes 2**31-1 workgroups, y and z 65535; a renderer that folds
+        a bigger grid says so there). The innermost parts are a dim each; where more than three parts are left, the
+        last dim takes as many of the outer ones as its limit allows (a batch of images' and channels' parts of an
+        NCHW tensor: each workgroup finds its own from its index), and the rest are loops. A symbolic size is a dim
+        of its own, its count computed at each launch from the Variables' values, where its largest value needs no
+        folded grid (folding is decided when the kernel is built)."""
         limits = self.k.caps.global_max or (GRID_DIM_MOST,) * 3
-        hw: list[int] = []
-        for i in reversed(globals_):
+        hw: list[list[int]] = []
+        for at, i in enumerate(reversed(globals_)):
             size = self.k.parts[i].size
-            if len(hw) < 3 and highest(size) <= (limits[len(hw)] if type(size) is int else GRID_DIM_MOST):
-                hw.append(i)
+            if len(hw) == 3 or highest(size) > (limits[len(hw)] if type(size) is int else GRID_DIM_MOST):
+                continue
+            hw.append([i])
+            if len(hw) == 3 and type(size) is int:  # (the last dim: the outer parts too, while they fit)
+                for j in list(reversed(globals_))[at + 1 :]:
+                    outer = self.k.parts[j].size
+                    if type(outer) is not int or size * outer > limits[2]:
+                        break
+                    hw[-1].append(j)
+                    size *= outer
         return hw
 
     def workgroup(self) -> list[int]:
