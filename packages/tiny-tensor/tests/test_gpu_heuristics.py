@@ -148,3 +148,14 @@ def test_an_nchw_elementwise_kernel_has_a_workgroup_per_tile_not_a_loop_over_ima
         covered = math.prod(rendered.kernel.global_size) * math.prod(rendered.kernel.local_size) * k.lanes()
         assert covered == math.prod(k.full_shape), name
     np.testing.assert_allclose(out.numpy(), np.maximum(xs * cs + np.exp2(xs), 0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_few_outputs_reduction_groups_a_reduce_dim_that_threads_split() -> None:
+    """Few outputs over several reduce dims: the workgroup's threads share each output along the longest reduce dim
+    they split (the 16 images of 16 x 20 x 20), where the longest (20, which 16 threads do not split) left each
+    output to one thread; the sums still what NumPy gives."""
+    xs = np.random.default_rng(0).standard_normal((8, 16, 32, 20, 20)).astype(np.float32)
+    total = Tensor(xs, device=DEV).sum((1, 3, 4))
+    ((_, k),) = plans(total)
+    assert [p.size for p in k.of_kind(Kind.GROUP)] == [16] and threads(k) >= 64
+    np.testing.assert_allclose(total.numpy(), xs.sum((1, 3, 4)), rtol=1e-4, atol=1e-3)

@@ -402,10 +402,12 @@ def _group(
             lanes, outs = k.lanes(), math.prod(_n(p.size) for p in k.axes if p.kind is Kind.GLOBAL)
             fits = tuple(a for a in (8, 4, 2) if lanes * a <= FEW_TILE and outs // a >= FEW_BLOCKS)
             attempt(OptOps.UPCAST, k.axes.index(tile[0]), fits)
+        # the longest reduce dim that a number of threads splits (a batch norm's partial sums over 16 images x 20 x
+        # 20: the 16, where 20 took none and each output was one thread's)
         reduce_axes = [i for i, p in enumerate(k.axes) if p.kind is Kind.REDUCE]
-        if reduce_axes:
-            axis = max(reduce_axes, key=lambda i: _n(k.axes[i].size))
-            attempt(OptOps.GROUP, axis, tuple(g for g in GROUP_THREADS if _n(k.axes[axis].size) >= g))
+        for axis in sorted(reduce_axes, key=lambda i: -_n(k.axes[i].size)):
+            if attempt(OptOps.GROUP, axis, tuple(g for g in GROUP_THREADS if _n(k.axes[axis].size) >= g)):
+                break
 
 
 def _rows(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> bool:
