@@ -159,3 +159,17 @@ def test_a_few_outputs_reduction_groups_a_reduce_dim_that_threads_split() -> Non
     ((_, k),) = plans(total)
     assert [p.size for p in k.of_kind(Kind.GROUP)] == [16] and threads(k) >= 64
     np.testing.assert_allclose(total.numpy(), xs.sum((1, 3, 4)), rtol=1e-4, atol=1e-3)
+
+
+def test_a_sum_whose_biggest_read_runs_along_an_output_takes_neighbouring_outputs_in_a_warp() -> None:
+    """A decode step's attention weights times the cached values, summed over the positions: the values (the big
+    read) run along the head's dim, an output dim. Neighbouring threads take neighbouring outputs (a warp reads whole
+    rows) and the rest of a 256-thread workgroup shares each sum, where a workgroup per output read the rows' values a
+    row apart; the products still what NumPy gives."""
+    rng = np.random.default_rng(0)
+    ws, vs = rng.standard_normal((16, 1, 96)).astype(np.float32), rng.standard_normal((16, 96, 64)).astype(np.float32)
+    out = Tensor(ws, device=DEV) @ Tensor(vs, device=DEV)
+    ((_, k),) = plans(out)
+    along = [p for p in k.of_kind(Kind.LOCAL) if p.dim == len(k.full_shape) - 2]  # (the head's dim, before the sum)
+    assert [p.size for p in along] == [64] and k.of_kind(Kind.GROUP) and threads(k) == 256
+    np.testing.assert_allclose(out.numpy(), ws @ vs, rtol=1e-4, atol=1e-4)

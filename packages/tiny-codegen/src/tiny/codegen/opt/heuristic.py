@@ -387,6 +387,20 @@ def _group(
     thread then computing a few outputs along the outermost dim an input is broadcast along (a weight gradient's
     output channels: one load of the layer's input serves several; on an H100 BEAM found this, 0.88 -> 0.33 ms for
     a 64x64x3x3 one)."""
+    views = [u.view for u in k.ast.toposort if u.op is Ops.READ]
+    big = max(views, key=lambda v: math.prod(_n(n) for n, st in zip(v.shape, v.strides) if st != 0), default=None)
+    across = [i for i, p in enumerate(k.axes) if p.kind is Kind.GLOBAL and big is not None and _stride(big, p.dim) == 1]
+    if few and across and (red_dim is None or _stride(big, red_dim) != 1):
+        # the biggest read runs along an output dim, not along the reduction (a decode step's cached values times
+        # the weights over the positions: each value row read across the head's dim): neighbouring threads take
+        # neighbouring outputs, so a warp reads whole rows, and the rest of the workgroup shares each sum; a
+        # workgroup per output read the rows' values a row apart, a 32-byte sector for every 4 bytes
+        size = _n(k.axes[across[-1]].size)
+        if attempt(OptOps.LOCAL, across[-1], tuple(a for a in (64, 32, 16) if size % a == 0)):
+            room = WORKGROUP // k.workgroup_threads()
+            longest = max((i for i, p in enumerate(k.axes) if p.kind is Kind.REDUCE), key=lambda i: _n(k.axes[i].size))
+            attempt(OptOps.GROUP, longest, tuple(g for g in (*GROUP_THREADS, 8, 4, 2) if g <= room))
+            return
     axis = _axis(k, red_dim) if red_dim is not None else None
     if axis is not None and _n(k.axes[axis].size) >= 4 * GROUP_THREADS[-1]:
         size = _n(k.axes[axis].size)
@@ -443,9 +457,9 @@ def _rows(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bo
 
 
 def _local_opts(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...]], bool]) -> None:
-    """Workgroups on GPUs: up to 256 threads (with those a grouped reduction has already), 16 x 16 from the two
+    """Workgroups on GPUs: up to 256 threads (with those the plan has already), 16 x 16 from the two
     innermost global dims, or all from the one where the output has only one dim of any size."""
-    budget = WORKGROUP // math.prod(p.size for p in k.of_kind(Kind.GROUP))
+    budget = WORKGROUP // k.workgroup_threads()
     globals_ = [p for p in k.axes if p.kind is Kind.GLOBAL and _n(p.size) > 1]
     widest = budget if len(globals_) == 1 else 16
     for i in reversed(range(len(k.axes))):
