@@ -173,3 +173,14 @@ def test_a_sum_whose_biggest_read_runs_along_an_output_takes_neighbouring_output
     along = [p for p in k.of_kind(Kind.LOCAL) if p.dim == len(k.full_shape) - 2]  # (the head's dim, before the sum)
     assert [p.size for p in along] == [64] and k.of_kind(Kind.GROUP) and threads(k) == 256
     np.testing.assert_allclose(out.numpy(), ws @ vs, rtol=1e-4, atol=1e-4)
+
+
+def test_a_symbolic_output_dim_leaves_the_workgroup_to_the_others() -> None:
+    """A decode step's scores over the cache (heads x positions so far): the positions' dim is symbolic and takes no
+    LOCAL, so the heads' dim takes the workgroup's threads, where each had 16 (half a warp)."""
+    from tiny.ir.sint import Variable
+
+    pos = Variable("pos", 1, 256).bind(20)
+    q, keys = Tensor.empty(128, 1, 64, device=DEV).realize(), Tensor.empty(128, 256, 64, device=DEV).realize()
+    ((_, k),) = plans(q @ keys[:, :pos].transpose(1, 2))
+    assert threads(k) == 128 and all(type(p.size) is int for p in k.of_kind(Kind.LOCAL))

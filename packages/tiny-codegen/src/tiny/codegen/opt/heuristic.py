@@ -460,7 +460,9 @@ def _local_opts(k: Kernel, attempt: Callable[[OptOps, int | None, tuple[int, ...
     """Workgroups on GPUs: up to 256 threads (with those the plan has already), 16 x 16 from the two
     innermost global dims, or all from the one where the output has only one dim of any size."""
     budget = WORKGROUP // k.workgroup_threads()
-    globals_ = [p for p in k.axes if p.kind is Kind.GLOBAL and _n(p.size) > 1]
+    # (a symbolic dim takes no LOCAL: the others then share the budget; a decode step's scores over the cache, heads
+    # x positions, had workgroups of 16 threads)
+    globals_ = [p for p in k.axes if p.kind is Kind.GLOBAL and type(p.size) is int and p.size > 1]
     widest = budget if len(globals_) == 1 else 16
     for i in reversed(range(len(k.axes))):
         p = k.axes[i]
