@@ -184,3 +184,25 @@ def test_a_symbolic_output_dim_leaves_the_workgroup_to_the_others() -> None:
     q, keys = Tensor.empty(128, 1, 64, device=DEV).realize(), Tensor.empty(128, 256, 64, device=DEV).realize()
     ((_, k),) = plans(q @ keys[:, :pos].transpose(1, 2))
     assert threads(k) == 128 and all(type(p.size) is int for p in k.of_kind(Kind.LOCAL))
+
+
+def test_a_short_sum_along_an_outputs_read_is_planned_with_no_reduce_part_left() -> None:
+    """A small training step's gradients (a 3 x 3 convolution, batch norm, a linear layer of 144 -> 3, a batch of 8):
+    the linear weight's sum of 8 is unrolled whole before the workgroup is chosen, so no reduce part is left to
+    group (the rules once failed on it: max() of none). Every gradient is planned, and computes on PYTHON what it
+    does on the CPU."""
+    x = np.random.default_rng(1).standard_normal((8, 1, 8, 8)).astype(np.float32)
+
+    def grads(device: str) -> list[Tensor]:
+        Tensor.manual_seed(0)
+        model = [nn.Conv2d(1, 4, 3, device=device), nn.BatchNorm2d(4, device=device), nn.Linear(144, 3, device=device)]
+        with Tensor.train():
+            h = model[1](model[0](Tensor(x, device=device)).relu()).flatten(1)
+            model[2](h).cross_entropy(Tensor(np.zeros(8, np.int32), device=device)).backward()
+        return [p.grad for m in model for p in (m.weight, m.bias) if p.grad is not None]
+
+    on_gpu = grads(DEV)
+    for g in on_gpu:
+        plans(g)
+    for g, want in zip(on_gpu, grads("CPU")):
+        np.testing.assert_allclose(g.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)

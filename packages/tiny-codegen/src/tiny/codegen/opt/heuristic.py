@@ -398,7 +398,8 @@ def _group(
         size = _n(k.axes[across[-1]].size)
         if attempt(OptOps.LOCAL, across[-1], tuple(a for a in (64, 32, 16) if size % a == 0)):
             room = WORKGROUP // k.workgroup_threads()
-            longest = max((i for i, p in enumerate(k.axes) if p.kind is Kind.REDUCE), key=lambda i: _n(k.axes[i].size))
+            reduce_axes = [i for i, p in enumerate(k.axes) if p.kind is Kind.REDUCE]  # (none: a short one unrolled)
+            longest = max(reduce_axes, key=lambda i: _n(k.axes[i].size), default=None)
             attempt(OptOps.GROUP, longest, tuple(g for g in (*GROUP_THREADS, 8, 4, 2) if g <= room))
             return
     axis = _axis(k, red_dim) if red_dim is not None else None
