@@ -230,6 +230,37 @@ def test_compile_and_run_a_hand_written_kernel() -> None:
     assert list(out) == [11.0, 22.0, 33.0, 44.0]
 
 
+HALF_KERNEL = """
+void fma_half(_Float16* restrict out, const _Float16* a, const _Float16* b, const _Float16* c) {
+  for (int i = 0; i < 4096; i++) out[i] = a[i] * b[i] + c[i];
+}
+"""
+
+
+@needs_cc
+def test_half_arithmetic_rounds_where_it_is_stored_on_every_host() -> None:
+    """A kernel's _Float16 expression is computed in float32 and rounded once, where it is stored, as on an x86
+    without half arithmetic; not rounded after every op where the host has it (AVX512-FP16: cpu.NO_NATIVE_HALF)."""
+    np = pytest.importorskip("numpy")
+    cc = find_compiler()
+    if "f16" not in cpu.compiler_features(cc):
+        pytest.skip(f"{cc} has no _Float16")
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal(4096).astype(np.float16) for _ in range(3))
+    prog = CPUProgram(Device["CPU"], "fma_half", ClangCompiler(cc).compile(HALF_KERNEL))
+    alloc = CPUAllocator(Device["CPU"].queue)
+    bufs = [alloc.alloc(2 * 4096) for _ in range(4)]
+    for buf, x in zip(bufs[1:], (a, b, c)):
+        alloc.copyin(buf, memoryview(x.tobytes()))
+    prog(*bufs, wait=True)
+    out = np.empty(4096, np.float16)
+    alloc.copyout(memoryview(out).cast("B"), bufs[0])
+    once = (a.astype(np.float32) * b.astype(np.float32) + c.astype(np.float32)).astype(np.float16)
+    each = (a * b + c).astype(np.float16)  # (numpy rounds every op to half)
+    assert (once != each).any()  # (the test tells the two apart)
+    np.testing.assert_array_equal(out, once)
+
+
 @needs_cc
 def test_the_launcher_is_the_declared_function_and_keeps_its_signature() -> None:
     scale = "void scale(float* restrict out, const float* a) { for (int i = 0; i < 4; i++) out[i] = 2 * a[i]; }"

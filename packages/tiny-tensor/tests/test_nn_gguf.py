@@ -346,15 +346,15 @@ def test_tensors_joined_by_rows_are_read_as_one(tmp_path: Path, qtype: QT) -> No
     type, or that lacks one, keeps them apart under their own names; so does a file that has the joined name."""
     ends = {"weight": ("attn_q.weight", "attn_k.weight", "attn_v.weight"), "bias": ("attn_q.bias", "attn_k.bias")}
     joins = {"attn_qkv.weight": ends["weight"], "attn_qk.bias": ends["bias"]}
-    rows = {"attn_q.weight": 16, "attn_k.weight": 8, "attn_v.weight": 8}
+    rows = {"attn_q.weight": 64, "attn_k.weight": 32, "attn_v.weight": 32}  # (whole panels of 16 or 32 rows)
     parts = {end: (_packed(qtype, n, 256, seed=n + i), qtype) for i, (end, n) in enumerate(rows.items())}
-    biases = {"attn_q.bias": np.arange(16, dtype=np.float32), "attn_k.bias": np.arange(8, dtype=np.float32) + 0.5}
+    biases = {"attn_q.bias": np.arange(64, dtype=np.float32), "attn_k.bias": np.arange(32, dtype=np.float32) + 0.5}
     other = QT.F16 if qtype == QT.F32 else QT.F32
     tensors = {f"blk.0.{end}": part for end, part in parts.items()}
     tensors |= {f"blk.0.{end}": (a, None) for end, a in biases.items()}
     tensors |= {f"blk.1.{end}": part for end, part in parts.items() if end != "attn_v.weight"}  # (no value)
     tensors |= {f"blk.2.{end}": part for end, part in parts.items() if end != "attn_v.weight"}
-    tensors["blk.2.attn_v.weight"] = (_packed(other, 8, 256, seed=3), other)  # (of another type)
+    tensors["blk.2.attn_v.weight"] = (_packed(other, 32, 256, seed=3), other)  # (of another type)
     tensors |= {f"blk.3.{end}": part for end, part in parts.items()}
     tensors["blk.3.attn_qkv.weight"] = (np.ones(4, np.float32), None)  # (the joined name taken)
     path = _write(tmp_path / "q.gguf", tensors)
@@ -364,7 +364,7 @@ def test_tensors_joined_by_rows_are_read_as_one(tmp_path: Path, qtype: QT) -> No
         ["blk.0.attn_qkv.weight", "blk.0.attn_qk.bias"] + [n for n in tensors if not n.startswith("blk.0.")]
     )
     joined = loaded["blk.0.attn_qkv.weight"]
-    assert joined.shape == (32, 256)
+    assert joined.shape == (128, 256)
     # (the product first: a weight computed into memory is no longer the graph its words are registered for)
     assert (form_of(joined) is not None) == (form_of(apart["blk.0.attn_q.weight"]) is not None)
     x = Tensor(np.random.default_rng(4).standard_normal((3, 256)).astype(np.float32)).realize()

@@ -101,6 +101,7 @@ FEATURE_PROBES = {  # each feature: the compiler's flags (the first before the s
     "mvec": (("-march=native", "-lmvec"), _MVEC),  # (and the program must run: an AVX2 host)
     "vnni": (("-c", "-march=native"), "#if !defined(__AVX512VNNI__) && !defined(__AVXVNNI__)\n#error\n#endif\n"),
     "avx2": (("-c", "-march=native"), "#if !defined(__AVX2__)\n#error\n#endif\n"),
+    "avx512fp16": (("-c", "-march=native"), "#if !defined(__AVX512FP16__)\n#error\n#endif\n"),
 }
 
 
@@ -109,9 +110,10 @@ def compiler_features(cc: str) -> frozenset[str]:
     """What this compiler can do on this host, found by compiling tiny probes: 'f16' (_Float16), 'mvec' (glibc's
     vector math library for AVX2, linked with -lmvec), 'vnni' (x86's int8 dot products, AVX-512 VNNI or AVX-VNNI, in
     what -march=native targets: the renderer's DOT4), 'avx2' (AVX2 there: its byte products, pmaddubsw, make the
-    renderer's DOT4 where there is no VNNI). The probes run side by side, once per compiler and host: the answer is
-    kept in the disk cache under the compiler's file (path, size, time), the C library's version and the host's CPU
-    flags (a process's start would otherwise wait for five compilers' runs)."""
+    renderer's DOT4 where there is no VNNI), 'avx512fp16' (half arithmetic in hardware there: see NO_NATIVE_HALF).
+    The probes run side by side, once per compiler and host: the answer is kept in the disk cache under the
+    compiler's file (path, size, time), the C library's version and the host's CPU flags (a process's start would
+    otherwise wait for five compilers' runs)."""
     key = _features_key(cc)
     if key is not None and (known := cache_get("compiler_features", key)) is not None:
         return frozenset(known)
@@ -256,12 +258,18 @@ CC_FLAGS = (
 # outputs wrong at -O2 -march=native; right at -O1, with -march=x86-64-v3, without SLP, and with gcc; found by the
 # autograd fuzz, seed 1438)
 CLANG_FLAGS = ("-fno-slp-vectorize",)
+# where -march=native has AVX512-FP16 (Sapphire Rapids on): no hardware half arithmetic. Without it the compiler
+# computes a kernel's _Float16 expressions in float32 and rounds where a value is stored or cast, as on any other x86;
+# with it every op rounds to half. A ViT's float16 logits went from 0.9x to 3.1x torch's float16 error (0.0015 against
+# 0.00048) on such a host, and a kernel's half results would differ between hosts
+NO_NATIVE_HALF = ("-mno-avx512fp16",)
 
 
 class ClangCompiler(Compiler):
     def __init__(self, cc: str) -> None:
         self.cc, version = cc, _version(cc)
-        self.flags = CC_FLAGS + (CLANG_FLAGS if "clang" in version else ())
+        native_half = "avx512fp16" in compiler_features(cc)
+        self.flags = CC_FLAGS + (CLANG_FLAGS if "clang" in version else ()) + (NO_NATIVE_HALF if native_half else ())
         super().__init__(cachekey=f"cpu:{cc}:{platform.machine()}:{version}:{' '.join(self.flags)}")
 
     def _args(self, sources: list[str], out: str) -> list[str]:
