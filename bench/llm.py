@@ -38,6 +38,7 @@ import json
 import os
 import random
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -244,6 +245,17 @@ class _LlamaCppSide:
         import llama_cpp
 
         threads, self.args = args["threads"], args
+        if args["llama_cpp_repack"] == "off":
+            # (Llama() takes no word for it: the default model parameters it starts from, without the weights' CPU
+            # buffers of other layouts, AMX's and the repacked Q4_0's)
+            default = llama_cpp.llama_cpp.llama_model_default_params
+
+            def params() -> Any:
+                p = default()
+                p.use_extra_bufts = False
+                return p
+
+            llama_cpp.llama.llama_cpp.llama_model_default_params = params
         self.llm = llama_cpp.Llama(
             model_path,
             n_ctx=args["context"],
@@ -363,6 +375,7 @@ class _Child:
             "torch_dtype": torch_dtype,
             "device": args.device,
             "torch_device": args.torch_device,
+            "llama_cpp_repack": args.llama_cpp_repack,
         }
         env = dict(os.environ)
         threads = str(args.threads)
@@ -390,7 +403,10 @@ class _Child:
         if not self.timer.is_alive():
             raise _SideFailed(f"over {self.limit} s")
         self.errors.seek(0)
-        raise _SideFailed(f"failed: {(self.errors.read().strip().splitlines() or ['(no output)'])[-1]}")
+        last = (self.errors.read().strip().splitlines() or ["(no output)"])[-1]
+        if self.proc.returncode < 0:  # (a crash says nothing on stderr: its signal does)
+            last = f"{signal.Signals(-self.proc.returncode).name} ({last})"
+        raise _SideFailed(f"failed: {last}")
 
     def send(self, line: str) -> None:
         assert self.proc.stdin is not None
@@ -572,6 +588,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--side-timeout", type=float, default=900, help="seconds one side may take (default: %(default)s)")
     p.add_argument("--device", help="tiny's device (default: the default device)")
     p.add_argument("--torch-device", default="cpu", help="transformers' device (default: %(default)s)")
+    p.add_argument(
+        "--llama-cpp-repack",
+        choices=("on", "off"),
+        default="on",
+        help="llama.cpp's weights in its CPU layouts (AMX tiles, repacked Q4_0) where it has them; off: as stored "
+        "(llama.cpp's AMX product crashes on some hosts, ggml-org/llama.cpp#20824) (default: %(default)s)",
+    )
     p.add_argument(
         "--torch-dtypes",
         default="float32,bfloat16",

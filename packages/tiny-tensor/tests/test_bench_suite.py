@@ -309,6 +309,26 @@ def test_the_language_model_benchmark_counts_a_prompts_fastest_pass(monkeypatch:
     assert llm.PREFILL_RUNS == 3 and llm._fastest(64, run) == 64.0
 
 
+def test_a_language_model_side_that_crashes_is_named_by_its_signal(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A side's process killed by a signal (llama.cpp's AMX product on some hosts: SIGSEGV) leaves nothing on stderr:
+    the table's note names the signal."""
+    import argparse
+    import signal
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    import bench.llm as llm
+
+    args = argparse.Namespace(threads=1, prefill=[8], prompt=8, decode=4, context=24, device=None)
+    args.torch_device, args.llama_cpp_repack, args.side_timeout = "cpu", "off", 60.0
+    child = llm._Child("tiny", tmp_path / "none.gguf", args)
+    child.proc.send_signal(signal.SIGSEGV)  # (at once: long before the child's imports are done)
+    with pytest.raises(llm._SideFailed, match="SIGSEGV"):
+        child.expect("ready")
+    child.timer.cancel()
+
+
 def _installed(module: str) -> bool:
     import importlib.util
 

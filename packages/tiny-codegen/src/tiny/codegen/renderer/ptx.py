@@ -742,8 +742,8 @@ class PTXRenderer(WalkingRenderer):
         t, cls = _ARITH[dt.name], reg_class(dt)
         name = "div" if u.op is Ops.IDIV else "rem"
         signed = dt.scalar.kind == "i"
-        divisor = u.src[1]
-        if divisor.op is Ops.CONST and divisor.arg > 0 and divisor.arg & (divisor.arg - 1) == 0 and u.src[0].vmin >= 0:
+        dividend, divisor = u.src
+        if divisor.op is Ops.CONST and divisor.arg > 0 and divisor.arg & (divisor.arg - 1) == 0 and dividend.vmin >= 0:
             # a power of two into what is never negative (index math): a shift or a mask (ptxas keeps a signed rem.s32
             # by 2 a division through the reciprocal)
             shift, bits = int(divisor.arg).bit_length() - 1, cls[1:]
