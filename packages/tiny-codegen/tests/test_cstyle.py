@@ -606,10 +606,23 @@ def test_a_matrix_vector_product_prefetches_its_rows_ahead() -> None:
     PREFETCH_AHEAD bytes on (the hardware's prefetcher alone read such a product at 33 GB/s, with these at 46); the
     vector, read again for every row, is not prefetched."""
     src = _rendered(_matvec(1024, 512))
-    prefetched = re.findall(r"__builtin_prefetch\(\((data\d)\+[^;]*\)\+(\d+), 0, 0\);", src)
+    prefetched = re.findall(r"__builtin_prefetch\(\((data\d)\+[^;]*\)\+(\d+), 0, 3\);", src)
     (matrix,) = re.findall(r"const _Float16\* restrict (data\d)", src)
     assert len(prefetched) >= 2 and {buf for buf, _ in prefetched} == {matrix}, src
     assert {int(ahead) for _, ahead in prefetched} == {PREFETCH_AHEAD // 2}  # (elements of float16)
+
+
+def test_the_targets_prefetch_locality_is_the_hint_of_every_prefetch() -> None:
+    """The CPU device's target names how its host's prefetches treat their lines (tiny.runtime.cpu.locality_for: 0,
+    non-temporal, on AMD's CPUs; 3 elsewhere, where non-temporal streams read at a third of the speed): each prefetch
+    of a kernel is rendered with it; a hint out of 0-3 is refused, naming the target."""
+    for hint in (0, 1, 3):
+        r = CRenderer(f"x86_64;vector_width=16;threads=2;prefetch_locality={hint};f16")
+        src = "".join(renders_with(r)(item.ast)[0] for item in create_schedule([_matvec(1024, 512)]).items)
+        hints = re.findall(r"__builtin_prefetch\([^;]*, 0, (\d)\);", src)
+        assert len(hints) >= 2 and set(hints) == {str(hint)}, src
+    with pytest.raises(ValueError, match=r"prefetch_locality must be 0 to 3, got 4 in the target 'x86_64;.*"):
+        CRenderer("x86_64;vector_width=16;threads=2;prefetch_locality=4;f16")
 
 
 def test_no_prefetch_for_one_stream_data_read_again_or_small_buffers() -> None:

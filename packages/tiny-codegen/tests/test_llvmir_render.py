@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -555,5 +556,9 @@ def test_a_matrix_vector_product_prefetches_its_rows_on_a_cpu_not_a_gpu() -> Non
         for i in create_schedule([target]).items
     )
     assert cpu.count("call void @llvm.prefetch.p0(") >= 2 and "declare void @llvm.prefetch.p0" in cpu
+    assert set(re.findall(r"@llvm\.prefetch\.p0\(ptr %[^,]+, i32 0, i32 (\d), i32 1\)", cpu)) == {"3"}, cpu
+    amd_host = LLVMRenderer("x86_64;vector_width=16;threads=2;prefetch_locality=0;f16")  # (the CPU device's, on AMD)
+    cpu = "".join(renders_with(amd_host)(i.ast)[0] for i in create_schedule([target]).items)
+    assert set(re.findall(r"@llvm\.prefetch\.p0\(ptr %[^,]+, i32 0, i32 (\d), i32 1\)", cpu)) == {"0"}, cpu
     gpu = "".join(renders_with(AMDGPURenderer("gfx1100"))(i.ast)[0] for i in create_schedule([target]).items)
     assert "prefetch" not in gpu

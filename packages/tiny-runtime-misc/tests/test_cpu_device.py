@@ -261,6 +261,22 @@ def test_half_arithmetic_rounds_where_it_is_stored_on_every_host() -> None:
     np.testing.assert_array_equal(out, once)
 
 
+def test_the_hosts_vendor_picks_how_prefetches_treat_their_lines() -> None:
+    """AMD's CPUs read streams fastest prefetched non-temporally (0), others (an Intel Xeon: a third of the speed so)
+    into every cache level (3); the device's renderers take the host's from its target, C and LLVM IR alike."""
+    amd = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
+    intel = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n"
+    assert cpu.locality_for(amd) == 0 and cpu.locality_for(amd.replace("AuthenticAMD", "HygonGenuine")) == 0
+    assert cpu.locality_for(intel) == 3 and cpu.locality_for("") == 3  # (an Arm host's cpuinfo names no vendor_id)
+    for name in ("CPU", "CPU:LLVM"):
+        try:
+            dev = Device[name]
+        except DeviceUnavailable:
+            continue
+        assert f"prefetch_locality={cpu.prefetch_locality()};" in dev.renderer_target()
+        assert dev.renderer.prefetch_locality == cpu.prefetch_locality()
+
+
 @needs_cc
 def test_the_launcher_is_the_declared_function_and_keeps_its_signature() -> None:
     scale = "void scale(float* restrict out, const float* a) { for (int i = 0; i < 4; i++) out[i] = 2 * a[i]; }"

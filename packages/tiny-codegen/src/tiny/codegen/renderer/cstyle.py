@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from tiny.codegen.renderer.prefetch import prefetches
+from tiny.codegen.renderer.prefetch import locality, prefetches
 from tiny.codegen.renderer.walker import BracedRenderer, Walk, summed_vector
 from tiny.ir.device import VECTOR_DTYPES, RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes
@@ -788,11 +788,13 @@ class CRenderer(CStyleRenderer):
         return basics + fma + math_fns
 
     def __init__(self, target: str = "") -> None:
-        """target: 'machine;vector_width=N;threads=T;features' as the CPU device reports it (features: f16)."""
+        """target: 'machine;vector_width=N;threads=T;prefetch_locality=L;features' as the CPU device reports it
+        (features: f16; the locality of prefetches, tiny.codegen.renderer.prefetch.locality, may be left out)."""
         super().__init__(target)
         parts = target.split(";") if target else []
         width = next((int(p.split("=")[1]) for p in parts if p.startswith("vector_width=")), 8)
         threads = next((int(p.split("=")[1]) for p in parts if p.startswith("threads=")), 1)
+        self.prefetch_locality = locality(target)
         features = set(parts[-1].split(",")) if parts else {"f16", "bf16"}
         missing = {dtypes.float16} if "f16" not in features else set()
         all_ = frozenset(dtypes.all()) - missing
@@ -954,5 +956,5 @@ class CRenderer(CStyleRenderer):
     def write_load(self, w: CWalk, u: UOp) -> str | None:
         name = super().write_load(w, u)
         if name is not None and (ahead := w.prefetches.get(u)) is not None:
-            w.line(f"__builtin_prefetch({w.names[u.address]}+{ahead}, 0, 0);")  # (read, no temporal locality)
+            w.line(f"__builtin_prefetch({w.names[u.address]}+{ahead}, 0, {self.prefetch_locality});")  # (a read)
         return name

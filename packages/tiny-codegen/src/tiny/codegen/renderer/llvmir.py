@@ -21,7 +21,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tiny.codegen.renderer.prefetch import prefetches
+from tiny.codegen.renderer.prefetch import locality, prefetches
 from tiny.codegen.renderer.walker import ONE_METHOD_PER_OP, Walk, WalkingRenderer, summed_vector
 from tiny.ir.device import RendererCaps
 from tiny.ir.dtypes import DType, PtrDType, dtypes, truncate
@@ -222,11 +222,13 @@ class LLVMRenderer(WalkingRenderer):
     prefetch = True  # loads that stream through memory prefetch ahead (a CPU's; not a GPU's)
 
     def __init__(self, target: str = "") -> None:
-        """target: 'machine;vector_width=N;threads=T;features' as the CPU device reports it (features: f16)."""
+        """target: 'machine;vector_width=N;threads=T;prefetch_locality=L;features' as the CPU device reports it
+        (features: f16; the locality of prefetches, tiny.codegen.renderer.prefetch.locality, may be left out)."""
         super().__init__(target)
         parts = target.split(";") if target else []
         width = next((int(p.split("=")[1]) for p in parts if p.startswith("vector_width=")), 8)
         threads = next((int(p.split("=")[1]) for p in parts if p.startswith("threads=")), 1)
+        self.prefetch_locality = locality(target)
         features = set(parts[-1].split(",")) if parts else {"f16"}
         missing = {dtypes.float16} if "f16" not in features else set()
         self.caps = RendererCaps(
@@ -475,7 +477,8 @@ class LLVMRenderer(WalkingRenderer):
         if (ahead := f.prefetches.get(u)) is not None:  # (tiny.codegen.renderer.prefetch: a stream of memory)
             assert isinstance(addr.pointer.dtype, PtrDType) and addr.pointer.dtype.base is not None
             at = f"{self.mtype(addr.pointer.dtype.base)}, ptr {f.val(addr)}, i64 {ahead}"
-            f.line(f"call void @llvm.prefetch.p0(ptr {f.value(f'getelementptr {at}')}, i32 0, i32 0, i32 1)")
+            hint = self.prefetch_locality  # (a read, of data: the last 1)
+            f.line(f"call void @llvm.prefetch.p0(ptr {f.value(f'getelementptr {at}')}, i32 0, i32 {hint}, i32 1)")
             f.declares.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
         if addr.gate is None:
             return self._loaded(f, u.dtype, load)
