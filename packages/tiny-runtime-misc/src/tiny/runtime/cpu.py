@@ -102,6 +102,7 @@ FEATURE_PROBES = {  # each feature: the compiler's flags (the first before the s
     "vnni": (("-c", "-march=native"), "#if !defined(__AVX512VNNI__) && !defined(__AVXVNNI__)\n#error\n#endif\n"),
     "avx2": (("-c", "-march=native"), "#if !defined(__AVX2__)\n#error\n#endif\n"),
     "avx512fp16": (("-c", "-march=native"), "#if !defined(__AVX512FP16__)\n#error\n#endif\n"),
+    "avx10": (("-c", "-march=native"), "#if !defined(__AVX10_1__)\n#error\n#endif\n"),
 }
 
 
@@ -110,7 +111,8 @@ def compiler_features(cc: str) -> frozenset[str]:
     """What this compiler can do on this host, found by compiling tiny probes: 'f16' (_Float16), 'mvec' (glibc's
     vector math library for AVX2, linked with -lmvec), 'vnni' (x86's int8 dot products, AVX-512 VNNI or AVX-VNNI, in
     what -march=native targets: the renderer's DOT4), 'avx2' (AVX2 there: its byte products, pmaddubsw, make the
-    renderer's DOT4 where there is no VNNI), 'avx512fp16' (half arithmetic in hardware there: see NO_NATIVE_HALF).
+    renderer's DOT4 where there is no VNNI), 'avx512fp16' (half arithmetic in hardware there: see NO_NATIVE_HALF),
+    'avx10' (AVX10.1 there, which brings AVX512-FP16 back unless it is turned off too: NO_AVX10).
     The probes run side by side, once per compiler and host: the answer is kept in the disk cache under the
     compiler's file (path, size, time), the C library's version and the host's CPU flags (a process's start would
     otherwise wait for five compilers' runs)."""
@@ -281,13 +283,17 @@ CLANG_FLAGS = ("-fno-slp-vectorize",)
 # with it every op rounds to half. A ViT's float16 logits went from 0.9x to 3.1x torch's float16 error (0.0015 against
 # 0.00048) on such a host, and a kernel's half results would differ between hosts
 NO_NATIVE_HALF = ("-mno-avx512fp16",)
+# where -march=native has AVX10.1 as well (clang 19 on a host whose CPUID reports it): AVX10.1 includes AVX512-FP16,
+# and clang turns that back on for it after -mno-avx512fp16; without AVX10.1 the same AVX-512 sets stay on
+NO_AVX10 = ("-mno-avx10.1-256",)
 
 
 class ClangCompiler(Compiler):
     def __init__(self, cc: str) -> None:
         self.cc, version = cc, _version(cc)
-        native_half = "avx512fp16" in compiler_features(cc)
-        self.flags = CC_FLAGS + (CLANG_FLAGS if "clang" in version else ()) + (NO_NATIVE_HALF if native_half else ())
+        features = compiler_features(cc)
+        no_half = (NO_NATIVE_HALF + (NO_AVX10 if "avx10" in features else ())) if "avx512fp16" in features else ()
+        self.flags = CC_FLAGS + (CLANG_FLAGS if "clang" in version else ()) + no_half
         super().__init__(cachekey=f"cpu:{cc}:{platform.machine()}:{version}:{' '.join(self.flags)}")
 
     def _args(self, sources: list[str], out: str) -> list[str]:
