@@ -164,13 +164,19 @@ def _probed_features(cc: str) -> frozenset[str]:
 
 
 @cache
-def host_vector_width() -> int:
-    """float32 lanes of the host's widest vector unit, read from /proc/cpuinfo where there is one."""
+def _cpuinfo() -> str:
+    """/proc/cpuinfo's text; empty where there is none."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            return f.read()
     except OSError:
-        return 4
+        return ""
+
+
+@cache
+def host_vector_width() -> int:
+    """float32 lanes of the host's widest vector unit, read from /proc/cpuinfo where there is one."""
+    flags = _cpuinfo()
     if " avx512f" in flags:
         return 16
     if " avx2" in flags or " avx " in flags:
@@ -178,15 +184,10 @@ def host_vector_width() -> int:
     return 4
 
 
-@cache
 def prefetch_locality() -> int:
     """How the kernels' prefetches of streams treat their lines (tiny.codegen.renderer.prefetch.locality), by the
     vendor in /proc/cpuinfo (locality_for)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return locality_for(f.read())
-    except OSError:
-        return locality_for("")
+    return locality_for(_cpuinfo())
 
 
 def locality_for(cpuinfo: str) -> int:
